@@ -1,0 +1,30 @@
+//! The Konnectivity wire protocol, without I/O.
+//!
+//! - [`pb`]: the prost structs generated from `proto/konnectivity.proto` (checked in, guarded
+//!   by `tests/generated_code.rs`).
+//! - [`Packet`]: the validated domain form every other crate works with. Converting from the
+//!   wire form rejects malformed packets with a [`ProtoError`] instead of guessing, so nothing
+//!   downstream has to handle "a DATA packet without data".
+//! - [`frame`]: gRPC length-prefixed message framing, usable over any byte stream.
+//! - [`metadata`]: the gRPC header keys both ends agree on.
+#![forbid(unsafe_code)]
+
+pub mod frame;
+pub mod metadata;
+mod packet;
+
+pub use packet::{ConnectId, DialId, Packet, ProtoError};
+
+/// Generated wire structs. Field names follow the proto (`connect_id`, `dial_request`, ...).
+#[allow(clippy::all, missing_docs, unreachable_pub, missing_debug_implementations)]
+pub mod pb {
+    include!("gen/konnectivity.rs");
+}
+
+/// gRPC method paths. The proto has no package, so these carry no prefix.
+pub mod path {
+    /// Frontend stream opened by clients such as kube-apiserver.
+    pub const PROXY: &str = "/ProxyService/Proxy";
+    /// Backend stream opened by agents.
+    pub const CONNECT: &str = "/AgentService/Connect";
+}

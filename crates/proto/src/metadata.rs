@@ -1,0 +1,16 @@
+//! gRPC metadata keys. gRPC lower-cases keys on the wire, so these are the only spellings.
+
+/// Agent → server: the agent's ID; exactly one is required.
+pub const AGENT_ID: &str = "agentid";
+/// Agent → server: URL-query-encoded identifiers (`host=..&ipv4=..&default-route=true`).
+pub const AGENT_IDENTIFIERS: &str = "agentidentifiers";
+/// Agent → server: `Bearer <token>` when the server authenticates agents by token.
+pub const AUTHORIZATION: &str = "authorization";
+/// Server → agent response header: the server's ID.
+pub const SERVER_ID: &str = "serverid";
+/// Server → agent response header: how many servers the agent should connect to.
+pub const SERVER_COUNT: &str = "servercount";
+/// tether extension, both directions: announces per-connection credit flow control. The value
+/// is the initial window in bytes the sender grants for each connection. Present in a request
+/// and in its response means both ends use [`crate::Packet::Credit`] on that stream.
+pub const TETHER_FLOW: &str = "tether-flow";

@@ -1,0 +1,275 @@
+//! Domain packets: the wire `Packet` after validation.
+
+use bytes::Bytes;
+
+use crate::pb::{self, packet::Payload};
+
+/// The client-chosen dial ID (`random` on the wire). Pairs a dial request with its response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DialId(pub i64);
+
+/// The agent-allocated ID of an established connection, unique per agent stream. Never 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectId(pub i64);
+
+impl std::fmt::Display for DialId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for ConnectId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A validated packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Packet {
+    DialRequest {
+        protocol: String,
+        address: String,
+        random: DialId,
+    },
+    /// `Ok` carries the new connection's ID, `Err` the dial error text.
+    DialResponse {
+        random: DialId,
+        result: Result<ConnectId, String>,
+    },
+    CloseRequest {
+        connect_id: ConnectId,
+    },
+    /// `error` is `None` for a normal close.
+    CloseResponse {
+        connect_id: ConnectId,
+        error: Option<String>,
+    },
+    Data {
+        connect_id: ConnectId,
+        data: Bytes,
+    },
+    CloseDial {
+        random: DialId,
+    },
+    Drain,
+    /// tether extension: permission to send `bytes` more payload on `connect_id`.
+    Credit {
+        connect_id: ConnectId,
+        bytes: u32,
+    },
+}
+
+impl Packet {
+    /// The upstream enum name, used as the `packet_type` metric label.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::DialRequest { .. } => "DIAL_REQ",
+            Self::DialResponse { .. } => "DIAL_RSP",
+            Self::CloseRequest { .. } => "CLOSE_REQ",
+            Self::CloseResponse { .. } => "CLOSE_RSP",
+            Self::Data { .. } => "DATA",
+            Self::CloseDial { .. } => "DIAL_CLS",
+            Self::Drain => "DRAIN",
+            Self::Credit { .. } => "CREDIT",
+        }
+    }
+}
+
+/// Why a wire packet was rejected. The stream it came on stays usable: framing was intact.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("undecodable protobuf: {0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("unknown packet type {0}")]
+    UnknownType(i32),
+    #[error("{0} packet without its payload")]
+    MissingPayload(&'static str),
+    #[error("{0} packet carries a payload of another type")]
+    MismatchedPayload(&'static str),
+    #[error("{0} packet with connectID 0")]
+    ZeroConnectId(&'static str),
+    #[error("credit of {0} bytes is out of range")]
+    BadCredit(i64),
+}
+
+impl TryFrom<pb::Packet> for Packet {
+    type Error = ProtoError;
+
+    fn try_from(wire: pb::Packet) -> Result<Self, ProtoError> {
+        let kind = pb::PacketType::try_from(wire.r#type).map_err(|_| ProtoError::UnknownType(wire.r#type))?;
+        let name = kind.as_str_name();
+        let nonzero = |id: i64| {
+            if id == 0 {
+                Err(ProtoError::ZeroConnectId(name))
+            } else {
+                Ok(ConnectId(id))
+            }
+        };
+        let payload = match (kind, wire.payload) {
+            // DRAIN's payload is an empty message; tolerate its absence.
+            (pb::PacketType::Drain, _) => return Ok(Self::Drain),
+            (_, None) => return Err(ProtoError::MissingPayload(name)),
+            (_, Some(p)) => p,
+        };
+        Ok(match (kind, payload) {
+            (pb::PacketType::DialReq, Payload::DialRequest(d)) => Self::DialRequest {
+                protocol: d.protocol,
+                address: d.address,
+                random: DialId(d.random),
+            },
+            (pb::PacketType::DialRsp, Payload::DialResponse(d)) => Self::DialResponse {
+                random: DialId(d.random),
+                result: if d.error.is_empty() {
+                    Ok(nonzero(d.connect_id)?)
+                } else {
+                    Err(d.error)
+                },
+            },
+            (pb::PacketType::CloseReq, Payload::CloseRequest(c)) => Self::CloseRequest {
+                connect_id: nonzero(c.connect_id)?,
+            },
+            (pb::PacketType::CloseRsp, Payload::CloseResponse(c)) => Self::CloseResponse {
+                // Upstream answers "backend uninitialized" with connectID 0; keep it visible.
+                connect_id: ConnectId(c.connect_id),
+                error: (!c.error.is_empty()).then_some(c.error),
+            },
+            (pb::PacketType::Data, Payload::Data(d)) => Self::Data {
+                connect_id: nonzero(d.connect_id)?,
+                data: d.data,
+            },
+            (pb::PacketType::DialCls, Payload::CloseDial(c)) => Self::CloseDial {
+                random: DialId(c.random),
+            },
+            (pb::PacketType::Credit, Payload::Credit(c)) => Self::Credit {
+                connect_id: nonzero(c.connect_id)?,
+                bytes: u32::try_from(c.bytes)
+                    .ok()
+                    .filter(|b| *b > 0)
+                    .ok_or(ProtoError::BadCredit(c.bytes))?,
+            },
+            _ => return Err(ProtoError::MismatchedPayload(name)),
+        })
+    }
+}
+
+impl From<&Packet> for pb::Packet {
+    fn from(packet: &Packet) -> Self {
+        let (kind, payload) = match packet {
+            Packet::DialRequest {
+                protocol,
+                address,
+                random,
+            } => (
+                pb::PacketType::DialReq,
+                Payload::DialRequest(pb::DialRequest {
+                    protocol: protocol.clone(),
+                    address: address.clone(),
+                    random: random.0,
+                }),
+            ),
+            Packet::DialResponse { random, result } => (
+                pb::PacketType::DialRsp,
+                Payload::DialResponse(match result {
+                    Ok(id) => pb::DialResponse {
+                        error: String::new(),
+                        connect_id: id.0,
+                        random: random.0,
+                    },
+                    Err(e) => pb::DialResponse {
+                        error: e.clone(),
+                        connect_id: 0,
+                        random: random.0,
+                    },
+                }),
+            ),
+            Packet::CloseRequest { connect_id } => (
+                pb::PacketType::CloseReq,
+                Payload::CloseRequest(pb::CloseRequest {
+                    connect_id: connect_id.0,
+                }),
+            ),
+            Packet::CloseResponse { connect_id, error } => (
+                pb::PacketType::CloseRsp,
+                Payload::CloseResponse(pb::CloseResponse {
+                    error: error.clone().unwrap_or_default(),
+                    connect_id: connect_id.0,
+                }),
+            ),
+            Packet::Data { connect_id, data } => (
+                pb::PacketType::Data,
+                Payload::Data(pb::Data {
+                    connect_id: connect_id.0,
+                    error: String::new(),
+                    data: data.clone(),
+                }),
+            ),
+            Packet::CloseDial { random } => (
+                pb::PacketType::DialCls,
+                Payload::CloseDial(pb::CloseDial { random: random.0 }),
+            ),
+            Packet::Drain => (pb::PacketType::Drain, Payload::Drain(pb::Drain {})),
+            Packet::Credit { connect_id, bytes } => (
+                pb::PacketType::Credit,
+                Payload::Credit(pb::Credit {
+                    connect_id: connect_id.0,
+                    bytes: i64::from(*bytes),
+                }),
+            ),
+        };
+        Self {
+            r#type: kind as i32,
+            payload: Some(payload),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_malformed_packets() {
+        let no_payload = pb::Packet {
+            r#type: pb::PacketType::Data as i32,
+            payload: None,
+        };
+        assert!(matches!(
+            Packet::try_from(no_payload),
+            Err(ProtoError::MissingPayload("DATA"))
+        ));
+        let mismatched = pb::Packet {
+            r#type: pb::PacketType::Data as i32,
+            payload: Some(Payload::CloseDial(pb::CloseDial { random: 1 })),
+        };
+        assert!(matches!(
+            Packet::try_from(mismatched),
+            Err(ProtoError::MismatchedPayload("DATA"))
+        ));
+        let unknown = pb::Packet {
+            r#type: 57,
+            payload: None,
+        };
+        assert!(matches!(Packet::try_from(unknown), Err(ProtoError::UnknownType(57))));
+        let zero = pb::Packet {
+            r#type: pb::PacketType::Data as i32,
+            payload: Some(Payload::Data(pb::Data::default())),
+        };
+        assert!(matches!(Packet::try_from(zero), Err(ProtoError::ZeroConnectId("DATA"))));
+    }
+
+    #[test]
+    fn drain_is_type_six_with_an_empty_field_eight() {
+        use prost::Message;
+        let bytes = pb::Packet::from(&Packet::Drain).encode_to_vec();
+        assert_eq!(bytes, [0x08, 0x06, 0x42, 0x00]);
+        // Field 1 is omitted for DIAL_REQ (the proto3 default).
+        let dial = pb::Packet::from(&Packet::DialRequest {
+            protocol: "tcp".into(),
+            address: "a:1".into(),
+            random: DialId(1),
+        })
+        .encode_to_vec();
+        assert_eq!(dial[0], 0x12, "first byte is field 2 (dialRequest), not field 1");
+    }
+}
