@@ -1,0 +1,123 @@
+//! gRPC bidirectional streams of Konnectivity [`Packet`]s over HTTP/2.
+//!
+//! tether speaks gRPC directly on the `h2` crate instead of through a gRPC framework: the
+//! framing is five bytes, and owning the HTTP/2 layer lets tether choose the windows per
+//! stream kind, coalesce small packets into large writes, and keep per-stream back-pressure
+//! honest (capacity is reserved before data is handed to h2, so nothing buffers unbounded).
+//!
+//! - [`server`]: accept HTTP/2 connections and route each incoming call.
+//! - [`client`]: open calls on an HTTP/2 connection.
+//! - [`PacketSender`] / [`PacketReceiver`]: the two halves of an open call.
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod server;
+mod status;
+mod stream;
+
+pub use status::{Code, Status};
+pub use stream::{PacketReceiver, PacketSender};
+pub use tether_proto::Packet;
+
+use std::time::Duration;
+
+/// HTTP/2 settings for one kind of connection.
+///
+/// The receiver's connection window must exceed its stream window: when they are equal a
+/// single busy stream throttles to a fraction of loopback speed (see
+/// `shared/reference/peers-and-performance.md` §2b).
+#[derive(Clone, Debug)]
+pub struct H2Settings {
+    pub stream_window: u32,
+    pub connection_window: u32,
+    pub max_frame_size: u32,
+    pub max_send_buffer: usize,
+    pub max_concurrent_streams: u32,
+    /// Send an HTTP/2 PING this often and drop the connection when no PONG arrives within
+    /// `timeout`. `None` disables pings (required against a peer that punishes them).
+    pub keepalive: Option<Keepalive>,
+}
+
+/// Liveness probing by HTTP/2 PING.
+#[derive(Clone, Copy, Debug)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+const MIB: u32 = 1024 * 1024;
+
+impl H2Settings {
+    /// A multiplexed agent stream: one stream carries every tunnelled connection, so its
+    /// window must cover the aggregate bandwidth-delay product.
+    pub fn agent_stream() -> Self {
+        Self {
+            stream_window: 16 * MIB,
+            connection_window: 32 * MIB,
+            max_frame_size: 64 * 1024,
+            max_send_buffer: 4 * MIB as usize,
+            max_concurrent_streams: 16,
+            keepalive: None,
+        }
+    }
+
+    /// Frontend connections: one tunnelled connection per stream, possibly many streams per
+    /// connection. A stalled stream holds at most its stream window, so the connection window
+    /// leaves room for dozens of stalled streams before others feel it.
+    pub fn frontend() -> Self {
+        Self {
+            stream_window: 2 * MIB,
+            connection_window: 64 * MIB,
+            max_frame_size: 64 * 1024,
+            max_send_buffer: 2 * MIB as usize,
+            max_concurrent_streams: 10_000,
+            keepalive: None,
+        }
+    }
+
+    pub fn with_keepalive(mut self, keepalive: Option<Keepalive>) -> Self {
+        self.keepalive = keepalive;
+        self
+    }
+}
+
+/// Everything that can end a call.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("http/2: {0}")]
+    H2(#[from] h2::Error),
+    #[error("gRPC framing: {0}")]
+    Frame(#[from] tether_proto::frame::FrameError),
+    #[error("gRPC status {0}")]
+    Status(Status),
+    #[error("not a gRPC response: {0}")]
+    NotGrpc(String),
+    #[error("peer did not answer HTTP/2 PING within {0:?}")]
+    PeerUnresponsive(Duration),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl GrpcError {
+    /// The gRPC code name for the `code` label of `stream_errors_total`.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            Self::Status(s) => s.code.name(),
+            Self::H2(e) if e.reason() == Some(h2::Reason::CANCEL) => "Canceled",
+            Self::Frame(_) => "Internal",
+            _ => "Unavailable",
+        }
+    }
+}
+
+/// Drives pings on `ping_pong` until one goes unanswered; used by both ends.
+pub(crate) async fn keep_alive(mut ping_pong: h2::PingPong, keepalive: Keepalive) -> GrpcError {
+    loop {
+        tokio::time::sleep(keepalive.interval).await;
+        match tokio::time::timeout(keepalive.timeout, ping_pong.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            Ok(Err(e)) => return GrpcError::H2(e),
+            Err(_) => return GrpcError::PeerUnresponsive(keepalive.timeout),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The two halves of an open gRPC call.
+
+use std::future::poll_fn;
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use tether_proto::frame::{self, Decoder};
+
+use crate::{GrpcError, Packet, Status};
+
+/// Sending half. Packets are encoded into one buffer and written when [`flush`] is called,
+/// so a burst of small packets leaves as one HTTP/2 DATA write.
+///
+/// [`flush`]: PacketSender::flush
+#[derive(Debug)]
+pub struct PacketSender {
+    send: h2::SendStream<Bytes>,
+    buf: BytesMut,
+    /// Servers end a call with trailers, clients with an empty end-of-stream frame.
+    is_server: bool,
+}
+
+impl PacketSender {
+    pub(crate) fn new(send: h2::SendStream<Bytes>, is_server: bool) -> Self {
+        Self {
+            send,
+            buf: BytesMut::new(),
+            is_server,
+        }
+    }
+
+    /// Encodes `packet` into the write buffer without writing it.
+    pub fn buffer(&mut self, packet: &Packet) {
+        frame::encode(packet, &mut self.buf);
+    }
+
+    /// Bytes encoded but not yet written.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Encodes and writes one packet.
+    pub async fn send(&mut self, packet: &Packet) -> Result<(), GrpcError> {
+        self.buffer(packet);
+        self.flush().await
+    }
+
+    /// Writes everything buffered. Waits for HTTP/2 flow-control capacity, so this is where
+    /// a slow peer applies back-pressure. Cancel-safe: unwritten bytes stay buffered.
+    pub async fn flush(&mut self) -> Result<(), GrpcError> {
+        while !self.buf.is_empty() {
+            self.send.reserve_capacity(self.buf.len());
+            let granted = poll_fn(|cx| self.send.poll_capacity(cx))
+                .await
+                .ok_or_else(|| GrpcError::NotGrpc("stream closed while sending".into()))??;
+            if granted == 0 {
+                continue;
+            }
+            let chunk = self.buf.split_to(granted.min(self.buf.len())).freeze();
+            self.send.send_data(chunk, false)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the call: trailers with `status` on the server side, end-of-stream on the client.
+    pub fn finish(mut self, status: &Status) -> Result<(), GrpcError> {
+        if self.is_server {
+            let mut trailers = HeaderMap::new();
+            status.write_to(&mut trailers);
+            self.send.send_trailers(trailers)?;
+        } else {
+            self.send.send_data(Bytes::new(), true)?;
+        }
+        Ok(())
+    }
+
+    /// Aborts the call with an HTTP/2 RST_STREAM.
+    pub fn abort(mut self) {
+        self.send.send_reset(h2::Reason::CANCEL);
+    }
+}
+
+#[derive(Debug)]
+enum RecvState {
+    AwaitingResponse(h2::client::ResponseFuture),
+    Streaming(h2::RecvStream),
+    Done,
+}
+
+/// Receiving half.
+#[derive(Debug)]
+pub struct PacketReceiver {
+    state: RecvState,
+    decoder: Decoder,
+    headers: HeaderMap,
+}
+
+impl PacketReceiver {
+    pub(crate) fn server(recv: h2::RecvStream) -> Self {
+        Self {
+            state: RecvState::Streaming(recv),
+            decoder: Decoder::default(),
+            headers: HeaderMap::new(),
+        }
+    }
+
+    pub(crate) fn client(response: h2::client::ResponseFuture) -> Self {
+        Self {
+            state: RecvState::AwaitingResponse(response),
+            decoder: Decoder::default(),
+            headers: HeaderMap::new(),
+        }
+    }
+
+    /// Client side: waits for the response headers (gRPC metadata) and returns them. A
+    /// trailers-only response (the server refused the call) becomes `GrpcError::Status`.
+    pub async fn response_headers(&mut self) -> Result<&HeaderMap, GrpcError> {
+        if let RecvState::AwaitingResponse(fut) = &mut self.state {
+            let response = fut.await?;
+            let (parts, body) = response.into_parts();
+            if let Some(status) = Status::read_from(&parts.headers) {
+                self.state = RecvState::Done;
+                return Err(GrpcError::Status(status));
+            }
+            let grpc = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/grpc"));
+            if parts.status != http::StatusCode::OK || !grpc {
+                self.state = RecvState::Done;
+                return Err(GrpcError::NotGrpc(format!("HTTP status {}", parts.status)));
+            }
+            self.headers = parts.headers;
+            self.state = RecvState::Streaming(body);
+        }
+        Ok(&self.headers)
+    }
+
+    /// Next packet; `None` when the peer ended the call cleanly (status OK).
+    ///
+    /// An error for which [`GrpcError::is_bad_packet`] holds concerns one packet only: the
+    /// stream is intact and the caller may keep reading. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Packet, GrpcError>> {
+        if let Err(e) = self.response_headers().await {
+            return Some(Err(e));
+        }
+        loop {
+            match self.decoder.next_packet() {
+                Ok(Some(packet)) => return Some(Ok(packet)),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e.into())),
+            }
+            let RecvState::Streaming(recv) = &mut self.state else {
+                return None;
+            };
+            match recv.data().await {
+                Some(Ok(chunk)) => {
+                    // Released at once: back-pressure comes from this reader not being polled.
+                    let _ = recv.flow_control().release_capacity(chunk.len());
+                    self.decoder.push(chunk);
+                }
+                Some(Err(e)) => {
+                    self.state = RecvState::Done;
+                    return Some(Err(e.into()));
+                }
+                None => return self.finish().await.err().map(Err),
+            }
+        }
+    }
+
+    async fn finish(&mut self) -> Result<(), GrpcError> {
+        let RecvState::Streaming(recv) = std::mem::replace(&mut self.state, RecvState::Done) else {
+            return Ok(());
+        };
+        self.decoder.finish()?;
+        // Servers see no trailers from clients; clients read the call's status from them.
+        let mut recv = recv;
+        match recv.trailers().await? {
+            Some(trailers) => match Status::read_from(&trailers) {
+                Some(status) if status.code != crate::Code::OK => Err(GrpcError::Status(status)),
+                _ => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl GrpcError {
+    /// True when only one packet was malformed and the stream can still be read.
+    pub fn is_bad_packet(&self) -> bool {
+        matches!(self, Self::Frame(tether_proto::frame::FrameError::Packet(_)))
+    }
+}
