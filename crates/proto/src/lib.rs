@@ -7,12 +7,15 @@
 //!   downstream has to handle "a DATA packet without data".
 //! - [`frame`]: gRPC length-prefixed message framing, usable over any byte stream.
 //! - [`metadata`]: the gRPC header keys both ends agree on.
+//! - [`Identifiers`]: the agent identifiers that steer `destHost`/`defaultRoute` routing.
 #![forbid(unsafe_code)]
 
 pub mod frame;
+pub mod identifiers;
 pub mod metadata;
 mod packet;
 
+pub use identifiers::Identifiers;
 pub use packet::{ConnectId, DialId, Packet, ProtoError};
 
 /// Generated wire structs. Field names follow the proto (`connect_id`, `dial_request`, ...).

@@ -1,0 +1,338 @@
+//! Per-connection flow control.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use tether_proto::metadata::TETHER_FLOW;
+use tokio::sync::{Semaphore, mpsc};
+
+/// Accounting cost of one queued chunk at least: tiny chunks still cost a queue slot.
+const MIN_CHUNK_COST: usize = 64;
+
+/// The smallest window tether accepts from a peer. Below it the credit batching (a grant per
+/// quarter window) could starve a sender that reads 64 KiB at a time.
+pub const MIN_WINDOW: u32 = 128 * 1024;
+
+/// Flow-control settings of one end.
+#[derive(Clone, Copy, Debug)]
+pub struct FlowConfig {
+    /// Credit this end grants per connection to a tether peer, in bytes.
+    pub window: u32,
+    /// Inbound bytes a connection may queue when the peer sends without credit (upstream).
+    pub legacy_buffer: usize,
+    /// Bytes a connection may have handed to the stream writer but not yet written, when the
+    /// peer grants no credit. Bounds the writer's queue per connection.
+    pub local_window: u32,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        Self {
+            window: 1024 * 1024,
+            legacy_buffer: 8 * 1024 * 1024,
+            local_window: 1024 * 1024,
+        }
+    }
+}
+
+impl FlowConfig {
+    /// The metadata entry announcing credit flow control with our window.
+    pub fn announce(&self) -> (&'static str, String) {
+        (TETHER_FLOW, self.window.to_string())
+    }
+
+    /// Reads the peer's `tether-flow` value and settles how this stream runs.
+    pub fn negotiate(&self, peer_value: Option<&str>) -> Flow {
+        match peer_value.and_then(|v| v.trim().parse::<u32>().ok()) {
+            Some(peer_window) if peer_window >= MIN_WINDOW => Flow::Credit {
+                peer_window,
+                our_window: self.window,
+            },
+            _ => Flow::Legacy {
+                buffer: self.legacy_buffer,
+                local_window: self.local_window,
+            },
+        }
+    }
+}
+
+/// How one stream's connections are flow-controlled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Both ends speak tether: end-to-end credit per connection.
+    Credit { peer_window: u32, our_window: u32 },
+    /// The peer is upstream Konnectivity: no credit on the wire.
+    Legacy { buffer: usize, local_window: u32 },
+}
+
+impl Flow {
+    pub fn is_credit(self) -> bool {
+        matches!(self, Self::Credit { .. })
+    }
+
+    /// A new connection's pair of inbound queue and send window.
+    pub fn new_connection(self) -> (Inbound, InboundQueue, Arc<SendWindow>) {
+        let (limit, window) = match self {
+            // The peer may send `our_window` before hearing back; allow the chunk overhead.
+            Self::Credit {
+                peer_window,
+                our_window,
+            } => (our_window as usize * 2, peer_window),
+            Self::Legacy {
+                buffer,
+                local_window,
+            } => (buffer, local_window),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let window = Arc::new(SendWindow::new(window));
+        (
+            Inbound {
+                tx,
+                queued: queued.clone(),
+                limit,
+                window: window.clone(),
+            },
+            InboundQueue {
+                rx,
+                queued,
+                grant_threshold: match self {
+                    Self::Credit { our_window, .. } => Some(our_window / 4),
+                    Self::Legacy { .. } => None,
+                },
+                ungranted: 0,
+            },
+            window,
+        )
+    }
+}
+
+/// What the stream reader delivers to a connection's owner.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConnEvent {
+    Data(Bytes),
+    /// The far end closed; `Some` carries the error for an abnormal close.
+    Closed(Option<String>),
+}
+
+/// A connection's inbound queue overflowed: the peer sent past its credit, or (legacy peer)
+/// the reader fell more than the buffer limit behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    pub limit: usize,
+}
+
+impl std::fmt::Display for Overflow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "connection buffer of {} bytes exceeded", self.limit)
+    }
+}
+
+impl std::error::Error for Overflow {}
+
+/// The stream reader's handle on one connection: pushing never waits.
+#[derive(Debug)]
+pub struct Inbound {
+    tx: mpsc::UnboundedSender<ConnEvent>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+    window: Arc<SendWindow>,
+}
+
+impl Inbound {
+    /// Queues received data. The queue is bounded by bytes, not by slots: flow control keeps
+    /// it within `limit`, and a peer that breaks that gets [`Overflow`].
+    pub fn push(&self, data: Bytes) -> Result<(), Overflow> {
+        let cost = data.len().max(MIN_CHUNK_COST);
+        let before = self.queued.fetch_add(cost, Ordering::AcqRel);
+        if before + cost > self.limit {
+            self.queued.fetch_sub(cost, Ordering::AcqRel);
+            return Err(Overflow { limit: self.limit });
+        }
+        // A closed receiver means the owner already went away; the data has nowhere to go.
+        let _ = self.tx.send(ConnEvent::Data(data));
+        Ok(())
+    }
+
+    /// Tells the owner the far end closed, and wakes anyone waiting for send credit.
+    pub fn close(&self, error: Option<String>) {
+        let _ = self.tx.send(ConnEvent::Closed(error));
+        self.window.close();
+    }
+
+    /// Adds credit the peer granted.
+    pub fn grant(&self, bytes: u32) {
+        self.window.release(bytes);
+    }
+
+    /// Bytes queued and not yet taken by the owner.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+}
+
+/// The connection owner's side of the inbound queue.
+#[derive(Debug)]
+pub struct InboundQueue {
+    rx: mpsc::UnboundedReceiver<ConnEvent>,
+    queued: Arc<AtomicUsize>,
+    /// `Some(n)`: grant credit back in batches of at least n bytes (tether peer).
+    grant_threshold: Option<u32>,
+    ungranted: u32,
+}
+
+impl InboundQueue {
+    /// Next event; `None` if the stream reader dropped the connection without a close event
+    /// (the caller treats that as an abnormal close). Cancel-safe.
+    pub async fn recv(&mut self) -> Option<ConnEvent> {
+        let event = self.rx.recv().await?;
+        if let ConnEvent::Data(data) = &event {
+            self.queued
+                .fetch_sub(data.len().max(MIN_CHUNK_COST), Ordering::AcqRel);
+        }
+        Some(event)
+    }
+
+    /// Takes an event if one is ready, without waiting.
+    pub fn try_recv(&mut self) -> Option<ConnEvent> {
+        let event = self.rx.try_recv().ok()?;
+        if let ConnEvent::Data(data) = &event {
+            self.queued
+                .fetch_sub(data.len().max(MIN_CHUNK_COST), Ordering::AcqRel);
+        }
+        Some(event)
+    }
+
+    /// Records that `n` bytes were delivered to their destination. Returns the credit to
+    /// grant the peer now, if a batch is complete (tether peers only).
+    #[must_use]
+    pub fn consumed(&mut self, n: usize) -> Option<u32> {
+        let threshold = self.grant_threshold?;
+        self.ungranted = self.ungranted.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        (self.ungranted >= threshold).then(|| std::mem::take(&mut self.ungranted))
+    }
+}
+
+/// Bytes a connection may still send. Waiting here stalls this connection only.
+#[derive(Debug)]
+pub struct SendWindow {
+    permits: Semaphore,
+}
+
+impl SendWindow {
+    fn new(initial: u32) -> Self {
+        Self {
+            permits: Semaphore::new(initial as usize),
+        }
+    }
+
+    /// Waits until `n` bytes may be sent and takes them. `Err` once the connection closed.
+    /// Callers send chunks no larger than [`MIN_WINDOW`] / 2, so a grant always suffices.
+    /// Cancel-safe: nothing is taken unless it returns `Ok`.
+    pub async fn acquire(&self, n: usize) -> Result<(), WindowClosed> {
+        let n = u32::try_from(n).map_err(|_| WindowClosed)?;
+        self.permits
+            .acquire_many(n)
+            .await
+            .map(|permit| permit.forget())
+            .map_err(|_| WindowClosed)
+    }
+
+    /// Returns `n` bytes of window (a peer's credit, or bytes the writer flushed).
+    pub fn release(&self, n: u32) {
+        // Cap far below Semaphore::MAX_PERMITS so a misbehaving peer cannot make it panic.
+        let room = (u32::MAX as usize).saturating_sub(self.permits.available_permits());
+        self.permits.add_permits((n as usize).min(room));
+    }
+
+    /// Wakes waiters with an error; the connection is gone.
+    pub fn close(&self) {
+        self.permits.close();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.permits.is_closed()
+    }
+}
+
+/// The connection closed while waiting for send window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowClosed;
+
+impl std::fmt::Display for WindowClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection closed")
+    }
+}
+
+impl std::error::Error for WindowClosed {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn credit() -> Flow {
+        FlowConfig::default().negotiate(Some("262144"))
+    }
+
+    #[test]
+    fn negotiation() {
+        let cfg = FlowConfig::default();
+        assert!(cfg.negotiate(Some("1048576")).is_credit());
+        assert!(!cfg.negotiate(None).is_credit());
+        assert!(!cfg.negotiate(Some("1024")).is_credit(), "too small a window");
+        assert!(!cfg.negotiate(Some("lots")).is_credit());
+    }
+
+    #[tokio::test]
+    async fn inbound_is_bounded_by_bytes_and_never_waits() {
+        let flow = Flow::Legacy {
+            buffer: 1000,
+            local_window: 1 << 20,
+        };
+        let (inbound, mut queue, _) = flow.new_connection();
+        inbound.push(Bytes::from(vec![0; 600])).unwrap();
+        assert!(inbound.push(Bytes::from(vec![0; 600])).is_err());
+        // Tiny chunks are charged a minimum, so a flood of 1-byte packets is bounded too.
+        for _ in 0..6 {
+            inbound.push(Bytes::from_static(b"x")).unwrap();
+        }
+        assert!(inbound.push(Bytes::from_static(b"x")).is_err());
+        assert_eq!(queue.recv().await, Some(ConnEvent::Data(Bytes::from(vec![0; 600]))));
+        inbound.push(Bytes::from(vec![0; 500])).unwrap();
+        assert_eq!(queue.consumed(600), None, "legacy peers get no credit");
+    }
+
+    #[tokio::test]
+    async fn credit_is_granted_in_quarter_window_batches() {
+        let (_inbound, mut queue, _) = FlowConfig::default().negotiate(Some("262144")).new_connection();
+        let quarter = FlowConfig::default().window / 4;
+        assert_eq!(queue.consumed(quarter as usize - 1), None);
+        assert_eq!(queue.consumed(1), Some(quarter));
+        assert_eq!(queue.consumed(10), None);
+    }
+
+    #[tokio::test]
+    async fn send_window_blocks_one_connection_until_credit_arrives() {
+        let (inbound, _queue, window) = credit().new_connection();
+        window.acquire(262_144).await.unwrap();
+        let waiting = tokio::spawn({
+            let window = window.clone();
+            async move { window.acquire(10).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        inbound.grant(10);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+        // Closing wakes waiters with an error.
+        let waiting = tokio::spawn({
+            let window = window.clone();
+            async move { window.acquire(10).await }
+        });
+        inbound.close(None);
+        assert_eq!(waiting.await.unwrap(), Err(WindowClosed));
+        // An absurd grant cannot overflow the semaphore.
+        window.release(u32::MAX);
+    }
+}
