@@ -1,0 +1,41 @@
+//! TLS for tether: rustls configs for every listener and dialer, built the way upstream
+//! Konnectivity's flags describe them.
+//!
+//! - [`TlsOptions::from_go_flags`] accepts upstream's `--tls-min-version` and `--cipher-suites`
+//!   values unchanged, so existing manifests keep working.
+//! - [`server_config`] and [`client_config`] load certificates and keys from the PEM files named
+//!   by `--server-cert`/`--server-key`, `--cluster-cert`/`--cluster-key`, `--server-ca-cert`,
+//!   `--cluster-ca-cert`, `--ca-cert` and `--agent-cert`/`--agent-key`, with mutual TLS and ALPN
+//!   (`h2` for gRPC, plus the agent's `--alpn-proto` ids).
+//! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
+//!   benchmarks.
+//!
+//! Only rustls' `ring` provider is used, and every config is built with an explicit provider,
+//! so nothing depends on a process-wide default; [`install_default_provider`] exists for code
+//! that builds rustls configs elsewhere.
+//!
+//! Errors are [`TlsError`]s whose messages name the file and what was wrong with it; callers add
+//! the flag name (e.g. `--server-cert`) as context.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+mod options;
+pub mod pki;
+
+pub use config::{client_config, client_config_from_pem, server_config};
+pub use error::{PemOrigin, PemProblem, TlsError};
+pub use options::{TlsOptions, TlsVersion, provider};
+
+/// Installs rustls' `ring` provider as the process default, for callers that build rustls
+/// configs with `ServerConfig::builder()`/`ClientConfig::builder()` rather than through this
+/// crate: those builders panic when no default is installed and rustls cannot infer one from
+/// its crate features (e.g. once some other dependency enables `aws-lc-rs` too).
+///
+/// Idempotent: calling it again, or after another provider was installed, leaves the existing
+/// default in place.
+pub fn install_default_provider() {
+    // An `Err` only means a default is already installed, which is the state we want.
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,246 @@
+//! A throwaway PKI for the quickstart, tests and benchmarks.
+//!
+//! It mirrors the shape of upstream's test PKI (`tests/framework/certs.go`): one CA, a server
+//! certificate used for both the frontend and the agent listener, and client certificates for
+//! the agent (`CN=proxy-agent`) and for a frontend client (`CN=proxy-client`). Keys are ECDSA
+//! P-256 rather than upstream's RSA because handshakes are much cheaper, which matters for
+//! benchmarks that open many connections.
+
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use crate::TlsError;
+
+/// Subject alternative names of the server certificate: what local clients dial, plus the
+/// in-cluster name kube-apiserver uses, as upstream's test certificate has.
+const SERVER_SANS: &[&str] = &["localhost", "127.0.0.1", "::1", "kubernetes"];
+
+/// Back-dating of `notBefore`, so that peers with a slightly slow clock accept fresh
+/// certificates.
+const BACKDATE: Duration = Duration::from_secs(60 * 60);
+
+/// Lifetime of every certificate, counted from now.
+const VALIDITY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// PEM-encoded CA, server and client credentials, all issued by one fresh CA.
+///
+/// Every certificate is valid from one hour ago for one year. `Debug` omits the private keys so
+/// that the struct can be logged safely.
+#[derive(Clone)]
+pub struct Pki {
+    /// The CA certificate (trust root for both sides).
+    pub ca_cert_pem: String,
+    /// Server certificate (`CN=proxy-frontend`, serverAuth, SANs localhost, 127.0.0.1, ::1,
+    /// kubernetes).
+    pub server_cert_pem: String,
+    /// Server private key (PKCS#8).
+    pub server_key_pem: String,
+    /// Agent client certificate (`CN=proxy-agent`, clientAuth).
+    pub agent_cert_pem: String,
+    /// Agent private key (PKCS#8).
+    pub agent_key_pem: String,
+    /// Frontend client certificate (`CN=proxy-client`, clientAuth).
+    pub client_cert_pem: String,
+    /// Frontend client private key (PKCS#8).
+    pub client_key_pem: String,
+}
+
+impl fmt::Debug for Pki {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pki")
+            .field("ca_cert_pem", &self.ca_cert_pem)
+            .field("server_cert_pem", &self.server_cert_pem)
+            .field("agent_cert_pem", &self.agent_cert_pem)
+            .field("client_cert_pem", &self.client_cert_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Paths of the files written by [`Pki::write_to`], ready to pass as flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PkiFiles {
+    /// The directory holding all files.
+    pub dir: PathBuf,
+    /// `ca.crt`
+    pub ca_cert: PathBuf,
+    /// `server.crt`
+    pub server_cert: PathBuf,
+    /// `server.key` (mode 0600)
+    pub server_key: PathBuf,
+    /// `agent.crt`
+    pub agent_cert: PathBuf,
+    /// `agent.key` (mode 0600)
+    pub agent_key: PathBuf,
+    /// `client.crt`
+    pub client_cert: PathBuf,
+    /// `client.key` (mode 0600)
+    pub client_key: PathBuf,
+}
+
+impl Pki {
+    /// Generates a fresh CA and the server, agent and client certificates it signs.
+    pub fn generate() -> Result<Self, TlsError> {
+        let ca_key = new_key("CA key")?;
+        let mut ca_params = CertificateParams::default();
+        let ca_name = ca_common_name(&ca_params.key_identifier(&ca_key));
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, ca_name);
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        set_validity(&mut ca_params);
+        let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(|error| {
+            TlsError::Generate {
+                what: "CA certificate",
+                error,
+            }
+        })?;
+
+        let leaf = |what: &'static str, cn: &str, sans: &[&str], eku: ExtendedKeyUsagePurpose| {
+            let fail = |error| TlsError::Generate { what, error };
+            let key = new_key(what)?;
+            let sans: Vec<String> = sans.iter().map(|san| (*san).to_owned()).collect();
+            let mut params = CertificateParams::new(sans).map_err(fail)?;
+            params.distinguished_name.push(DnType::CommonName, cn);
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            params.extended_key_usages = vec![eku];
+            params.use_authority_key_identifier_extension = true;
+            set_validity(&mut params);
+            let cert = params.signed_by(&key, &ca).map_err(fail)?;
+            Ok::<_, TlsError>((cert.pem(), key.serialize_pem()))
+        };
+
+        let (server_cert_pem, server_key_pem) = leaf(
+            "server certificate",
+            "proxy-frontend",
+            SERVER_SANS,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let (agent_cert_pem, agent_key_pem) = leaf(
+            "agent certificate",
+            "proxy-agent",
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let (client_cert_pem, client_key_pem) = leaf(
+            "client certificate",
+            "proxy-client",
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+
+        Ok(Self {
+            ca_cert_pem: ca.pem(),
+            server_cert_pem,
+            server_key_pem,
+            agent_cert_pem,
+            agent_key_pem,
+            client_cert_pem,
+            client_key_pem,
+        })
+    }
+
+    /// Writes `ca.crt`, `server.crt`, `server.key`, `agent.crt`, `agent.key`, `client.crt` and
+    /// `client.key` into `dir` (created if missing) and returns their paths.
+    ///
+    /// Private keys are written with mode 0600 (also when overwriting an existing file), as
+    /// tools such as kubeadm expect and as anyone copying these paths into a manifest should.
+    pub fn write_to(&self, dir: &Path) -> Result<PkiFiles, TlsError> {
+        fs::create_dir_all(dir).map_err(|error| TlsError::Write {
+            path: dir.to_owned(),
+            error,
+        })?;
+        let files = PkiFiles {
+            dir: dir.to_owned(),
+            ca_cert: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            agent_cert: dir.join("agent.crt"),
+            agent_key: dir.join("agent.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+        };
+        write_file(&files.ca_cert, &self.ca_cert_pem, false)?;
+        write_file(&files.server_cert, &self.server_cert_pem, false)?;
+        write_file(&files.server_key, &self.server_key_pem, true)?;
+        write_file(&files.agent_cert, &self.agent_cert_pem, false)?;
+        write_file(&files.agent_key, &self.agent_key_pem, true)?;
+        write_file(&files.client_cert, &self.client_cert_pem, false)?;
+        write_file(&files.client_key, &self.client_key_pem, true)?;
+        Ok(files)
+    }
+}
+
+/// Makes `params` valid from [`BACKDATE`] ago for [`VALIDITY`].
+///
+/// "Now" is computed from the Unix epoch with `std` durations because rcgen builds `time`
+/// without its `std` feature (so there is no `OffsetDateTime::now_utc`), and this avoids a
+/// direct dependency on `time`.
+fn set_validity(params: &mut CertificateParams) {
+    // A clock before 1970 is broken beyond what a throwaway PKI can fix; treat it as the epoch.
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
+    params.not_before = now - BACKDATE;
+    params.not_after = now + VALIDITY;
+}
+
+/// A CA name unique to the CA's key (given as its subject key identifier), like upstream's
+/// `127.0.0.1@<timestamp>`.
+///
+/// Verifiers look issuers up by name: if two throwaway CAs shared a name, a certificate from
+/// the wrong one would be reported as a bad signature instead of an unknown issuer.
+fn ca_common_name(key_id: &[u8]) -> String {
+    let fingerprint: String = key_id
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("tether throwaway CA {fingerprint}")
+}
+
+/// A fresh ECDSA P-256 key pair (rcgen's default algorithm).
+fn new_key(what: &'static str) -> Result<KeyPair, TlsError> {
+    KeyPair::generate().map_err(|error| TlsError::Generate { what, error })
+}
+
+/// Writes `contents` to `path`, restricting it to the owner when `private` is set.
+fn write_file(path: &Path, contents: &str, private: bool) -> Result<(), TlsError> {
+    let fail = |error| TlsError::Write {
+        path: path.to_owned(),
+        error,
+    };
+    let mut options = OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).map_err(fail)?;
+    // `mode` only applies when the file is created; tighten a pre-existing file as well,
+    // before the key is written into it.
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::PermissionsExt as _;
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(fail)?;
+    }
+    file.write_all(contents.as_bytes()).map_err(fail)
+}
+
+#[cfg(test)]
+mod tests;
