@@ -1,0 +1,13 @@
+//! Observability plumbing shared by the server and the agent.
+//!
+//! - [`metrics`]: an explicit Prometheus registry whose text output has the exact shape Go's
+//!   client_golang produces, because upstream's tests parse it and assert on names.
+//! - [`http`]: a minimal HTTP/1.1 server for the health and admin endpoints, with the
+//!   limits upstream's Go servers use.
+//! - [`duration`]: Go's `time.ParseDuration` syntax and canonical `Duration.String()` form, so
+//!   flags accept and print durations exactly as upstream's do.
+#![forbid(unsafe_code)]
+
+pub mod duration;
+pub mod http;
+pub mod metrics;
