@@ -1,0 +1,5 @@
+//! The agent side of the server: agent streams, their connections, and routing among them.
+
+pub(crate) mod registry;
+pub(crate) mod service;
+pub(crate) mod session;

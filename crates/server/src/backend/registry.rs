@@ -1,0 +1,318 @@
+//! Which agent gets a dial: upstream's proxy strategies, without I/O.
+//!
+//! One index per configured strategy, asked in the configured order; an index that has no
+//! candidate passes the dial on to the next one. Within an index, draining agents are used
+//! only when nothing else is left (upstream's rule).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::str::FromStr;
+
+use tether_proto::Identifiers;
+
+/// A `--proxy-strategies` entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Any agent, chosen at random.
+    Default,
+    /// The agent whose `host`, `ipv4` or `ipv6` identifier equals the destination host.
+    DestHost,
+    /// Any agent that advertised `default-route=true`, chosen at random.
+    DefaultRoute,
+}
+
+impl Strategy {
+    /// Upstream's spelling, also the `proxy_strategy` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::DestHost => "destHost",
+            Self::DefaultRoute => "defaultRoute",
+        }
+    }
+
+    /// Parses the comma-separated flag value; empty or unknown entries are errors.
+    pub fn parse_list(value: &str) -> Result<Vec<Self>, String> {
+        let list: Vec<Self> = value
+            .split(',')
+            .map(|s| s.trim().parse())
+            .collect::<Result<_, _>>()?;
+        if list.is_empty() {
+            return Err("--proxy-strategies must not be empty".into());
+        }
+        Ok(list)
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "default" => Ok(Self::Default),
+            "destHost" => Ok(Self::DestHost),
+            "defaultRoute" => Ok(Self::DefaultRoute),
+            other => Err(format!(
+                "unknown proxy strategy {other:?} (expected default, destHost or defaultRoute)"
+            )),
+        }
+    }
+}
+
+/// What the registry needs to know about a connected agent stream.
+pub(crate) trait Backend: Clone {
+    fn agent_id(&self) -> &str;
+    /// Distinguishes several streams of the same agent ID.
+    fn stream_id(&self) -> u64;
+    fn is_draining(&self) -> bool;
+}
+
+/// One index: key → agent IDs in arrival order; agent ID → its streams.
+#[derive(Debug)]
+struct Index {
+    strategy: Strategy,
+    keys: HashMap<String, Vec<String>>,
+}
+
+/// The set of connected agents, indexed per strategy.
+#[derive(Debug)]
+pub(crate) struct Registry<B> {
+    indexes: Vec<Index>,
+    /// Streams per agent ID; `[0]` takes new dials, as upstream.
+    agents: HashMap<String, Vec<B>>,
+}
+
+impl<B: Backend> Registry<B> {
+    pub(crate) fn new(strategies: &[Strategy]) -> Self {
+        Self {
+            indexes: strategies
+                .iter()
+                .map(|&strategy| Index {
+                    strategy,
+                    keys: HashMap::new(),
+                })
+                .collect(),
+            agents: HashMap::new(),
+        }
+    }
+
+    /// Adds a stream. A second stream with a known agent ID queues behind the first.
+    pub(crate) fn add(&mut self, backend: B, identifiers: &Identifiers) {
+        let id = backend.agent_id().to_owned();
+        let streams = self.agents.entry(id.clone()).or_default();
+        let first = streams.is_empty();
+        streams.push(backend);
+        if !first {
+            return;
+        }
+        for index in &mut self.indexes {
+            for key in keys_for(index.strategy, &id, identifiers) {
+                index.keys.entry(key).or_default().push(id.clone());
+            }
+        }
+    }
+
+    /// Removes one stream (matched by stream ID). The agent leaves the indexes with its last stream.
+    pub(crate) fn remove(&mut self, agent_id: &str, stream_id: u64) {
+        let Some(streams) = self.agents.get_mut(agent_id) else {
+            return;
+        };
+        streams.retain(|b| b.stream_id() != stream_id);
+        if !streams.is_empty() {
+            return;
+        }
+        self.agents.remove(agent_id);
+        for index in &mut self.indexes {
+            index.keys.retain(|_, ids| {
+                ids.retain(|id| id != agent_id);
+                !ids.is_empty()
+            });
+        }
+    }
+
+    /// Picks a stream for a dial to `address` ("host:port"), trying each strategy in order.
+    pub(crate) fn select(&self, address: &str) -> Option<B> {
+        let host = host_of(address);
+        self.indexes.iter().find_map(|index| {
+            let candidates: Vec<&String> = match index.strategy {
+                Strategy::DestHost => index.keys.get(host)?.iter().collect(),
+                Strategy::Default | Strategy::DefaultRoute => {
+                    let mut all: Vec<&String> = index.keys.values().flatten().collect();
+                    if all.is_empty() {
+                        return None;
+                    }
+                    // Random start, then walk, as upstream: spreads load without bookkeeping.
+                    all.sort_unstable();
+                    all.dedup();
+                    let start = random_below(all.len());
+                    all.rotate_left(start);
+                    all
+                }
+            };
+            self.first_preferring_active(candidates)
+        })
+    }
+
+    fn first_preferring_active<'a>(&self, ids: impl IntoIterator<Item = &'a String>) -> Option<B> {
+        let mut fallback = None;
+        for id in ids {
+            let Some(first) = self.agents.get(id).and_then(|s| s.first()) else {
+                continue;
+            };
+            if !first.is_draining() {
+                return Some(first.clone());
+            }
+            fallback.get_or_insert_with(|| first.clone());
+        }
+        fallback
+    }
+
+    /// Readiness, as upstream: the first strategy's index has an agent.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.indexes.first().is_some_and(|i| !i.keys.is_empty())
+    }
+
+    /// Keys per strategy, for `ready_backends{proxy_strategy}`.
+    pub(crate) fn key_counts(&self) -> impl Iterator<Item = (Strategy, usize)> + '_ {
+        self.indexes.iter().map(|i| (i.strategy, i.keys.len()))
+    }
+
+    /// Distinct connected agent IDs.
+    pub(crate) fn agent_count(&self) -> usize {
+        self.agents.len()
+    }
+}
+
+fn keys_for(strategy: Strategy, agent_id: &str, ids: &Identifiers) -> Vec<String> {
+    match strategy {
+        Strategy::Default => vec![agent_id.to_owned()],
+        Strategy::DefaultRoute if ids.default_route => vec![agent_id.to_owned()],
+        Strategy::DefaultRoute => vec![],
+        Strategy::DestHost => ids
+            .hosts
+            .iter()
+            .chain(&ids.ipv4)
+            .chain(&ids.ipv6)
+            .cloned()
+            .collect(),
+    }
+}
+
+/// The host part of a dial address: `host:port`, `[v6]:port`, or a bare IPv6 address.
+pub(crate) fn host_of(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match address.rsplit_once(':') {
+        Some((host, _)) if !host.contains(':') => host,
+        Some(_) => address, // bare IPv6 without port
+        None => address,
+    }
+}
+
+/// A uniformly distributed index below `n` (n > 0) from std's randomly keyed hasher.
+fn random_below(n: usize) -> usize {
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (r % n as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    struct Fake {
+        id: &'static str,
+        stream: u64,
+        draining: Rc<Cell<bool>>,
+    }
+
+    impl Backend for Fake {
+        fn agent_id(&self) -> &str {
+            self.id
+        }
+        fn stream_id(&self) -> u64 {
+            self.stream
+        }
+        fn is_draining(&self) -> bool {
+            self.draining.get()
+        }
+    }
+
+    fn fake(id: &'static str, stream: u64) -> Fake {
+        Fake {
+            id,
+            stream,
+            draining: Rc::default(),
+        }
+    }
+
+    fn ids(query: &str) -> Identifiers {
+        Identifiers::parse(query).unwrap()
+    }
+
+    #[test]
+    fn default_prefers_non_draining_and_falls_back_to_draining() {
+        let mut r = Registry::new(&[Strategy::Default]);
+        let a = fake("a", 1);
+        let b = fake("b", 2);
+        r.add(a.clone(), &ids(""));
+        r.add(b.clone(), &ids(""));
+        a.draining.set(true);
+        for _ in 0..50 {
+            assert_eq!(r.select("10.0.0.1:80").unwrap().id, "b");
+        }
+        b.draining.set(true);
+        assert!(r.select("10.0.0.1:80").is_some(), "all draining: still served");
+        r.remove("a", 1);
+        r.remove("b", 2);
+        assert!(r.select("10.0.0.1:80").is_none());
+        assert!(!r.is_ready());
+    }
+
+    #[test]
+    fn dest_host_matches_exactly_then_falls_through_in_order() {
+        let mut r = Registry::new(&[Strategy::DestHost, Strategy::DefaultRoute, Strategy::Default]);
+        r.add(fake("node1", 1), &ids("host=node1&ipv4=10.0.0.1"));
+        r.add(fake("gw", 2), &ids("default-route=true"));
+        r.add(fake("plain", 3), &ids(""));
+        assert_eq!(r.select("10.0.0.1:10250").unwrap().id, "node1");
+        assert_eq!(r.select("node1:10250").unwrap().id, "node1");
+        for _ in 0..20 {
+            assert_eq!(r.select("10.9.9.9:80").unwrap().id, "gw", "defaultRoute before default");
+        }
+        r.remove("gw", 2);
+        let picked = r.select("10.9.9.9:80").unwrap().id;
+        assert!(picked == "plain" || picked == "node1");
+        assert!(r.is_ready(), "destHost index has node1");
+    }
+
+    #[test]
+    fn readiness_follows_the_first_strategy() {
+        let mut r = Registry::new(&[Strategy::DestHost, Strategy::Default]);
+        r.add(fake("plain", 1), &ids(""));
+        assert!(!r.is_ready(), "no agent advertises a host");
+        assert!(r.select("x:1").is_some());
+    }
+
+    #[test]
+    fn second_stream_of_an_agent_waits_behind_the_first() {
+        let mut r = Registry::new(&[Strategy::Default]);
+        r.add(fake("a", 1), &ids(""));
+        r.add(fake("a", 2), &ids(""));
+        assert_eq!(r.select("x:1").unwrap().stream, 1);
+        r.remove("a", 1);
+        assert_eq!(r.select("x:1").unwrap().stream, 2);
+        assert_eq!(r.agent_count(), 1);
+    }
+
+    #[test]
+    fn host_parsing() {
+        assert_eq!(host_of("10.0.0.1:80"), "10.0.0.1");
+        assert_eq!(host_of("[fd00::1]:443"), "fd00::1");
+        assert_eq!(host_of("fd00::1"), "fd00::1");
+        assert_eq!(host_of("node-a"), "node-a");
+    }
+}

@@ -1,0 +1,167 @@
+//! `AgentService.Connect`: admitting an agent stream and reading it until it ends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tether_grpc::server::IncomingCall;
+use tether_grpc::{Code, Status};
+use tether_proto::{Identifiers, metadata};
+use tether_tunnel::{FlowConfig, Outbound, run_writer};
+use tracing::Instrument;
+
+use super::session::AgentSession;
+use crate::dial::Hub;
+use crate::metrics::Segment;
+
+/// What every agent stream of this server is told, and how it is flow-controlled.
+#[derive(Debug)]
+pub(crate) struct AgentService {
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) server_id: String,
+    pub(crate) server_count: u32,
+    pub(crate) flow: FlowConfig,
+    pub(crate) next_stream_id: AtomicU64,
+}
+
+impl AgentService {
+    /// Serves one call on the agent listener.
+    pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall) {
+        if call.path() != tether_proto::path::CONNECT {
+            let path = call.path().to_owned();
+            call.reject(&Status::new(Code::UNIMPLEMENTED, format!("unknown method {path}")));
+            return;
+        }
+        let admitted = admit(call.metadata());
+        let (agent_id, identifiers) = match admitted {
+            Ok(ok) => ok,
+            Err(message) => {
+                tracing::warn!(%message, "refusing agent stream");
+                call.reject(&Status::new(Code::UNKNOWN, message));
+                return;
+            }
+        };
+        let flow = self.flow.negotiate(header(call.metadata(), metadata::TETHER_FLOW));
+        let mut response = vec![
+            (metadata::SERVER_ID, self.server_id.clone()),
+            (metadata::SERVER_COUNT, self.server_count.to_string()),
+        ];
+        if flow.is_credit() {
+            response.push(self.flow.announce());
+        }
+        let (sender, receiver) = match call.accept(&response) {
+            Ok(halves) => halves,
+            Err(e) => {
+                tracing::warn!(agent.id = %agent_id, error = %e, "could not answer agent stream");
+                return;
+            }
+        };
+        let hub = &self.hub;
+        let stream_gauge = hub.metrics.grpc_stream("Connect");
+        stream_gauge.inc();
+        let (outbound, queue) = Outbound::new();
+        let session = Arc::new(AgentSession::new(
+            agent_id,
+            self.next_stream_id.fetch_add(1, Ordering::Relaxed),
+            identifiers,
+            flow,
+            outbound,
+            hub.metrics.clone(),
+        ));
+        let span = tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
+        self.run_session(session, queue, sender, receiver).instrument(span).await;
+        stream_gauge.dec();
+    }
+
+    /// Reads the agent stream until it ends, then fails everything that depended on it.
+    async fn run_session(
+        &self,
+        session: Arc<AgentSession>,
+        queue: tether_tunnel::writer::OutboundQueue,
+        sender: tether_grpc::PacketSender,
+        mut receiver: tether_grpc::PacketReceiver,
+    ) {
+        let hub = &self.hub;
+        tracing::info!(credit = session.flow.is_credit(), "agent connected");
+        hub.registry().add(session.clone(), &session.identifiers);
+        hub.refresh_backend_gauges();
+
+        let metrics = hub.metrics.clone();
+        let mut writer = tokio::spawn(run_writer(queue, sender, Status::ok(), move |p| {
+            metrics.packet(Segment::ToAgent, p.type_name());
+        }));
+        let reason = loop {
+            tokio::select! {
+                next = receiver.next() => match next {
+                    Some(Ok(packet)) => {
+                        hub.metrics.packet(Segment::FromAgent, packet.type_name());
+                        session.handle(packet);
+                    }
+                    Some(Err(e)) if e.is_bad_packet() => {
+                        tracing::warn!(error = %e, "dropping a malformed packet from the agent");
+                        hub.metrics.stream_error(Segment::FromAgent, "InvalidArgument", "Unknown");
+                    }
+                    Some(Err(e)) => {
+                        hub.metrics.stream_error(Segment::FromAgent, e.code_name(), "Unknown");
+                        break format!("agent stream failed: {e}");
+                    }
+                    None => break "agent closed the stream".to_owned(),
+                },
+                result = &mut writer => {
+                    break match result {
+                        Ok(Err(e)) => {
+                            hub.metrics.stream_error(Segment::ToAgent, e.code_name(), "Unknown");
+                            format!("writing to agent failed: {e}")
+                        }
+                        _ => "agent stream writer ended".to_owned(),
+                    };
+                }
+            }
+        };
+        tracing::info!(%reason, "agent disconnected");
+        hub.registry().remove(&session.agent_id, session.stream_id);
+        hub.refresh_backend_gauges();
+        session.shut_down(&reason);
+        writer.abort();
+    }
+}
+
+fn header<'a>(headers: &'a http::HeaderMap, key: &str) -> Option<&'a str> {
+    headers.get(key).and_then(|v| v.to_str().ok())
+}
+
+/// Checks the agent's metadata: exactly one `agentid`, at most one `agentidentifiers`.
+fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers), String> {
+    let mut ids = headers.get_all(metadata::AGENT_ID).iter();
+    let (Some(id), None) = (ids.next(), ids.next()) else {
+        return Err("expected one agent ID in the context".into());
+    };
+    let id = id
+        .to_str()
+        .ok()
+        .filter(|id| !id.is_empty())
+        .ok_or("agent ID is empty or not text")?;
+    let mut idents = headers.get_all(metadata::AGENT_IDENTIFIERS).iter();
+    let identifiers = match (idents.next(), idents.next()) {
+        (None, _) => Identifiers::default(),
+        (Some(v), None) => Identifiers::parse(v.to_str().map_err(|_| "agent identifiers are not text")?)?,
+        (Some(_), Some(_)) => return Err("expected at most one set of agent identifiers".into()),
+    };
+    Ok((id.to_owned(), identifiers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_rules() {
+        let mut h = http::HeaderMap::new();
+        assert!(admit(&h).is_err(), "no agent id");
+        h.append("agentid", "a".parse().unwrap());
+        assert_eq!(admit(&h).unwrap().0, "a");
+        h.append("agentidentifiers", "host=n1".parse().unwrap());
+        assert_eq!(admit(&h).unwrap().1.hosts, ["n1"]);
+        h.append("agentid", "b".parse().unwrap());
+        assert!(admit(&h).is_err(), "two agent ids");
+    }
+}

@@ -1,0 +1,25 @@
+//! Frontends: where clients such as kube-apiserver ask for connections.
+//!
+//! One per server process, as upstream: gRPC `ProxyService` or HTTP CONNECT, each over a
+//! Unix socket or mutual-TLS TCP.
+
+pub(crate) mod grpc;
+pub(crate) mod http_connect;
+
+/// `--mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Grpc,
+    HttpConnect,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "grpc" => Ok(Self::Grpc),
+            "http-connect" => Ok(Self::HttpConnect),
+            other => Err(format!("unknown mode {other:?} (expected grpc or http-connect)")),
+        }
+    }
+}

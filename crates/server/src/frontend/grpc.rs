@@ -1,0 +1,240 @@
+//! The gRPC frontend: `ProxyService.Proxy`, one tunnelled connection per stream.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tether_grpc::server::IncomingCall;
+use tether_grpc::{Code, GrpcError, PacketReceiver, PacketSender, Status};
+use tether_proto::{ConnectId, Packet};
+use tether_tunnel::ConnEvent;
+
+use crate::backend::session::{ServerTunnel, TunnelDown, TunnelUp};
+use crate::dial::{DialError, Hub};
+use crate::metrics::Segment;
+
+/// How long a client may take to send its DIAL_REQ after opening the stream.
+const FIRST_PACKET_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long to wait for the agent's CLOSE_RSP after forwarding a client's CLOSE_REQ.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest batch of DATA written to the client in one flush.
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Serves one call on the frontend listener.
+pub(crate) async fn serve(hub: Arc<Hub>, call: IncomingCall) {
+    if call.path() != tether_proto::path::PROXY {
+        let path = call.path().to_owned();
+        call.reject(&Status::new(Code::UNIMPLEMENTED, format!("unknown method {path}")));
+        return;
+    }
+    let (tx, rx) = match call.accept(&[]) {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not answer proxy stream");
+            return;
+        }
+    };
+    let gauge = hub.metrics.grpc_stream("Proxy");
+    gauge.inc();
+    let status = proxy(&hub, tx, rx).await;
+    if let Err(e) = status {
+        tracing::debug!(error = %e, "proxy stream ended with an error");
+        hub.metrics.stream_error(Segment::ToClient, e.code_name(), "Unknown");
+    }
+    gauge.dec();
+}
+
+async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Result<(), GrpcError> {
+    // Wait for the dial request. Upstream answers stray packets before it this way too.
+    let (protocol, address, random) = loop {
+        let next = tokio::time::timeout(FIRST_PACKET_TIMEOUT, rx.next()).await;
+        let Ok(Some(next)) = next else {
+            return Ok(());
+        };
+        match next {
+            Ok(packet) => {
+                hub.metrics.packet(Segment::FromClient, packet.type_name());
+                match packet {
+                    Packet::DialRequest {
+                        protocol,
+                        address,
+                        random,
+                    } => break (protocol, address, random),
+                    Packet::Data { connect_id, .. } => {
+                        let reply = close_response(connect_id, Some("backend not initialized"));
+                        send(hub, &mut tx, &reply).await?;
+                        return tx.finish(&Status::ok());
+                    }
+                    Packet::CloseRequest { connect_id } => {
+                        let reply = close_response(connect_id, Some("backend uninitialized"));
+                        send(hub, &mut tx, &reply).await?;
+                    }
+                    _ => {}
+                }
+            }
+            Err(e) if e.is_bad_packet() => tracing::debug!(error = %e, "dropping a malformed packet"),
+            Err(_) => return Ok(()),
+        }
+    };
+
+    // Dial, while watching the client for DIAL_CLS or a vanished stream.
+    let frontend_gone = async {
+        loop {
+            match rx.next().await {
+                Some(Ok(Packet::CloseDial { .. })) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    };
+    let dialed = hub.dial(protocol, address, random, frontend_gone).await;
+    let mut tunnel = match dialed {
+        Ok(tunnel) => tunnel,
+        Err(DialError::FrontendGone) => return Ok(()),
+        Err(DialError::DialClosed) => {
+            send(hub, &mut tx, &Packet::CloseDial { random }).await?;
+            return tx.finish(&Status::ok());
+        }
+        Err(e) => {
+            let reply = Packet::DialResponse {
+                random,
+                result: Err(e.to_string()),
+            };
+            send(hub, &mut tx, &reply).await?;
+            return tx.finish(&Status::ok());
+        }
+    };
+    let id = tunnel.connect_id();
+    let reply = Packet::DialResponse {
+        random,
+        result: Ok(id),
+    };
+    send(hub, &mut tx, &reply).await?;
+    relay(hub, &mut tunnel, tx, rx, id).await
+}
+
+/// Why the client → agent direction stopped.
+enum ClientSide {
+    Gone,
+    CloseRequested,
+    AgentClosed,
+    Mismatch(ConnectId),
+}
+
+async fn relay(
+    hub: &Hub,
+    tunnel: &mut ServerTunnel,
+    mut tx: PacketSender,
+    mut rx: PacketReceiver,
+    id: ConnectId,
+) -> Result<(), GrpcError> {
+    let closed = {
+        let ServerTunnel { up, down, .. } = tunnel;
+        let mut to_agent = pin!(client_to_agent(hub, up, &mut rx, id));
+        let mut to_client = pin!(agent_to_client(hub, down, &mut tx, id));
+        tokio::select! {
+        closed = &mut to_client => closed?,
+        side = &mut to_agent => match side {
+            ClientSide::Gone => return Ok(()),
+            ClientSide::Mismatch(other) => {
+                up.close_request();
+                Some(format!("mismatched connection IDs {id} and {other}"))
+            }
+            ClientSide::CloseRequested | ClientSide::AgentClosed => {
+                match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
+                    Ok(closed) => closed?,
+                    Err(_) => Some("timed out waiting for the agent to close".to_owned()),
+                }
+            }
+        },
+        }
+    };
+    let status = match &closed {
+        None => Status::ok(),
+        Some(error) => Status::new(Code::UNAVAILABLE, error.clone()),
+    };
+    send(hub, &mut tx, &close_response(id, closed.as_deref())).await?;
+    tx.finish(&status)
+}
+
+async fn client_to_agent(
+    hub: &Hub,
+    up: &TunnelUp,
+    rx: &mut PacketReceiver,
+    id: ConnectId,
+) -> ClientSide {
+    loop {
+        match rx.next().await {
+            Some(Ok(packet)) => {
+                hub.metrics.packet(Segment::FromClient, packet.type_name());
+                match packet {
+                    Packet::Data { connect_id, data } if connect_id == id => {
+                        if up.send(data).await.is_err() {
+                            return ClientSide::AgentClosed;
+                        }
+                    }
+                    Packet::Data { connect_id, .. } => return ClientSide::Mismatch(connect_id),
+                    Packet::CloseRequest { .. } => {
+                        up.close_request();
+                        return ClientSide::CloseRequested;
+                    }
+                    _ => {}
+                }
+            }
+            Some(Err(e)) if e.is_bad_packet() => {
+                tracing::debug!(error = %e, "dropping a malformed packet");
+            }
+            Some(Err(_)) | None => return ClientSide::Gone,
+        }
+    }
+}
+
+/// Forwards agent data to the client until the connection closes; returns the close error.
+async fn agent_to_client(
+    hub: &Hub,
+    down: &mut TunnelDown,
+    tx: &mut PacketSender,
+    id: ConnectId,
+) -> Result<Option<String>, GrpcError> {
+    loop {
+        let mut event = Some(down.recv().await);
+        let mut bytes = 0;
+        let mut closed = None;
+        while let Some(e) = event.take() {
+            match e {
+                ConnEvent::Data(data) => {
+                    bytes += data.len();
+                    tx.buffer(&Packet::Data {
+                        connect_id: id,
+                        data,
+                    });
+                    hub.metrics.packet(Segment::ToClient, "DATA");
+                    if tx.buffered() < BATCH_BYTES {
+                        event = down.try_recv();
+                    }
+                }
+                ConnEvent::Closed(error) => closed = Some(error),
+            }
+        }
+        let started = Instant::now();
+        tx.flush().await?;
+        hub.metrics
+            .frontend_write_duration
+            .observe(started.elapsed().as_secs_f64());
+        down.consumed(bytes);
+        if let Some(error) = closed {
+            return Ok(error);
+        }
+    }
+}
+
+fn close_response(connect_id: ConnectId, error: Option<&str>) -> Packet {
+    Packet::CloseResponse {
+        connect_id,
+        error: error.map(str::to_owned),
+    }
+}
+
+async fn send(hub: &Hub, tx: &mut PacketSender, packet: &Packet) -> Result<(), GrpcError> {
+    hub.metrics.packet(Segment::ToClient, packet.type_name());
+    tx.send(packet).await
+}

@@ -1,0 +1,294 @@
+//! The HTTP CONNECT frontend, byte-compatible with upstream since v0.34: the `200` goes out
+//! only after the agent's dial succeeded, failures are plain-text 5xx responses.
+
+use std::hash::{BuildHasher, Hasher};
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tether_proto::DialId;
+use tether_tunnel::ConnEvent;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+
+use crate::backend::session::{MAX_CHUNK, ServerTunnel, TunnelDown, TunnelUp};
+use crate::dial::{DialError, Hub};
+use crate::net::Io;
+
+/// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
+const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Go's MaxHeaderBytes (1 MiB) plus the 4 KiB slack Go's reader allows.
+const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
+/// Client bytes kept while the dial is under way; more than that waits in the socket.
+const MAX_EARLY_BYTES: usize = 64 * 1024;
+/// How long to wait for the agent's close after the client ended its side.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
+
+/// Serves one accepted connection.
+pub(crate) async fn serve(hub: Arc<Hub>, io: Box<dyn Io>) {
+    hub.metrics.http_connections.inc();
+    if let Err(e) = handle(&hub, io).await {
+        tracing::debug!(error = %e, "http connect connection ended with an error");
+    }
+    hub.metrics.http_connections.dec();
+}
+
+async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
+    let mut buf = BytesMut::with_capacity(4096);
+    let head = tokio::time::timeout(READ_HEADER_TIMEOUT, read_head(&mut io, &mut buf)).await;
+    let target = match head {
+        Err(_) => return Ok(()),
+        Ok(Err(reply)) => return respond(&mut io, &reply).await,
+        Ok(Ok(Head::Connect(target))) => target,
+        Ok(Ok(Head::OtherMethod)) => {
+            let body = "this proxy only supports CONNECT passthrough\n";
+            let reply = format!(
+                "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nDate: {}\r\nContent-Length: {}\r\n\r\n{body}",
+                http_date(std::time::SystemTime::now()),
+                body.len()
+            );
+            return respond(&mut io, reply.as_bytes()).await;
+        }
+    };
+
+    // Dial, keeping bytes the client sends early and noticing if it leaves.
+    let random = DialId(random_dial_id());
+    let (dialed, early) = {
+        let mut early = buf;
+        let frontend_gone = async {
+            loop {
+                if early.len() >= MAX_EARLY_BYTES {
+                    return std::future::pending().await;
+                }
+                match io.read_buf(&mut early).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        };
+        let dialed = hub
+            .dial("tcp".into(), target.clone(), random, frontend_gone)
+            .await;
+        (dialed, early)
+    };
+    let mut tunnel = match dialed {
+        Ok(tunnel) => tunnel,
+        Err(DialError::FrontendGone) => return Ok(()),
+        Err(e) => {
+            tracing::debug!(%target, error = %e, "dial failed");
+            return respond(&mut io, &dial_error_response(&e)).await;
+        }
+    };
+    io.write_all(ESTABLISHED).await?;
+
+    let (mut rd, mut wr) = tokio::io::split(io);
+    let closed = {
+        let ServerTunnel { up, down, .. } = &mut tunnel;
+        let mut to_agent = pin!(client_to_agent(up, &mut rd, early.freeze()));
+        let mut to_client = pin!(agent_to_client(down, &mut wr));
+        tokio::select! {
+            closed = &mut to_client => closed,
+            () = &mut to_agent => {
+                match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
+                    Ok(closed) => closed,
+                    Err(_) => Err(Some("timed out waiting for the agent to close".to_owned())),
+                }
+            }
+        }
+    };
+    let mut io = rd.unsplit(wr);
+    match closed {
+        // A normal close: flush and send FIN.
+        Ok(()) => {
+            let _ = io.shutdown().await;
+        }
+        // The agent, its connection or the destination failed: make the client see it.
+        Err(error) => {
+            tracing::debug!(connect.id = %tunnel.connect_id(), ?error, "closing connection abortively");
+            io.abort_on_close();
+        }
+    }
+    Ok(())
+}
+
+enum Head {
+    Connect(String),
+    OtherMethod,
+}
+
+/// Reads and parses the request head; `Err` carries the response for a bad request.
+async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec<u8>> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => {
+                let head = match (request.method, request.path) {
+                    (Some("CONNECT"), Some(target)) if !target.is_empty() => Head::Connect(target.to_owned()),
+                    (Some("CONNECT"), _) => return Err(bad_request()),
+                    _ => Head::OtherMethod,
+                };
+                let _ = buf.split_to(len);
+                return Ok(head);
+            }
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEADER_BYTES => {
+                return Err(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec());
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec());
+            }
+            Err(_) => return Err(bad_request()),
+        }
+        buf.reserve(4096);
+        match io.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(Vec::new()),
+            Ok(_) => {}
+        }
+    }
+}
+
+fn bad_request() -> Vec<u8> {
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request".to_vec()
+}
+
+async fn respond(io: &mut Box<dyn Io>, reply: &[u8]) -> std::io::Result<()> {
+    if !reply.is_empty() {
+        io.write_all(reply).await?;
+    }
+    io.shutdown().await
+}
+
+/// Upstream's responses for a failed dial, byte for byte.
+fn dial_error_response(error: &DialError) -> Vec<u8> {
+    let (status, body) = match error {
+        DialError::NoAgent => {
+            return b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available".to_vec();
+        }
+        DialError::Endpoint(text) => (status_for_dial_error(text), text.clone()),
+        DialError::AgentGone(e) => (502, format!("Backend context error: {e}\r\n")),
+        DialError::Timeout => (504, "Backend dial timeout: timed out waiting for backend dial\r\n".to_owned()),
+        DialError::DialClosed => (502, "Backend context error: dial closed by agent\r\n".to_owned()),
+        DialError::Duplicate(_) | DialError::FrontendGone => (500, format!("{error}\r\n")),
+    };
+    format!(
+        "HTTP/1.1 {status} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}",
+        tether_observe::http::reason_phrase(status)
+    )
+    .into_bytes()
+}
+
+/// Upstream's mapping of an agent's dial error text to an HTTP status.
+fn status_for_dial_error(text: &str) -> u16 {
+    let text = text.to_ascii_lowercase();
+    if ["timeout", "i/o timeout", "deadline exceeded"].iter().any(|s| text.contains(s)) {
+        504
+    } else if text.contains("too many open files") {
+        503
+    } else {
+        502
+    }
+}
+
+async fn client_to_agent(up: &TunnelUp, rd: &mut ReadHalf<Box<dyn Io>>, early: Bytes) {
+    if !early.is_empty() && up.send(early).await.is_err() {
+        return;
+    }
+    let mut buf = BytesMut::new();
+    loop {
+        buf.reserve(MAX_CHUNK);
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => {
+                up.close_request();
+                return;
+            }
+            Ok(_) => {
+                if up.send(buf.split().freeze()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Writes agent data to the client; `Err` carries the reason of an abnormal close.
+async fn agent_to_client(down: &mut TunnelDown, wr: &mut WriteHalf<Box<dyn Io>>) -> Result<(), Option<String>> {
+    loop {
+        match down.recv().await {
+            ConnEvent::Data(data) => {
+                let n = data.len();
+                wr.write_all(&data).await.map_err(|e| Some(e.to_string()))?;
+                down.consumed(n);
+            }
+            ConnEvent::Closed(None) => return Ok(()),
+            ConnEvent::Closed(Some(error)) => return Err(Some(error)),
+        }
+    }
+}
+
+/// A non-negative dial ID, like the Go client's `rand.Int63`.
+fn random_dial_id() -> i64 {
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (r >> 1) as i64
+}
+
+/// An RFC 7231 IMF-fixdate, as Go's `http.TimeFormat`.
+fn http_date(now: std::time::SystemTime) -> String {
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{}, {day:02} {} {year} {h:02}:{m:02}:{s:02} GMT",
+        WEEKDAYS[days.rem_euclid(7) as usize],
+        MONTHS[(month - 1) as usize]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dial_error_statuses_follow_upstream() {
+        assert_eq!(status_for_dial_error("dial tcp 10.0.0.1:80: i/o timeout"), 504);
+        assert_eq!(status_for_dial_error("context deadline exceeded"), 504);
+        assert_eq!(status_for_dial_error("socket: too many open files"), 503);
+        assert_eq!(status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"), 502);
+        assert_eq!(
+            dial_error_response(&DialError::Endpoint("dial tcp 127.0.0.1:18999: connect: connection refused".into())),
+            b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\ndial tcp 127.0.0.1:18999: connect: connection refused"
+        );
+        assert_eq!(
+            dial_error_response(&DialError::NoAgent),
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available"
+        );
+    }
+
+    #[test]
+    fn http_dates() {
+        use std::time::{Duration, UNIX_EPOCH};
+        assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(
+            http_date(UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
+            "Sun, 18 Nov 2026 10:26:40 GMT"
+        );
+    }
+}

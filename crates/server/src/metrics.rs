@@ -1,0 +1,185 @@
+//! The server's Prometheus metrics: upstream's names and labels, plus tether's own.
+
+use std::sync::Arc;
+
+use tether_observe::metrics::{Counter, CounterVec, Gauge, GaugeVec, Histogram, Registry};
+
+const PREFIX: &str = "konnectivity_network_proxy_server_";
+/// Upstream's latency buckets for dial and write durations.
+const LATENCY_BUCKETS: [f64; 9] = [1e-6, 1e-5, 1e-4, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+const LIFETIME_BUCKETS: [f64; 12] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+];
+
+/// Why a dial failed: the `reason` label of `dial_failure_count`, upstream's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DialFailure {
+    NoAgent,
+    ErrorResponse,
+    UnrecognizedResponse,
+    SendRsp,
+    BackendClose,
+    BackendDialTimeout,
+    FrontendClose,
+}
+
+impl DialFailure {
+    fn label(self) -> &'static str {
+        match self {
+            Self::NoAgent => "no_agent",
+            Self::ErrorResponse => "error_response",
+            Self::UnrecognizedResponse => "unrecognized_response",
+            Self::SendRsp => "send_rsp",
+            Self::BackendClose => "backend_close",
+            Self::BackendDialTimeout => "backend_dial_timeout",
+            Self::FrontendClose => "frontend_close",
+        }
+    }
+}
+
+/// Stream segments, the `segment` label.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Segment {
+    FromClient,
+    ToClient,
+    FromAgent,
+    ToAgent,
+}
+
+impl Segment {
+    fn label(self) -> &'static str {
+        match self {
+            Self::FromClient => "from_client",
+            Self::ToClient => "to_client",
+            Self::FromAgent => "from_agent",
+            Self::ToAgent => "to_agent",
+        }
+    }
+}
+
+/// Handles on every server metric. Created once per server and shared.
+#[derive(Debug)]
+pub(crate) struct ServerMetrics {
+    pub(crate) dial_duration: Arc<Histogram>,
+    pub(crate) frontend_write_duration: Arc<Histogram>,
+    pub(crate) connection_duration: Arc<Histogram>,
+    grpc_connections: Arc<GaugeVec>,
+    pub(crate) http_connections: Arc<Gauge>,
+    pub(crate) ready_backend_connections: Arc<Gauge>,
+    ready_backends: Arc<GaugeVec>,
+    pub(crate) pending_dials: Arc<Gauge>,
+    pub(crate) established: Arc<Gauge>,
+    dial_failures: Arc<CounterVec>,
+    stream_packets: Arc<CounterVec>,
+    stream_errors: Arc<CounterVec>,
+    /// tether: connections closed by the server because their peer overran its buffer.
+    pub(crate) overflow_closes: Arc<Counter>,
+}
+
+impl ServerMetrics {
+    pub(crate) fn register(registry: &Registry) -> Self {
+        let name = |n: &str| format!("{PREFIX}{n}");
+        let m = Self {
+            dial_duration: registry.histogram(
+                &name("dial_duration_seconds"),
+                "Latency of dial to the remote endpoint in seconds",
+                &LATENCY_BUCKETS,
+            ),
+            frontend_write_duration: registry.histogram(
+                &name("frontend_write_duration_seconds"),
+                "Latency of write to the frontend in seconds",
+                &LATENCY_BUCKETS,
+            ),
+            connection_duration: registry.histogram(
+                &name("connection_duration_seconds"),
+                "Lifetime of tunnelled connections after a successful dial, in seconds",
+                &LIFETIME_BUCKETS,
+            ),
+            grpc_connections: registry.gauge_vec(
+                &name("grpc_connections"),
+                "Number of current grpc connections, partitioned by service method",
+                &["service_method"],
+            ),
+            http_connections: registry.gauge(
+                &name("http_connections"),
+                "Number of current HTTP CONNECT connections",
+            ),
+            ready_backend_connections: registry.gauge(
+                &name("ready_backend_connections"),
+                "Number of konnectivity agent connected to the proxy server (deprecated)",
+            ),
+            ready_backends: registry.gauge_vec(
+                &name("ready_backends"),
+                "Number of konnectivity agents connected, per proxy strategy",
+                &["proxy_strategy"],
+            ),
+            pending_dials: registry.gauge(
+                &name("pending_backend_dials"),
+                "Current number of pending backend dial requests",
+            ),
+            established: registry.gauge(
+                &name("established_connections"),
+                "Current number of established end-to-end connections",
+            ),
+            dial_failures: registry.counter_vec(
+                &name("dial_failure_count"),
+                "Number of dial failures observed, by reason",
+                &["reason"],
+            ),
+            stream_packets: registry.counter_vec(
+                &name("stream_packets_total"),
+                "Count of packets processed, by segment and packet type",
+                &["segment", "packet_type"],
+            ),
+            stream_errors: registry.counter_vec(
+                &name("stream_errors_total"),
+                "Count of gRPC stream errors, by segment, code and packet type",
+                &["segment", "code", "packet_type"],
+            ),
+            overflow_closes: registry.counter(
+                "tether_server_connection_overflow_closes_total",
+                "Connections closed because a peer without flow control overran the per-connection buffer",
+            ),
+        };
+        // Upstream exposes these even when they stay at zero; keep the names present.
+        registry.gauge_vec(
+            &name("full_receive_channels"),
+            "Number of current connections blocked on a full receive channel (always 0: tether never blocks a stream reader)",
+            &["service_method"],
+        );
+        registry.counter(
+            &name("culled_leases_count"),
+            "Count of expired leases that the lease garbage collector deleted",
+        );
+        for method in ["Proxy", "Connect"] {
+            m.grpc_connections.with(&[method]).set(0);
+        }
+        m
+    }
+
+    pub(crate) fn dial_failure(&self, reason: DialFailure) {
+        self.dial_failures.with(&[reason.label()]).inc();
+    }
+
+    pub(crate) fn packet(&self, segment: Segment, packet_type: &str) {
+        self.stream_packets
+            .with(&[segment.label(), packet_type])
+            .inc();
+    }
+
+    pub(crate) fn stream_error(&self, segment: Segment, code: &str, packet_type: &str) {
+        self.stream_errors
+            .with(&[segment.label(), code, packet_type])
+            .inc();
+    }
+
+    pub(crate) fn grpc_stream(&self, method: &str) -> Arc<Gauge> {
+        self.grpc_connections.with(&[method])
+    }
+
+    pub(crate) fn set_ready_backends(&self, strategy: &str, n: usize) {
+        self.ready_backends
+            .with(&[strategy])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}

@@ -1,0 +1,143 @@
+//! Listeners: Unix sockets and TLS over TCP, with the handshake off the accept loop.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client may take to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An accepted, ready-to-use byte stream.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Makes the coming close abortive (TCP RST) so the peer sees an error, not a clean end.
+    /// Unix sockets have no such close; there it does nothing.
+    fn abort_on_close(&self) {}
+}
+
+impl Io for UnixStream {}
+
+impl Io for tokio_rustls::server::TlsStream<TcpStream> {
+    fn abort_on_close(&self) {
+        reset_on_close(&self.get_ref().0);
+    }
+}
+
+/// SO_LINGER with a zero timeout: close sends RST at once. tokio deprecates `set_linger`
+/// because a non-zero linger blocks the closing thread; a zero linger never blocks.
+#[allow(deprecated)]
+fn reset_on_close(stream: &TcpStream) {
+    let _ = stream.set_linger(Some(Duration::ZERO));
+}
+
+/// A listening socket.
+pub(crate) enum Listener {
+    Unix { listener: UnixListener, path: PathBuf },
+    Tls { listener: TcpListener, acceptor: TlsAcceptor },
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Listener").field(&self.local_addr()).finish()
+    }
+}
+
+/// A connection whose TLS handshake (if any) has not run yet.
+pub(crate) enum Accepted {
+    Unix(UnixStream),
+    Tls(TcpStream, TlsAcceptor),
+}
+
+impl Listener {
+    /// Binds a Unix socket readable and writable by owner and group only (upstream's 0770).
+    pub(crate) fn unix(path: &Path, delete_existing: bool) -> io::Result<Self> {
+        if delete_existing {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let listener = UnixListener::bind(path)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o770))?;
+        Ok(Self::Unix {
+            listener,
+            path: path.to_owned(),
+        })
+    }
+
+    pub(crate) async fn tls(addr: SocketAddr, config: Arc<rustls::ServerConfig>) -> io::Result<Self> {
+        Ok(Self::Tls {
+            listener: TcpListener::bind(addr).await?,
+            acceptor: TlsAcceptor::from(config),
+        })
+    }
+
+    /// Where it listens, for logs and for callers that bound port 0.
+    pub(crate) fn local_addr(&self) -> String {
+        match self {
+            Self::Unix { path, .. } => path.display().to_string(),
+            Self::Tls { listener, .. } => listener
+                .local_addr()
+                .map_or_else(|e| e.to_string(), |a| a.to_string()),
+        }
+    }
+
+    pub(crate) fn tcp_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Tls { listener, .. } => listener.local_addr().ok(),
+            Self::Unix { .. } => None,
+        }
+    }
+
+    /// Waits for the next connection. Cancel-safe.
+    pub(crate) async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Self::Unix { listener, .. } => Ok(Accepted::Unix(listener.accept().await?.0)),
+            Self::Tls { listener, acceptor } => {
+                let (stream, _) = listener.accept().await?;
+                stream.set_nodelay(true)?;
+                Ok(Accepted::Tls(stream, acceptor.clone()))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Self::Unix { path, .. } = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Accepted {
+    /// Completes the TLS handshake (bounded in time) and returns the stream.
+    pub(crate) async fn ready(self) -> io::Result<Box<dyn Io>> {
+        match self {
+            Self::Unix(stream) => Ok(Box::new(stream)),
+            Self::Tls(stream, acceptor) => {
+                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                    .await
+                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+                Ok(Box::new(tls))
+            }
+        }
+    }
+
+    /// The peer's address, for logs.
+    pub(crate) fn peer(&self) -> String {
+        match self {
+            Self::Unix(_) => "unix".to_owned(),
+            Self::Tls(stream, _) => stream
+                .peer_addr()
+                .map_or_else(|_| "unknown".to_owned(), |a| a.to_string()),
+        }
+    }
+}
