@@ -3,7 +3,9 @@
 use bytes::Bytes;
 use http::{HeaderValue, Request, uri};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, watch};
 
 use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender};
 
@@ -15,6 +17,10 @@ pub struct Channel {
     scheme: uri::Scheme,
     authority: uri::Authority,
     closed: watch::Receiver<Option<String>>,
+    /// Taken by the first [`Channel::start_keepalive`].
+    ping_pong: Arc<Mutex<Option<h2::PingPong>>>,
+    /// Ends the connection when keepalive gives up on the peer.
+    kill: Arc<Notify>,
 }
 
 impl Channel {
@@ -42,30 +48,48 @@ impl Channel {
             .handshake::<_, Bytes>(io)
             .await?;
         let (closed_tx, closed) = watch::channel(None);
-        let keepalive = settings.keepalive.zip(conn.ping_pong());
+        let ping_pong = Arc::new(Mutex::new(conn.ping_pong()));
+        let kill = Arc::new(Notify::new());
+        let killed = kill.clone();
         tokio::spawn(async move {
-            let keepalive = async {
-                match keepalive {
-                    Some((k, pp)) => crate::keep_alive(pp, k).await,
-                    None => std::future::pending().await,
-                }
-            };
             let reason = tokio::select! {
                 result = &mut conn => match result {
                     Ok(()) => "connection closed".to_owned(),
                     Err(e) => e.to_string(),
                 },
-                err = keepalive => err.to_string(),
+                () = killed.notified() => "peer stopped answering keepalive pings".to_owned(),
             };
             tracing::debug!(%reason, "http/2 client connection ended");
             let _ = closed_tx.send(Some(reason));
         });
-        Ok(Self {
+        let channel = Self {
             send_request,
             scheme: if tls { uri::Scheme::HTTPS } else { uri::Scheme::HTTP },
             authority,
             closed,
-        })
+            ping_pong,
+            kill,
+        };
+        if let Some(keepalive) = settings.keepalive {
+            channel.start_keepalive(keepalive);
+        }
+        Ok(channel)
+    }
+
+    /// Starts probing the peer with HTTP/2 PINGs and drops the connection when one goes
+    /// unanswered. Deferred from the handshake because the right interval depends on who
+    /// the peer turns out to be. Only the first call has an effect.
+    pub fn start_keepalive(&self, keepalive: crate::Keepalive) {
+        let Some(ping_pong) = self.ping_pong.lock().ok().and_then(|mut p| p.take()) else {
+            return;
+        };
+        let kill = self.kill.clone();
+        tokio::spawn(async move {
+            let error = crate::keep_alive(ping_pong, keepalive).await;
+            tracing::debug!(%error, "keepalive ended");
+            // notify_one stores a permit, so the driver sees it even if not yet waiting.
+            kill.notify_one();
+        });
     }
 
     /// Opens a call. Returns at once: the response headers are awaited lazily by the

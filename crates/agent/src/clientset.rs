@@ -1,0 +1,286 @@
+//! Holding streams to every proxy server: dial the server address until as many distinct
+//! server IDs are connected as the servers announce.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustls_pki_types::ServerName;
+use tether_grpc::client::Channel;
+use tether_grpc::{GrpcError, H2Settings};
+use tether_proto::metadata;
+use tether_tunnel::Outbound;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::Config;
+use crate::metrics::AgentMetrics;
+use crate::session::ServerSession;
+
+/// How long connecting to a server (TCP, TLS, HTTP/2, response headers) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopping agent waits for its sessions to end.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The agent's server connections.
+#[derive(Debug)]
+pub(crate) struct ClientSet {
+    config: Config,
+    metrics: Arc<AgentMetrics>,
+    sessions: Mutex<HashMap<String, Arc<ServerSession>>>,
+    /// The last `servercount` a server announced; 0 counts as 1, as upstream.
+    server_count: AtomicUsize,
+    draining: AtomicBool,
+}
+
+/// Why one connection attempt did not add a session.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("connecting to {0}: {1}")]
+    Tcp(String, std::io::Error),
+    #[error("TLS handshake with {0}: {1}")]
+    Tls(String, std::io::Error),
+    #[error("invalid server name {0:?}")]
+    ServerName(String),
+    #[error("reading token {0}: {1}")]
+    Token(String, std::io::Error),
+    #[error("{0}")]
+    Grpc(#[from] GrpcError),
+    #[error("server response headers: {0}")]
+    Headers(String),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// A freshly opened stream, before it is known to be a new server.
+struct Connected {
+    server_id: String,
+    server_count: usize,
+    channel: Channel,
+    credit: bool,
+    sender: tether_grpc::PacketSender,
+    receiver: tether_grpc::PacketReceiver,
+}
+
+impl ClientSet {
+    pub(crate) fn new(config: Config, metrics: Arc<AgentMetrics>) -> Self {
+        Self {
+            config,
+            metrics,
+            sessions: Mutex::new(HashMap::new()),
+            server_count: AtomicUsize::new(1),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<ServerSession>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn agent_id(&self) -> &str {
+        &self.config.agent_id
+    }
+
+    /// Servers currently connected.
+    pub(crate) fn connected(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// The sync loop: runs until `stop`.
+    pub(crate) async fn run(self: &Arc<Self>, drain: CancellationToken, stop: CancellationToken) {
+        let tasks = TaskTracker::new();
+        let mut backoff = self.config.sync_interval;
+        loop {
+            let wait = if self.draining.load(Ordering::Acquire) {
+                Duration::MAX
+            } else if !self.config.sync_forever && self.connected() >= self.server_count.load(Ordering::Acquire) {
+                self.config.sync_interval
+            } else {
+                match self.connect_once().await {
+                    Ok(connected) => {
+                        backoff = self.config.sync_interval;
+                        if self.add(connected, &tasks, &stop) {
+                            Duration::ZERO
+                        } else {
+                            jitter(self.config.sync_interval)
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, server = %self.address(), "cannot connect to proxy server");
+                        let wait = jitter(backoff);
+                        backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
+                        wait
+                    }
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = drain.cancelled(), if !self.draining.load(Ordering::Acquire) => self.start_draining(),
+                () = sleep(wait) => {}
+            }
+        }
+        tasks.close();
+        if tokio::time::timeout(STOP_TIMEOUT, tasks.wait()).await.is_err() {
+            tracing::warn!("server sessions did not end in time");
+        }
+    }
+
+    fn start_draining(&self) {
+        tracing::info!("draining: telling every server, opening no new server connections");
+        self.draining.store(true, Ordering::Release);
+        for session in self.sessions().values() {
+            session.drain();
+        }
+    }
+
+    fn address(&self) -> String {
+        format!("{}:{}", self.config.server_host, self.config.server_port)
+    }
+
+    /// Registers a new stream unless its server is already connected; false for a duplicate.
+    fn add(self: &Arc<Self>, connected: Connected, tasks: &TaskTracker, stop: &CancellationToken) -> bool {
+        let Connected {
+            server_id,
+            server_count,
+            channel,
+            credit,
+            sender,
+            receiver,
+        } = connected;
+        self.server_count.store(server_count.max(1), Ordering::Release);
+        self.metrics.known_server_count.set(server_count.max(1) as i64);
+        let (outbound, queue) = Outbound::new();
+        let flow = if credit {
+            self.config.flow.negotiate(Some(&u32::MAX.to_string()))
+        } else {
+            self.config.flow.negotiate(None)
+        };
+        let session = Arc::new(ServerSession::new(
+            server_id.clone(),
+            flow,
+            outbound,
+            self.metrics.clone(),
+            self.config.dial_timeout,
+        ));
+        {
+            let mut sessions = self.sessions();
+            if sessions.contains_key(&server_id) {
+                tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
+                drop(sessions);
+                sender.abort();
+                return false;
+            }
+            sessions.insert(server_id.clone(), session.clone());
+        }
+        self.metrics.open_server_connections.inc();
+        let keepalive = if credit { self.config.keepalive } else { self.config.legacy_keepalive };
+        if let Some(k) = keepalive {
+            channel.start_keepalive(k);
+        }
+        if self.draining.load(Ordering::Acquire) {
+            session.drain();
+        }
+        tracing::info!(server.id = %server_id, server.count = server_count, credit, "connected to proxy server");
+        let set = self.clone();
+        let stop = stop.clone();
+        let span = tracing::info_span!("server", server.id = %server_id);
+        tasks.spawn(
+            async move {
+                let writer = tokio::spawn(crate::session::write(queue, sender, set.metrics.clone()));
+                let reason = tokio::select! {
+                    reason = session.read(receiver) => reason,
+                    reason = channel.closed() => reason,
+                    () = stop.cancelled() => "agent stopping".to_owned(),
+                };
+                tracing::info!(%reason, "disconnected from proxy server");
+                set.sessions().remove(&session.server_id);
+                set.metrics.open_server_connections.dec();
+                session.shut_down(&reason).await;
+                writer.abort();
+            }
+            .instrument(span),
+        );
+        true
+    }
+
+    async fn connect_once(&self) -> Result<Connected, ConnectError> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.connect())
+            .await
+            .map_err(|_| ConnectError::Timeout(CONNECT_TIMEOUT))?
+    }
+
+    async fn connect(&self) -> Result<Connected, ConnectError> {
+        let address = self.address();
+        let tcp = TcpStream::connect((self.config.server_host.as_str(), self.config.server_port))
+            .await
+            .map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+        tcp.set_nodelay(true).map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+        let name = ServerName::try_from(self.config.server_host.clone())
+            .map_err(|_| ConnectError::ServerName(self.config.server_host.clone()))?;
+        let tls = tokio_rustls::TlsConnector::from(self.config.tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| ConnectError::Tls(address.clone(), e))?;
+        let channel = Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
+
+        let mut metadata = vec![(metadata::AGENT_ID, self.config.agent_id.clone())];
+        if !self.config.identifiers.is_empty() {
+            metadata.push((metadata::AGENT_IDENTIFIERS, self.config.identifiers.clone()));
+        }
+        if let Some(path) = &self.config.token_path {
+            // A small local file, read on every connect so a rotated token is picked up.
+            let token = std::fs::read_to_string(path)
+                .map_err(|e| ConnectError::Token(path.display().to_string(), e))?;
+            metadata.push((metadata::AUTHORIZATION, format!("Bearer {}", token.trim())));
+        }
+        metadata.push(self.config.flow.announce());
+        let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, &metadata).await?;
+        let headers = receiver.response_headers().await?;
+        let one = |key: &str| -> Result<String, ConnectError> {
+            let mut values = headers.get_all(key).iter();
+            match (values.next(), values.next()) {
+                (Some(v), None) => v
+                    .to_str()
+                    .map(str::to_owned)
+                    .map_err(|_| ConnectError::Headers(format!("{key} is not text"))),
+                _ => Err(ConnectError::Headers(format!("expected exactly one {key}"))),
+            }
+        };
+        let server_id = one(metadata::SERVER_ID)?;
+        let server_count = one(metadata::SERVER_COUNT)?
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| ConnectError::Headers("servercount is not a number".into()))?;
+        let credit = headers
+            .get(metadata::TETHER_FLOW)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .is_some_and(|w| w >= tether_tunnel::flow::MIN_WINDOW);
+        Ok(Connected {
+            server_id,
+            server_count,
+            channel,
+            credit,
+            sender,
+            receiver,
+        })
+    }
+}
+
+/// `d` plus up to 10 % (upstream's jitter), so many agents do not reconnect in lockstep.
+fn jitter(d: Duration) -> Duration {
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    d + d.mul_f64((r % 1000) as f64 / 10_000.0)
+}
+
+async fn sleep(d: Duration) {
+    if d == Duration::MAX {
+        std::future::pending::<()>().await;
+    } else {
+        tokio::time::sleep(d).await;
+    }
+}

@@ -1,0 +1,41 @@
+//! Health and admin endpoints, as upstream's agent serves them.
+
+use std::sync::Arc;
+
+use tether_observe::http::{Handler, Request, Response};
+use tether_observe::metrics::Registry;
+
+use crate::clientset::ClientSet;
+
+/// `/healthz`, `/readyz` (`/ready`) and `/metrics` on the health port. Ready means connected
+/// to at least one server.
+pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> Handler {
+    Arc::new(move |req: &Request| match req.path.as_str() {
+        "/healthz" => Response::text(200, "ok"),
+        "/readyz" | "/ready" => {
+            let verbose = req.query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
+            if clientset.connected() > 0 {
+                if verbose {
+                    Response::text(200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n")
+                } else {
+                    Response::text(200, "ok")
+                }
+            } else {
+                Response::text(
+                    503,
+                    "[+]ping ok\n[-]server-connected failed: no servers connected\nreadyz check failed\n",
+                )
+            }
+        }
+        "/metrics" => Response::metrics(&registry),
+        _ => Response::not_found(),
+    })
+}
+
+/// The admin port's `/metrics` redirects to the health port, as upstream does.
+pub(crate) fn admin_handler(health_port: u16) -> Handler {
+    Arc::new(move |req: &Request| match req.path.as_str() {
+        "/metrics" => Response::redirect(301, format!("http://{}/metrics", req.host_with_port(health_port))),
+        _ => Response::not_found(),
+    })
+}

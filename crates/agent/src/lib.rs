@@ -1,0 +1,140 @@
+//! The tether proxy agent.
+//!
+//! It keeps reverse tunnels (`AgentService.Connect` streams) to as many distinct proxy
+//! servers as they announce, and on their request dials destinations in the cluster network
+//! and relays bytes.
+//!
+//! Layout:
+//! - `clientset`: connecting to servers until the announced server count is reached;
+//! - `session`: one server stream and the connections multiplexed on it;
+//! - `health`: health, readiness and metrics endpoints;
+//! - `metrics`: upstream's agent metrics.
+#![forbid(unsafe_code)]
+
+mod clientset;
+mod health;
+mod metrics;
+mod session;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tether_grpc::Keepalive;
+use tether_observe::metrics::Registry;
+pub use tether_tunnel::FlowConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A validated agent configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `--proxy-server-host`: dialed for every server connection (normally a load balancer).
+    pub server_host: String,
+    pub server_port: u16,
+    /// TLS to the server; ALPN must include `h2`.
+    pub tls: Arc<rustls::ClientConfig>,
+    pub agent_id: String,
+    /// `--agent-identifiers`, already validated; sent as is.
+    pub identifiers: String,
+    pub health_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub sync_interval: Duration,
+    pub sync_interval_cap: Duration,
+    /// How often each server connection's liveness is checked.
+    pub probe_interval: Duration,
+    /// Keep dialing for more servers even once the announced count is reached.
+    pub sync_forever: bool,
+    /// HTTP/2 PINGs to the server. Only used with tether servers: upstream servers punish
+    /// pings more often than every 30 s.
+    pub keepalive: Option<Keepalive>,
+    /// PINGs to an upstream server (from `--keepalive-time`), if any.
+    pub legacy_keepalive: Option<Keepalive>,
+    /// Deadline for dialing a destination.
+    pub dial_timeout: Duration,
+    pub flow: FlowConfig,
+    /// `--service-account-token-path`: sent as `Bearer` token, re-read on every connect.
+    pub token_path: Option<PathBuf>,
+}
+
+/// Start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("listening on {what} {addr}: {source}")]
+    Listen {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// An agent whose health and admin listeners are bound.
+#[derive(Debug)]
+pub struct Agent {
+    config: Config,
+    health: TcpListener,
+    admin: TcpListener,
+    registry: Registry,
+}
+
+impl Agent {
+    pub async fn bind(config: Config, registry: Registry) -> Result<Self, AgentError> {
+        let bind = |what, addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::Listen { what, addr, source })
+        };
+        let health = bind("health", config.health_addr).await?;
+        let admin = bind("admin", config.admin_addr).await?;
+        Ok(Self {
+            config,
+            health,
+            admin,
+            registry,
+        })
+    }
+
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health.local_addr().ok()
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.local_addr().ok()
+    }
+
+    /// Runs until `stop`. `drain` (the first SIGTERM) tells every server this agent is going
+    /// away and stops opening server connections; live connections keep working.
+    pub async fn run(self, drain: CancellationToken, stop: CancellationToken) {
+        let Self {
+            config,
+            health,
+            admin,
+            registry,
+        } = self;
+        let metrics = Arc::new(metrics::AgentMetrics::register(&registry));
+        let clientset = Arc::new(clientset::ClientSet::new(config, metrics));
+        let health_port = health.local_addr().map_or(0, |a| a.port());
+        tracing::info!(
+            health = ?health.local_addr().ok(),
+            admin = ?admin.local_addr().ok(),
+            agent.id = %clientset.agent_id(),
+            "proxy agent starting"
+        );
+        let endpoints = tokio_util::task::TaskTracker::new();
+        endpoints.spawn(tether_observe::http::serve(
+            health,
+            health::health_handler(clientset.clone(), registry.clone()),
+            stop.clone().cancelled_owned(),
+        ));
+        endpoints.spawn(tether_observe::http::serve(
+            admin,
+            health::admin_handler(health_port),
+            stop.clone().cancelled_owned(),
+        ));
+        clientset.run(drain, stop.clone()).await;
+        endpoints.close();
+        endpoints.wait().await;
+        tracing::info!("proxy agent stopped");
+    }
+}

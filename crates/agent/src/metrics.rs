@@ -1,0 +1,106 @@
+//! The agent's Prometheus metrics, with upstream's names and labels.
+
+use std::sync::Arc;
+
+use tether_observe::metrics::{CounterVec, Gauge, Histogram, Registry};
+
+const PREFIX: &str = "konnectivity_network_proxy_agent_";
+
+/// Handles on every agent metric.
+#[derive(Debug)]
+pub(crate) struct AgentMetrics {
+    pub(crate) dial_duration: Arc<Histogram>,
+    endpoint_dial_failures: Arc<CounterVec>,
+    pub(crate) open_server_connections: Arc<Gauge>,
+    pub(crate) known_server_count: Arc<Gauge>,
+    pub(crate) open_endpoint_connections: Arc<Gauge>,
+    stream_packets: Arc<CounterVec>,
+    stream_errors: Arc<CounterVec>,
+    server_connection_failures: Arc<CounterVec>,
+}
+
+/// Why an endpoint dial failed: upstream's `reason` label.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum DialFailure {
+    Timeout,
+    Unknown,
+}
+
+impl AgentMetrics {
+    pub(crate) fn register(registry: &Registry) -> Self {
+        let name = |n: &str| format!("{PREFIX}{n}");
+        let m = Self {
+            dial_duration: registry.histogram(
+                &name("dial_duration_seconds"),
+                "Latency of dial to the remote endpoint in seconds",
+                &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0],
+            ),
+            endpoint_dial_failures: registry.counter_vec(
+                &name("endpoint_dial_failure_total"),
+                "Number of failures dialing the remote endpoint, by reason",
+                &["reason"],
+            ),
+            open_server_connections: registry.gauge(
+                &name("open_server_connections"),
+                "Current number of open server connections",
+            ),
+            known_server_count: registry.gauge(
+                &name("known_server_count"),
+                "Current number of proxy servers the agent should connect to",
+            ),
+            open_endpoint_connections: registry.gauge(
+                &name("open_endpoint_connections"),
+                "Current number of open endpoint connections",
+            ),
+            stream_packets: registry.counter_vec(
+                &name("stream_packets_total"),
+                "Count of packets processed, by segment and packet type",
+                &["segment", "packet_type"],
+            ),
+            stream_errors: registry.counter_vec(
+                &name("stream_errors_total"),
+                "Count of gRPC stream errors, by segment, code and packet type",
+                &["segment", "code", "packet_type"],
+            ),
+            server_connection_failures: registry.counter_vec(
+                &name("server_connection_failure_count"),
+                "Count of failures on server connections, by direction (deprecated)",
+                &["direction"],
+            ),
+        };
+        // Upstream registers the lease metrics; tether counts servers from responses only.
+        registry.counter_vec(
+            &name("lease_lists_total"),
+            "Count of lease list calls, by response code and reason",
+            &["http_response_code", "reason"],
+        );
+        registry.counter_vec(
+            &name("lease_watches_total"),
+            "Count of lease watch calls, by response code and reason",
+            &["http_response_code", "reason"],
+        );
+        m.known_server_count.set(1);
+        m
+    }
+
+    pub(crate) fn endpoint_dial_failure(&self, reason: DialFailure) {
+        let label = match reason {
+            DialFailure::Timeout => "timeout",
+            DialFailure::Unknown => "unknown",
+        };
+        self.endpoint_dial_failures.with(&[label]).inc();
+    }
+
+    /// `sent` is true for packets to the server (`from_agent`), false for received ones.
+    pub(crate) fn packet(&self, sent: bool, packet_type: &str) {
+        let segment = if sent { "from_agent" } else { "to_agent" };
+        self.stream_packets.with(&[segment, packet_type]).inc();
+    }
+
+    pub(crate) fn stream_error(&self, sent: bool, code: &str) {
+        let segment = if sent { "from_agent" } else { "to_agent" };
+        self.stream_errors.with(&[segment, code, "Unknown"]).inc();
+        let direction = if sent { "to_server" } else { "from_server" };
+        self.server_connection_failures.with(&[direction]).inc();
+    }
+}
