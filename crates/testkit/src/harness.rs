@@ -1,0 +1,297 @@
+//! Servers and agents started in-process on loopback ports the kernel picks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tether_grpc::Keepalive;
+use tether_observe::metrics::Registry;
+use tether_server::{FlowConfig, FrontendListen, Mode, Strategy};
+use tether_tls::TlsOptions;
+use tether_tls::pki::PkiFiles;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A throwaway PKI written to a temporary directory that lives as long as this value.
+#[derive(Debug)]
+pub struct Pki {
+    pub files: PkiFiles,
+    pub pem: tether_tls::pki::Pki,
+    _dir: tempfile::TempDir,
+}
+
+impl Pki {
+    pub fn generate() -> anyhow::Result<Self> {
+        tether_tls::install_default_provider();
+        let dir = tempfile::tempdir()?;
+        let pem = tether_tls::pki::Pki::generate()?;
+        let files = pem.write_to(dir.path())?;
+        Ok(Self { files, pem, _dir: dir })
+    }
+
+    /// A directory for sockets, inside the PKI's temporary directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.files.dir
+    }
+}
+
+/// Frontend transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Uds,
+    Tls,
+}
+
+/// Knobs for [`TestServer::start`]; `Default` is upstream's defaults on ephemeral ports.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub mode: Mode,
+    pub transport: Transport,
+    pub server_id: String,
+    pub server_count: u32,
+    pub strategies: Vec<Strategy>,
+    pub dial_timeout: Duration,
+    pub graceful_shutdown_timeout: Duration,
+    pub flow: FlowConfig,
+    pub agent_keepalive: Option<Keepalive>,
+    /// Bind the agent listener here instead of an ephemeral port (server restarts).
+    pub agent_addr: Option<SocketAddr>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Grpc,
+            transport: Transport::Uds,
+            server_id: "server-1".into(),
+            server_count: 1,
+            strategies: vec![Strategy::Default],
+            dial_timeout: Duration::from_secs(30),
+            graceful_shutdown_timeout: Duration::ZERO,
+            flow: FlowConfig::default(),
+            agent_keepalive: Some(Keepalive {
+                interval: Duration::from_secs(5),
+                timeout: Duration::from_secs(10),
+            }),
+            agent_addr: None,
+        }
+    }
+}
+
+/// A running in-process server.
+#[derive(Debug)]
+pub struct TestServer {
+    /// Socket path (UDS) or `host:port` (TLS) of the frontend.
+    pub frontend: String,
+    pub uds: Option<PathBuf>,
+    pub frontend_tcp: Option<SocketAddr>,
+    pub agent_addr: SocketAddr,
+    pub health_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+const LOOPBACK_ANY: &str = "127.0.0.1:0";
+
+impl TestServer {
+    pub async fn start(pki: &Pki, opts: ServerOptions) -> anyhow::Result<Self> {
+        let f = &pki.files;
+        let alpn: &[&[u8]] = match opts.mode {
+            Mode::Grpc => &[b"h2"],
+            Mode::HttpConnect => &[b"http/1.1"],
+        };
+        let frontend = match opts.transport {
+            Transport::Uds => FrontendListen::Unix {
+                path: pki.dir().join(format!("{}-{}.sock", opts.server_id, unique())),
+                delete_existing: true,
+            },
+            Transport::Tls => FrontendListen::Tls {
+                addr: LOOPBACK_ANY.parse()?,
+                tls: tether_tls::server_config(&f.server_cert, &f.server_key, Some(&f.ca_cert), alpn, &TlsOptions::default())?,
+            },
+        };
+        let config = tether_server::Config {
+            mode: opts.mode,
+            frontend,
+            agent_addr: opts.agent_addr.unwrap_or(LOOPBACK_ANY.parse()?),
+            agent_tls: tether_tls::server_config(&f.server_cert, &f.server_key, Some(&f.ca_cert), &[b"h2"], &TlsOptions::default())?,
+            health_addr: LOOPBACK_ANY.parse()?,
+            admin_addr: LOOPBACK_ANY.parse()?,
+            server_id: opts.server_id,
+            server_count: opts.server_count,
+            strategies: opts.strategies,
+            dial_timeout: opts.dial_timeout,
+            graceful_shutdown_timeout: opts.graceful_shutdown_timeout,
+            flow: opts.flow,
+            agent_keepalive: opts.agent_keepalive,
+            frontend_keepalive: None,
+        };
+        let server = tether_server::Server::bind(config, Registry::new()).await?;
+        let missing = || anyhow::anyhow!("listener without an address");
+        let shutdown = CancellationToken::new();
+        let mut this = Self {
+            frontend: server.frontend_addr(),
+            uds: server.frontend_tcp_addr().is_none().then(|| PathBuf::from(server.frontend_addr())),
+            frontend_tcp: server.frontend_tcp_addr(),
+            agent_addr: server.agent_addr().ok_or_else(missing)?,
+            health_addr: server.health_addr().ok_or_else(missing)?,
+            admin_addr: server.admin_addr().ok_or_else(missing)?,
+            shutdown: shutdown.clone(),
+            task: None,
+        };
+        this.task = Some(tokio::spawn(server.run(shutdown)));
+        Ok(this)
+    }
+
+    /// Starts shutdown and waits until the server has stopped.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+    }
+
+    /// Begins shutdown without waiting (graceful drain tests).
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        Ok(crate::http::get(self.health_addr, "/metrics").await?.1)
+    }
+
+    /// Waits until `/readyz` says an agent is connected.
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        crate::http::wait_for_200(self.health_addr, "/readyz", Duration::from_secs(20)).await
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Knobs for [`TestAgent::start`].
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub agent_id: String,
+    pub identifiers: String,
+    pub flow: FlowConfig,
+    /// Speak like an upstream agent: no `tether-flow` announcement, so no credit.
+    pub legacy: bool,
+    pub dial_timeout: Duration,
+    pub sync_interval: Duration,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self {
+            agent_id: format!("agent-{}", unique()),
+            identifiers: String::new(),
+            flow: FlowConfig::default(),
+            legacy: false,
+            dial_timeout: Duration::from_secs(5),
+            sync_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A running in-process agent.
+#[derive(Debug)]
+pub struct TestAgent {
+    pub health_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    drain: CancellationToken,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestAgent {
+    pub async fn start(pki: &Pki, server_agent_addr: SocketAddr, opts: AgentOptions) -> anyhow::Result<Self> {
+        let f = &pki.files;
+        let mut flow = opts.flow;
+        if opts.legacy {
+            // A window below the minimum is never accepted: the server falls back to legacy.
+            flow.window = 0;
+        }
+        let config = tether_agent::Config {
+            server_host: server_agent_addr.ip().to_string(),
+            server_port: server_agent_addr.port(),
+            tls: tether_tls::client_config(
+                &f.ca_cert,
+                Some((&f.agent_cert, &f.agent_key)),
+                vec![b"h2".to_vec()],
+                &TlsOptions::default(),
+            )?,
+            agent_id: opts.agent_id,
+            identifiers: opts.identifiers,
+            health_addr: LOOPBACK_ANY.parse()?,
+            admin_addr: LOOPBACK_ANY.parse()?,
+            sync_interval: opts.sync_interval,
+            sync_interval_cap: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(1),
+            sync_forever: false,
+            keepalive: Some(Keepalive {
+                interval: Duration::from_secs(5),
+                timeout: Duration::from_secs(10),
+            }),
+            legacy_keepalive: None,
+            dial_timeout: opts.dial_timeout,
+            flow,
+            token_path: None,
+        };
+        let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
+        let missing = || anyhow::anyhow!("listener without an address");
+        let drain = CancellationToken::new();
+        let stop = CancellationToken::new();
+        Ok(Self {
+            health_addr: agent.health_addr().ok_or_else(missing)?,
+            admin_addr: agent.admin_addr().ok_or_else(missing)?,
+            drain: drain.clone(),
+            stop: stop.clone(),
+            task: Some(tokio::spawn(agent.run(drain, stop))),
+        })
+    }
+
+    /// The first SIGTERM: drain.
+    pub fn drain(&self) {
+        self.drain.cancel();
+    }
+
+    /// Stops the agent and waits for it.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+    }
+
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        crate::http::wait_for_200(self.health_addr, "/readyz", Duration::from_secs(20)).await
+    }
+
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        Ok(crate::http::get(self.health_addr, "/metrics").await?.1)
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// A process-unique number for names.
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

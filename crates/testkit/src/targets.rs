@@ -1,0 +1,105 @@
+//! Loopback destinations for tunnelled connections.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// A TCP server on 127.0.0.1 that echoes every byte back; aborted on drop.
+#[derive(Debug)]
+pub struct EchoServer {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl EchoServer {
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut rd, mut wr) = stream.split();
+                    let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                    let _ = wr.shutdown().await;
+                });
+            }
+        });
+        Ok(Self { addr, task })
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A small HTTP/1.1 server on 127.0.0.1: `GET /bytes/N` returns N bytes of a pattern,
+/// anything else `200 ok`. One request per connection; aborted on drop.
+#[derive(Debug)]
+pub struct HttpTarget {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl HttpTarget {
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head);
+                    let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let body = match path.strip_prefix("/bytes/").and_then(|n| n.parse::<usize>().ok()) {
+                        Some(n) => pattern(0, n),
+                        None => b"ok".to_vec(),
+                    };
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.write_all(&body).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Ok(Self { addr, task })
+    }
+}
+
+impl Drop for HttpTarget {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A deterministic byte pattern, different for each `seed`, for byte-exact checks.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A loopback address nothing listens on (bound, then released).
+pub fn refused_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.local_addr().expect("local addr")
+}

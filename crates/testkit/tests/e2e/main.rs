@@ -1,0 +1,8 @@
+//! End-to-end tests: real servers, agents, sockets and TLS on loopback, in one test binary.
+
+mod http_connect;
+
+use std::time::Duration;
+
+/// Generous bound for any single step: catches hangs without asserting speed.
+pub(crate) const STEP: Duration = Duration::from_secs(30);
