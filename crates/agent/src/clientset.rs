@@ -61,7 +61,8 @@ struct Connected {
     server_id: String,
     server_count: usize,
     channel: Channel,
-    credit: bool,
+    /// The server's `tether-flow` announcement: present only from tether servers.
+    server_flow: Option<String>,
     sender: tether_grpc::PacketSender,
     receiver: tether_grpc::PacketReceiver,
 }
@@ -147,18 +148,15 @@ impl ClientSet {
             server_id,
             server_count,
             channel,
-            credit,
+            server_flow,
             sender,
             receiver,
         } = connected;
         self.server_count.store(server_count.max(1), Ordering::Release);
         self.metrics.known_server_count.set(server_count.max(1) as i64);
         let (outbound, queue) = Outbound::new();
-        let flow = if credit {
-            self.config.flow.negotiate(Some(&u32::MAX.to_string()))
-        } else {
-            self.config.flow.negotiate(None)
-        };
+        let flow = self.config.flow.negotiate(server_flow.as_deref());
+        let credit = flow.is_credit();
         let session = Arc::new(ServerSession::new(
             server_id.clone(),
             flow,
@@ -255,16 +253,15 @@ impl ClientSet {
             .trim()
             .parse::<usize>()
             .map_err(|_| ConnectError::Headers("servercount is not a number".into()))?;
-        let credit = headers
+        let server_flow = headers
             .get(metadata::TETHER_FLOW)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .is_some_and(|w| w >= tether_tunnel::flow::MIN_WINDOW);
+            .map(str::to_owned);
         Ok(Connected {
             server_id,
             server_count,
             channel,
-            credit,
+            server_flow,
             sender,
             receiver,
         })

@@ -10,11 +10,13 @@
 //! - [`PacketSender`] / [`PacketReceiver`]: the two halves of an open call.
 #![forbid(unsafe_code)]
 
+mod authority;
 pub mod client;
 pub mod server;
 mod status;
 mod stream;
 
+pub use authority::AuthorityRewrite;
 pub use status::{Code, Status};
 pub use stream::{PacketReceiver, PacketSender};
 pub use tether_proto::Packet;

@@ -217,23 +217,28 @@ impl Server {
             let shutdown = shutdown.clone();
             let mode = config.mode;
             async move {
+                let unix = matches!(conn, net::Accepted::Unix(_));
                 let io = conn.ready().await?;
-                match mode {
-                    Mode::Grpc => tether_grpc::server::serve_connection(
-                        io,
-                        &settings,
-                        move |call| frontend::grpc::serve(hub.clone(), call),
-                        shutdown.cancelled(),
-                    )
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string())),
+                let grpc_hub = hub.clone();
+                let on_call = move |call| frontend::grpc::serve(grpc_hub.clone(), call);
+                let served = match mode {
+                    // Go clients send the escaped socket path as :authority; see AuthorityRewrite.
+                    Mode::Grpc if unix => {
+                        let io = tether_grpc::AuthorityRewrite::new(io);
+                        tether_grpc::server::serve_connection(io, &settings, on_call, shutdown.cancelled()).await
+                    }
+                    Mode::Grpc => {
+                        tether_grpc::server::serve_connection(io, &settings, on_call, shutdown.cancelled()).await
+                    }
                     Mode::HttpConnect => {
                         frontend::http_connect::serve(hub, io).await;
                         Ok(())
                     }
-                }
+                };
+                served.map_err(|e| std::io::Error::other(e.to_string()))
             }
         });
+
         tokio::join!(agent_loop, frontend_loop);
 
         // Shutting down: no new connections are accepted from here on.

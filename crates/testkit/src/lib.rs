@@ -10,3 +10,13 @@ pub mod http;
 pub mod targets;
 
 pub use harness::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
+
+/// Sends logs to the test output when `RUST_LOG` is set (e.g. `RUST_LOG=debug`).
+pub fn init_logging() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}

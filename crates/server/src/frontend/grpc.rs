@@ -17,6 +17,9 @@ use crate::metrics::Segment;
 const FIRST_PACKET_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long to wait for the agent's CLOSE_RSP after forwarding a client's CLOSE_REQ.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait, after the last packet, for the client to end the stream. Go clients
+/// act on the last packet and then close; ending the call first would race with that.
+const LINGER: Duration = Duration::from_secs(10);
 /// Largest batch of DATA written to the client in one flush.
 const BATCH_BYTES: usize = 256 * 1024;
 
@@ -63,7 +66,7 @@ async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Resul
                     Packet::Data { connect_id, .. } => {
                         let reply = close_response(connect_id, Some("backend not initialized"));
                         send(hub, &mut tx, &reply).await?;
-                        return tx.finish(&Status::ok());
+                        return finish_after_client(tx, rx, &Status::ok()).await;
                     }
                     Packet::CloseRequest { connect_id } => {
                         let reply = close_response(connect_id, Some("backend uninitialized"));
@@ -92,7 +95,7 @@ async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Resul
         Err(DialError::FrontendGone) => return Ok(()),
         Err(DialError::DialClosed) => {
             send(hub, &mut tx, &Packet::CloseDial { random }).await?;
-            return tx.finish(&Status::ok());
+            return finish_after_client(tx, rx, &Status::ok()).await;
         }
         Err(e) => {
             let reply = Packet::DialResponse {
@@ -100,7 +103,7 @@ async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Resul
                 result: Err(e.to_string()),
             };
             send(hub, &mut tx, &reply).await?;
-            return tx.finish(&Status::ok());
+            return finish_after_client(tx, rx, &Status::ok()).await;
         }
     };
     let id = tunnel.connect_id();
@@ -153,7 +156,22 @@ async fn relay(
         Some(error) => Status::new(Code::UNAVAILABLE, error.clone()),
     };
     send(hub, &mut tx, &close_response(id, closed.as_deref())).await?;
-    tx.finish(&status)
+    finish_after_client(tx, rx, &status).await
+}
+
+/// Lets the client end the stream first (bounded by [`LINGER`]), then ends the call.
+async fn finish_after_client(tx: PacketSender, mut rx: PacketReceiver, status: &Status) -> Result<(), GrpcError> {
+    let _ = tokio::time::timeout(LINGER, async {
+        loop {
+            match rx.next().await {
+                None => return,
+                Some(Err(e)) if !e.is_bad_packet() => return,
+                Some(_) => {}
+            }
+        }
+    })
+    .await;
+    tx.finish(status)
 }
 
 async fn client_to_agent(
