@@ -170,7 +170,7 @@ impl Server {
             next_stream_id: AtomicU64::new(1),
         });
         let shutting_down = Arc::new(AtomicBool::new(false));
-        // Connections stop on `stop`: at once without a grace period, else after it.
+        // Ends every connection at once: after the grace period, or immediately without one.
         let stop = CancellationToken::new();
         let frontends = TaskTracker::new();
         let agents = TaskTracker::new();
@@ -195,23 +195,23 @@ impl Server {
 
         let agent_settings = H2Settings::agent_stream().with_keepalive(config.agent_keepalive);
         let frontend_settings = H2Settings::frontend().with_keepalive(config.frontend_keepalive);
-        let agent_loop = accept_loop(&agent, &agents, &shutdown, |conn| {
+        let agent_loop = accept_loop(&agent, &agents, &shutdown, &stop, |conn| {
             let service = agent_service.clone();
             let settings = agent_settings.clone();
-            let stop = stop.clone();
             async move {
                 let io = conn.ready().await?;
+                // Agent streams never end by themselves; `stop` cuts them (see accept_loop).
                 tether_grpc::server::serve_connection(
                     io,
                     &settings,
                     move |call| service.clone().serve(call),
-                    stop.cancelled(),
+                    std::future::pending(),
                 )
                 .await
                 .map_err(|e| std::io::Error::other(e.to_string()))
             }
         });
-        let frontend_loop = accept_loop(&frontend, &frontends, &shutdown, |conn| {
+        let frontend_loop = accept_loop(&frontend, &frontends, &shutdown, &stop, |conn| {
             let hub = hub.clone();
             let settings = frontend_settings.clone();
             let shutdown = shutdown.clone();
@@ -252,8 +252,8 @@ impl Server {
             let _ = tokio::time::timeout(grace, frontends.wait()).await;
         }
         stop.cancel();
-        // Everything was told to stop; connections that ignore it are cut after a moment.
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        // Cut connections drop their HTTP/2 state at once, which ends every stream task.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
             frontends.wait().await;
             agents.wait().await;
         })
@@ -265,11 +265,12 @@ impl Server {
 }
 
 /// Accepts until `shutdown`, running each connection as a tracked task that ends when it
-/// finishes or the tracker's owner stops it.
+/// finishes or when `stop` cuts it.
 async fn accept_loop<F, Fut>(
     listener: &Listener,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
+    stop: &CancellationToken,
     mut serve: F,
 ) where
     F: FnMut(net::Accepted) -> Fut,
@@ -284,9 +285,13 @@ async fn accept_loop<F, Fut>(
             Ok(conn) => {
                 let peer = conn.peer();
                 let fut = serve(conn);
+                let stop = stop.clone();
                 tasks.spawn(async move {
-                    if let Err(e) = fut.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    tokio::select! {
+                        result = fut => if let Err(e) = result {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        },
+                        () = stop.cancelled() => {}
                     }
                 });
             }

@@ -5,6 +5,7 @@
 //! echo, sink or source bytes. Nothing here mocks a component that can run for real.
 #![forbid(unsafe_code)]
 
+pub mod balancer;
 pub mod harness;
 pub mod http;
 pub mod targets;

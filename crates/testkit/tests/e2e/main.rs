@@ -2,6 +2,9 @@
 
 mod go_client;
 mod http_connect;
+mod lifecycle;
+mod routing;
+mod support;
 
 use std::time::Duration;
 
