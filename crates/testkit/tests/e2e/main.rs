@@ -1,5 +1,6 @@
 //! End-to-end tests: real servers, agents, sockets and TLS on loopback, in one test binary.
 
+mod bad_input;
 mod go_client;
 mod http_connect;
 mod lifecycle;

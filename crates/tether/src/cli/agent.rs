@@ -1,0 +1,443 @@
+//! `tether agent`: upstream `proxy-agent`'s flags, mapped onto [`tether_agent::Config`].
+//!
+//! Every upstream flag is accepted with upstream's default, so that upstream's integration
+//! test runner, which passes all of them as `--name=value`, can start tether in place of the
+//! Go agent. Validation follows upstream's `GrpcProxyAgentOptions.Validate`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{ArgAction, Args};
+use tether_agent::Config;
+use tether_grpc::Keepalive;
+use tether_proto::identifiers::Identifiers;
+use tether_tls::TlsOptions;
+
+use super::common::{
+    DEFAULT_KUBE_API_CONTENT_TYPE, DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, FlowArgs,
+    GRPC_KEEPALIVE_TIMEOUT, check_pair, go_bool, go_duration, id_or_random, listen_addr,
+    non_default,
+};
+use super::klog::KlogArgs;
+
+const DEFAULT_XFR_CHANNEL_SIZE: i64 = 150;
+const DEFAULT_SERVER_COUNT_SOURCE: &str = "default";
+
+const NOT_IMPLEMENTED: &str = "Not implemented by tether (must keep their defaults)";
+const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
+
+#[derive(Args, Clone, Debug)]
+#[command(args_override_self = true)]
+pub(crate) struct AgentArgs {
+    /// Proxy server host (normally a load balancer in front of every server).
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "HOST",
+        default_value = "127.0.0.1"
+    )]
+    proxy_server_host: String,
+
+    /// Proxy server's agent port.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PORT",
+        default_value_t = 8091
+    )]
+    proxy_server_port: u16,
+
+    /// CA bundle that verifies the proxy server; required.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PATH",
+        default_value = ""
+    )]
+    ca_cert: String,
+
+    /// Client certificate (PEM) for mutual TLS; needs --agent-key.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PATH",
+        default_value = ""
+    )]
+    agent_cert: String,
+
+    /// Client private key (PEM) for mutual TLS; needs --agent-cert.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PATH",
+        default_value = ""
+    )]
+    agent_key: String,
+
+    /// Extra ALPN protocols offered before h2 (comma list; '[]' means none), to tell proxy
+    /// connections apart from others sharing the server's address.
+    #[arg(long, help_heading = "Servers", value_name = "LIST", action = ArgAction::Append)]
+    alpn_proto: Vec<String>,
+
+    /// This agent's ID. Default: $PROXY_AGENT_ID, else a random UUID.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        env = "PROXY_AGENT_ID",
+        value_name = "ID"
+    )]
+    agent_id: Option<String>,
+
+    /// Identifiers servers may route by, URL-encoded, with the keys host, ipv4, ipv6, cidr
+    /// and default-route (e.g. host=node1&ipv4=1.2.3.4&default-route=true); others are
+    /// refused.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "QUERY",
+        default_value = ""
+    )]
+    agent_identifiers: String,
+
+    /// File holding a ServiceAccount token, sent as a Bearer token (re-read on every
+    /// connect).
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PATH",
+        default_value = ""
+    )]
+    service_account_token_path: String,
+
+    /// Initial interval between checks that every server is connected; backs off up to
+    /// --sync-interval-cap while the server cannot be reached.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1s", value_parser = go_duration)]
+    sync_interval: Duration,
+
+    /// Longest interval between checks that every server is connected.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
+    sync_interval_cap: Duration,
+
+    /// Keep dialing for new servers after the announced server count is reached.
+    #[arg(long, help_heading = "Servers", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sync_forever: bool,
+
+    /// How often each server connection's liveness is checked.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1s", value_parser = go_duration)]
+    probe_interval: Duration,
+
+    /// Interval of keepalive PINGs to upstream (Go) servers, which punish PINGs more often
+    /// than every 30s; 0 disables them.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1h0m0s", value_parser = go_duration)]
+    keepalive_time: Duration,
+
+    /// Interval of keepalive PINGs to tether servers.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
+    server_ping_interval: Duration,
+
+    /// Drop a tether server connection whose PING goes unanswered this long; 0 disables
+    /// PINGs to tether servers.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
+    server_ping_timeout: Duration,
+
+    /// Deadline for dialing a destination (upstream's fixed 5s).
+    #[arg(long, help_heading = "Destinations", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
+    dial_timeout: Duration,
+
+    /// Host of /healthz, /readyz and /metrics; empty means all interfaces.
+    #[arg(
+        long,
+        help_heading = "Endpoints",
+        value_name = "HOST",
+        default_value = ""
+    )]
+    health_server_host: String,
+
+    /// Port of /healthz, /readyz and /metrics; 0 picks a free port.
+    #[arg(
+        long,
+        help_heading = "Endpoints",
+        value_name = "PORT",
+        default_value_t = 8093
+    )]
+    health_server_port: u16,
+
+    /// Bind address of the admin port; empty means all interfaces.
+    #[arg(
+        long,
+        help_heading = "Endpoints",
+        value_name = "HOST",
+        default_value = "127.0.0.1"
+    )]
+    admin_bind_address: String,
+
+    /// Admin port (/metrics redirects to the health port); 0 picks a free port.
+    #[arg(
+        long,
+        help_heading = "Endpoints",
+        value_name = "PORT",
+        default_value_t = 8094
+    )]
+    admin_server_port: u16,
+
+    #[command(flatten)]
+    flow: FlowArgs,
+
+    /// Count servers by their Leases instead of their announced count.
+    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    count_server_leases: bool,
+
+    /// pprof on the admin port.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    enable_profiling: bool,
+
+    /// Contention profiling; needs --enable-profiling.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    enable_contention_profiling: bool,
+
+    /// Kubeconfig, used upstream only for Leases.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "PATH", default_value = "")]
+    kubeconfig: String,
+
+    /// Content type of requests to the Kubernetes API.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "TYPE", default_value = DEFAULT_KUBE_API_CONTENT_TYPE)]
+    kube_api_content_type: String,
+
+    /// Namespace of proxy server Leases.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "NAMESPACE", default_value = DEFAULT_LEASE_NAMESPACE)]
+    lease_namespace: String,
+
+    /// Label selector of proxy server Leases.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]
+    lease_label_selector: String,
+
+    /// Deprecated upstream alias of --lease-label-selector.
+    #[arg(long, hide = true, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]
+    lease_label: String,
+
+    /// How Lease and announced server counts combine: 'default' or 'max'.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "SOURCE", default_value = DEFAULT_SERVER_COUNT_SOURCE)]
+    server_count_source: String,
+
+    /// Size of upstream's per-connection channels; tether's per-connection flow control
+    /// (--connection-window, --legacy-connection-buffer) replaces them. Must be > 0.
+    #[arg(long, help_heading = NO_EFFECT, value_name = "N", default_value_t = DEFAULT_XFR_CHANNEL_SIZE)]
+    xfr_channel_size: i64,
+
+    /// Warn before pushing to a full channel (tether has none).
+    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    warn_on_channel_limit: bool,
+
+    #[command(flatten)]
+    pub(crate) klog: KlogArgs,
+}
+
+impl AgentArgs {
+    /// Validates the flags and builds the agent's configuration, loading every TLS file.
+    /// Flags that tether accepts but ignores are reported in one warning.
+    pub(crate) fn into_config(self) -> anyhow::Result<Config> {
+        if self.count_server_leases {
+            bail!(
+                "--count-server-leases: counting servers by Lease is not implemented by \
+                 tether; servers announce their count (--server-count)"
+            );
+        }
+        if self.proxy_server_port == 0 {
+            bail!("--proxy-server-port must be greater than 0");
+        }
+        if self.xfr_channel_size <= 0 {
+            bail!(
+                "--xfr-channel-size must be greater than 0, got {}",
+                self.xfr_channel_size
+            );
+        }
+        if self.enable_contention_profiling && !self.enable_profiling {
+            bail!("--enable-contention-profiling requires --enable-profiling");
+        }
+        if self.sync_interval > self.sync_interval_cap {
+            bail!(
+                "--sync-interval ({}) must not exceed --sync-interval-cap ({})",
+                go(self.sync_interval),
+                go(self.sync_interval_cap)
+            );
+        }
+        if self.server_ping_interval.is_zero() {
+            bail!(
+                "--server-ping-interval must be greater than 0 (--server-ping-timeout=0 disables PINGs)"
+            );
+        }
+        if !matches!(self.server_count_source.as_str(), "" | "default" | "max") {
+            bail!(
+                "--server-count-source must be 'default' or 'max', got {:?}",
+                self.server_count_source
+            );
+        }
+        Identifiers::parse_strict(&self.agent_identifiers)
+            .map_err(|e| anyhow::anyhow!("--agent-identifiers: {e}"))?;
+        let token_path = (!self.service_account_token_path.is_empty())
+            .then(|| PathBuf::from(&self.service_account_token_path));
+        if let Some(path) = &token_path {
+            std::fs::metadata(path).with_context(|| {
+                format!("--service-account-token-path: checking {}", path.display())
+            })?;
+        }
+        let tls = self.tls()?;
+        let ignored = self.ignored();
+        if !ignored.is_empty() {
+            tracing::warn!(
+                "ignoring flags that have no effect in tether: {}",
+                ignored.join(" ")
+            );
+        }
+
+        Ok(Config {
+            server_host: self.proxy_server_host,
+            server_port: self.proxy_server_port,
+            tls,
+            agent_id: id_or_random(self.agent_id),
+            identifiers: self.agent_identifiers,
+            health_addr: listen_addr(
+                "--health-server-host",
+                &self.health_server_host,
+                self.health_server_port,
+            )?,
+            admin_addr: listen_addr(
+                "--admin-bind-address",
+                &self.admin_bind_address,
+                self.admin_server_port,
+            )?,
+            sync_interval: self.sync_interval,
+            sync_interval_cap: self.sync_interval_cap,
+            probe_interval: self.probe_interval,
+            sync_forever: self.sync_forever,
+            keepalive: (!self.server_ping_timeout.is_zero()).then_some(Keepalive {
+                interval: self.server_ping_interval,
+                timeout: self.server_ping_timeout,
+            }),
+            legacy_keepalive: (!self.keepalive_time.is_zero()).then_some(Keepalive {
+                interval: self.keepalive_time,
+                timeout: GRPC_KEEPALIVE_TIMEOUT,
+            }),
+            dial_timeout: self.dial_timeout,
+            flow: self.flow.to_config()?,
+            token_path,
+        })
+    }
+
+    fn tls(&self) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+        check_pair(
+            "--agent-key",
+            &self.agent_key,
+            "--agent-cert",
+            &self.agent_cert,
+        )?;
+        check_pair(
+            "--agent-cert",
+            &self.agent_cert,
+            "--agent-key",
+            &self.agent_key,
+        )?;
+        if self.ca_cert.is_empty() {
+            bail!("--ca-cert is required (the CA bundle that verifies the proxy server)");
+        }
+        let identity = (!self.agent_cert.is_empty())
+            .then(|| (Path::new(&self.agent_cert), Path::new(&self.agent_key)));
+        tether_tls::client_config(
+            Path::new(&self.ca_cert),
+            identity,
+            alpn(&self.alpn_proto),
+            &TlsOptions::default(),
+        )
+        .context("--ca-cert/--agent-cert/--agent-key")
+    }
+
+    /// Accepted flags set to values that would matter upstream but do nothing here.
+    fn ignored(&self) -> Vec<String> {
+        let mut ignored = Vec::new();
+        non_default(
+            &mut ignored,
+            "--enable-profiling",
+            self.enable_profiling,
+            false,
+        );
+        non_default(
+            &mut ignored,
+            "--enable-contention-profiling",
+            self.enable_contention_profiling,
+            false,
+        );
+        non_default(&mut ignored, "--kubeconfig", self.kubeconfig.as_str(), "");
+        non_default(
+            &mut ignored,
+            "--kube-api-content-type",
+            self.kube_api_content_type.as_str(),
+            DEFAULT_KUBE_API_CONTENT_TYPE,
+        );
+        non_default(
+            &mut ignored,
+            "--lease-namespace",
+            self.lease_namespace.as_str(),
+            DEFAULT_LEASE_NAMESPACE,
+        );
+        non_default(
+            &mut ignored,
+            "--lease-label-selector",
+            self.lease_label_selector.as_str(),
+            DEFAULT_LEASE_LABEL,
+        );
+        non_default(
+            &mut ignored,
+            "--lease-label",
+            self.lease_label.as_str(),
+            DEFAULT_LEASE_LABEL,
+        );
+        non_default(
+            &mut ignored,
+            "--server-count-source",
+            self.server_count_source.as_str(),
+            DEFAULT_SERVER_COUNT_SOURCE,
+        );
+        non_default(
+            &mut ignored,
+            "--xfr-channel-size",
+            self.xfr_channel_size,
+            DEFAULT_XFR_CHANNEL_SIZE,
+        );
+        non_default(
+            &mut ignored,
+            "--warn-on-channel-limit",
+            self.warn_on_channel_limit,
+            false,
+        );
+        ignored.extend(self.klog.ignored());
+        ignored
+    }
+}
+
+/// ALPN ids to offer: `--alpn-proto`'s extra ids, then `h2` as grpc-go appends it.
+///
+/// Values are comma lists, as pflag's string slices. The literal `[]` is what pflag prints
+/// for an empty slice, and upstream's test runner passes it back (`--alpn-proto=[]`); Go
+/// would offer an ALPN id "[]", which no server expects, so it means "none" here.
+fn alpn(values: &[String]) -> Vec<Vec<u8>> {
+    let mut ids: Vec<Vec<u8>> = values
+        .iter()
+        .flat_map(|value| value.split(','))
+        .filter(|id| !id.is_empty() && *id != "[]")
+        .map(|id| id.as_bytes().to_vec())
+        .collect();
+    if !ids.iter().any(|id| id == b"h2") {
+        ids.push(b"h2".to_vec());
+    }
+    ids
+}
+
+/// A duration as Go prints it, for messages that quote flag values.
+fn go(d: Duration) -> String {
+    tether_observe::duration::format_go_duration(d)
+}
+
+#[cfg(test)]
+mod tests;

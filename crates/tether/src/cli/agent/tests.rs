@@ -1,0 +1,221 @@
+use std::net::SocketAddr;
+
+use super::*;
+use crate::cli::Command;
+use crate::cli::testutil::{parse, pki, words};
+
+/// The flag line upstream's integration tests pass to an external agent (dossier §7.2),
+/// with `{…}` placeholders for the paths and ports.
+const UPSTREAM_TEST_RUNNER_LINE: &str = "--admin-bind-address=127.0.0.1 \
+    --admin-server-port=18094 --agent-cert={agent_cert} \
+    --agent-id=5d9b8e4c-7c36-4f43-8f5e-3f1f5e0b6a11 --agent-identifiers= \
+    --agent-key={agent_key} --alpn-proto=[] --ca-cert={ca} --count-server-leases=false \
+    --enable-contention-profiling=false --enable-profiling=false \
+    --health-server-host=127.0.0.1 --health-server-port=18093 --keepalive-time=1h0m0s \
+    --kube-api-content-type=application/vnd.kubernetes.protobuf --kubeconfig= \
+    --lease-label=k8s-app=konnectivity-server \
+    --lease-label-selector=k8s-app=konnectivity-server --lease-namespace=kube-system \
+    --probe-interval=100ms --proxy-server-host=127.0.0.1 --proxy-server-port=18091 \
+    --server-count-source=default --service-account-token-path= --sync-forever=false \
+    --sync-interval=100ms --sync-interval-cap=1s --warn-on-channel-limit=false \
+    --xfr-channel-size=150";
+
+fn agent_args(line: &str) -> Result<AgentArgs, clap::Error> {
+    let mut args = words(line);
+    args.insert(0, "agent".into());
+    match parse(&args)? {
+        Command::Agent(args) => Ok(args),
+        other => panic!("parsed as {other:?}"),
+    }
+}
+
+/// Agent flags with the mandatory CA plus `extra`.
+fn agent(files: &tether_tls::pki::PkiFiles, extra: &str) -> anyhow::Result<Config> {
+    let line = format!("--ca-cert={} {extra}", files.ca_cert.display());
+    agent_args(&line)?.into_config()
+}
+
+fn error(result: anyhow::Result<Config>) -> String {
+    format!("{:#}", result.expect_err("flags were accepted"))
+}
+
+#[test]
+fn upstream_test_runner_line_yields_a_valid_config() {
+    let (_dir, files) = pki();
+    let line = UPSTREAM_TEST_RUNNER_LINE
+        .replace("{agent_cert}", &files.agent_cert.display().to_string())
+        .replace("{agent_key}", &files.agent_key.display().to_string())
+        .replace("{ca}", &files.ca_cert.display().to_string());
+    let config = agent_args(&line).unwrap().into_config().unwrap();
+
+    assert_eq!(config.server_host, "127.0.0.1");
+    assert_eq!(config.server_port, 18091);
+    assert_eq!(config.agent_id, "5d9b8e4c-7c36-4f43-8f5e-3f1f5e0b6a11");
+    assert_eq!(config.identifiers, "");
+    assert_eq!(config.tls.alpn_protocols, [b"h2".to_vec()]);
+    assert_eq!(
+        config.health_addr,
+        "127.0.0.1:18093".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(
+        config.admin_addr,
+        "127.0.0.1:18094".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(config.sync_interval, Duration::from_millis(100));
+    assert_eq!(config.sync_interval_cap, Duration::from_secs(1));
+    assert_eq!(config.probe_interval, Duration::from_millis(100));
+    assert!(!config.sync_forever);
+    let legacy = config.legacy_keepalive.unwrap();
+    assert_eq!(
+        (legacy.interval, legacy.timeout),
+        (Duration::from_secs(3600), Duration::from_secs(20))
+    );
+    let keepalive = config.keepalive.unwrap();
+    assert_eq!(
+        (keepalive.interval, keepalive.timeout),
+        (Duration::from_secs(5), Duration::from_secs(10))
+    );
+    assert_eq!(config.dial_timeout, Duration::from_secs(5));
+    assert_eq!(config.flow.window, 1 << 20);
+    assert_eq!(config.token_path, None);
+}
+
+#[test]
+fn defaults_match_upstream() {
+    let (_dir, files) = pki();
+    let config = agent(&files, "").unwrap();
+    assert_eq!(
+        (config.server_host.as_str(), config.server_port),
+        ("127.0.0.1", 8091)
+    );
+    assert_eq!(
+        config.health_addr,
+        "0.0.0.0:8093".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(
+        config.admin_addr,
+        "127.0.0.1:8094".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(config.sync_interval, Duration::from_secs(1));
+    assert_eq!(config.sync_interval_cap, Duration::from_secs(10));
+    assert_eq!(config.probe_interval, Duration::from_secs(1));
+    assert!(!config.agent_id.is_empty());
+}
+
+#[test]
+fn alpn_protocols() {
+    let ids = |values: &[&str]| alpn(&values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>());
+    assert_eq!(ids(&[]), [b"h2".to_vec()]);
+    assert_eq!(ids(&["[]"]), [b"h2".to_vec()]);
+    assert_eq!(ids(&[""]), [b"h2".to_vec()]);
+    assert_eq!(
+        ids(&["a,b", "c"]),
+        [b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"h2".to_vec()]
+    );
+    assert_eq!(ids(&["h2,x"]), [b"h2".to_vec(), b"x".to_vec()]);
+
+    let (_dir, files) = pki();
+    let config = agent(&files, "--alpn-proto=proxy --alpn-proto x,y").unwrap();
+    let want: Vec<Vec<u8>> = ["proxy", "x", "y", "h2"]
+        .map(|p| p.as_bytes().to_vec())
+        .into();
+    assert_eq!(config.tls.alpn_protocols, want);
+}
+
+#[test]
+fn booleans_in_every_pflag_form() {
+    for (flags, want) in [
+        ("", false),
+        ("--sync-forever", true),
+        ("--sync-forever=true", true),
+        ("--sync-forever=false", false),
+        ("--sync-forever=1", true),
+        ("--sync-forever=F", false),
+        ("--sync-forever --sync-forever=false", false),
+    ] {
+        assert_eq!(agent_args(flags).unwrap().sync_forever, want, "{flags}");
+    }
+    // pflag never takes a boolean's value from the next argument.
+    assert!(agent_args("--sync-forever false").is_err());
+    assert!(agent_args("--sync-forever=maybe").is_err());
+}
+
+#[test]
+fn durations_in_go_syntax() {
+    let args =
+        agent_args("--sync-interval=1m30s --sync-interval-cap=1h0m0s --probe-interval 250ms")
+            .unwrap();
+    assert_eq!(args.sync_interval, Duration::from_secs(90));
+    assert_eq!(args.sync_interval_cap, Duration::from_secs(3600));
+    assert_eq!(args.probe_interval, Duration::from_millis(250));
+    let err = agent_args("--sync-interval=5").unwrap_err().to_string();
+    assert!(err.contains("--sync-interval"), "{err}");
+}
+
+#[test]
+fn invalid_values_name_their_flag() {
+    let (_dir, files) = pki();
+    let cases = [
+        ("--agent-identifiers=host=a&zone=b", "--agent-identifiers"),
+        ("--sync-interval=20s", "--sync-interval"),
+        ("--proxy-server-port=0", "--proxy-server-port"),
+        ("--xfr-channel-size=0", "--xfr-channel-size"),
+        ("--server-ping-interval=0s", "--server-ping-interval"),
+        ("--server-count-source=min", "--server-count-source"),
+        (
+            "--enable-contention-profiling",
+            "--enable-contention-profiling",
+        ),
+        (
+            "--service-account-token-path=/nonexistent/token",
+            "--service-account-token-path",
+        ),
+    ];
+    for (flags, flag) in cases {
+        let err = error(agent(&files, flags));
+        assert!(err.starts_with(flag), "{flags}: {err}");
+    }
+    let cert = format!("--agent-cert={}", files.agent_cert.display());
+    assert!(error(agent(&files, &cert)).contains("--agent-key must be set"));
+    assert!(error(agent_args("").unwrap().into_config()).starts_with("--ca-cert is required"));
+}
+
+#[test]
+fn unimplemented_features_are_refused() {
+    let (_dir, files) = pki();
+    let err = error(agent(&files, "--count-server-leases"));
+    assert!(err.starts_with("--count-server-leases"), "{err}");
+    agent(&files, "--count-server-leases=false").unwrap();
+}
+
+#[test]
+fn no_op_flags_are_reported_when_set() {
+    let args = agent_args(
+        "--enable-profiling --xfr-channel-size=10 --lease-label=a=b --log-file-max-size=0",
+    )
+    .unwrap();
+    // --log-file-max-size has no effect upstream either while logging to stderr.
+    assert_eq!(
+        args.ignored(),
+        [
+            "--enable-profiling=true",
+            "--lease-label=a=b",
+            "--xfr-channel-size=10"
+        ]
+    );
+}
+
+#[test]
+fn pings_and_tokens() {
+    let (_dir, files) = pki();
+    let config = agent(&files, "--server-ping-timeout=0 --keepalive-time=0").unwrap();
+    assert!(config.keepalive.is_none() && config.legacy_keepalive.is_none());
+    let token = files.dir.join("token");
+    std::fs::write(&token, "t").unwrap();
+    let config = agent(
+        &files,
+        &format!("--service-account-token-path={}", token.display()),
+    )
+    .unwrap();
+    assert_eq!(config.token_path, Some(token));
+}

@@ -1,0 +1,305 @@
+use std::net::SocketAddr;
+
+use tether_tls::pki::PkiFiles;
+
+use super::*;
+use crate::cli::Command;
+use crate::cli::testutil::{parse, pki, words};
+
+fn server_args(line: &str) -> Result<ServerArgs, clap::Error> {
+    let mut args = words(line);
+    args.insert(0, "server".into());
+    match parse(&args)? {
+        Command::Server(args) => Ok(args),
+        other => panic!("parsed as {other:?}"),
+    }
+}
+
+/// Server flags with the mandatory agent-listener certificate plus `extra`.
+fn server(files: &PkiFiles, extra: &str) -> anyhow::Result<Config> {
+    let line = format!(
+        "--cluster-cert={} --cluster-key={} {extra}",
+        files.server_cert.display(),
+        files.server_key.display()
+    );
+    server_args(&line)?.into_config()
+}
+
+/// A UDS frontend, as upstream's integration tests and kube-apiserver's usual setup use.
+fn uds(files: &PkiFiles, extra: &str) -> anyhow::Result<Config> {
+    let socket = files.dir.join("konnectivity.sock");
+    server(
+        files,
+        &format!("--uds-name={} --server-port=0 {extra}", socket.display()),
+    )
+}
+
+/// The mTLS files a TCP frontend needs.
+fn frontend_tls(files: &PkiFiles) -> String {
+    format!(
+        "--server-cert={} --server-key={} --server-ca-cert={}",
+        files.server_cert.display(),
+        files.server_key.display(),
+        files.ca_cert.display()
+    )
+}
+
+fn error(result: anyhow::Result<Config>) -> String {
+    format!("{:#}", result.expect_err("flags were accepted"))
+}
+
+#[test]
+fn uds_frontend() {
+    let (_dir, files) = pki();
+    let config = uds(
+        &files,
+        "--delete-existing-uds-file=false --mode=http-connect",
+    )
+    .unwrap();
+    let FrontendListen::Unix {
+        path,
+        delete_existing,
+    } = &config.frontend
+    else {
+        panic!("{:?}", config.frontend);
+    };
+    assert_eq!(path, &files.dir.join("konnectivity.sock"));
+    assert!(!delete_existing);
+    assert_eq!(config.mode, Mode::HttpConnect);
+}
+
+#[test]
+fn uds_frontend_refuses_tcp_settings() {
+    let (_dir, files) = pki();
+    let err = error(server(&files, "--uds-name=/tmp/x.sock"));
+    assert!(
+        err.starts_with("--server-port must be 0 with --uds-name"),
+        "{err}"
+    );
+    let cert = format!("--server-cert={}", files.server_cert.display());
+    let err = error(uds(&files, &cert));
+    assert!(
+        err.starts_with("--server-cert must not be set with --uds-name"),
+        "{err}"
+    );
+    let ca = format!("--server-ca-cert={}", files.ca_cert.display());
+    assert!(error(uds(&files, &ca)).starts_with("--server-ca-cert must not be set"));
+}
+
+#[test]
+fn tcp_frontend_requires_mutual_tls() {
+    let (_dir, files) = pki();
+    let err = error(server(&files, ""));
+    assert!(
+        err.starts_with("--server-cert is required for a TCP frontend"),
+        "{err}"
+    );
+    let without_ca = format!(
+        "--server-cert={} --server-key={}",
+        files.server_cert.display(),
+        files.server_key.display()
+    );
+    let err = error(server(&files, &without_ca));
+    assert!(err.starts_with("--server-ca-cert is required"), "{err}");
+    let key_only = format!("--server-key={}", files.server_key.display());
+    assert!(
+        error(server(&files, &key_only))
+            .starts_with("--server-cert must be set when --server-key is set")
+    );
+
+    let config = server(
+        &files,
+        &format!("{} --server-bind-address=127.0.0.1", frontend_tls(&files)),
+    )
+    .unwrap();
+    let FrontendListen::Tls { addr, tls } = &config.frontend else {
+        panic!("{:?}", config.frontend);
+    };
+    assert_eq!(*addr, "127.0.0.1:8090".parse::<SocketAddr>().unwrap());
+    assert_eq!(tls.alpn_protocols, [b"h2".to_vec()]);
+
+    let config = server(
+        &files,
+        &format!("{} --mode http-connect", frontend_tls(&files)),
+    )
+    .unwrap();
+    let FrontendListen::Tls { tls, .. } = &config.frontend else {
+        panic!("{:?}", config.frontend);
+    };
+    assert_eq!(tls.alpn_protocols, [b"http/1.1".to_vec()]);
+}
+
+#[test]
+fn defaults_match_upstream() {
+    let (_dir, files) = pki();
+    let config = uds(&files, "").unwrap();
+    assert_eq!(config.mode, Mode::Grpc);
+    assert_eq!(
+        config.agent_addr,
+        "0.0.0.0:8091".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(
+        config.health_addr,
+        "0.0.0.0:8092".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(
+        config.admin_addr,
+        "127.0.0.1:8095".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(config.server_count, 1);
+    assert_eq!(config.strategies, [Strategy::Default]);
+    assert_eq!(config.graceful_shutdown_timeout, Duration::ZERO);
+    assert_eq!(config.dial_timeout, DIAL_BACKSTOP);
+    assert!(!config.server_id.is_empty());
+    let agent = config.agent_keepalive.unwrap();
+    assert_eq!(
+        (agent.interval, agent.timeout),
+        (Duration::from_secs(5), Duration::from_secs(10))
+    );
+    let frontend = config.frontend_keepalive.unwrap();
+    assert_eq!(
+        (frontend.interval, frontend.timeout),
+        (Duration::from_secs(3600), Duration::from_secs(20))
+    );
+    assert_eq!(config.agent_tls.alpn_protocols, [b"h2".to_vec()]);
+}
+
+#[test]
+fn timeouts_and_keepalives() {
+    let (_dir, files) = pki();
+    let config = uds(
+        &files,
+        "--backend-dial-timeout=1.5s --graceful-shutdown-timeout 1m0s --keepalive-time=2s \
+         --frontend-keepalive-time=0",
+    )
+    .unwrap();
+    assert_eq!(config.dial_timeout, Duration::from_millis(1500));
+    assert_eq!(config.graceful_shutdown_timeout, Duration::from_secs(60));
+    assert_eq!(
+        config.agent_keepalive.unwrap().interval,
+        Duration::from_secs(2)
+    );
+    assert!(config.frontend_keepalive.is_none());
+    let config = uds(&files, "--agent-ping-timeout=0s").unwrap();
+    assert!(config.agent_keepalive.is_none());
+}
+
+#[test]
+fn identity_and_strategies() {
+    let (_dir, files) = pki();
+    let config = uds(
+        &files,
+        "--server-id=s1 --server-count=3 --proxy-strategies=destHost,default",
+    )
+    .unwrap();
+    assert_eq!(config.server_id, "s1");
+    assert_eq!(config.server_count, 3);
+    assert_eq!(config.strategies, [Strategy::DestHost, Strategy::Default]);
+}
+
+#[test]
+fn invalid_values_name_their_flag() {
+    let (_dir, files) = pki();
+    let cases = [
+        ("--mode=socks", "--mode"),
+        ("--proxy-strategies=", "--proxy-strategies"),
+        ("--proxy-strategies=nearest", "--proxy-strategies"),
+        ("--agent-port=80", "--agent-port"),
+        ("--health-port=50000", "--health-port"),
+        ("--admin-port=1023", "--admin-port"),
+        ("--server-count=0", "--server-count"),
+        ("--xfr-channel-size=0", "--xfr-channel-size"),
+        ("--agent-ping-interval=0", "--agent-ping-interval"),
+        ("--connection-window=1Ki", "--connection-window"),
+        ("--tls-min-version=VersionTLS14", "--tls-min-version"),
+        (
+            "--cipher-suites=TLS_RSA_WITH_RC4_128_SHA",
+            "--tls-min-version/--cipher-suites",
+        ),
+        (
+            "--enable-contention-profiling",
+            "--enable-contention-profiling",
+        ),
+    ];
+    for (flags, flag) in cases {
+        let err = error(uds(&files, flags));
+        assert!(err.starts_with(flag), "{flags}: {err}");
+    }
+    let err = error(
+        server_args("--uds-name=/x --server-port=0")
+            .unwrap()
+            .into_config(),
+    );
+    assert!(
+        err.starts_with("--cluster-cert and --cluster-key are required"),
+        "{err}"
+    );
+    let err = error(uds(&files, "--cluster-ca-cert=/nonexistent/ca.crt"));
+    assert!(
+        err.starts_with("--cluster-cert/--cluster-key/--cluster-ca-cert: ")
+            && err.contains("/nonexistent/ca.crt"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ports_zero_and_tcp_port_range() {
+    let (_dir, files) = pki();
+    let config = uds(&files, "--agent-port=0 --health-port=0 --admin-port=0").unwrap();
+    assert_eq!(config.agent_addr.port(), 0);
+    let err = error(server(
+        &files,
+        &format!("{} --server-port=443", frontend_tls(&files)),
+    ));
+    assert!(
+        err.starts_with("--server-port: please do not try to use reserved port 443"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unimplemented_features_are_refused() {
+    let (_dir, files) = pki();
+    for flag in [
+        "--agent-namespace",
+        "--agent-service-account",
+        "--authentication-audience",
+    ] {
+        let err = error(uds(&files, &format!("{flag}=x")));
+        assert!(
+            err.starts_with(flag) && err.contains("not implemented"),
+            "{err}"
+        );
+    }
+    let err = error(uds(&files, "--enable-lease-controller"));
+    assert!(err.starts_with("--enable-lease-controller"), "{err}");
+    uds(&files, "--enable-lease-controller=false --agent-namespace=").unwrap();
+}
+
+#[test]
+fn no_op_flags_are_reported_when_set() {
+    let args = server_args(
+        "--enable-profiling --kubeconfig-qps=50 --xfr-channel-size=10 --warn-on-channel-limit=false \
+         --lease-namespace=kube-system --vmodule=x=5",
+    )
+    .unwrap();
+    assert_eq!(
+        args.ignored(),
+        [
+            "--enable-profiling=true",
+            "--kubeconfig-qps=50",
+            "--warn-on-channel-limit=false",
+            "--vmodule=x=5"
+        ]
+    );
+}
+
+#[test]
+fn cipher_suites_accumulate_like_pflag_slices() {
+    let args = server_args(
+        "--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 \
+         --cipher-suites TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256",
+    )
+    .unwrap();
+    assert_eq!(args.cipher_suites.len(), 2);
+}

@@ -1,0 +1,66 @@
+//! `tether`: a drop-in replacement for Konnectivity's `proxy-server` and `proxy-agent`.
+//!
+//! This file only dispatches and sets exit codes, as upstream's binaries do: 0 after a
+//! normal stop, 1 for a start-up error (a bad flag value, an unreadable certificate, a port
+//! in use) or a server's second signal, 2 for command-line syntax (clap).
+#![forbid(unsafe_code)]
+
+mod cli;
+mod logging;
+mod signals;
+
+use std::process::ExitCode;
+
+use tether_observe::metrics::Registry;
+
+use crate::cli::{Cli, Command};
+use crate::signals::Signals;
+
+fn main() -> ExitCode {
+    let cli = Cli::from_argv(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    if let Err(e) = logging::init(cli.command.klog()) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli.command));
+    // After a forced stop, tasks may still be blocked (e.g. in a DNS lookup); don't wait.
+    runtime.shutdown_background();
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    let registry = Registry::new();
+    registry.register_process_metrics();
+    match command {
+        Command::Server(args) => server(args.into_config()?, registry).await,
+        Command::Agent(args) => agent(args.into_config()?, registry).await,
+        // `dial` and `quickstart` dispatch here.
+    }
+}
+
+async fn server(config: tether_server::Config, registry: Registry) -> anyhow::Result<ExitCode> {
+    let signals = Signals::install()?;
+    let server = tether_server::Server::bind(config, registry).await?;
+    tokio::select! {
+        () = server.run(signals.first.clone()) => Ok(ExitCode::SUCCESS),
+        // Upstream's server exits at once, with status 1, on a second signal.
+        () = signals.second.cancelled() => Ok(ExitCode::FAILURE),
+    }
+}
+
+async fn agent(config: tether_agent::Config, registry: Registry) -> anyhow::Result<ExitCode> {
+    let signals = Signals::install()?;
+    let agent = tether_agent::Agent::bind(config, registry).await?;
+    agent.run(signals.first, signals.second).await;
+    Ok(ExitCode::SUCCESS)
+}

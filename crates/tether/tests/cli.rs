@@ -1,0 +1,213 @@
+//! The built binary: exit codes, error messages, upstream binary names and signals.
+
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tether_tls::pki::{Pki, PkiFiles};
+
+const TETHER: &str = env!("CARGO_BIN_EXE_tether");
+
+fn run(program: &Path, args: &[&str]) -> Output {
+    Command::new(program).args(args).output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn invalid_flag_values_exit_1_naming_the_flag() {
+    let cases: [&[&str]; 4] = [
+        &["server", "--mode=socks"],
+        &["server", "--agent-namespace=kube-system"],
+        &["agent", "--agent-identifiers=zone=a"],
+        &["agent", "--count-server-leases=true"],
+    ];
+    for args in cases {
+        let output = run(Path::new(TETHER), args);
+        let flag = args[1].split('=').next().unwrap();
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: {flag}")),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn syntax_errors_exit_2_naming_the_flag() {
+    for args in [
+        &["agent", "--sync-forever=maybe"][..],
+        &["agent", "--sync-interval=10"],
+        &["server", "--no-such-flag"],
+    ] {
+        let output = run(Path::new(TETHER), args);
+        let flag = args[1].split('=').next().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&output).contains(flag),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn upstream_binary_names_run_the_matching_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, flag) in [
+        ("proxy-agent", "--proxy-server-host"),
+        ("proxy-server", "--uds-name"),
+    ] {
+        let link = dir.path().join(name);
+        std::os::unix::fs::symlink(TETHER, &link).unwrap();
+        let output = run(&link, &["--help"]);
+        assert!(output.status.success(), "{name}: {}", stderr(&output));
+        let help = String::from_utf8(output.stdout).unwrap();
+        assert!(help.contains(flag), "{name}: {help}");
+    }
+    // Arguments keep their meaning: klog's underscore spelling, Go booleans.
+    let output = run(
+        &dir.path().join("proxy-agent"),
+        &["--log_file_max_size=0", "--sync-forever=maybe"],
+    );
+    assert!(
+        stderr(&output).contains("--sync-forever"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// How long a test waits for a log line or an exit before failing.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A running `tether` whose standard error is read line by line. Killed when dropped, so a
+/// failing test leaves no process behind.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(TETHER)
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        // Ends at the process's exit, when its standard error closes.
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Waits for a log line containing `text`.
+    fn wait_for(&self, text: &str) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return,
+                Ok(_) => {}
+                Err(e) => panic!("no log line {text:?}: {e}"),
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn exit_code(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "still running");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pki() -> (TempDir, PkiFiles) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = Pki::generate().unwrap().write_to(dir.path()).unwrap();
+    (dir, files)
+}
+
+fn start_server(files: &PkiFiles, socket: &Path, extra: &[&str]) -> Running {
+    let cert = format!("--cluster-cert={}", files.server_cert.display());
+    let key = format!("--cluster-key={}", files.server_key.display());
+    let uds = format!("--uds-name={}", socket.display());
+    let mut args = vec!["server", &uds, "--server-port=0", &cert, &key];
+    args.extend(["--agent-port=0", "--health-port=0", "--admin-port=0"]);
+    args.extend(extra);
+    let server = Running::start(&args);
+    server.wait_for("proxy server listening");
+    server
+}
+
+#[test]
+fn server_stops_on_a_signal_and_exits_1_on_a_second() {
+    let (dir, files) = pki();
+    let socket = dir.path().join("proxy.sock");
+
+    let mut server = start_server(&files, &socket, &[]);
+    server.signal("TERM");
+    assert_eq!(server.exit_code(), Some(0));
+
+    // A live frontend connection keeps the server in its grace period until the second
+    // signal, which ends it at once, as upstream does.
+    let mut server = start_server(&files, &socket, &["--graceful-shutdown-timeout=1m"]);
+    let _client = UnixStream::connect(&socket).unwrap();
+    server.signal("TERM");
+    server.wait_for("draining live connections");
+    server.signal("INT");
+    assert_eq!(server.exit_code(), Some(1));
+}
+
+#[test]
+fn agent_drains_on_a_signal_and_exits_0_on_a_second() {
+    let (_dir, files) = pki();
+    let ca = format!("--ca-cert={}", files.ca_cert.display());
+    // Port 1 on loopback refuses: the agent keeps trying, which is all this needs.
+    let mut agent = Running::start(&[
+        "agent",
+        &ca,
+        "--proxy-server-port=1",
+        "--health-server-host=127.0.0.1",
+        "--health-server-port=0",
+        "--admin-server-port=0",
+    ]);
+    agent.wait_for("proxy agent starting");
+    agent.signal("TERM");
+    agent.wait_for("first signal received");
+    agent.signal("TERM");
+    assert_eq!(agent.exit_code(), Some(0));
+}
