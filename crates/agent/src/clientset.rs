@@ -98,7 +98,9 @@ impl ClientSet {
         loop {
             let wait = if self.draining.load(Ordering::Acquire) {
                 Duration::MAX
-            } else if !self.config.sync_forever && self.connected() >= self.server_count.load(Ordering::Acquire) {
+            } else if !self.config.sync_forever
+                && self.connected() >= self.server_count.load(Ordering::Acquire)
+            {
                 self.config.sync_interval
             } else {
                 match self.connect_once().await {
@@ -125,7 +127,10 @@ impl ClientSet {
             }
         }
         tasks.close();
-        if tokio::time::timeout(STOP_TIMEOUT, tasks.wait()).await.is_err() {
+        if tokio::time::timeout(STOP_TIMEOUT, tasks.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("server sessions did not end in time");
         }
     }
@@ -143,7 +148,12 @@ impl ClientSet {
     }
 
     /// Registers a new stream unless its server is already connected; false for a duplicate.
-    fn add(self: &Arc<Self>, connected: Connected, tasks: &TaskTracker, stop: &CancellationToken) -> bool {
+    fn add(
+        self: &Arc<Self>,
+        connected: Connected,
+        tasks: &TaskTracker,
+        stop: &CancellationToken,
+    ) -> bool {
         let Connected {
             server_id,
             server_count,
@@ -152,8 +162,11 @@ impl ClientSet {
             sender,
             receiver,
         } = connected;
-        self.server_count.store(server_count.max(1), Ordering::Release);
-        self.metrics.known_server_count.set(server_count.max(1) as i64);
+        self.server_count
+            .store(server_count.max(1), Ordering::Release);
+        self.metrics
+            .known_server_count
+            .set(server_count.max(1) as i64);
         let (outbound, queue) = Outbound::new();
         let flow = self.config.flow.negotiate(server_flow.as_deref());
         let credit = flow.is_credit();
@@ -175,7 +188,11 @@ impl ClientSet {
             sessions.insert(server_id.clone(), session.clone());
         }
         self.metrics.open_server_connections.inc();
-        let keepalive = if credit { self.config.keepalive } else { self.config.legacy_keepalive };
+        let keepalive = if credit {
+            self.config.keepalive
+        } else {
+            self.config.legacy_keepalive
+        };
         if let Some(k) = keepalive {
             channel.start_keepalive(k);
         }
@@ -188,7 +205,8 @@ impl ClientSet {
         let span = tracing::info_span!("server", server.id = %server_id);
         tasks.spawn(
             async move {
-                let writer = tokio::spawn(crate::session::write(queue, sender, set.metrics.clone()));
+                let writer =
+                    tokio::spawn(crate::session::write(queue, sender, set.metrics.clone()));
                 let reason = tokio::select! {
                     reason = session.read(receiver) => reason,
                     reason = channel.closed() => reason,
@@ -216,7 +234,8 @@ impl ClientSet {
         let tcp = TcpStream::connect((self.config.server_host.as_str(), self.config.server_port))
             .await
             .map_err(|e| ConnectError::Tcp(address.clone(), e))?;
-        tcp.set_nodelay(true).map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+        tcp.set_nodelay(true)
+            .map_err(|e| ConnectError::Tcp(address.clone(), e))?;
         let name = ServerName::try_from(self.config.server_host.clone())
             .map_err(|_| ConnectError::ServerName(self.config.server_host.clone()))?;
         let tls = tokio_rustls::TlsConnector::from(self.config.tls.clone())
@@ -270,7 +289,9 @@ impl ClientSet {
 
 /// `d` plus up to 10 % (upstream's jitter), so many agents do not reconnect in lockstep.
 fn jitter(d: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     d + d.mul_f64((r % 1000) as f64 / 10_000.0)
 }
 

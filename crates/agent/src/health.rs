@@ -13,7 +13,10 @@ pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> H
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/readyz" | "/ready" => {
-            let verbose = req.query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
+            let verbose = req.query.as_deref().is_some_and(|q| {
+                q.split('&')
+                    .any(|p| p == "verbose" || p.starts_with("verbose="))
+            });
             if clientset.connected() > 0 {
                 if verbose {
                     Response::text(200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n")
@@ -35,7 +38,10 @@ pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> H
 /// The admin port's `/metrics` redirects to the health port, as upstream does.
 pub(crate) fn admin_handler(health_port: u16) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
-        "/metrics" => Response::redirect(301, format!("http://{}/metrics", req.host_with_port(health_port))),
+        "/metrics" => Response::redirect(
+            301,
+            format!("http://{}/metrics", req.host_with_port(health_port)),
+        ),
         _ => Response::not_found(),
     })
 }

@@ -121,7 +121,12 @@ impl ServerSession {
                 }
             }
             Packet::CloseRequest { connect_id } => {
-                let known = self.tables().conns.get(&connect_id).map(|c| c.close(None)).is_some();
+                let known = self
+                    .tables()
+                    .conns
+                    .get(&connect_id)
+                    .map(|c| c.close(None))
+                    .is_some();
                 if !known {
                     self.send(Packet::CloseResponse {
                         connect_id,
@@ -239,7 +244,8 @@ impl ServerSession {
                         let sent = if self.flow.is_credit() {
                             self.outbound.send(packet)
                         } else {
-                            self.outbound.send_releasing(packet, window.clone(), n as u32)
+                            self.outbound
+                                .send_releasing(packet, window.clone(), n as u32)
                         };
                         sent.map_err(|_| None)?;
                     }
@@ -312,14 +318,24 @@ fn reset_on_close(stream: &TcpStream) {
 
 /// Dials a TCP destination, trying each resolved address before the deadline. Errors are
 /// worded like Go's, because the server maps them to HTTP statuses by their text.
-async fn dial(protocol: &str, address: &str, timeout: Duration) -> Result<TcpStream, (DialFailure, String)> {
+async fn dial(
+    protocol: &str,
+    address: &str,
+    timeout: Duration,
+) -> Result<TcpStream, (DialFailure, String)> {
     if protocol != "tcp" {
-        return Err((DialFailure::Unknown, format!("dial {protocol}: unknown network {protocol}")));
+        return Err((
+            DialFailure::Unknown,
+            format!("dial {protocol}: unknown network {protocol}"),
+        ));
     }
     let attempt = async {
         let addrs = tokio::net::lookup_host(address).await.map_err(|e| {
             let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
-            (DialFailure::Unknown, format!("dial tcp: lookup {host}: {}", go_error_text(&e)))
+            (
+                DialFailure::Unknown,
+                format!("dial tcp: lookup {host}: {}", go_error_text(&e)),
+            )
         })?;
         let mut last = None;
         for addr in addrs {
@@ -338,7 +354,10 @@ async fn dial(protocol: &str, address: &str, timeout: Duration) -> Result<TcpStr
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
-        Err(_) => Err((DialFailure::Timeout, format!("dial tcp {address}: i/o timeout"))),
+        Err(_) => Err((
+            DialFailure::Timeout,
+            format!("dial tcp {address}: i/o timeout"),
+        )),
     }
 }
 
@@ -379,9 +398,16 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let (_, error) = dial("tcp", &addr.to_string(), Duration::from_secs(5)).await.unwrap_err();
-        assert_eq!(error, format!("dial tcp {addr}: connect: connection refused"));
-        let (_, error) = dial("udp", "127.0.0.1:1", Duration::from_secs(5)).await.unwrap_err();
+        let (_, error) = dial("tcp", &addr.to_string(), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            format!("dial tcp {addr}: connect: connection refused")
+        );
+        let (_, error) = dial("udp", "127.0.0.1:1", Duration::from_secs(5))
+            .await
+            .unwrap_err();
         assert_eq!(error, "dial udp: unknown network udp");
     }
 }

@@ -32,7 +32,10 @@ const MAX_HEADERS_FRAME: usize = 1 << 20;
 enum State {
     Preface,
     FrameHeader,
-    Headers { header: [u8; FRAME_HEADER_LEN], len: usize },
+    Headers {
+        header: [u8; FRAME_HEADER_LEN],
+        len: usize,
+    },
     Passthrough(usize),
 }
 
@@ -91,7 +94,8 @@ impl<IO> AuthorityRewrite<IO> {
             }
             State::Headers { mut header, .. } => {
                 let payload = self.input.split();
-                let payload = rewrite_headers_payload(header[4], &payload).unwrap_or_else(|| payload.to_vec());
+                let payload = rewrite_headers_payload(header[4], &payload)
+                    .unwrap_or_else(|| payload.to_vec());
                 let new_len = (payload.len() as u32).to_be_bytes();
                 header[..3].copy_from_slice(&new_len[1..]);
                 self.output.put_slice(&header);
@@ -239,7 +243,11 @@ fn encode_int(out: &mut Vec<u8>, high_bits: u8, prefix_bits: u8, value: u64) {
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
             if !this.output.is_empty() {
@@ -284,7 +292,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for AuthorityRewrite<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, data)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -293,7 +305,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for AuthorityRewrite<IO> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, uri};
-use tokio::io::{AsyncRead, AsyncWrite};
 use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use tokio::sync::{Notify, watch};
 
@@ -64,7 +64,11 @@ impl Channel {
         });
         let channel = Self {
             send_request,
-            scheme: if tls { uri::Scheme::HTTPS } else { uri::Scheme::HTTP },
+            scheme: if tls {
+                uri::Scheme::HTTPS
+            } else {
+                uri::Scheme::HTTP
+            },
             authority,
             closed,
             ping_pong,
@@ -107,7 +111,10 @@ impl Channel {
             .map_err(|e| GrpcError::NotGrpc(e.to_string()))?;
         let mut request = Request::post(uri).body(()).expect("valid request parts");
         let headers = request.headers_mut();
-        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
         headers.insert(
             http::header::USER_AGENT,
@@ -120,7 +127,10 @@ impl Channel {
         }
         let mut send_request = self.send_request.clone().ready().await?;
         let (response, send) = send_request.send_request(request, false)?;
-        Ok((PacketSender::new(send, false), PacketReceiver::client(response)))
+        Ok((
+            PacketSender::new(send, false),
+            PacketReceiver::client(response),
+        ))
     }
 
     /// Resolves with the reason once the connection has ended.

@@ -41,7 +41,10 @@ impl IncomingCall {
             response.headers_mut().insert(*key, value);
         }
         let send = self.respond.send_response(response, false)?;
-        Ok((PacketSender::new(send, true), PacketReceiver::server(self.recv)))
+        Ok((
+            PacketSender::new(send, true),
+            PacketReceiver::server(self.recv),
+        ))
     }
 
     /// Refuses the call with a trailers-only response carrying `status`.

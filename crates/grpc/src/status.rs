@@ -72,10 +72,11 @@ impl Status {
     /// Writes `grpc-status` and `grpc-message` into trailers (or trailers-only headers).
     pub(crate) fn write_to(&self, headers: &mut HeaderMap) {
         headers.insert("grpc-status", self.code.0.into());
-        if !self.message.is_empty() {
-            if let Ok(v) = percent_encode(&self.message).parse() {
-                headers.insert("grpc-message", v);
-            }
+        if let (false, Ok(v)) = (
+            self.message.is_empty(),
+            percent_encode(&self.message).parse(),
+        ) {
+            headers.insert("grpc-message", v);
         }
     }
 

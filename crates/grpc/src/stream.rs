@@ -189,6 +189,9 @@ impl PacketReceiver {
 impl GrpcError {
     /// True when only one packet was malformed and the stream can still be read.
     pub fn is_bad_packet(&self) -> bool {
-        matches!(self, Self::Frame(tether_proto::frame::FrameError::Packet(_)))
+        matches!(
+            self,
+            Self::Frame(tether_proto::frame::FrameError::Packet(_))
+        )
     }
 }

@@ -83,14 +83,20 @@ mod tests {
 
     #[test]
     fn parses_upstream_examples() {
-        let ids = Identifiers::parse("host=node1&ipv4=1.2.3.4&ipv6=fd00%3A%3A1&default-route=true&x=y").unwrap();
+        let ids =
+            Identifiers::parse("host=node1&ipv4=1.2.3.4&ipv6=fd00%3A%3A1&default-route=true&x=y")
+                .unwrap();
         assert_eq!(ids.hosts, ["node1"]);
         assert_eq!(ids.ipv4, ["1.2.3.4"]);
         assert_eq!(ids.ipv6, ["fd00::1"]);
         assert!(ids.default_route);
         assert_eq!(Identifiers::parse("").unwrap(), Identifiers::default());
         assert!(Identifiers::parse("host=%zz").is_err());
-        assert!(!Identifiers::parse("default-route=false&default-route=true").unwrap().default_route);
+        assert!(
+            !Identifiers::parse("default-route=false&default-route=true")
+                .unwrap()
+                .default_route
+        );
         assert!(Identifiers::parse_strict("host=a&zone=b").is_err());
         assert!(Identifiers::parse_strict("host=a&cidr=10.0.0.0%2F8").is_ok());
     }

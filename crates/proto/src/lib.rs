@@ -19,7 +19,12 @@ pub use identifiers::Identifiers;
 pub use packet::{ConnectId, DialId, Packet, ProtoError};
 
 /// Generated wire structs. Field names follow the proto (`connect_id`, `dial_request`, ...).
-#[allow(clippy::all, missing_docs, unreachable_pub, missing_debug_implementations)]
+#[allow(
+    clippy::all,
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations
+)]
 pub mod pb {
     include!("gen/konnectivity.rs");
 }

@@ -97,7 +97,8 @@ impl TryFrom<pb::Packet> for Packet {
     type Error = ProtoError;
 
     fn try_from(wire: pb::Packet) -> Result<Self, ProtoError> {
-        let kind = pb::PacketType::try_from(wire.r#type).map_err(|_| ProtoError::UnknownType(wire.r#type))?;
+        let kind = pb::PacketType::try_from(wire.r#type)
+            .map_err(|_| ProtoError::UnknownType(wire.r#type))?;
         let name = kind.as_str_name();
         let nonzero = |id: i64| {
             if id == 0 {
@@ -250,12 +251,18 @@ mod tests {
             r#type: 57,
             payload: None,
         };
-        assert!(matches!(Packet::try_from(unknown), Err(ProtoError::UnknownType(57))));
+        assert!(matches!(
+            Packet::try_from(unknown),
+            Err(ProtoError::UnknownType(57))
+        ));
         let zero = pb::Packet {
             r#type: pb::PacketType::Data as i32,
             payload: Some(Payload::Data(pb::Data::default())),
         };
-        assert!(matches!(Packet::try_from(zero), Err(ProtoError::ZeroConnectId("DATA"))));
+        assert!(matches!(
+            Packet::try_from(zero),
+            Err(ProtoError::ZeroConnectId("DATA"))
+        ));
     }
 
     #[test]
@@ -270,6 +277,9 @@ mod tests {
             random: DialId(1),
         })
         .encode_to_vec();
-        assert_eq!(dial[0], 0x12, "first byte is field 2 (dialRequest), not field 1");
+        assert_eq!(
+            dial[0], 0x12,
+            "first byte is field 2 (dialRequest), not field 1"
+        );
     }
 }

@@ -12,7 +12,8 @@ fn workspace_root() -> PathBuf {
 #[test]
 fn generated_code_matches_proto() {
     let root = workspace_root();
-    let fds = protox::compile(["konnectivity.proto"], [root.join("proto")]).expect("proto compiles");
+    let fds =
+        protox::compile(["konnectivity.proto"], [root.join("proto")]).expect("proto compiles");
     let out = tempfile::tempdir().expect("tempdir");
     prost_build::Config::new()
         .bytes(["."])

@@ -19,7 +19,9 @@ impl std::str::FromStr for Mode {
         match s {
             "grpc" => Ok(Self::Grpc),
             "http-connect" => Ok(Self::HttpConnect),
-            other => Err(format!("unknown mode {other:?} (expected grpc or http-connect)")),
+            other => Err(format!(
+                "unknown mode {other:?} (expected grpc or http-connect)"
+            )),
         }
     }
 }

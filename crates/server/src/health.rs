@@ -8,7 +8,11 @@ use tether_observe::metrics::Registry;
 use crate::dial::Hub;
 
 /// `/healthz`, `/readyz`, `/ready` and `/metrics` on the health port.
-pub(crate) fn health_handler(hub: Arc<Hub>, registry: Registry, shutting_down: Arc<std::sync::atomic::AtomicBool>) -> Handler {
+pub(crate) fn health_handler(
+    hub: Arc<Hub>,
+    registry: Registry,
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/readyz" | "/ready" => {

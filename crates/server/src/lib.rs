@@ -40,9 +40,15 @@ use crate::net::Listener;
 #[derive(Clone, Debug)]
 pub enum FrontendListen {
     /// A Unix socket; no TLS. Access is gated by the socket's file mode.
-    Unix { path: PathBuf, delete_existing: bool },
+    Unix {
+        path: PathBuf,
+        delete_existing: bool,
+    },
     /// TCP with mutual TLS; the config must require client certificates.
-    Tls { addr: SocketAddr, tls: Arc<rustls::ServerConfig> },
+    Tls {
+        addr: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+    },
 }
 
 /// A validated server configuration.
@@ -93,7 +99,8 @@ impl Server {
     /// Binds every listener, so that errors surface before anything is served and callers
     /// that asked for port 0 can learn the ports.
     pub async fn bind(config: Config, registry: Registry) -> Result<Self, ServerError> {
-        let listen_err = |what, addr: String| move |source| ServerError::Listen { what, addr, source };
+        let listen_err =
+            |what, addr: String| move |source| ServerError::Listen { what, addr, source };
         let frontend = match &config.frontend {
             FrontendListen::Unix {
                 path,
@@ -185,8 +192,13 @@ impl Server {
             server.id = %config.server_id,
             "proxy server listening"
         );
-        let health_handler = health::health_handler(hub.clone(), registry.clone(), shutting_down.clone());
-        endpoints.spawn(tether_observe::http::serve(health, health_handler, stop.clone().cancelled_owned()));
+        let health_handler =
+            health::health_handler(hub.clone(), registry.clone(), shutting_down.clone());
+        endpoints.spawn(tether_observe::http::serve(
+            health,
+            health_handler,
+            stop.clone().cancelled_owned(),
+        ));
         endpoints.spawn(tether_observe::http::serve(
             admin,
             health::admin_handler(registry.clone()),
@@ -225,10 +237,22 @@ impl Server {
                     // Go clients send the escaped socket path as :authority; see AuthorityRewrite.
                     Mode::Grpc if unix => {
                         let io = tether_grpc::AuthorityRewrite::new(io);
-                        tether_grpc::server::serve_connection(io, &settings, on_call, shutdown.cancelled()).await
+                        tether_grpc::server::serve_connection(
+                            io,
+                            &settings,
+                            on_call,
+                            shutdown.cancelled(),
+                        )
+                        .await
                     }
                     Mode::Grpc => {
-                        tether_grpc::server::serve_connection(io, &settings, on_call, shutdown.cancelled()).await
+                        tether_grpc::server::serve_connection(
+                            io,
+                            &settings,
+                            on_call,
+                            shutdown.cancelled(),
+                        )
+                        .await
                     }
                     Mode::HttpConnect => {
                         frontend::http_connect::serve(hub, io).await;

@@ -24,7 +24,7 @@ impl Io for UnixStream {}
 
 impl Io for tokio_rustls::server::TlsStream<TcpStream> {
     fn abort_on_close(&self) {
-        reset_on_close(&self.get_ref().0);
+        reset_on_close(self.get_ref().0);
     }
 }
 
@@ -37,8 +37,14 @@ fn reset_on_close(stream: &TcpStream) {
 
 /// A listening socket.
 pub(crate) enum Listener {
-    Unix { listener: UnixListener, path: PathBuf },
-    Tls { listener: TcpListener, acceptor: TlsAcceptor },
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
+    Tls {
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+    },
 }
 
 impl std::fmt::Debug for Listener {
@@ -72,7 +78,10 @@ impl Listener {
         })
     }
 
-    pub(crate) async fn tls(addr: SocketAddr, config: Arc<rustls::ServerConfig>) -> io::Result<Self> {
+    pub(crate) async fn tls(
+        addr: SocketAddr,
+        config: Arc<rustls::ServerConfig>,
+    ) -> io::Result<Self> {
         Ok(Self::Tls {
             listener: TcpListener::bind(addr).await?,
             acceptor: TlsAcceptor::from(config),
@@ -125,7 +134,9 @@ impl Accepted {
             Self::Tls(stream, acceptor) => {
                 let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
                     .await
-                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                    })??;
                 Ok(Box::new(tls))
             }
         }

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -40,7 +40,11 @@ impl LoadBalancer {
                 });
             }
         });
-        Ok(Self { addr, backends, task })
+        Ok(Self {
+            addr,
+            backends,
+            task,
+        })
     }
 
     /// Replaces the backend list (a server joined or left).

@@ -26,7 +26,11 @@ impl Pki {
         let dir = tempfile::tempdir()?;
         let pem = tether_tls::pki::Pki::generate()?;
         let files = pem.write_to(dir.path())?;
-        Ok(Self { files, pem, _dir: dir })
+        Ok(Self {
+            files,
+            pem,
+            _dir: dir,
+        })
     }
 
     /// A directory for sockets, inside the PKI's temporary directory.
@@ -103,19 +107,33 @@ impl TestServer {
         };
         let frontend = match opts.transport {
             Transport::Uds => FrontendListen::Unix {
-                path: pki.dir().join(format!("{}-{}.sock", opts.server_id, unique())),
+                path: pki
+                    .dir()
+                    .join(format!("{}-{}.sock", opts.server_id, unique())),
                 delete_existing: true,
             },
             Transport::Tls => FrontendListen::Tls {
                 addr: LOOPBACK_ANY.parse()?,
-                tls: tether_tls::server_config(&f.server_cert, &f.server_key, Some(&f.ca_cert), alpn, &TlsOptions::default())?,
+                tls: tether_tls::server_config(
+                    &f.server_cert,
+                    &f.server_key,
+                    Some(&f.ca_cert),
+                    alpn,
+                    &TlsOptions::default(),
+                )?,
             },
         };
         let config = tether_server::Config {
             mode: opts.mode,
             frontend,
             agent_addr: opts.agent_addr.unwrap_or(LOOPBACK_ANY.parse()?),
-            agent_tls: tether_tls::server_config(&f.server_cert, &f.server_key, Some(&f.ca_cert), &[b"h2"], &TlsOptions::default())?,
+            agent_tls: tether_tls::server_config(
+                &f.server_cert,
+                &f.server_key,
+                Some(&f.ca_cert),
+                &[b"h2"],
+                &TlsOptions::default(),
+            )?,
             health_addr: LOOPBACK_ANY.parse()?,
             admin_addr: LOOPBACK_ANY.parse()?,
             server_id: opts.server_id,
@@ -132,7 +150,10 @@ impl TestServer {
         let shutdown = CancellationToken::new();
         let mut this = Self {
             frontend: server.frontend_addr(),
-            uds: server.frontend_tcp_addr().is_none().then(|| PathBuf::from(server.frontend_addr())),
+            uds: server
+                .frontend_tcp_addr()
+                .is_none()
+                .then(|| PathBuf::from(server.frontend_addr())),
             frontend_tcp: server.frontend_tcp_addr(),
             agent_addr: server.agent_addr().ok_or_else(missing)?,
             health_addr: server.health_addr().ok_or_else(missing)?,
@@ -212,7 +233,11 @@ pub struct TestAgent {
 }
 
 impl TestAgent {
-    pub async fn start(pki: &Pki, server_agent_addr: SocketAddr, opts: AgentOptions) -> anyhow::Result<Self> {
+    pub async fn start(
+        pki: &Pki,
+        server_agent_addr: SocketAddr,
+        opts: AgentOptions,
+    ) -> anyhow::Result<Self> {
         let f = &pki.files;
         let mut flow = opts.flow;
         if opts.legacy {

@@ -11,7 +11,10 @@ pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> 
     tokio::time::timeout(Duration::from_secs(10), async {
         let mut stream = TcpStream::connect(addr).await?;
         stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
             .await?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await?;
@@ -21,7 +24,10 @@ pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> 
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| anyhow::anyhow!("no status line in {text:?}"))?;
-        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
         Ok((status, body))
     })
     .await?
@@ -34,7 +40,10 @@ pub async fn wait_for_200(addr: SocketAddr, path: &str, deadline: Duration) -> a
         if let Ok((200, _)) = get(addr, path).await {
             return Ok(());
         }
-        anyhow::ensure!(tokio::time::Instant::now() < until, "{addr}{path} not 200 within {deadline:?}");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < until,
+            "{addr}{path} not 200 within {deadline:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -43,6 +52,9 @@ pub async fn wait_for_200(addr: SocketAddr, path: &str, deadline: Duration) -> a
 pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+        .find_map(|l| {
+            l.strip_prefix(sample)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
         .and_then(|v| v.trim().parse().ok())
 }

@@ -61,7 +61,10 @@ impl HttpTarget {
                     }
                     let text = String::from_utf8_lossy(&head);
                     let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                    let body = match path.strip_prefix("/bytes/").and_then(|n| n.parse::<usize>().ok()) {
+                    let body = match path
+                        .strip_prefix("/bytes/")
+                        .and_then(|n| n.parse::<usize>().ok())
+                    {
                         Some(n) => pattern(0, n),
                         None => b"ok".to_vec(),
                     };

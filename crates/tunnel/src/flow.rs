@@ -209,7 +209,9 @@ impl InboundQueue {
     #[must_use]
     pub fn consumed(&mut self, n: usize) -> Option<u32> {
         let threshold = self.grant_threshold?;
-        self.ungranted = self.ungranted.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        self.ungranted = self
+            .ungranted
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
         (self.ungranted >= threshold).then(|| std::mem::take(&mut self.ungranted))
     }
 }
@@ -281,7 +283,10 @@ mod tests {
         let cfg = FlowConfig::default();
         assert!(cfg.negotiate(Some("1048576")).is_credit());
         assert!(!cfg.negotiate(None).is_credit());
-        assert!(!cfg.negotiate(Some("1024")).is_credit(), "too small a window");
+        assert!(
+            !cfg.negotiate(Some("1024")).is_credit(),
+            "too small a window"
+        );
         assert!(!cfg.negotiate(Some("lots")).is_credit());
     }
 
@@ -299,14 +304,19 @@ mod tests {
             inbound.push(Bytes::from_static(b"x")).unwrap();
         }
         assert!(inbound.push(Bytes::from_static(b"x")).is_err());
-        assert_eq!(queue.recv().await, Some(ConnEvent::Data(Bytes::from(vec![0; 600]))));
+        assert_eq!(
+            queue.recv().await,
+            Some(ConnEvent::Data(Bytes::from(vec![0; 600])))
+        );
         inbound.push(Bytes::from(vec![0; 500])).unwrap();
         assert_eq!(queue.consumed(600), None, "legacy peers get no credit");
     }
 
     #[tokio::test]
     async fn credit_is_granted_in_quarter_window_batches() {
-        let (_inbound, mut queue, _) = FlowConfig::default().negotiate(Some("262144")).new_connection();
+        let (_inbound, mut queue, _) = FlowConfig::default()
+            .negotiate(Some("262144"))
+            .new_connection();
         let quarter = FlowConfig::default().window / 4;
         assert_eq!(queue.consumed(quarter as usize - 1), None);
         assert_eq!(queue.consumed(1), Some(quarter));

@@ -211,7 +211,9 @@ pub(crate) fn host_of(address: &str) -> &str {
 
 /// A uniformly distributed index below `n` (n > 0) from std's randomly keyed hasher.
 fn random_below(n: usize) -> usize {
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     (r % n as u64) as usize
 }
 
@@ -265,7 +267,10 @@ mod tests {
             assert_eq!(r.select("10.0.0.1:80").unwrap().id, "b");
         }
         b.draining.set(true);
-        assert!(r.select("10.0.0.1:80").is_some(), "all draining: still served");
+        assert!(
+            r.select("10.0.0.1:80").is_some(),
+            "all draining: still served"
+        );
         r.remove("a", 1);
         r.remove("b", 2);
         assert!(r.select("10.0.0.1:80").is_none());
@@ -274,14 +279,22 @@ mod tests {
 
     #[test]
     fn dest_host_matches_exactly_then_falls_through_in_order() {
-        let mut r = Registry::new(&[Strategy::DestHost, Strategy::DefaultRoute, Strategy::Default]);
+        let mut r = Registry::new(&[
+            Strategy::DestHost,
+            Strategy::DefaultRoute,
+            Strategy::Default,
+        ]);
         r.add(fake("node1", 1), &ids("host=node1&ipv4=10.0.0.1"));
         r.add(fake("gw", 2), &ids("default-route=true"));
         r.add(fake("plain", 3), &ids(""));
         assert_eq!(r.select("10.0.0.1:10250").unwrap().id, "node1");
         assert_eq!(r.select("node1:10250").unwrap().id, "node1");
         for _ in 0..20 {
-            assert_eq!(r.select("10.9.9.9:80").unwrap().id, "gw", "defaultRoute before default");
+            assert_eq!(
+                r.select("10.9.9.9:80").unwrap().id,
+                "gw",
+                "defaultRoute before default"
+            );
         }
         r.remove("gw", 2);
         let picked = r.select("10.9.9.9:80").unwrap().id;

@@ -28,7 +28,10 @@ impl AgentService {
     pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall) {
         if call.path() != tether_proto::path::CONNECT {
             let path = call.path().to_owned();
-            call.reject(&Status::new(Code::UNIMPLEMENTED, format!("unknown method {path}")));
+            call.reject(&Status::new(
+                Code::UNIMPLEMENTED,
+                format!("unknown method {path}"),
+            ));
             return;
         }
         let admitted = admit(call.metadata());
@@ -40,7 +43,9 @@ impl AgentService {
                 return;
             }
         };
-        let flow = self.flow.negotiate(header(call.metadata(), metadata::TETHER_FLOW));
+        let flow = self
+            .flow
+            .negotiate(header(call.metadata(), metadata::TETHER_FLOW));
         let mut response = vec![
             (metadata::SERVER_ID, self.server_id.clone()),
             (metadata::SERVER_COUNT, self.server_count.to_string()),
@@ -67,8 +72,11 @@ impl AgentService {
             outbound,
             hub.metrics.clone(),
         ));
-        let span = tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
-        self.run_session(session, queue, sender, receiver).instrument(span).await;
+        let span =
+            tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
+        self.run_session(session, queue, sender, receiver)
+            .instrument(span)
+            .await;
         stream_gauge.dec();
     }
 
@@ -143,7 +151,9 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers), String> {
     let mut idents = headers.get_all(metadata::AGENT_IDENTIFIERS).iter();
     let identifiers = match (idents.next(), idents.next()) {
         (None, _) => Identifiers::default(),
-        (Some(v), None) => Identifiers::parse(v.to_str().map_err(|_| "agent identifiers are not text")?)?,
+        (Some(v), None) => {
+            Identifiers::parse(v.to_str().map_err(|_| "agent identifiers are not text")?)?
+        }
         (Some(_), Some(_)) => return Err("expected at most one set of agent identifiers".into()),
     };
     Ok((id.to_owned(), identifiers))

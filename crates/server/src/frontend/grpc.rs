@@ -27,7 +27,10 @@ const BATCH_BYTES: usize = 256 * 1024;
 pub(crate) async fn serve(hub: Arc<Hub>, call: IncomingCall) {
     if call.path() != tether_proto::path::PROXY {
         let path = call.path().to_owned();
-        call.reject(&Status::new(Code::UNIMPLEMENTED, format!("unknown method {path}")));
+        call.reject(&Status::new(
+            Code::UNIMPLEMENTED,
+            format!("unknown method {path}"),
+        ));
         return;
     }
     let (tx, rx) = match call.accept(&[]) {
@@ -42,7 +45,8 @@ pub(crate) async fn serve(hub: Arc<Hub>, call: IncomingCall) {
     let status = proxy(&hub, tx, rx).await;
     if let Err(e) = status {
         tracing::debug!(error = %e, "proxy stream ended with an error");
-        hub.metrics.stream_error(Segment::ToClient, e.code_name(), "Unknown");
+        hub.metrics
+            .stream_error(Segment::ToClient, e.code_name(), "Unknown");
     }
     gauge.dec();
 }
@@ -75,7 +79,9 @@ async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Resul
                     _ => {}
                 }
             }
-            Err(e) if e.is_bad_packet() => tracing::debug!(error = %e, "dropping a malformed packet"),
+            Err(e) if e.is_bad_packet() => {
+                tracing::debug!(error = %e, "dropping a malformed packet")
+            }
             Err(_) => return Ok(()),
         }
     };
@@ -160,7 +166,11 @@ async fn relay(
 }
 
 /// Lets the client end the stream first (bounded by [`LINGER`]), then ends the call.
-async fn finish_after_client(tx: PacketSender, mut rx: PacketReceiver, status: &Status) -> Result<(), GrpcError> {
+async fn finish_after_client(
+    tx: PacketSender,
+    mut rx: PacketReceiver,
+    status: &Status,
+) -> Result<(), GrpcError> {
     let _ = tokio::time::timeout(LINGER, async {
         loop {
             match rx.next().await {
@@ -186,7 +196,8 @@ async fn client_to_agent(
                 hub.metrics.packet(Segment::FromClient, packet.type_name());
                 match packet {
                     Packet::Data { connect_id, data } if connect_id == id => {
-                        if up.send(data).await.is_err() {
+                        let sent = up.send(data).await;
+                        if sent.is_err() {
                             return ClientSide::AgentClosed;
                         }
                     }

@@ -126,7 +126,9 @@ async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec
         match request.parse(buf) {
             Ok(httparse::Status::Complete(len)) => {
                 let head = match (request.method, request.path) {
-                    (Some("CONNECT"), Some(target)) if !target.is_empty() => Head::Connect(target.to_owned()),
+                    (Some("CONNECT"), Some(target)) if !target.is_empty() => {
+                        Head::Connect(target.to_owned())
+                    }
                     (Some("CONNECT"), _) => return Err(bad_request()),
                     _ => Head::OtherMethod,
                 };
@@ -169,8 +171,14 @@ fn dial_error_response(error: &DialError) -> Vec<u8> {
         }
         DialError::Endpoint(text) => (status_for_dial_error(text), text.clone()),
         DialError::AgentGone(e) => (502, format!("Backend context error: {e}\r\n")),
-        DialError::Timeout => (504, "Backend dial timeout: timed out waiting for backend dial\r\n".to_owned()),
-        DialError::DialClosed => (502, "Backend context error: dial closed by agent\r\n".to_owned()),
+        DialError::Timeout => (
+            504,
+            "Backend dial timeout: timed out waiting for backend dial\r\n".to_owned(),
+        ),
+        DialError::DialClosed => (
+            502,
+            "Backend context error: dial closed by agent\r\n".to_owned(),
+        ),
         DialError::Duplicate(_) | DialError::FrontendGone => (500, format!("{error}\r\n")),
     };
     format!(
@@ -183,7 +191,10 @@ fn dial_error_response(error: &DialError) -> Vec<u8> {
 /// Upstream's mapping of an agent's dial error text to an HTTP status.
 fn status_for_dial_error(text: &str) -> u16 {
     let text = text.to_ascii_lowercase();
-    if ["timeout", "i/o timeout", "deadline exceeded"].iter().any(|s| text.contains(s)) {
+    if ["timeout", "i/o timeout", "deadline exceeded"]
+        .iter()
+        .any(|s| text.contains(s))
+    {
         504
     } else if text.contains("too many open files") {
         503
@@ -214,7 +225,10 @@ async fn client_to_agent(up: &TunnelUp, rd: &mut ReadHalf<Box<dyn Io>>, early: B
 }
 
 /// Writes agent data to the client; `Err` carries the reason of an abnormal close.
-async fn agent_to_client(down: &mut TunnelDown, wr: &mut WriteHalf<Box<dyn Io>>) -> Result<(), Option<String>> {
+async fn agent_to_client(
+    down: &mut TunnelDown,
+    wr: &mut WriteHalf<Box<dyn Io>>,
+) -> Result<(), Option<String>> {
     loop {
         match down.recv().await {
             ConnEvent::Data(data) => {
@@ -230,7 +244,9 @@ async fn agent_to_client(down: &mut TunnelDown, wr: &mut WriteHalf<Box<dyn Io>>)
 
 /// A non-negative dial ID, like the Go client's `rand.Int63`.
 fn random_dial_id() -> i64 {
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     (r >> 1) as i64
 }
 
@@ -268,10 +284,16 @@ mod tests {
 
     #[test]
     fn dial_error_statuses_follow_upstream() {
-        assert_eq!(status_for_dial_error("dial tcp 10.0.0.1:80: i/o timeout"), 504);
+        assert_eq!(
+            status_for_dial_error("dial tcp 10.0.0.1:80: i/o timeout"),
+            504
+        );
         assert_eq!(status_for_dial_error("context deadline exceeded"), 504);
         assert_eq!(status_for_dial_error("socket: too many open files"), 503);
-        assert_eq!(status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"), 502);
+        assert_eq!(
+            status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"),
+            502
+        );
         assert_eq!(
             dial_error_response(&DialError::Endpoint("dial tcp 127.0.0.1:18999: connect: connection refused".into())),
             b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\ndial tcp 127.0.0.1:18999: connect: connection refused"

@@ -36,19 +36,53 @@ async fn run(args: &[&str]) -> (bool, String) {
 async fn go_client_echo_and_dial_errors() {
     tether_testkit::init_logging();
     let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions::default()).await.unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
     let uds = server.frontend.clone();
 
     // No agent yet: the Go client sees "No agent available".
     let refused = refused_addr().to_string();
-    let (ok, out) = run(&["--uds", &uds, "--address", &refused, "--mode", "expect-dial-error", "--timeout", "10s"]).await;
+    let (ok, out) = run(&[
+        "--uds",
+        &uds,
+        "--address",
+        &refused,
+        "--mode",
+        "expect-dial-error",
+        "--timeout",
+        "10s",
+    ])
+    .await;
     assert!(ok && out.contains("No agent available"), "{out}");
 
-    let _agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let _agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     server.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
-    let (ok, out) = run(&["--uds", &uds, "--address", &echo.addr.to_string(), "--mode", "echo", "--bytes", "67108864"]).await;
+    let (ok, out) = run(&[
+        "--uds",
+        &uds,
+        "--address",
+        &echo.addr.to_string(),
+        "--mode",
+        "echo",
+        "--bytes",
+        "67108864",
+    ])
+    .await;
     assert!(ok, "{out}");
-    let (ok, out) = run(&["--uds", &uds, "--address", &refused, "--mode", "expect-dial-error", "--expect-reason", "endpoint"]).await;
+    let (ok, out) = run(&[
+        "--uds",
+        &uds,
+        "--address",
+        &refused,
+        "--mode",
+        "expect-dial-error",
+        "--expect-reason",
+        "endpoint",
+    ])
+    .await;
     assert!(ok && out.contains("connection refused"), "{out}");
 }

@@ -9,7 +9,9 @@ use tokio::net::UnixStream;
 use crate::STEP;
 
 async fn connect(server: &TestServer, target: &str) -> (UnixStream, Vec<u8>) {
-    let mut stream = UnixStream::connect(server.uds.as_ref().unwrap()).await.unwrap();
+    let mut stream = UnixStream::connect(server.uds.as_ref().unwrap())
+        .await
+        .unwrap();
     stream
         .write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
@@ -28,9 +30,22 @@ async fn connect(server: &TestServer, target: &str) -> (UnixStream, Vec<u8>) {
 #[tokio::test]
 async fn echo_through_http_connect_over_uds() {
     let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions { mode: Mode::HttpConnect, ..Default::default() }).await.unwrap();
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
-    tokio::time::timeout(STEP, server.wait_ready()).await.unwrap().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(STEP, server.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
     agent.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
 
@@ -44,7 +59,10 @@ async fn echo_through_http_connect_over_uds() {
         wr
     });
     let mut got = vec![0u8; data.len()];
-    tokio::time::timeout(STEP, rd.read_exact(&mut got)).await.unwrap().unwrap();
+    tokio::time::timeout(STEP, rd.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(got == data, "echoed bytes differ");
     drop(writer.await.unwrap());
 
@@ -55,7 +73,10 @@ async fn echo_through_http_connect_over_uds() {
     assert!(text.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{text}");
     let mut body = String::new();
     _s.into_split().0.read_to_string(&mut body).await.unwrap();
-    assert_eq!(body, format!("dial tcp {refused}: connect: connection refused"));
+    assert_eq!(
+        body,
+        format!("dial tcp {refused}: connect: connection refused")
+    );
 
     agent.stop().await;
     server.stop().await;

@@ -18,19 +18,31 @@ async fn server_metric(server: &TestServer, sample: &str) -> Option<f64> {
 #[tokio::test]
 async fn agent_restart_and_server_restart_reconnect_by_themselves() {
     let pki = Pki::generate().unwrap();
-    let opts = ServerOptions { mode: Mode::HttpConnect, ..Default::default() };
+    let opts = ServerOptions {
+        mode: Mode::HttpConnect,
+        ..Default::default()
+    };
     let server = TestServer::start(&pki, opts.clone()).await.unwrap();
     let echo = EchoServer::start().await.unwrap();
     let target = echo.addr.to_string();
 
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     server.wait_ready().await.unwrap();
     agent.stop().await;
     eventually("server notices the agent left", || async {
-        server_metric(&server, "konnectivity_network_proxy_server_ready_backend_connections").await == Some(0.0)
+        server_metric(
+            &server,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        )
+        .await
+            == Some(0.0)
     })
     .await;
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     server.wait_ready().await.unwrap();
     let (stream, head) = http_connect_uds(server.uds.as_ref().unwrap(), &target).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -39,8 +51,19 @@ async fn agent_restart_and_server_restart_reconnect_by_themselves() {
     // Restart the server on the same agent port: the agent finds it again by itself.
     let agent_addr = server.agent_addr;
     server.stop().await;
-    let server = TestServer::start(&pki, ServerOptions { agent_addr: Some(agent_addr), ..opts }).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(30), server.wait_ready()).await.unwrap().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            agent_addr: Some(agent_addr),
+            ..opts
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), server.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
     agent.wait_ready().await.unwrap();
     let (stream, head) = http_connect_uds(server.uds.as_ref().unwrap(), &target).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -50,24 +73,60 @@ async fn agent_restart_and_server_restart_reconnect_by_themselves() {
 #[tokio::test]
 async fn agent_holds_a_stream_to_each_of_two_servers_behind_one_address() {
     let pki = Pki::generate().unwrap();
-    let a = TestServer::start(&pki, ServerOptions { server_id: "a".into(), server_count: 2, ..Default::default() }).await.unwrap();
-    let b = TestServer::start(&pki, ServerOptions { server_id: "b".into(), server_count: 2, ..Default::default() }).await.unwrap();
-    let lb = LoadBalancer::start(vec![a.agent_addr, b.agent_addr]).await.unwrap();
-    let agent = TestAgent::start(&pki, lb.addr, AgentOptions::default()).await.unwrap();
+    let a = TestServer::start(
+        &pki,
+        ServerOptions {
+            server_id: "a".into(),
+            server_count: 2,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let b = TestServer::start(
+        &pki,
+        ServerOptions {
+            server_id: "b".into(),
+            server_count: 2,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let lb = LoadBalancer::start(vec![a.agent_addr, b.agent_addr])
+        .await
+        .unwrap();
+    let agent = TestAgent::start(&pki, lb.addr, AgentOptions::default())
+        .await
+        .unwrap();
     a.wait_ready().await.unwrap();
     b.wait_ready().await.unwrap();
     eventually("agent connected to both servers", || async {
         let text = agent.metrics().await.unwrap();
-        metric_value(&text, "konnectivity_network_proxy_agent_open_server_connections") == Some(2.0)
-            && metric_value(&text, "konnectivity_network_proxy_agent_known_server_count") == Some(2.0)
+        metric_value(
+            &text,
+            "konnectivity_network_proxy_agent_open_server_connections",
+        ) == Some(2.0)
+            && metric_value(&text, "konnectivity_network_proxy_agent_known_server_count")
+                == Some(2.0)
     })
     .await;
     // It stays at two: duplicates are closed, not kept.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text = agent.metrics().await.unwrap();
-    assert_eq!(metric_value(&text, "konnectivity_network_proxy_agent_open_server_connections"), Some(2.0));
     assert_eq!(
-        server_metric(&a, "konnectivity_network_proxy_server_grpc_connections{service_method=\"Connect\"}").await,
+        metric_value(
+            &text,
+            "konnectivity_network_proxy_agent_open_server_connections"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        server_metric(
+            &a,
+            "konnectivity_network_proxy_server_grpc_connections{service_method=\"Connect\"}"
+        )
+        .await,
         Some(1.0)
     );
 }
@@ -75,11 +134,22 @@ async fn agent_holds_a_stream_to_each_of_two_servers_behind_one_address() {
 #[tokio::test]
 async fn losing_the_agent_fails_pending_dials_at_once_and_resets_connections() {
     let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions { mode: Mode::HttpConnect, ..Default::default() }).await.unwrap();
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     server.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
-    let (stream, head) = http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
+    let (stream, head) =
+        http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let mut stream = echo_exact(stream, 3, 1024).await;
 
@@ -87,11 +157,24 @@ async fn losing_the_agent_fails_pending_dials_at_once_and_resets_connections() {
     // The established connection ends (UDS has no RST; the read ends promptly) ...
     let mut buf = [0u8; 16];
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
-    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "connection should end when its agent goes: {read:?}");
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "connection should end when its agent goes: {read:?}"
+    );
     // ... and the server holds nothing for it any more.
     eventually("no established or pending connections", || async {
-        server_metric(&server, "konnectivity_network_proxy_server_established_connections").await == Some(0.0)
-            && server_metric(&server, "konnectivity_network_proxy_server_pending_backend_dials").await == Some(0.0)
+        server_metric(
+            &server,
+            "konnectivity_network_proxy_server_established_connections",
+        )
+        .await
+            == Some(0.0)
+            && server_metric(
+                &server,
+                "konnectivity_network_proxy_server_pending_backend_dials",
+            )
+            .await
+                == Some(0.0)
     })
     .await;
 }

@@ -19,14 +19,36 @@ async fn dest_host_then_default_route_then_default() {
         &pki,
         ServerOptions {
             mode: Mode::HttpConnect,
-            strategies: vec![Strategy::DestHost, Strategy::DefaultRoute, Strategy::Default],
+            strategies: vec![
+                Strategy::DestHost,
+                Strategy::DefaultRoute,
+                Strategy::Default,
+            ],
             ..Default::default()
         },
     )
     .await
     .unwrap();
-    let node = TestAgent::start(&pki, server.agent_addr, AgentOptions { identifiers: "host=localhost&ipv4=127.0.0.2".into(), ..Default::default() }).await.unwrap();
-    let gateway = TestAgent::start(&pki, server.agent_addr, AgentOptions { identifiers: "default-route=true".into(), ..Default::default() }).await.unwrap();
+    let node = TestAgent::start(
+        &pki,
+        server.agent_addr,
+        AgentOptions {
+            identifiers: "host=localhost&ipv4=127.0.0.2".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let gateway = TestAgent::start(
+        &pki,
+        server.agent_addr,
+        AgentOptions {
+            identifiers: "default-route=true".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     node.wait_ready().await.unwrap();
     gateway.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
@@ -48,7 +70,10 @@ async fn dest_host_then_default_route_then_default() {
     gateway.stop().await;
     eventually("gateway gone", || async {
         let text = server.metrics().await.unwrap();
-        tether_testkit::http::metric_value(&text, "konnectivity_network_proxy_server_ready_backend_connections") == Some(1.0)
+        tether_testkit::http::metric_value(
+            &text,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        ) == Some(1.0)
     })
     .await;
     dial_once(&server, &format!("127.0.0.1:{port}")).await;
@@ -58,8 +83,18 @@ async fn dest_host_then_default_route_then_default() {
 #[tokio::test]
 async fn draining_agent_gets_no_new_dials_but_keeps_its_connections() {
     let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions { mode: Mode::HttpConnect, ..Default::default() }).await.unwrap();
-    let first = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let first = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     first.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
     let target = echo.addr.to_string();
@@ -69,7 +104,9 @@ async fn draining_agent_gets_no_new_dials_but_keeps_its_connections() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let live = echo_exact(live, 1, 4096).await;
 
-    let second = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let second = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     second.wait_ready().await.unwrap();
     first.drain();
     eventually("drain reaches the server", || async {
@@ -87,7 +124,10 @@ async fn draining_agent_gets_no_new_dials_but_keeps_its_connections() {
     second.stop().await;
     eventually("second agent gone", || async {
         let text = server.metrics().await.unwrap();
-        tether_testkit::http::metric_value(&text, "konnectivity_network_proxy_server_ready_backend_connections") == Some(1.0)
+        tether_testkit::http::metric_value(
+            &text,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        ) == Some(1.0)
     })
     .await;
     dial_once(&server, &target).await;

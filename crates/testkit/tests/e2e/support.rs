@@ -12,7 +12,9 @@ use crate::STEP;
 /// Sends `CONNECT target` as kube-apiserver does and reads the response head byte by byte
 /// (so nothing after it is consumed).
 pub(crate) async fn http_connect_uds(uds: &Path, target: &str) -> (UnixStream, String) {
-    let mut stream = UnixStream::connect(uds).await.expect("connect to frontend socket");
+    let mut stream = UnixStream::connect(uds)
+        .await
+        .expect("connect to frontend socket");
     stream
         .write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
@@ -25,7 +27,10 @@ pub(crate) async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        match tokio::time::timeout(STEP, stream.read(&mut byte)).await.expect("response head in time") {
+        match tokio::time::timeout(STEP, stream.read(&mut byte))
+            .await
+            .expect("response head in time")
+        {
             Ok(0) | Err(_) => break,
             Ok(_) => head.push(byte[0]),
         }
@@ -50,7 +55,10 @@ where
         .await
         .expect("echo in time")
         .expect("read through tunnel");
-    assert!(got == data, "echoed bytes differ (seed {seed}, {len} bytes)");
+    assert!(
+        got == data,
+        "echoed bytes differ (seed {seed}, {len} bytes)"
+    );
     let wr = writer.await.expect("writer task");
     rd.unsplit(wr)
 }
@@ -58,7 +66,11 @@ where
 /// How many destinations this agent dialed successfully.
 pub(crate) async fn agent_dials(agent: &TestAgent) -> f64 {
     let text = agent.metrics().await.expect("agent metrics");
-    metric_value(&text, "konnectivity_network_proxy_agent_dial_duration_seconds_count").unwrap_or(0.0)
+    metric_value(
+        &text,
+        "konnectivity_network_proxy_agent_dial_duration_seconds_count",
+    )
+    .unwrap_or(0.0)
 }
 
 /// Polls `check` every 20 ms until it holds or `STEP` passes.
@@ -69,7 +81,10 @@ where
 {
     let until = tokio::time::Instant::now() + STEP;
     while !check().await {
-        assert!(tokio::time::Instant::now() < until, "timed out waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "timed out waiting for: {what}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
