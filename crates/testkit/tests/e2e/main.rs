@@ -4,6 +4,7 @@ mod bad_input;
 mod go_client;
 mod http_connect;
 mod lifecycle;
+mod metrics_names;
 mod routing;
 mod support;
 

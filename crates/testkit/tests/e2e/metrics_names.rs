@@ -1,0 +1,118 @@
+//! Metric names are part of the contract: upstream's dashboards, alerts and tests read them.
+
+use std::collections::BTreeSet;
+
+use tether_server::Mode;
+use tether_testkit::targets::{EchoServer, refused_addr};
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
+
+use crate::support::{echo_exact, http_connect_uds};
+
+/// Every server metric upstream defines (konnectivity-upstream.md §3.3).
+const UPSTREAM_SERVER: &[&str] = &[
+    "dial_duration_seconds",
+    "frontend_write_duration_seconds",
+    "connection_duration_seconds",
+    "grpc_connections",
+    "http_connections",
+    "ready_backend_connections",
+    "ready_backends",
+    "pending_backend_dials",
+    "established_connections",
+    "full_receive_channels",
+    "dial_failure_count",
+    "stream_packets_total",
+    "stream_errors_total",
+    "culled_leases_count",
+    "lease_delete_latency_seconds",
+    "lease_delete_total",
+    "lease_list_latency_seconds",
+    "lease_list_total",
+];
+
+/// Server metrics that must be present once a dial succeeded and one failed.
+const SERVER_AFTER_TRAFFIC: &[&str] = &[
+    "dial_duration_seconds",
+    "frontend_write_duration_seconds",
+    "connection_duration_seconds",
+    "grpc_connections",
+    "http_connections",
+    "ready_backend_connections",
+    "ready_backends",
+    "pending_backend_dials",
+    "established_connections",
+    "dial_failure_count",
+    "stream_packets_total",
+    "culled_leases_count",
+];
+
+/// Every agent metric upstream defines (§4.5).
+const UPSTREAM_AGENT: &[&str] = &[
+    "dial_duration_seconds",
+    "server_connection_failure_count",
+    "endpoint_dial_failure_total",
+    "open_server_connections",
+    "known_server_count",
+    "open_endpoint_connections",
+    "stream_packets_total",
+    "stream_errors_total",
+    "lease_lists_total",
+    "lease_watches_total",
+    "lease_list_latency_seconds",
+];
+
+const AGENT_AFTER_TRAFFIC: &[&str] = &[
+    "dial_duration_seconds",
+    "endpoint_dial_failure_total",
+    "open_server_connections",
+    "known_server_count",
+    "open_endpoint_connections",
+    "stream_packets_total",
+];
+
+/// Names declared with `# TYPE` under `prefix`, without the prefix.
+fn declared(text: &str, prefix: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|name| name.strip_prefix(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn check(text: &str, prefix: &str, upstream: &[&str], required: &[&str]) {
+    let names = declared(text, prefix);
+    let unknown: Vec<_> = names.iter().filter(|n| !upstream.contains(&n.as_str())).collect();
+    assert!(unknown.is_empty(), "metrics under {prefix} that upstream does not have: {unknown:?}");
+    let missing: Vec<_> = required.iter().filter(|n| !names.contains(**n)).collect();
+    assert!(missing.is_empty(), "upstream metrics missing under {prefix}: {missing:?}\n{text}");
+}
+
+#[tokio::test]
+async fn server_and_agent_expose_upstream_metric_names() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(&pki, ServerOptions { mode: Mode::HttpConnect, ..Default::default() }).await.unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let (stream, head) = http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(echo_exact(stream, 1, 1000).await);
+    let (_s, head) = http_connect_uds(server.uds.as_ref().unwrap(), &refused_addr().to_string()).await;
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+
+    let text = server.metrics().await.unwrap();
+    check(&text, "konnectivity_network_proxy_server_", UPSTREAM_SERVER, SERVER_AFTER_TRAFFIC);
+    assert!(text.contains("konnectivity_network_proxy_server_dial_failure_count{reason=\"error_response\"} 1"), "{text}");
+    // The admin port serves the same registry.
+    let (status, admin) = tether_testkit::http::get(server.admin_addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(admin.contains("konnectivity_network_proxy_server_established_connections"));
+
+    let text = agent.metrics().await.unwrap();
+    check(&text, "konnectivity_network_proxy_agent_", UPSTREAM_AGENT, AGENT_AFTER_TRAFFIC);
+    assert!(text.contains("konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"unknown\"} 1"), "{text}");
+    // The agent's admin port redirects /metrics to the health port, as upstream.
+    let (status, _) = tether_testkit::http::get(agent.admin_addr, "/metrics").await.unwrap();
+    assert_eq!(status, 301);
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every check tether has, in the order CI runs them. Needs Rust (rustup) and Go >= 1.26 with
+# the Go module proxy; everything else is fetched by cargo and go themselves.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+started=$SECONDS
+
+step "toolchain"
+command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup" >&2; exit 1; }
+command -v go >/dev/null || { echo "go not found: install Go >= 1.26" >&2; exit 1; }
+if command -v rustup >/dev/null; then
+	rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+cargo --version
+go version
+
+step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"
+interop/build.sh
+
+step "format"
+cargo fmt --all -- --check
+
+step "lint"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests"
+cargo test --workspace --locked
+
+echo
+echo "all checks passed in $((SECONDS - started)) s"
