@@ -106,3 +106,43 @@ pub fn refused_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     listener.local_addr().expect("local addr")
 }
+
+/// A TCP server on 127.0.0.1 that reads an 8-byte big-endian count, then sends that many
+/// bytes (`u64::MAX`: until the peer goes away) and closes. Aborted on drop.
+#[derive(Debug)]
+pub struct SourceServer {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl SourceServer {
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut left) = stream.read_u64().await else {
+                        return;
+                    };
+                    let chunk = vec![0x5a_u8; 64 * 1024];
+                    while left > 0 {
+                        let n = left.min(chunk.len() as u64) as usize;
+                        if stream.write_all(&chunk[..n]).await.is_err() {
+                            return;
+                        }
+                        left -= n as u64;
+                    }
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Ok(Self { addr, task })
+    }
+}
+
+impl Drop for SourceServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -3,6 +3,7 @@
 mod bad_input;
 mod go_client;
 mod http_connect;
+mod isolation;
 mod lifecycle;
 mod metrics_names;
 mod routing;
