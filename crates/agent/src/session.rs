@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tether_grpc::{GrpcError, PacketReceiver};
 use tether_proto::{ConnectId, DialId, Packet};
-use tether_tunnel::{ConnEvent, Flow, Inbound, InboundQueue, Outbound, SendWindow};
+use tether_tunnel::{ConnEvent, Flow, Full, Inbound, InboundQueue, Outbound, Overflow, SendWindow};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -83,7 +83,9 @@ impl ServerSession {
             match receiver.next().await {
                 Some(Ok(packet)) => {
                     self.metrics.packet(false, packet.type_name());
-                    self.handle(packet);
+                    if let Some(blocked) = self.handle(packet) {
+                        self.unblock(blocked).await;
+                    }
                 }
                 Some(Err(e)) if e.is_bad_packet() => {
                     tracing::warn!(error = %e, "dropping a malformed packet from the server");
@@ -97,7 +99,8 @@ impl ServerSession {
         }
     }
 
-    fn handle(self: &Arc<Self>, packet: Packet) {
+    /// Handles one packet without waiting; returns data whose connection's queue was full.
+    fn handle(self: &Arc<Self>, packet: Packet) -> Option<(ConnectId, Inbound, Bytes)> {
         match packet {
             Packet::DialRequest {
                 protocol,
@@ -105,19 +108,17 @@ impl ServerSession {
                 random,
             } => self.start_dial(protocol, address, random),
             Packet::Data { connect_id, data } => {
-                let pushed = self.tables().conns.get(&connect_id).map(|c| c.push(data));
-                match pushed {
-                    None => self.send(Packet::CloseResponse {
+                let t = self.tables();
+                let Some(inbound) = t.conns.get(&connect_id) else {
+                    drop(t);
+                    self.send(Packet::CloseResponse {
                         connect_id,
                         error: Some("unrecognized connectID".into()),
-                    }),
-                    Some(Ok(())) => {}
-                    Some(Err(overflow)) => {
-                        tracing::warn!(connect.id = %connect_id, %overflow, "closing a connection whose destination fell too far behind");
-                        if let Some(inbound) = self.tables().conns.remove(&connect_id) {
-                            inbound.close(Some(overflow.to_string()));
-                        }
-                    }
+                    });
+                    return None;
+                };
+                if let Err(Full(data)) = inbound.push(data) {
+                    return Some((connect_id, inbound.clone(), data));
                 }
             }
             Packet::CloseRequest { connect_id } => {
@@ -146,6 +147,23 @@ impl ServerSession {
                 }
             }
             Packet::DialResponse { .. } | Packet::CloseResponse { .. } | Packet::Drain => {}
+        }
+        None
+    }
+
+    /// Settles data that met a full queue: waits for room where the flow allows it, else
+    /// closes that one connection with an error (its relay then reports it in CLOSE_RSP).
+    async fn unblock(&self, (connect_id, inbound, data): (ConnectId, Inbound, Bytes)) {
+        let overflow = match inbound.wait_for_room(data.len()).await {
+            Ok(()) => match inbound.push(data) {
+                Ok(()) => return,
+                Err(_) => Overflow { limit: 0 },
+            },
+            Err(overflow) => overflow,
+        };
+        tracing::warn!(connect.id = %connect_id, %overflow, "closing a connection whose destination stopped taking data");
+        if let Some(inbound) = self.tables().conns.remove(&connect_id) {
+            inbound.close(Some(overflow.to_string()));
         }
     }
 

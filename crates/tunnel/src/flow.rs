@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tether_proto::metadata::TETHER_FLOW;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 
 /// Accounting cost of one queued chunk at least: tiny chunks still cost a queue slot.
 const MIN_CHUNK_COST: usize = 64;
@@ -24,6 +25,9 @@ pub struct FlowConfig {
     /// Bytes a connection may have handed to the stream writer but not yet written, when the
     /// peer grants no credit. Bounds the writer's queue per connection.
     pub local_window: u32,
+    /// With a peer that grants no credit, how long the stream reader waits for a full
+    /// connection to make progress before closing it (see [`Inbound::wait_for_room`]).
+    pub legacy_stall: Duration,
 }
 
 impl Default for FlowConfig {
@@ -32,6 +36,7 @@ impl Default for FlowConfig {
             window: 1024 * 1024,
             legacy_buffer: 8 * 1024 * 1024,
             local_window: 1024 * 1024,
+            legacy_stall: Duration::from_secs(2),
         }
     }
 }
@@ -52,6 +57,7 @@ impl FlowConfig {
             _ => Flow::Legacy {
                 buffer: self.legacy_buffer,
                 local_window: self.local_window,
+                stall: self.legacy_stall,
             },
         }
     }
@@ -63,7 +69,11 @@ pub enum Flow {
     /// Both ends speak tether: end-to-end credit per connection.
     Credit { peer_window: u32, our_window: u32 },
     /// The peer is upstream Konnectivity: no credit on the wire.
-    Legacy { buffer: usize, local_window: u32 },
+    Legacy {
+        buffer: usize,
+        local_window: u32,
+        stall: Duration,
+    },
 }
 
 impl Flow {
@@ -73,25 +83,27 @@ impl Flow {
 
     /// A new connection's pair of inbound queue and send window.
     pub fn new_connection(self) -> (Inbound, InboundQueue, Arc<SendWindow>) {
-        let (limit, window) = match self {
+        let (limit, window, stall) = match self {
             // The peer may send `our_window` before hearing back; allow the chunk overhead.
             Self::Credit {
                 peer_window,
                 our_window,
-            } => (our_window as usize * 2, peer_window),
+            } => (our_window as usize * 2, peer_window, None),
             Self::Legacy {
                 buffer,
                 local_window,
-            } => (buffer, local_window),
+                stall,
+            } => (buffer, local_window, Some(stall)),
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let queued = Arc::new(Queued::default());
         let window = Arc::new(SendWindow::new(window));
         (
             Inbound {
                 tx,
                 queued: queued.clone(),
                 limit,
+                stall,
                 window: window.clone(),
             },
             InboundQueue {
@@ -116,8 +128,12 @@ pub enum ConnEvent {
     Closed(Option<String>),
 }
 
+/// A connection's inbound queue is full; the data is handed back.
+#[derive(Debug)]
+pub struct Full(pub Bytes);
+
 /// A connection's inbound queue overflowed: the peer sent past its credit, or (legacy peer)
-/// the reader fell more than the buffer limit behind.
+/// the connection's reader made no progress for the stall period while its queue was full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow {
     pub limit: usize,
@@ -131,28 +147,65 @@ impl std::fmt::Display for Overflow {
 
 impl std::error::Error for Overflow {}
 
+/// Bytes queued on one connection, and a signal each time the owner takes some.
+#[derive(Debug, Default)]
+struct Queued {
+    bytes: AtomicUsize,
+    taken: Notify,
+}
+
 /// The stream reader's handle on one connection: pushing never waits.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Inbound {
     tx: mpsc::UnboundedSender<ConnEvent>,
-    queued: Arc<AtomicUsize>,
+    queued: Arc<Queued>,
     limit: usize,
+    /// `Some` for peers without credit: how long a full queue may go without progress.
+    stall: Option<Duration>,
     window: Arc<SendWindow>,
 }
 
 impl Inbound {
-    /// Queues received data. The queue is bounded by bytes, not by slots: flow control keeps
-    /// it within `limit`, and a peer that breaks that gets [`Overflow`].
-    pub fn push(&self, data: Bytes) -> Result<(), Overflow> {
+    /// Queues received data, or hands it back when the queue is full. The queue is bounded
+    /// by bytes, not slots: tiny chunks are charged a minimum, so a flood of 1-byte packets is
+    /// bounded too.
+    pub fn push(&self, data: Bytes) -> Result<(), Full> {
         let cost = data.len().max(MIN_CHUNK_COST);
-        let before = self.queued.fetch_add(cost, Ordering::AcqRel);
-        if before + cost > self.limit {
-            self.queued.fetch_sub(cost, Ordering::AcqRel);
-            return Err(Overflow { limit: self.limit });
+        let before = self.queued.bytes.fetch_add(cost, Ordering::AcqRel);
+        // An empty queue always takes one chunk, so a single large packet cannot wedge it.
+        if before > 0 && before + cost > self.limit {
+            self.queued.bytes.fetch_sub(cost, Ordering::AcqRel);
+            return Err(Full(data));
         }
         // A closed receiver means the owner already went away; the data has nowhere to go.
         let _ = self.tx.send(ConnEvent::Data(data));
         Ok(())
+    }
+
+    /// After [`Full`]: waits until `len` more bytes fit. A tether peer that overran its
+    /// credit broke the protocol and gets [`Overflow`] at once. An upstream peer cannot be
+    /// slowed down per connection, so the stream reader waits here (the whole stream pauses,
+    /// as upstream's does) while the connection's owner makes progress; after `stall` without
+    /// progress the connection is given up with [`Overflow`], and the stream moves on.
+    pub async fn wait_for_room(&self, len: usize) -> Result<(), Overflow> {
+        let overflow = Overflow { limit: self.limit };
+        let Some(stall) = self.stall else {
+            return Err(overflow);
+        };
+        let cost = len.max(MIN_CHUNK_COST);
+        loop {
+            let taken = self.queued.taken.notified();
+            let queued = self.queued.bytes.load(Ordering::Acquire);
+            if queued == 0 || queued + cost <= self.limit {
+                return Ok(());
+            }
+            if self.tx.is_closed() {
+                return Err(overflow);
+            }
+            if tokio::time::timeout(stall, taken).await.is_err() {
+                return Err(overflow);
+            }
+        }
     }
 
     /// Tells the owner the far end closed, and wakes anyone waiting for send credit.
@@ -168,7 +221,7 @@ impl Inbound {
 
     /// Bytes queued and not yet taken by the owner.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        self.queued.bytes.load(Ordering::Acquire)
     }
 }
 
@@ -176,7 +229,7 @@ impl Inbound {
 #[derive(Debug)]
 pub struct InboundQueue {
     rx: mpsc::UnboundedReceiver<ConnEvent>,
-    queued: Arc<AtomicUsize>,
+    queued: Arc<Queued>,
     /// `Some(n)`: grant credit back in batches of at least n bytes (tether peer).
     grant_threshold: Option<u32>,
     ungranted: u32,
@@ -187,21 +240,24 @@ impl InboundQueue {
     /// (the caller treats that as an abnormal close). Cancel-safe.
     pub async fn recv(&mut self) -> Option<ConnEvent> {
         let event = self.rx.recv().await?;
-        if let ConnEvent::Data(data) = &event {
-            self.queued
-                .fetch_sub(data.len().max(MIN_CHUNK_COST), Ordering::AcqRel);
-        }
+        self.taken(&event);
         Some(event)
     }
 
     /// Takes an event if one is ready, without waiting.
     pub fn try_recv(&mut self) -> Option<ConnEvent> {
         let event = self.rx.try_recv().ok()?;
-        if let ConnEvent::Data(data) = &event {
-            self.queued
-                .fetch_sub(data.len().max(MIN_CHUNK_COST), Ordering::AcqRel);
-        }
+        self.taken(&event);
         Some(event)
+    }
+
+    fn taken(&self, event: &ConnEvent) {
+        if let ConnEvent::Data(data) = event {
+            self.queued
+                .bytes
+                .fetch_sub(data.len().max(MIN_CHUNK_COST), Ordering::AcqRel);
+            self.queued.taken.notify_waiters();
+        }
     }
 
     /// Records that `n` bytes were delivered to their destination. Returns the credit to
@@ -278,6 +334,14 @@ mod tests {
         FlowConfig::default().negotiate(Some("262144"))
     }
 
+    fn legacy(buffer: usize) -> Flow {
+        Flow::Legacy {
+            buffer,
+            local_window: 1 << 20,
+            stall: Duration::from_millis(200),
+        }
+    }
+
     #[test]
     fn negotiation() {
         let cfg = FlowConfig::default();
@@ -292,11 +356,7 @@ mod tests {
 
     #[tokio::test]
     async fn inbound_is_bounded_by_bytes_and_never_waits() {
-        let flow = Flow::Legacy {
-            buffer: 1000,
-            local_window: 1 << 20,
-        };
-        let (inbound, mut queue, _) = flow.new_connection();
+        let (inbound, mut queue, _) = legacy(1000).new_connection();
         inbound.push(Bytes::from(vec![0; 600])).unwrap();
         assert!(inbound.push(Bytes::from(vec![0; 600])).is_err());
         // Tiny chunks are charged a minimum, so a flood of 1-byte packets is bounded too.
@@ -312,11 +372,43 @@ mod tests {
         assert_eq!(queue.consumed(600), None, "legacy peers get no credit");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_full_legacy_queue_waits_for_progress_then_gives_up() {
+        let (inbound, mut queue, _) = legacy(1000).new_connection();
+        inbound.push(Bytes::from(vec![0; 900])).unwrap();
+        let Err(Full(data)) = inbound.push(Bytes::from(vec![1; 900])) else {
+            panic!("queue should be full");
+        };
+        // The owner takes the first chunk a little later: room appears, no overflow.
+        let taker = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            queue.recv().await;
+            queue
+        });
+        inbound.wait_for_room(data.len()).await.unwrap();
+        inbound.push(data).unwrap();
+        let _queue = taker.await.unwrap();
+        // Nobody reads any more: after the stall period the connection is given up.
+        let Err(Full(data)) = inbound.push(Bytes::from(vec![2; 900])) else {
+            panic!("queue should be full");
+        };
+        assert!(inbound.wait_for_room(data.len()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn credit_peers_that_overrun_are_cut_off_at_once() {
+        let (inbound, _queue, _) = credit().new_connection();
+        let limit = FlowConfig::default().window as usize * 2;
+        inbound.push(Bytes::from(vec![0; limit])).unwrap();
+        let Err(Full(data)) = inbound.push(Bytes::from(vec![0; 10])) else {
+            panic!("queue should be full");
+        };
+        assert!(inbound.wait_for_room(data.len()).await.is_err());
+    }
+
     #[tokio::test]
     async fn credit_is_granted_in_quarter_window_batches() {
-        let (_inbound, mut queue, _) = FlowConfig::default()
-            .negotiate(Some("262144"))
-            .new_connection();
+        let (_inbound, mut queue, _) = credit().new_connection();
         let quarter = FlowConfig::default().window / 4;
         assert_eq!(queue.consumed(quarter as usize - 1), None);
         assert_eq!(queue.consumed(1), Some(quarter));

@@ -21,5 +21,5 @@
 pub mod flow;
 pub mod writer;
 
-pub use flow::{ConnEvent, Flow, FlowConfig, Inbound, InboundQueue, Overflow, SendWindow};
+pub use flow::{ConnEvent, Flow, FlowConfig, Full, Inbound, InboundQueue, Overflow, SendWindow};
 pub use writer::{Outbound, run_writer};

@@ -102,7 +102,9 @@ impl AgentService {
                 next = receiver.next() => match next {
                     Some(Ok(packet)) => {
                         hub.metrics.packet(Segment::FromAgent, packet.type_name());
-                        session.handle(packet);
+                        if let Some(blocked) = session.handle(packet) {
+                            session.unblock(blocked).await;
+                        }
                     }
                     Some(Err(e)) if e.is_bad_packet() => {
                         tracing::warn!(error = %e, "dropping a malformed packet from the agent");

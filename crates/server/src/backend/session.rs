@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tether_proto::{ConnectId, DialId, Identifiers, Packet};
 use tether_tunnel::flow::WindowClosed;
-use tether_tunnel::{ConnEvent, Flow, Inbound, InboundQueue, Outbound, SendWindow};
+use tether_tunnel::{ConnEvent, Flow, Full, Inbound, InboundQueue, Outbound, Overflow, SendWindow};
 use tokio::sync::oneshot;
 
 use super::registry::Backend;
@@ -33,6 +33,14 @@ struct Tables {
     open: bool,
     pending: HashMap<DialId, PendingDial>,
     conns: HashMap<ConnectId, Inbound>,
+}
+
+/// Data that met a full connection queue, held by the stream reader until it is settled.
+#[derive(Debug)]
+pub(crate) struct Blocked {
+    id: ConnectId,
+    inbound: Inbound,
+    data: Bytes,
 }
 
 /// A connected agent stream.
@@ -145,12 +153,13 @@ impl AgentSession {
         removed
     }
 
-    /// Handles one packet from the agent. Never waits: every hand-over is to an unbounded
-    /// queue whose size flow control bounds.
-    pub(crate) fn handle(&self, packet: Packet) {
+    /// Handles one packet from the agent without waiting. Returns data whose connection's
+    /// queue was full; the reader settles it with [`unblock`](Self::unblock).
+    #[must_use]
+    pub(crate) fn handle(&self, packet: Packet) -> Option<Blocked> {
         match packet {
             Packet::DialResponse { random, result } => self.on_dial_response(random, result),
-            Packet::Data { connect_id, data } => self.on_data(connect_id, data),
+            Packet::Data { connect_id, data } => return self.on_data(connect_id, data),
             Packet::CloseResponse { connect_id, error } => {
                 if let Some(inbound) = self.remove_conn(connect_id) {
                     inbound.close(error);
@@ -177,6 +186,7 @@ impl AgentSession {
                 tracing::warn!(agent.id = %self.agent_id, packet = other.type_name(), "ignoring a packet agents do not send");
             }
         }
+        None
     }
 
     fn on_dial_response(&self, random: DialId, result: Result<ConnectId, String>) {
@@ -215,27 +225,41 @@ impl AgentSession {
         }
     }
 
-    fn on_data(&self, id: ConnectId, data: Bytes) {
-        let overflow = {
-            let t = self.tables();
-            let Some(inbound) = t.conns.get(&id) else {
-                drop(t);
-                // Upstream's answer to data for an unknown connection.
-                let _ = self.outbound.send(Packet::CloseRequest { connect_id: id });
-                return;
-            };
-            inbound.push(data).err()
+    fn on_data(&self, id: ConnectId, data: Bytes) -> Option<Blocked> {
+        let t = self.tables();
+        let Some(inbound) = t.conns.get(&id) else {
+            drop(t);
+            // Upstream's answer to data for an unknown connection.
+            let _ = self.outbound.send(Packet::CloseRequest { connect_id: id });
+            return None;
         };
-        if let Some(overflow) = overflow {
-            {
-                tracing::warn!(agent.id = %self.agent_id, connect.id = %id, %overflow, "closing a connection whose reader fell too far behind");
-                self.metrics.overflow_closes.inc();
-                if let Some(inbound) = self.remove_conn(id) {
-                    inbound.close(Some(overflow.to_string()));
-                }
-                let _ = self.outbound.send(Packet::CloseRequest { connect_id: id });
-            }
+        match inbound.push(data) {
+            Ok(()) => None,
+            Err(Full(data)) => Some(Blocked {
+                id,
+                inbound: inbound.clone(),
+                data,
+            }),
         }
+    }
+
+    /// Settles data that found its connection's queue full: waits for room where the flow
+    /// allows it, else closes that one connection with an error.
+    pub(crate) async fn unblock(&self, blocked: Blocked) {
+        let Blocked { id, inbound, data } = blocked;
+        let overflow = match inbound.wait_for_room(data.len()).await {
+            Ok(()) => match inbound.push(data) {
+                Ok(()) => return,
+                Err(_) => Overflow { limit: 0 },
+            },
+            Err(overflow) => overflow,
+        };
+        tracing::warn!(agent.id = %self.agent_id, connect.id = %id, %overflow, "closing a connection whose reader stopped taking data");
+        self.metrics.overflow_closes.inc();
+        if let Some(inbound) = self.remove_conn(id) {
+            inbound.close(Some(overflow.to_string()));
+        }
+        let _ = self.outbound.send(Packet::CloseRequest { connect_id: id });
     }
 
     /// The stream ended: fail every pending dial and end every connection with an error, so

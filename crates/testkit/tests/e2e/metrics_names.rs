@@ -82,37 +82,82 @@ fn declared(text: &str, prefix: &str) -> BTreeSet<String> {
 
 fn check(text: &str, prefix: &str, upstream: &[&str], required: &[&str]) {
     let names = declared(text, prefix);
-    let unknown: Vec<_> = names.iter().filter(|n| !upstream.contains(&n.as_str())).collect();
-    assert!(unknown.is_empty(), "metrics under {prefix} that upstream does not have: {unknown:?}");
+    let unknown: Vec<_> = names
+        .iter()
+        .filter(|n| !upstream.contains(&n.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "metrics under {prefix} that upstream does not have: {unknown:?}"
+    );
     let missing: Vec<_> = required.iter().filter(|n| !names.contains(**n)).collect();
-    assert!(missing.is_empty(), "upstream metrics missing under {prefix}: {missing:?}\n{text}");
+    assert!(
+        missing.is_empty(),
+        "upstream metrics missing under {prefix}: {missing:?}\n{text}"
+    );
 }
 
 #[tokio::test]
 async fn server_and_agent_expose_upstream_metric_names() {
     let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions { mode: Mode::HttpConnect, ..Default::default() }).await.unwrap();
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default()).await.unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
     server.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
-    let (stream, head) = http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
+    let (stream, head) =
+        http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     drop(echo_exact(stream, 1, 1000).await);
-    let (_s, head) = http_connect_uds(server.uds.as_ref().unwrap(), &refused_addr().to_string()).await;
+    let (_s, head) =
+        http_connect_uds(server.uds.as_ref().unwrap(), &refused_addr().to_string()).await;
     assert!(head.starts_with("HTTP/1.1 502"), "{head}");
 
     let text = server.metrics().await.unwrap();
-    check(&text, "konnectivity_network_proxy_server_", UPSTREAM_SERVER, SERVER_AFTER_TRAFFIC);
-    assert!(text.contains("konnectivity_network_proxy_server_dial_failure_count{reason=\"error_response\"} 1"), "{text}");
+    check(
+        &text,
+        "konnectivity_network_proxy_server_",
+        UPSTREAM_SERVER,
+        SERVER_AFTER_TRAFFIC,
+    );
+    assert!(
+        text.contains(
+            "konnectivity_network_proxy_server_dial_failure_count{reason=\"error_response\"} 1"
+        ),
+        "{text}"
+    );
     // The admin port serves the same registry.
-    let (status, admin) = tether_testkit::http::get(server.admin_addr, "/metrics").await.unwrap();
+    let (status, admin) = tether_testkit::http::get(server.admin_addr, "/metrics")
+        .await
+        .unwrap();
     assert_eq!(status, 200);
     assert!(admin.contains("konnectivity_network_proxy_server_established_connections"));
 
     let text = agent.metrics().await.unwrap();
-    check(&text, "konnectivity_network_proxy_agent_", UPSTREAM_AGENT, AGENT_AFTER_TRAFFIC);
-    assert!(text.contains("konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"unknown\"} 1"), "{text}");
+    check(
+        &text,
+        "konnectivity_network_proxy_agent_",
+        UPSTREAM_AGENT,
+        AGENT_AFTER_TRAFFIC,
+    );
+    assert!(
+        text.contains(
+            "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"unknown\"} 1"
+        ),
+        "{text}"
+    );
     // The agent's admin port redirects /metrics to the health port, as upstream.
-    let (status, _) = tether_testkit::http::get(agent.admin_addr, "/metrics").await.unwrap();
+    let (status, _) = tether_testkit::http::get(agent.admin_addr, "/metrics")
+        .await
+        .unwrap();
     assert_eq!(status, 301);
 }

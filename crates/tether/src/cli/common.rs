@@ -113,9 +113,16 @@ pub(crate) struct FlowArgs {
     pub(crate) connection_window: u64,
 
     /// Bytes one connection may queue from an upstream (Go) peer, which sends without
-    /// credit; a connection that exceeds it is closed alone. At least 128Ki.
+    /// credit. When it is full the stream waits for that connection (as upstream's always
+    /// does), at most --legacy-stall-timeout without progress. At least 128Ki.
     #[arg(long, value_name = "BYTES", default_value = "8Mi", value_parser = byte_size)]
     pub(crate) legacy_connection_buffer: u64,
+
+    /// How long a stream from an upstream (Go) peer waits for a connection whose buffer is
+    /// full and whose reader makes no progress; then that connection alone is closed with an
+    /// error and the stream moves on.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = go_duration)]
+    pub(crate) legacy_stall_timeout: std::time::Duration,
 }
 
 impl FlowArgs {
@@ -139,10 +146,14 @@ impl FlowArgs {
         }
         let legacy_buffer = usize::try_from(self.legacy_connection_buffer)
             .context("--legacy-connection-buffer is too large")?;
+        if self.legacy_stall_timeout.is_zero() {
+            bail!("--legacy-stall-timeout must be greater than 0");
+        }
         Ok(FlowConfig {
             window,
             legacy_buffer,
             local_window: window,
+            legacy_stall: self.legacy_stall_timeout,
         })
     }
 }
@@ -220,6 +231,7 @@ mod tests {
         let flow = |window, legacy| FlowArgs {
             connection_window: window,
             legacy_connection_buffer: legacy,
+            legacy_stall_timeout: std::time::Duration::from_secs(2),
         };
         let config = flow(1 << 20, 8 << 20).to_config().unwrap();
         assert_eq!(
