@@ -42,8 +42,6 @@ pub struct Config {
     pub admin_addr: SocketAddr,
     pub sync_interval: Duration,
     pub sync_interval_cap: Duration,
-    /// How often each server connection's liveness is checked.
-    pub probe_interval: Duration,
     /// Keep dialing for more servers even once the announced count is reached.
     pub sync_forever: bool,
     /// HTTP/2 PINGs to the server. Only used with tether servers: upstream servers punish

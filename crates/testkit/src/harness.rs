@@ -259,7 +259,6 @@ impl TestAgent {
             admin_addr: LOOPBACK_ANY.parse()?,
             sync_interval: opts.sync_interval,
             sync_interval_cap: Duration::from_secs(1),
-            probe_interval: Duration::from_secs(1),
             sync_forever: false,
             keepalive: Some(Keepalive {
                 interval: Duration::from_secs(5),

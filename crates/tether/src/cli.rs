@@ -6,7 +6,9 @@
 
 pub(crate) mod agent;
 mod common;
+pub(crate) mod dial;
 pub(crate) mod klog;
+pub(crate) mod quickstart;
 pub(crate) mod server;
 #[cfg(test)]
 mod testutil;
@@ -32,14 +34,19 @@ pub(crate) enum Command {
     /// Run a proxy agent (upstream's proxy-agent): tunnels to the servers, dialing
     /// destinations for them.
     Agent(agent::AgentArgs),
-    // `dial` and `quickstart` go here.
+    /// Open one tunnelled connection through a proxy server on stdin/stdout, like `nc`.
+    Dial(dial::DialArgs),
+    /// Start a server, an agent and a demo backend on loopback, and tunnel through them.
+    Quickstart(quickstart::QuickstartArgs),
 }
 
 impl Command {
-    pub(crate) fn klog(&self) -> &klog::KlogArgs {
+    /// klog flags, for the commands that stand in for upstream's binaries.
+    pub(crate) fn klog(&self) -> Option<&klog::KlogArgs> {
         match self {
-            Self::Server(args) => &args.klog,
-            Self::Agent(args) => &args.klog,
+            Self::Server(args) => Some(&args.klog),
+            Self::Agent(args) => Some(&args.klog),
+            Self::Dial(_) | Self::Quickstart(_) => None,
         }
     }
 }
@@ -144,7 +151,7 @@ mod tests {
             &["tether", "agent", "--v", "7"],
         ] {
             let cli = Cli::from_argv(argv.iter().map(OsString::from)).unwrap();
-            assert_eq!(cli.command.klog().v, 7, "{argv:?}");
+            assert_eq!(cli.command.klog().unwrap().v, 7, "{argv:?}");
         }
         let cli = Cli::from_argv(
             [
@@ -157,7 +164,7 @@ mod tests {
             .map(OsString::from),
         )
         .unwrap();
-        let klog = cli.command.klog();
+        let klog = cli.command.klog().unwrap();
         assert!(!klog.logtostderr && klog.alsologtostderr);
         assert_eq!(klog.log_file, "/tmp/x_y");
     }

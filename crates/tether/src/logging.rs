@@ -18,12 +18,22 @@ use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt as _};
 
 use crate::cli::klog::KlogArgs;
 
-/// Installs the global subscriber.
-pub(crate) fn init(klog: &KlogArgs) -> anyhow::Result<()> {
+/// Installs the global subscriber. Commands without klog flags (`dial`, `quickstart`) log
+/// warnings and errors to standard error.
+pub(crate) fn init(klog: Option<&KlogArgs>) -> anyhow::Result<()> {
+    let default = klog.map_or(LevelFilter::WARN, |k| level(k.v));
     let filter = EnvFilter::builder()
-        .with_default_directive(level(klog.v).into())
+        .with_default_directive(default.into())
         .from_env()
         .context("RUST_LOG")?;
+    let Some(klog) = klog else {
+        return tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init()
+            .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"));
+    };
     let (writer, ansi) = if klog.logtostderr || klog.log_file.is_empty() {
         (
             BoxMakeWriter::new(std::io::stderr),

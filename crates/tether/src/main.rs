@@ -6,7 +6,9 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod dial;
 mod logging;
+mod quickstart;
 mod signals;
 
 use std::process::ExitCode;
@@ -44,7 +46,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Server(args) => server(args.into_config()?, registry).await,
         Command::Agent(args) => agent(args.into_config()?, registry).await,
-        // `dial` and `quickstart` dispatch here.
+        Command::Dial(args) => dial::run(args).await,
+        Command::Quickstart(args) => quickstart::run(args).await,
     }
 }
 

@@ -310,7 +310,11 @@ mod tests {
         assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
         assert_eq!(
             http_date(UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
-            "Sun, 18 Nov 2026 10:26:40 GMT"
+            "Wed, 18 Nov 2026 11:06:40 GMT"
+        );
+        assert_eq!(
+            http_date(UNIX_EPOCH + Duration::from_secs(1_709_208_000)),
+            "Thu, 29 Feb 2024 12:00:00 GMT"
         );
     }
 }

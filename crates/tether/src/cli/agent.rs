@@ -124,7 +124,8 @@ pub(crate) struct AgentArgs {
     #[arg(long, help_heading = "Servers", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sync_forever: bool,
 
-    /// How often each server connection's liveness is checked.
+    /// Accepted for compatibility, no effect: upstream polls each connection's state at this
+    /// interval; a tether agent notices a broken server stream as it happens.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1s", value_parser = go_duration)]
     probe_interval: Duration,
 
@@ -310,7 +311,6 @@ impl AgentArgs {
             )?,
             sync_interval: self.sync_interval,
             sync_interval_cap: self.sync_interval_cap,
-            probe_interval: self.probe_interval,
             sync_forever: self.sync_forever,
             keepalive: (!self.server_ping_timeout.is_zero()).then_some(Keepalive {
                 interval: self.server_ping_interval,

@@ -63,7 +63,6 @@ fn upstream_test_runner_line_yields_a_valid_config() {
     );
     assert_eq!(config.sync_interval, Duration::from_millis(100));
     assert_eq!(config.sync_interval_cap, Duration::from_secs(1));
-    assert_eq!(config.probe_interval, Duration::from_millis(100));
     assert!(!config.sync_forever);
     let legacy = config.legacy_keepalive.unwrap();
     assert_eq!(
@@ -98,7 +97,6 @@ fn defaults_match_upstream() {
     );
     assert_eq!(config.sync_interval, Duration::from_secs(1));
     assert_eq!(config.sync_interval_cap, Duration::from_secs(10));
-    assert_eq!(config.probe_interval, Duration::from_secs(1));
     assert!(!config.agent_id.is_empty());
 }
 

@@ -1,0 +1,161 @@
+//! One `Proxy` call, driven by its own task: the dial, then the relay.
+//!
+//! The dial runs in the task rather than in the caller's future so that a caller who gives
+//! up (a timeout, or dropping the future) still gets its dial cancelled with DIAL_CLS.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use tether_grpc::{PacketReceiver, PacketSender, Status};
+use tether_proto::{ConnectId, DialId, Packet};
+use tokio::sync::oneshot;
+
+use crate::error::NO_AGENT;
+use crate::{ClientError, DialError, TunnelStream, relay, tunnel};
+
+/// How long to wait for the server to end a call after we ended ours.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// What the caller waiting for the dial receives.
+pub(crate) type DialResult = Result<TunnelStream, DialError>;
+
+/// Dials `address` on a freshly opened call and, once connected, relays until the tunnel
+/// ends. Ends with the call in every case.
+pub(crate) async fn run(
+    mut tx: PacketSender,
+    mut rx: PacketReceiver,
+    address: String,
+    mut result: oneshot::Sender<DialResult>,
+) {
+    let random = random_dial_id();
+    match dial(&mut tx, &mut rx, address, random, &mut result).await {
+        Dialed::Connected(connect_id) => {
+            let (stream, task_side) = tunnel::pair(connect_id);
+            // A caller that left meanwhile drops the stream, which closes the tunnel.
+            let _ = result.send(Ok(stream));
+            relay::run(tx, rx, connect_id, task_side).await;
+        }
+        Dialed::Failed(error) => {
+            let _ = result.send(Err(error));
+            end(tx, rx, None).await;
+        }
+        Dialed::Abandoned => {
+            tracing::debug!(%random, "dial abandoned by the caller, sending DIAL_CLS");
+            end(tx, rx, Some(Packet::CloseDial { random })).await;
+        }
+    }
+}
+
+/// Sends `last`, ends our side of the call, then waits for the server to end its side; all
+/// within [`LINGER`], so a stuck server cannot keep the task alive.
+///
+/// Dropping a call the server has not ended makes h2 reset the stream, and a reset discards
+/// packets still queued for sending, such as a final DIAL_CLS. Upstream servers also expect
+/// the client to end the call after their last packet.
+pub(crate) async fn end(mut tx: PacketSender, mut rx: PacketReceiver, last: Option<Packet>) {
+    let _ = tokio::time::timeout(LINGER, async {
+        if let Some(packet) = last
+            && tx.send(&packet).await.is_err()
+        {
+            return;
+        }
+        if tx.finish(&Status::ok()).is_err() {
+            return;
+        }
+        loop {
+            match rx.next().await {
+                None => return,
+                Some(Err(e)) if !e.is_bad_packet() => return,
+                Some(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
+/// How the dial phase ended.
+enum Dialed {
+    Connected(ConnectId),
+    Failed(DialError),
+    /// The caller stopped waiting.
+    Abandoned,
+}
+
+/// Sends DIAL_REQ and waits for its answer, or for the caller to give up.
+async fn dial(
+    tx: &mut PacketSender,
+    rx: &mut PacketReceiver,
+    address: String,
+    random: DialId,
+    result: &mut oneshot::Sender<DialResult>,
+) -> Dialed {
+    let request = Packet::DialRequest {
+        protocol: "tcp".to_owned(),
+        address,
+        random,
+    };
+    // Sending waits for HTTP/2 capacity, so the caller may give up meanwhile too.
+    let sent = tokio::select! {
+        () = result.closed() => return Dialed::Abandoned,
+        sent = tx.send(&request) => sent,
+    };
+    if let Err(e) = sent {
+        return Dialed::Failed(e.into());
+    }
+    loop {
+        let next = tokio::select! {
+            () = result.closed() => return Dialed::Abandoned,
+            next = rx.next() => next,
+        };
+        match next {
+            Some(Ok(Packet::DialResponse { random: r, result })) if r == random => {
+                return match result {
+                    Ok(connect_id) => Dialed::Connected(connect_id),
+                    Err(message) if message == NO_AGENT => Dialed::Failed(DialError::NoAgent),
+                    Err(message) => Dialed::Failed(DialError::Endpoint { message }),
+                };
+            }
+            Some(Ok(Packet::CloseDial { random: r })) if r == random => {
+                return Dialed::Failed(DialError::DialClosed);
+            }
+            // Nothing else concerns a pending dial (upstream's client ignores it too).
+            Some(Ok(packet)) => {
+                tracing::debug!(
+                    packet = packet.type_name(),
+                    "ignoring a packet while dialing"
+                );
+            }
+            Some(Err(e)) if e.is_bad_packet() => {
+                tracing::debug!(error = %e, "ignoring a malformed packet while dialing");
+            }
+            Some(Err(e)) => return Dialed::Failed(e.into()),
+            None => {
+                let closed =
+                    ClientError::Closed("the stream ended before the dial response".into());
+                return Dialed::Failed(closed.into());
+            }
+        }
+    }
+}
+
+/// A non-negative dial ID, like the Go client's `rand.Int63`.
+fn random_dial_id() -> DialId {
+    // Each `RandomState` gets distinct keys (random per thread, then counted up), so hashing
+    // nothing yields a fresh pseudo-random value.
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    DialId(i64::try_from(random >> 1).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dial_ids_are_non_negative_and_vary() {
+        let ids: std::collections::HashSet<i64> = (0..1000).map(|_| random_dial_id().0).collect();
+        assert!(ids.iter().all(|id| *id >= 0));
+        assert_eq!(ids.len(), 1000);
+    }
+}

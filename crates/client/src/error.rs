@@ -1,0 +1,82 @@
+//! Errors: [`ClientError`] for the way to the proxy server, [`DialError`] for one dial.
+
+use std::io;
+
+use tether_grpc::GrpcError;
+
+/// The dial error text a proxy server answers when it has no agent to dial through. The gRPC
+/// frontend sends it as the DIAL_RSP error; HTTP CONNECT puts it in a 500 body.
+pub(crate) const NO_AGENT: &str = "No agent available";
+
+/// Reaching or talking to the proxy server failed; nothing was learnt about the destination.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("connecting to {target}: {source}")]
+    Connect {
+        target: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid TLS server name {0:?}")]
+    ServerName(String),
+    #[error("TLS handshake with {server_name}: {source}")]
+    Tls {
+        server_name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("gRPC: {0}")]
+    Grpc(#[from] GrpcError),
+    #[error("i/o with the proxy server: {0}")]
+    Io(#[from] io::Error),
+    /// The proxy server ended the conversation before answering.
+    #[error("proxy server closed: {0}")]
+    Closed(String),
+    /// The proxy server answered something the protocol does not allow.
+    #[error("protocol violation by the proxy server: {0}")]
+    Protocol(String),
+}
+
+/// Why a dial produced no connection.
+///
+/// The variants tell a *dial failure* from a *tunnel failure*, which callers handle
+/// differently (kube-apiserver labels them `proxy` and `connect`, and only a tunnel failure
+/// is a reason to reconnect to the proxy server):
+/// - dial failures, where the proxy server answered and the destination could not be
+///   reached through it: [`NoAgent`](Self::NoAgent), [`Endpoint`](Self::Endpoint),
+///   [`Rejected`](Self::Rejected), [`DialClosed`](Self::DialClosed);
+/// - tunnel failures, where the answer never came: [`Proxy`](Self::Proxy),
+///   [`Timeout`](Self::Timeout);
+/// - [`InvalidAddress`](Self::InvalidAddress): nothing was sent.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The proxy server has no agent that could dial the destination.
+    #[error("{NO_AGENT}")]
+    NoAgent,
+    /// The agent's dial failed; `message` is its error text, e.g.
+    /// `dial tcp 10.0.0.1:443: connect: connection refused`.
+    #[error("{message}")]
+    Endpoint { message: String },
+    /// The HTTP CONNECT frontend answered with a status other than 200. For 502, 503 and 504
+    /// the body is the agent's dial error text.
+    #[error("proxy server answered HTTP {status}: {}", body.trim_end())]
+    Rejected { status: u16, body: String },
+    /// The proxy server abandoned the dial (DIAL_CLS), e.g. because the agent went away.
+    #[error("dial closed by the proxy server")]
+    DialClosed,
+    /// No dial response within the deadline. The dial was cancelled with DIAL_CLS.
+    #[error("timed out waiting for the dial response")]
+    Timeout,
+    /// The destination cannot be put into a request (HTTP CONNECT needs a bare `host:port`).
+    #[error("invalid destination address {0:?}")]
+    InvalidAddress(String),
+    /// The proxy server could not be reached or broke the protocol.
+    #[error(transparent)]
+    Proxy(#[from] ClientError),
+}
+
+impl From<GrpcError> for DialError {
+    fn from(e: GrpcError) -> Self {
+        Self::Proxy(ClientError::Grpc(e))
+    }
+}

@@ -1,0 +1,74 @@
+//! [`GrpcClient`]: dials through a proxy server's gRPC frontend.
+
+use std::time::Duration;
+
+use tether_grpc::H2Settings;
+use tether_grpc::client::Channel;
+use tokio::sync::oneshot;
+
+use crate::{ClientError, DialError, Transport, TunnelStream, call};
+
+/// How long a dial may wait for its DIAL_RSP: the Go client's backstop.
+pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client of the gRPC frontend (`ProxyService.Proxy`).
+///
+/// One HTTP/2 connection carries one `Proxy` call per dial, like the Go client's
+/// `CreateGRPCTunnel` and kube-apiserver's newer GRPC dialer: upstream servers support one
+/// connection per call, and one connection saves a handshake per dial. Clones share the
+/// connection, and dials may run concurrently. Once [`is_closed`](Self::is_closed) turns
+/// true every dial fails; connect again.
+#[derive(Clone, Debug)]
+pub struct GrpcClient {
+    channel: Channel,
+}
+
+impl GrpcClient {
+    /// Connects to the frontend and performs the HTTP/2 handshake (h2c over a Unix socket,
+    /// ALPN `h2` over TLS). There is no deadline of its own: wrap it in
+    /// `tokio::time::timeout` (kube-apiserver allows 30 s).
+    pub async fn connect(transport: &Transport) -> Result<Self, ClientError> {
+        let socket = transport.connect(b"h2").await?;
+        let channel = Channel::handshake(
+            socket,
+            &H2Settings::frontend(),
+            transport.authority(),
+            transport.is_tls(),
+        )
+        .await?;
+        Ok(Self { channel })
+    }
+
+    /// Dials `address` (`host:port`, TCP) through the proxy, waiting at most
+    /// [`DEFAULT_DIAL_TIMEOUT`] for the answer.
+    pub async fn dial(&self, address: &str) -> Result<TunnelStream, DialError> {
+        self.dial_with_timeout(address, DEFAULT_DIAL_TIMEOUT).await
+    }
+
+    /// Dials `address`, giving up after `timeout`. A dial given up on, by the timeout or by
+    /// dropping this future, is cancelled with DIAL_CLS so the server forgets it.
+    pub async fn dial_with_timeout(
+        &self,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<TunnelStream, DialError> {
+        tokio::time::timeout(timeout, self.open(address))
+            .await
+            .unwrap_or(Err(DialError::Timeout))
+    }
+
+    /// True once the HTTP/2 connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.channel.is_closed()
+    }
+
+    async fn open(&self, address: &str) -> Result<TunnelStream, DialError> {
+        let (tx, rx) = self.channel.call(tether_proto::path::PROXY, &[]).await?;
+        let (result_tx, result_rx) = oneshot::channel();
+        tokio::spawn(call::run(tx, rx, address.to_owned(), result_tx));
+        result_rx.await.unwrap_or_else(|_| {
+            let gone = ClientError::Closed("the call's task ended before the dial response".into());
+            Err(gone.into())
+        })
+    }
+}
