@@ -1,0 +1,171 @@
+//! Every frontend over every transport, driven by tether's client library.
+
+use std::sync::Arc;
+
+use tether_client::{DialError, GrpcClient, Transport as ClientTransport};
+use tether_server::Mode;
+use tether_testkit::targets::{EchoServer, refused_addr};
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::STEP;
+use crate::support::echo_exact;
+
+const BIG: usize = 64 << 20;
+
+fn client_transport(pki: &Pki, server: &TestServer, client_cert: bool) -> ClientTransport {
+    match &server.uds {
+        Some(path) => ClientTransport::Unix(path.clone()),
+        None => {
+            let f = &pki.files;
+            let cert = client_cert.then_some((f.client_cert.as_path(), f.client_key.as_path()));
+            ClientTransport::Tls {
+                addr: server.frontend_tcp.unwrap().to_string(),
+                server_name: "127.0.0.1".into(),
+                tls: tether_tls::client_config(&f.ca_cert, cert, Vec::new(), &Default::default())
+                    .unwrap(),
+            }
+        }
+    }
+}
+
+/// Dials through whichever frontend the server has.
+async fn dial(
+    mode: Mode,
+    transport: &ClientTransport,
+    target: &str,
+) -> Result<Box<dyn Stream>, DialError> {
+    Ok(match mode {
+        Mode::Grpc => Box::new(GrpcClient::connect(transport).await?.dial(target).await?),
+        Mode::HttpConnect => Box::new(tether_client::dial_http_connect(transport, target).await?),
+    })
+}
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+async fn frontend_round_trip(mode: Mode, transport: Transport) {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode,
+            transport,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let client = client_transport(&pki, &server, true);
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+
+    // No agent yet.
+    assert!(matches!(
+        dial(mode, &client, &target).await.err(),
+        Some(DialError::NoAgent)
+    ));
+
+    let _agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    server.wait_ready().await.unwrap();
+    let stream = dial(mode, &client, &target).await.unwrap();
+    let stream = echo_exact(stream, 1, 100).await;
+    // 64 MiB each way, byte for byte.
+    drop(echo_exact(stream, 2, BIG).await);
+
+    // A refused destination surfaces the agent's dial error text.
+    let refused = refused_addr();
+    let expected = format!("dial tcp {refused}: connect: connection refused");
+    match dial(mode, &client, &refused.to_string()).await.err() {
+        Some(DialError::Endpoint { message }) => assert_eq!(message, expected),
+        Some(DialError::Rejected { status: 502, body }) => assert_eq!(body, expected),
+        other => panic!("expected the dial error, got {other:?}"),
+    }
+
+    // TCP frontends require a client certificate.
+    if transport == Transport::Tls {
+        let anonymous = client_transport(&pki, &server, false);
+        let refused = tokio::time::timeout(STEP, dial(mode, &anonymous, &target))
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused.err(), Some(DialError::Proxy(_))),
+            "a client without a certificate must be refused"
+        );
+        let other_ca = Pki::generate().unwrap();
+        let stranger = client_transport(&other_ca, &server, true);
+        let refused = tokio::time::timeout(STEP, dial(mode, &stranger, &target))
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused.err(), Some(DialError::Proxy(_))),
+            "a certificate from another CA must be refused"
+        );
+    }
+}
+
+#[tokio::test]
+async fn grpc_over_uds() {
+    frontend_round_trip(Mode::Grpc, Transport::Uds).await;
+}
+
+#[tokio::test]
+async fn grpc_over_mtls_tcp() {
+    frontend_round_trip(Mode::Grpc, Transport::Tls).await;
+}
+
+#[tokio::test]
+async fn http_connect_over_uds() {
+    frontend_round_trip(Mode::HttpConnect, Transport::Uds).await;
+}
+
+#[tokio::test]
+async fn http_connect_over_mtls_tcp() {
+    frontend_round_trip(Mode::HttpConnect, Transport::Tls).await;
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_connections_across_two_agents() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
+    let a = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    let b = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    a.wait_ready().await.unwrap();
+    b.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let client = Arc::new(
+        GrpcClient::connect(&client_transport(&pki, &server, true))
+            .await
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..200u64)
+        .map(|seed| {
+            let client = client.clone();
+            let target = echo.addr.to_string();
+            tokio::spawn(async move {
+                let stream = client.dial(&target).await.unwrap();
+                drop(echo_exact(stream, seed, 256 * 1024).await);
+            })
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(STEP * 4, task).await.unwrap().unwrap();
+    }
+    let (da, db) = (
+        crate::support::agent_dials(&a).await,
+        crate::support::agent_dials(&b).await,
+    );
+    assert_eq!(da + db, 200.0);
+    assert!(
+        da > 0.0 && db > 0.0,
+        "both agents carry connections ({da} / {db})"
+    );
+}
