@@ -8,6 +8,7 @@
 pub mod balancer;
 pub mod harness;
 pub mod http;
+pub mod process;
 pub mod targets;
 
 pub use harness::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};

@@ -1,0 +1,168 @@
+//! Servers and agents as separate processes of the real `tether` binary, for tests that
+//! kill, stop or signal them.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::Pki;
+
+/// A free loopback port: bound, read, released. The small race with other binders is
+/// acceptable on a test machine and avoids parsing logs for kernel-chosen ports.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A running `tether` process; killed when dropped.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    pub pid: u32,
+    pub health: SocketAddr,
+}
+
+impl Process {
+    async fn spawn(bin: &Path, args: Vec<String>, health: SocketAddr) -> anyhow::Result<Self> {
+        let child = Command::new(bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("RUST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("process exited at once"))?;
+        Ok(Self { child, pid, health })
+    }
+
+    /// Sends a signal by name (`TERM`, `KILL`, `STOP`, `CONT`, `INT`).
+    pub async fn signal(&self, name: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid.to_string())
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "kill -{name} {} failed", self.pid);
+        Ok(())
+    }
+
+    /// Waits for the process to exit, at most `timeout`; returns its exit code.
+    pub async fn wait(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let status = tokio::time::timeout(timeout, self.child.wait()).await??;
+        Ok(status.code())
+    }
+
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        Ok(crate::http::get(self.health, "/metrics").await?.1)
+    }
+
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        crate::http::wait_for_200(self.health, "/readyz", Duration::from_secs(30)).await
+    }
+}
+
+/// Which frontend a server process offers.
+#[derive(Clone, Debug)]
+pub enum Frontend {
+    /// HTTP CONNECT over mutual TLS on a free loopback port.
+    HttpConnectTls,
+    /// gRPC on this Unix socket.
+    GrpcUds(PathBuf),
+}
+
+/// Addresses of a server process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    pub process: Process,
+    pub agent_addr: SocketAddr,
+    /// Set for [`Frontend::HttpConnectTls`].
+    pub frontend_tcp: Option<SocketAddr>,
+}
+
+/// Starts `tether server` on free ports with the given frontend, plus `extra` flags.
+pub async fn spawn_server(
+    bin: &Path,
+    pki: &Pki,
+    frontend: Frontend,
+    extra: &[&str],
+) -> anyhow::Result<ServerProcess> {
+    let f = &pki.files;
+    let (agent, health, admin) = (free_port(), free_port(), free_port());
+    let mut args: Vec<String> = vec!["server".into()];
+    let mut frontend_tcp = None;
+    match frontend {
+        Frontend::HttpConnectTls => {
+            let port = free_port();
+            frontend_tcp = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+            args.extend([
+                "--mode=http-connect".to_owned(),
+                format!("--server-port={port}"),
+                "--server-bind-address=127.0.0.1".into(),
+                format!("--server-cert={}", f.server_cert.display()),
+                format!("--server-key={}", f.server_key.display()),
+                format!("--server-ca-cert={}", f.ca_cert.display()),
+            ]);
+        }
+        Frontend::GrpcUds(path) => {
+            args.extend([
+                "--mode=grpc".to_owned(),
+                format!("--uds-name={}", path.display()),
+                "--server-port=0".into(),
+            ]);
+        }
+    }
+    args.extend([
+        format!("--agent-port={agent}"),
+        "--agent-bind-address=127.0.0.1".into(),
+        format!("--cluster-cert={}", f.server_cert.display()),
+        format!("--cluster-key={}", f.server_key.display()),
+        format!("--cluster-ca-cert={}", f.ca_cert.display()),
+        format!("--health-port={health}"),
+        "--health-bind-address=127.0.0.1".into(),
+        format!("--admin-port={admin}"),
+    ]);
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let health_addr = SocketAddr::from(([127, 0, 0, 1], health));
+    Ok(ServerProcess {
+        process: Process::spawn(bin, args, health_addr).await?,
+        agent_addr: SocketAddr::from(([127, 0, 0, 1], agent)),
+        frontend_tcp,
+    })
+}
+
+/// Starts `tether agent` against `server_agent_addr`, plus `extra` flags.
+pub async fn spawn_agent(
+    bin: &Path,
+    pki: &Pki,
+    server_agent_addr: SocketAddr,
+    extra: &[&str],
+) -> anyhow::Result<Process> {
+    let f = &pki.files;
+    let (health, admin) = (free_port(), free_port());
+    let mut args: Vec<String> = vec![
+        "agent".into(),
+        format!("--proxy-server-host={}", server_agent_addr.ip()),
+        format!("--proxy-server-port={}", server_agent_addr.port()),
+        format!("--ca-cert={}", f.ca_cert.display()),
+        format!("--agent-cert={}", f.agent_cert.display()),
+        format!("--agent-key={}", f.agent_key.display()),
+        "--health-server-host=127.0.0.1".into(),
+        format!("--health-server-port={health}"),
+        format!("--admin-server-port={admin}"),
+        "--sync-interval=100ms".into(),
+        "--sync-interval-cap=1s".into(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Process::spawn(bin, args, SocketAddr::from(([127, 0, 0, 1], health))).await
+}
