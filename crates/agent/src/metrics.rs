@@ -37,46 +37,46 @@ impl AgentMetrics {
             ),
             endpoint_dial_failures: registry.counter_vec(
                 &name("endpoint_dial_failure_total"),
-                "Number of failures dialing the remote endpoint, by reason",
+                "Number of failures dialing the remote endpoint, by reason (example: timeout).",
                 &["reason"],
             ),
             open_server_connections: registry.gauge(
                 &name("open_server_connections"),
-                "Current number of open server connections",
+                "Current number of open server connections.",
             ),
             known_server_count: registry.gauge(
                 &name("known_server_count"),
-                "Current number of proxy servers the agent should connect to",
+                "Current number of servers agent is trying to connect to.",
             ),
             open_endpoint_connections: registry.gauge(
                 &name("open_endpoint_connections"),
-                "Current number of open endpoint connections",
+                "Current number of open endpoint connections.",
             ),
             stream_packets: registry.counter_vec(
                 &name("stream_packets_total"),
-                "Count of packets processed, by segment and packet type",
+                "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
                 &["segment", "packet_type"],
             ),
             stream_errors: registry.counter_vec(
                 &name("stream_errors_total"),
-                "Count of gRPC stream errors, by segment, code and packet type",
+                "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
                 &["segment", "code", "packet_type"],
             ),
             server_connection_failures: registry.counter_vec(
                 &name("server_connection_failure_count"),
-                "Count of failures on server connections, by direction (deprecated)",
+                "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
                 &["direction"],
             ),
         };
         // Upstream registers the lease metrics; tether counts servers from responses only.
         registry.counter_vec(
             &name("lease_lists_total"),
-            "Count of lease list calls, by response code and reason",
+            "Count of server lease list calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
             &["http_response_code", "reason"],
         );
         registry.counter_vec(
             &name("lease_watches_total"),
-            "Count of lease watch calls, by response code and reason",
+            "Count of server lease watch calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
             &["http_response_code", "reason"],
         );
         m.known_server_count.set(1);

@@ -97,7 +97,7 @@ impl ServerMetrics {
             ),
             grpc_connections: registry.gauge_vec(
                 &name("grpc_connections"),
-                "Number of current grpc connections, partitioned by service method",
+                "Number of current grpc connections, partitioned by service method.",
                 &["service_method"],
             ),
             http_connections: registry.gauge(
@@ -106,11 +106,11 @@ impl ServerMetrics {
             ),
             ready_backend_connections: registry.gauge(
                 &name("ready_backend_connections"),
-                "Number of konnectivity agent connected to the proxy server (deprecated)",
+                "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
             ),
             ready_backends: registry.gauge_vec(
                 &name("ready_backends"),
-                "Number of konnectivity agents connected, per proxy strategy",
+                "Number of konnectivity agent connected to the proxy server",
                 &["proxy_strategy"],
             ),
             pending_dials: registry.gauge(
@@ -119,21 +119,21 @@ impl ServerMetrics {
             ),
             established: registry.gauge(
                 &name("established_connections"),
-                "Current number of established end-to-end connections",
+                "Current number of established end-to-end connections (post-dial).",
             ),
             dial_failures: registry.counter_vec(
                 &name("dial_failure_count"),
-                "Number of dial failures observed, by reason",
+                "Number of dial failures observed. Multiple failures can occur for a single dial request.",
                 &["reason"],
             ),
             stream_packets: registry.counter_vec(
                 &name("stream_packets_total"),
-                "Count of packets processed, by segment and packet type",
+                "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
                 &["segment", "packet_type"],
             ),
             stream_errors: registry.counter_vec(
                 &name("stream_errors_total"),
-                "Count of gRPC stream errors, by segment, code and packet type",
+                "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
                 &["segment", "code", "packet_type"],
             ),
             overflow_closes: registry.counter(
@@ -142,14 +142,15 @@ impl ServerMetrics {
             ),
         };
         // Upstream exposes these even when they stay at zero; keep the names present.
+        // full_receive_channels stays 0: tether never blocks a stream reader.
         registry.gauge_vec(
             &name("full_receive_channels"),
-            "Number of current connections blocked on a full receive channel (always 0: tether never blocks a stream reader)",
+            "Number of current connections blocked by a full receive channel, partitioned by service method.",
             &["service_method"],
         );
         registry.counter(
             &name("culled_leases_count"),
-            "Count of expired leases that the lease garbage collector deleted",
+            "Count of expired leases that the lease garbage collection controller has culled.",
         );
         for method in ["Proxy", "Connect"] {
             m.grpc_connections.with(&[method]).set(0);

@@ -70,6 +70,28 @@ const AGENT_AFTER_TRAFFIC: &[&str] = &[
     "stream_packets_total",
 ];
 
+/// `# HELP` lines that upstream's test helpers (`pkg/testing/metrics`, used by its integration
+/// suite against an external agent) and `promtest.ScrapeAndCompare` users compare byte for byte.
+const UPSTREAM_HELP: &[&str] = &[
+    "# HELP konnectivity_network_proxy_server_dial_failure_count Number of dial failures observed. Multiple failures can occur for a single dial request.",
+    "# HELP konnectivity_network_proxy_server_pending_backend_dials Current number of pending backend dial requests",
+    "# HELP konnectivity_network_proxy_server_ready_backend_connections Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
+    "# HELP konnectivity_network_proxy_server_ready_backends Number of konnectivity agent connected to the proxy server",
+    "# HELP konnectivity_network_proxy_server_established_connections Current number of established end-to-end connections (post-dial).",
+    "# HELP konnectivity_network_proxy_agent_endpoint_dial_failure_total Number of failures dialing the remote endpoint, by reason (example: timeout).",
+    "# HELP konnectivity_network_proxy_agent_open_endpoint_connections Current number of open endpoint connections.",
+    "# HELP konnectivity_network_proxy_agent_open_server_connections Current number of open server connections.",
+];
+
+fn check_help(text: &str, prefix: &str) {
+    for want in UPSTREAM_HELP.iter().filter(|l| l.contains(prefix)) {
+        assert!(
+            text.lines().any(|l| l == *want),
+            "HELP differs from upstream's, want {want:?}\n{text}"
+        );
+    }
+}
+
 /// Names declared with `# TYPE` under `prefix`, without the prefix.
 fn declared(text: &str, prefix: &str) -> BTreeSet<String> {
     text.lines()
@@ -129,6 +151,7 @@ async fn server_and_agent_expose_upstream_metric_names() {
         UPSTREAM_SERVER,
         SERVER_AFTER_TRAFFIC,
     );
+    check_help(&text, "konnectivity_network_proxy_server_");
     assert!(
         text.contains(
             "konnectivity_network_proxy_server_dial_failure_count{reason=\"error_response\"} 1"
@@ -149,6 +172,7 @@ async fn server_and_agent_expose_upstream_metric_names() {
         UPSTREAM_AGENT,
         AGENT_AFTER_TRAFFIC,
     );
+    check_help(&text, "konnectivity_network_proxy_agent_");
     assert!(
         text.contains(
             "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"unknown\"} 1"
