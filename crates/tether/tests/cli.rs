@@ -1,6 +1,6 @@
 //! The built binary: exit codes, error messages, upstream binary names and signals.
 
-use std::io::{BufRead as _, BufReader};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -185,7 +185,18 @@ fn server_stops_on_a_signal_and_exits_1_on_a_second() {
     // A live frontend connection keeps the server in its grace period until the second
     // signal, which ends it at once, as upstream does.
     let mut server = start_server(&files, &socket, &["--graceful-shutdown-timeout=1m"]);
-    let _client = UnixStream::connect(&socket).unwrap();
+    let mut client = UnixStream::connect(&socket).unwrap();
+    // Make sure the server is serving this connection, not just holding it in the backlog:
+    // send the HTTP/2 preface and an empty SETTINGS frame and read the server's SETTINGS.
+    client
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut frame_header = [0u8; 9];
+    client.read_exact(&mut frame_header).unwrap();
+    assert_eq!(frame_header[3], 0x4, "the server's first frame is SETTINGS");
     server.signal("TERM");
     server.wait_for("draining live connections");
     server.signal("INT");
