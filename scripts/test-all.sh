@@ -27,7 +27,7 @@ step "lint"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "tests"
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
 
 echo
 echo "all checks passed in $((SECONDS - started)) s"
