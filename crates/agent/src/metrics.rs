@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tether_observe::metrics::{CounterVec, Gauge, Histogram, Registry};
+use tether_observe::metrics::{Counter, CounterVec, Gauge, Histogram, Registry};
 
 const PREFIX: &str = "konnectivity_network_proxy_agent_";
 
@@ -17,6 +17,8 @@ pub(crate) struct AgentMetrics {
     stream_packets: Arc<CounterVec>,
     stream_errors: Arc<CounterVec>,
     server_connection_failures: Arc<CounterVec>,
+    /// tether: in-flight dials abandoned because the server cancelled them (DIAL_CLS).
+    pub(crate) dials_cancelled: Arc<Counter>,
 }
 
 /// Why an endpoint dial failed: upstream's `reason` label.
@@ -66,6 +68,10 @@ impl AgentMetrics {
                 &name("server_connection_failure_count"),
                 "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
                 &["direction"],
+            ),
+            dials_cancelled: registry.counter(
+                "tether_agent_dials_cancelled_total",
+                "In-flight dials abandoned because the server cancelled them (DIAL_CLS)",
             ),
         };
         // Upstream registers the lease metrics; tether counts servers from responses only.

@@ -205,7 +205,10 @@ impl ServerSession {
             t.open
         };
         let stream = match dialed {
-            None => return,
+            None => {
+                self.metrics.dials_cancelled.inc();
+                return;
+            }
             Some(Err((reason, error))) => {
                 tracing::debug!(%address, %error, "dial failed");
                 self.metrics.endpoint_dial_failure(reason);

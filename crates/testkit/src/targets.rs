@@ -146,3 +146,40 @@ impl Drop for SourceServer {
         self.task.abort();
     }
 }
+
+/// A loopback address whose connects hang: a listener with a backlog of one that is never
+/// accepted from and already holds a connection, so Linux drops further SYNs and the
+/// dialer waits. Stays on loopback, unlike upstream's blackhole tests.
+#[derive(Debug)]
+pub struct Blackhole {
+    pub addr: SocketAddr,
+    _listener: tokio::net::TcpListener,
+    _fillers: Vec<tokio::net::TcpStream>,
+}
+
+impl Blackhole {
+    pub async fn start() -> std::io::Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind("127.0.0.1:0".parse().expect("loopback"))?;
+        let listener = socket.listen(1)?;
+        let addr = listener.local_addr()?;
+        // Fill the accept queue (a backlog of 1 admits 2); further SYNs are dropped.
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            match tokio::time::timeout(
+                std::time::Duration::from_millis(200),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            {
+                Ok(Ok(stream)) => fillers.push(stream),
+                _ => break,
+            }
+        }
+        Ok(Self {
+            addr,
+            _listener: listener,
+            _fillers: fillers,
+        })
+    }
+}
