@@ -317,3 +317,42 @@ async fn graceful_shutdown_lets_live_connections_finish_then_cuts_them() {
     );
     assert_eq!(server.process.wait(STEP).await.unwrap(), Some(0));
 }
+
+#[tokio::test]
+async fn frozen_server_is_detected_by_the_agent() {
+    let pki = Pki::generate().unwrap();
+    let server = spawn_server(bin(), &pki, Frontend::HttpConnectTls, &[])
+        .await
+        .unwrap();
+    let agent = spawn_agent(
+        bin(),
+        &pki,
+        server.agent_addr,
+        &["--server-ping-interval=1s", "--server-ping-timeout=2s"],
+    )
+    .await
+    .unwrap();
+    agent.wait_ready().await.unwrap();
+    const SERVERS: &str = "konnectivity_network_proxy_agent_open_server_connections";
+    assert_eq!(gauge(&agent, SERVERS).await, 1.0);
+
+    server.process.signal("STOP").await.unwrap();
+    let detected = until("the agent drops the frozen server", || async {
+        gauge(&agent, SERVERS).await == 0.0
+    })
+    .await;
+    eprintln!("frozen server dropped by the agent after {detected:?} (ping every 1s, timeout 2s)");
+    assert!(
+        detected < Duration::from_secs(10),
+        "detected in {detected:?}"
+    );
+    let (status, _) = tether_testkit::http::get(agent.health, "/readyz")
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "an agent without servers is not ready");
+    server.process.signal("CONT").await.unwrap();
+    until("the agent reconnects", || async {
+        gauge(&agent, SERVERS).await == 1.0
+    })
+    .await;
+}
