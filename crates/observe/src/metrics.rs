@@ -190,6 +190,17 @@ impl<M> MetricVec<M> {
         }
     }
 
+    /// Drops the child for these label values, e.g. when the agent a series described left.
+    /// A handle obtained earlier keeps working but is no longer exported.
+    pub fn remove(&self, values: &[&str]) {
+        let mut children = lock(&self.children);
+        if let Ok(i) = children
+            .binary_search_by(|(key, _)| key.iter().map(String::as_str).cmp(values.iter().copied()))
+        {
+            children.remove(i);
+        }
+    }
+
     /// Writes the family, or nothing at all when it has no children (as client_golang does).
     fn render(
         &self,

@@ -37,6 +37,15 @@ impl DialFailure {
     }
 }
 
+/// Who ended a tunnelled connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Initiator {
+    /// The frontend's client (kube-apiserver) closed or went away.
+    Client,
+    /// The agent closed: the destination ended, failed, or the agent was lost.
+    Agent,
+}
+
 /// Stream segments, the `segment` label.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Segment {
@@ -74,6 +83,12 @@ pub(crate) struct ServerMetrics {
     stream_errors: Arc<CounterVec>,
     /// tether: connections closed by the server because their peer overran its buffer.
     pub(crate) overflow_closes: Arc<Counter>,
+    /// tether: bytes received from each agent and not yet written to frontends.
+    pub(crate) agent_queued_bytes: Arc<GaugeVec>,
+    /// tether: dials waiting for each agent's answer.
+    pub(crate) agent_pending_dials: Arc<GaugeVec>,
+    /// tether: how tunnelled connections ended.
+    connection_closes: Arc<CounterVec>,
 }
 
 impl ServerMetrics {
@@ -140,6 +155,21 @@ impl ServerMetrics {
                 "tether_server_connection_overflow_closes_total",
                 "Connections closed because a peer without flow control overran the per-connection buffer",
             ),
+            agent_queued_bytes: registry.gauge_vec(
+                "tether_server_agent_queued_bytes",
+                "Bytes received from an agent and not yet written to frontends, per agent",
+                &["agent_id"],
+            ),
+            agent_pending_dials: registry.gauge_vec(
+                "tether_server_agent_pending_dials",
+                "Dials waiting for an agent's answer, per agent",
+                &["agent_id"],
+            ),
+            connection_closes: registry.counter_vec(
+                "tether_server_connection_closes_total",
+                "Tunnelled connections that ended, by who ended them (client, agent) and how (normal, error)",
+                &["initiator", "outcome"],
+            ),
         };
         // Upstream exposes these even when they stay at zero; keep the names present.
         // full_receive_channels stays 0: tether never blocks a stream reader.
@@ -156,6 +186,22 @@ impl ServerMetrics {
             m.grpc_connections.with(&[method]).set(0);
         }
         m
+    }
+
+    /// Counts a tunnelled connection's end.
+    pub(crate) fn connection_closed(&self, initiator: Initiator, error: bool) {
+        let initiator = match initiator {
+            Initiator::Client => "client",
+            Initiator::Agent => "agent",
+        };
+        let outcome = if error { "error" } else { "normal" };
+        self.connection_closes.with(&[initiator, outcome]).inc();
+    }
+
+    /// Drops the per-agent series of an agent that has no stream left.
+    pub(crate) fn forget_agent(&self, agent_id: &str) {
+        self.agent_queued_bytes.remove(&[agent_id]);
+        self.agent_pending_dials.remove(&[agent_id]);
     }
 
     pub(crate) fn dial_failure(&self, reason: DialFailure) {

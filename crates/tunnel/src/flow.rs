@@ -83,6 +83,16 @@ impl Flow {
 
     /// A new connection's pair of inbound queue and send window.
     pub fn new_connection(self) -> (Inbound, InboundQueue, Arc<SendWindow>) {
+        self.new_observed_connection(None)
+    }
+
+    /// As [`new_connection`](Self::new_connection), reporting every change of the bytes
+    /// queued on the connection to `observer` (e.g. a per-agent gauge). What is still queued
+    /// when the connection's queue is dropped is reported as taken.
+    pub fn new_observed_connection(
+        self,
+        observer: Option<QueueObserver>,
+    ) -> (Inbound, InboundQueue, Arc<SendWindow>) {
         let (limit, window, stall) = match self {
             // The peer may send `our_window` before hearing back; allow the chunk overhead.
             Self::Credit {
@@ -96,7 +106,10 @@ impl Flow {
             } => (buffer, local_window, Some(stall)),
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(Queued::default());
+        let queued = Arc::new(Queued {
+            observer,
+            ..Queued::default()
+        });
         let window = Arc::new(SendWindow::new(window));
         (
             Inbound {
@@ -147,11 +160,32 @@ impl std::fmt::Display for Overflow {
 
 impl std::error::Error for Overflow {}
 
+/// Receives every change, in bytes, of what a connection has queued.
+pub type QueueObserver = Arc<dyn Fn(i64) + Send + Sync>;
+
 /// Bytes queued on one connection, and a signal each time the owner takes some.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Queued {
     bytes: AtomicUsize,
     taken: Notify,
+    observer: Option<QueueObserver>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queued")
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queued {
+    fn observe(&self, delta: usize, added: bool) {
+        if let Some(observer) = &self.observer {
+            let delta = i64::try_from(delta).unwrap_or(i64::MAX);
+            observer(if added { delta } else { -delta });
+        }
+    }
 }
 
 /// The stream reader's handle on one connection: pushing never waits.
@@ -177,8 +211,13 @@ impl Inbound {
             self.queued.bytes.fetch_sub(cost, Ordering::AcqRel);
             return Err(Full(data));
         }
-        // A closed receiver means the owner already went away; the data has nowhere to go.
-        let _ = self.tx.send(ConnEvent::Data(data));
+        self.queued.observe(cost, true);
+        // A closed receiver means the owner already went away; the data has nowhere to go
+        // (and the queue's drop already settled the accounting).
+        if let Err(mpsc::error::SendError(_)) = self.tx.send(ConnEvent::Data(data)) {
+            self.queued.bytes.fetch_sub(cost, Ordering::AcqRel);
+            self.queued.observe(cost, false);
+        }
         Ok(())
     }
 
@@ -253,9 +292,9 @@ impl InboundQueue {
 
     fn taken(&self, event: &ConnEvent) {
         if let ConnEvent::Data(data) = event {
-            self.queued
-                .bytes
-                .fetch_sub(data.len().max(MIN_CHUNK_COST), Ordering::AcqRel);
+            let cost = data.len().max(MIN_CHUNK_COST);
+            self.queued.bytes.fetch_sub(cost, Ordering::AcqRel);
+            self.queued.observe(cost, false);
             self.queued.taken.notify_waiters();
         }
     }
@@ -269,6 +308,16 @@ impl InboundQueue {
             .ungranted
             .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
         (self.ungranted >= threshold).then(|| std::mem::take(&mut self.ungranted))
+    }
+}
+
+impl Drop for InboundQueue {
+    /// Whatever is still queued is released with the queue.
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok(event) = self.rx.try_recv() {
+            self.taken(&event);
+        }
     }
 }
 
@@ -404,6 +453,33 @@ mod tests {
             panic!("queue should be full");
         };
         assert!(inbound.wait_for_room(data.len()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_observer_sees_queued_bytes_come_and_go() {
+        let total = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let seen = total.clone();
+        let observer: QueueObserver = Arc::new(move |delta| {
+            seen.fetch_add(delta, Ordering::Relaxed);
+        });
+        let (inbound, mut queue, _) = legacy(1 << 20).new_observed_connection(Some(observer));
+        inbound.push(Bytes::from(vec![0; 1000])).unwrap();
+        inbound.push(Bytes::from(vec![0; 3000])).unwrap();
+        assert_eq!(total.load(Ordering::Relaxed), 4000);
+        queue.recv().await;
+        assert_eq!(total.load(Ordering::Relaxed), 3000);
+        drop(queue);
+        assert_eq!(
+            total.load(Ordering::Relaxed),
+            0,
+            "dropping the queue releases the rest"
+        );
+        inbound.push(Bytes::from(vec![0; 500])).unwrap();
+        assert_eq!(
+            total.load(Ordering::Relaxed),
+            0,
+            "data for a dropped queue is not counted"
+        );
     }
 
     #[tokio::test]

@@ -21,5 +21,7 @@
 pub mod flow;
 pub mod writer;
 
-pub use flow::{ConnEvent, Flow, FlowConfig, Full, Inbound, InboundQueue, Overflow, SendWindow};
+pub use flow::{
+    ConnEvent, Flow, FlowConfig, Full, Inbound, InboundQueue, Overflow, QueueObserver, SendWindow,
+};
 pub use writer::{Outbound, run_writer};

@@ -176,6 +176,11 @@ impl<B: Backend> Registry<B> {
         self.indexes.iter().map(|i| (i.strategy, i.keys.len()))
     }
 
+    /// Whether any stream of `agent_id` is connected.
+    pub(crate) fn contains(&self, agent_id: &str) -> bool {
+        self.agents.contains_key(agent_id)
+    }
+
     /// Distinct connected agent IDs.
     pub(crate) fn agent_count(&self) -> usize {
         self.agents.len()

@@ -128,9 +128,16 @@ impl AgentService {
             }
         };
         tracing::info!(%reason, "agent disconnected");
-        hub.registry().remove(&session.agent_id, session.stream_id);
+        let gone = {
+            let mut registry = hub.registry();
+            registry.remove(&session.agent_id, session.stream_id);
+            !registry.contains(&session.agent_id)
+        };
         hub.refresh_backend_gauges();
         session.shut_down(&reason);
+        if gone {
+            hub.metrics.forget_agent(&session.agent_id);
+        }
         writer.abort();
     }
 }

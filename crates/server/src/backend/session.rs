@@ -6,9 +6,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
+use tether_observe::metrics::Gauge;
 use tether_proto::{ConnectId, DialId, Identifiers, Packet};
 use tether_tunnel::flow::WindowClosed;
-use tether_tunnel::{ConnEvent, Flow, Full, Inbound, InboundQueue, Outbound, Overflow, SendWindow};
+use tether_tunnel::{
+    ConnEvent, Flow, Full, Inbound, InboundQueue, Outbound, Overflow, QueueObserver, SendWindow,
+};
 use tokio::sync::oneshot;
 
 use super::registry::Backend;
@@ -54,6 +57,10 @@ pub(crate) struct AgentSession {
     draining: AtomicBool,
     tables: Mutex<Tables>,
     metrics: Arc<ServerMetrics>,
+    /// This agent's series of `tether_server_agent_pending_dials`.
+    pending_gauge: Arc<Gauge>,
+    /// This agent's series of `tether_server_agent_queued_bytes`, fed by every connection.
+    queued_gauge: Arc<Gauge>,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -78,6 +85,8 @@ impl AgentSession {
         metrics: Arc<ServerMetrics>,
     ) -> Self {
         Self {
+            pending_gauge: metrics.agent_pending_dials.with(&[&agent_id]),
+            queued_gauge: metrics.agent_queued_bytes.with(&[&agent_id]),
             agent_id,
             stream_id,
             identifiers,
@@ -123,6 +132,7 @@ impl AgentSession {
             },
         );
         self.metrics.pending_dials.inc();
+        self.pending_gauge.inc();
         Ok(())
     }
 
@@ -132,6 +142,7 @@ impl AgentSession {
         let removed = self.tables().pending.remove(&random).is_some();
         if removed {
             self.metrics.pending_dials.dec();
+            self.pending_gauge.dec();
         }
         removed
     }
@@ -140,6 +151,7 @@ impl AgentSession {
         let taken = self.tables().pending.remove(&random);
         if taken.is_some() {
             self.metrics.pending_dials.dec();
+            self.pending_gauge.dec();
         }
         taken
     }
@@ -209,7 +221,9 @@ impl AgentSession {
                 return;
             }
         };
-        let (inbound, queue, window) = self.flow.new_connection();
+        let queued = self.queued_gauge.clone();
+        let observer: QueueObserver = Arc::new(move |delta| queued.add(delta));
+        let (inbound, queue, window) = self.flow.new_observed_connection(Some(observer));
         {
             let mut t = self.tables();
             if t.conns.insert(id, inbound).is_some() {
@@ -272,6 +286,7 @@ impl AgentSession {
         };
         for (_, p) in pending {
             self.metrics.pending_dials.dec();
+            self.pending_gauge.dec();
             self.metrics.dial_failure(DialFailure::BackendClose);
             let _ = p.reply.send(Err(DialError::AgentGone(reason.to_owned())));
         }

@@ -11,7 +11,7 @@ use tether_tunnel::ConnEvent;
 
 use crate::backend::session::{ServerTunnel, TunnelDown, TunnelUp};
 use crate::dial::{DialError, Hub};
-use crate::metrics::Segment;
+use crate::metrics::{Initiator, Segment};
 
 /// How long a client may take to send its DIAL_REQ after opening the stream.
 const FIRST_PACKET_TIMEOUT: Duration = Duration::from_secs(60);
@@ -136,27 +136,35 @@ async fn relay(
     mut rx: PacketReceiver,
     id: ConnectId,
 ) -> Result<(), GrpcError> {
-    let closed = {
+    let (initiator, closed) = {
         let ServerTunnel { up, down, .. } = tunnel;
         let mut to_agent = pin!(client_to_agent(hub, up, &mut rx, id));
         let mut to_client = pin!(agent_to_client(hub, down, &mut tx, id));
         tokio::select! {
-        closed = &mut to_client => closed?,
-        side = &mut to_agent => match side {
-            ClientSide::Gone => return Ok(()),
-            ClientSide::Mismatch(other) => {
-                up.close_request();
-                Some(format!("mismatched connection IDs {id} and {other}"))
-            }
-            ClientSide::CloseRequested | ClientSide::AgentClosed => {
-                match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
-                    Ok(closed) => closed?,
-                    Err(_) => Some("timed out waiting for the agent to close".to_owned()),
+            closed = &mut to_client => (Initiator::Agent, closed?),
+            side = &mut to_agent => match side {
+                ClientSide::Gone => {
+                    hub.metrics.connection_closed(Initiator::Client, true);
+                    return Ok(());
                 }
-            }
-        },
+                ClientSide::Mismatch(other) => {
+                    up.close_request();
+                    (Initiator::Client, Some(format!("mismatched connection IDs {id} and {other}")))
+                }
+                ClientSide::CloseRequested | ClientSide::AgentClosed => {
+                    let initiator = match side {
+                        ClientSide::CloseRequested => Initiator::Client,
+                        _ => Initiator::Agent,
+                    };
+                    match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
+                        Ok(closed) => (initiator, closed?),
+                        Err(_) => (initiator, Some("timed out waiting for the agent to close".to_owned())),
+                    }
+                }
+            },
         }
     };
+    hub.metrics.connection_closed(initiator, closed.is_some());
     let status = match &closed {
         None => Status::ok(),
         Some(error) => Status::new(Code::UNAVAILABLE, error.clone()),

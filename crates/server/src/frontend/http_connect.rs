@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::backend::session::{MAX_CHUNK, ServerTunnel, TunnelDown, TunnelUp};
 use crate::dial::{DialError, Hub};
+use crate::metrics::Initiator;
 use crate::net::Io;
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
@@ -84,20 +85,21 @@ async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
     io.write_all(ESTABLISHED).await?;
 
     let (mut rd, mut wr) = tokio::io::split(io);
-    let closed = {
+    let (initiator, closed) = {
         let ServerTunnel { up, down, .. } = &mut tunnel;
         let mut to_agent = pin!(client_to_agent(up, &mut rd, early.freeze()));
         let mut to_client = pin!(agent_to_client(down, &mut wr));
         tokio::select! {
-            closed = &mut to_client => closed,
+            closed = &mut to_client => (Initiator::Agent, closed),
             () = &mut to_agent => {
                 match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
-                    Ok(closed) => closed,
-                    Err(_) => Err(Some("timed out waiting for the agent to close".to_owned())),
+                    Ok(closed) => (Initiator::Client, closed),
+                    Err(_) => (Initiator::Client, Err(Some("timed out waiting for the agent to close".to_owned()))),
                 }
             }
         }
     };
+    hub.metrics.connection_closed(initiator, closed.is_err());
     let mut io = rd.unsplit(wr);
     match closed {
         // A normal close: flush and send FIN.

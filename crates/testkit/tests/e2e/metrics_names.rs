@@ -185,3 +185,61 @@ async fn server_and_agent_expose_upstream_metric_names() {
         .unwrap();
     assert_eq!(status, 301);
 }
+
+#[tokio::test]
+async fn tether_metrics_show_closes_queues_and_pending_dials_per_agent() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let agent = TestAgent::start(
+        &pki,
+        server.agent_addr,
+        AgentOptions {
+            agent_id: "node-a".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let (stream, head) =
+        http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(echo_exact(stream, 1, 100_000).await);
+
+    let sample = |s: &'static str| {
+        let server = &server;
+        async move { tether_testkit::http::metric_value(&server.metrics().await.unwrap(), s) }
+    };
+    crate::support::eventually("the client's close is counted", || async {
+        sample("tether_server_connection_closes_total{initiator=\"client\",outcome=\"normal\"}")
+            .await
+            == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample("tether_server_agent_queued_bytes{agent_id=\"node-a\"}").await,
+        Some(0.0)
+    );
+    assert_eq!(
+        sample("tether_server_agent_pending_dials{agent_id=\"node-a\"}").await,
+        Some(0.0)
+    );
+
+    // An agent that leaves takes its series with it.
+    agent.stop().await;
+    crate::support::eventually("the agent's series are dropped", || async {
+        sample("tether_server_agent_pending_dials{agent_id=\"node-a\"}")
+            .await
+            .is_none()
+    })
+    .await;
+}
