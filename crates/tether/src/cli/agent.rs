@@ -130,9 +130,16 @@ pub(crate) struct AgentArgs {
     probe_interval: Duration,
 
     /// Interval of keepalive PINGs to upstream (Go) servers, which punish PINGs more often
-    /// than every 30s; 0 disables them.
+    /// than every 30s; 0 disables them. tether pings at most every
+    /// --upstream-server-ping-interval.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1h0m0s", value_parser = go_duration)]
     keepalive_time: Duration,
+
+    /// Longest interval between PINGs to an upstream (Go) server, so that a dead one is found
+    /// in under a minute rather than after --keepalive-time. Go servers send GOAWAY to clients
+    /// that ping more often than every 30s, so keep it above that.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "35s", value_parser = go_duration)]
+    upstream_server_ping_interval: Duration,
 
     /// Interval of keepalive PINGs to tether servers.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
@@ -264,6 +271,11 @@ impl AgentArgs {
                 go(self.sync_interval_cap)
             );
         }
+        if self.upstream_server_ping_interval < Duration::from_secs(30) {
+            bail!(
+                "--upstream-server-ping-interval must be at least 30s: Go servers close connections that ping more often"
+            );
+        }
         if self.server_ping_interval.is_zero() {
             bail!(
                 "--server-ping-interval must be greater than 0 (--server-ping-timeout=0 disables PINGs)"
@@ -317,7 +329,7 @@ impl AgentArgs {
                 timeout: self.server_ping_timeout,
             }),
             legacy_keepalive: (!self.keepalive_time.is_zero()).then_some(Keepalive {
-                interval: self.keepalive_time,
+                interval: self.keepalive_time.min(self.upstream_server_ping_interval),
                 timeout: GRPC_KEEPALIVE_TIMEOUT,
             }),
             dial_timeout: self.dial_timeout,

@@ -64,10 +64,11 @@ fn upstream_test_runner_line_yields_a_valid_config() {
     assert_eq!(config.sync_interval, Duration::from_millis(100));
     assert_eq!(config.sync_interval_cap, Duration::from_secs(1));
     assert!(!config.sync_forever);
+    // --keepalive-time=1h0m0s, capped by --upstream-server-ping-interval (35s).
     let legacy = config.legacy_keepalive.unwrap();
     assert_eq!(
         (legacy.interval, legacy.timeout),
-        (Duration::from_secs(3600), Duration::from_secs(20))
+        (Duration::from_secs(35), Duration::from_secs(20))
     );
     let keepalive = config.keepalive.unwrap();
     assert_eq!(
