@@ -1,0 +1,773 @@
+//! `tether-bench`: starts each system on loopback (direct TCP, tether and upstream
+//! Konnectivity in four frontend shapes, OpenSSH `-L`/`-R`), drives the same workloads
+//! through each, and writes a Markdown report with SVG charts. See BENCHMARKS.md.
+#![forbid(unsafe_code)]
+// A binary: `pub` items are the crate's internal interfaces between modules.
+#![allow(unreachable_pub)]
+
+mod procs;
+mod progress;
+mod report;
+mod results;
+mod stats;
+mod systems;
+mod target;
+mod workloads;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use tokio::io::AsyncBufReadExt as _;
+
+use progress::Progress;
+use results::{Metric, Results};
+use systems::{Binaries, Env, Frontend, Impl, Running, System};
+use workloads::{Profile, Workload, bulk::Direction};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tether-bench",
+    about = "Benchmark tether against direct TCP, upstream Konnectivity and OpenSSH forwarding, on loopback"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    /// Prove that every system and workload runs, in seconds (the numbers mean nothing).
+    #[arg(long)]
+    quick: bool,
+    /// Runs per figure (default 3; 1 with --quick).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Where the report, charts and CSV go.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// Only these systems (comma-separated names or ids, e.g. `direct,tether-grpc-uds`).
+    #[arg(long, value_delimiter = ',')]
+    systems: Vec<String>,
+    /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, idle-conns, fanin.
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Idle connections to hold open (default 10000; 200 with --quick).
+    #[arg(long)]
+    idle_conns: Option<usize>,
+    /// The tether binary (default: `tether` next to this program).
+    #[arg(long)]
+    tether_bin: Option<PathBuf>,
+    /// Directory with upstream's `proxy-server` and `proxy-agent` (default: interop/bin).
+    #[arg(long)]
+    upstream_bin_dir: Option<PathBuf>,
+    /// Keep the scratch directory (logs, configs) instead of deleting it.
+    #[arg(long)]
+    keep_work: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Internal: the sink/source/echo target (prints its address, serves until killed).
+    Target {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = rt.block_on(async {
+        match args.command {
+            Some(Cmd::Target { ref listen }) => {
+                target::serve(listen).await.map(|()| ExitCode::SUCCESS)
+            }
+            None => {
+                tokio::select! {
+                    r = bench(&args) => r,
+                    _ = tokio::signal::ctrl_c() => {
+                        eprintln!("tether-bench: interrupted; stopping everything");
+                        Ok(ExitCode::from(130))
+                    }
+                }
+            }
+        }
+    });
+    // Dropping the runtime drops every task, and with them every child process.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tether-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One unit of the plan.
+#[derive(Clone, Debug)]
+enum Task {
+    /// Start a system, run these workloads on it, stop it.
+    Instance {
+        run: usize,
+        system: System,
+        workloads: Vec<Workload>,
+    },
+    /// A fresh system holding many idle connections.
+    IdleConns { run: usize, system: System },
+    /// A fresh server with many fake agents.
+    FanIn {
+        run: usize,
+        imp: Impl,
+        agents: usize,
+        large: bool,
+    },
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    tether_tls::install_default_provider();
+    let mut p = if args.quick {
+        Profile::quick()
+    } else {
+        Profile::full()
+    };
+    if let Some(r) = args.runs {
+        p.runs = r.max(1);
+    }
+    if let Some(n) = args.idle_conns {
+        p.idle_conns = n.max(1);
+    }
+
+    let systems: Vec<System> = if args.systems.is_empty() {
+        System::all()
+    } else {
+        args.systems
+            .iter()
+            .map(|s| {
+                System::parse(s).with_context(|| {
+                    format!(
+                        "unknown system {s:?}; known: {}",
+                        System::all()
+                            .iter()
+                            .map(System::id)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let workloads: Vec<Workload> = if args.workloads.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        args.workloads
+            .iter()
+            .map(|w| Workload::parse(w).with_context(|| format!("unknown workload {w:?}")))
+            .collect::<anyhow::Result<_>>()?
+    };
+
+    // Our process holds the client side of every idle connection (or fake agent), the
+    // target their far side; children inherit the limit.
+    let want_fds = p.idle_conns.max(p.fanin[1]) as u64 + 4096;
+    let fds = procs::raise_fd_limit(want_fds);
+    if fds < want_fds {
+        eprintln!(
+            "tether-bench: fd limit is {fds} (wanted {want_fds}); many-connection workloads may fail"
+        );
+    }
+
+    let bins = binaries(args)?;
+    check_binaries(&bins, &systems)?;
+
+    let work = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let _cleanup = Cleanup {
+        dir: work.clone(),
+        keep: args.keep_work,
+    };
+    let pki = tether_tls::pki::Pki::generate()?.write_to(&work.join("pki"))?;
+
+    // The target, as its own process.
+    let exe = std::env::current_exe()?;
+    let mut cmd = tokio::process::Command::new(&exe);
+    cmd.args(["target", "--listen", "127.0.0.1:0"]);
+    let mut target_proc = procs::Proc::spawn_piped("target", cmd, &work.join("target.log"))?;
+    let stdout = target_proc.stdout().context("target stdout")?;
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await
+    .context("target did not start")??;
+    let target: SocketAddr = line
+        .trim()
+        .parse()
+        .with_context(|| format!("target printed {line:?}"))?;
+
+    let env = Env {
+        dir: work.clone(),
+        pki,
+        bins,
+        target,
+        started: Default::default(),
+    };
+    let fanin_tls = systems::konnectivity_agent_tls(&env)?;
+
+    // The plan: every run visits every system (interleaved, so drift hits all alike).
+    let per_instance: Vec<Workload> = [
+        Workload::IdleRss,
+        Workload::Bulk,
+        Workload::PingPong,
+        Workload::Churn,
+        Workload::Hol,
+    ]
+    .into_iter()
+    .filter(|w| workloads.contains(w))
+    .collect();
+    let mut tasks = Vec::new();
+    for run in 1..=p.runs {
+        if !per_instance.is_empty() {
+            for &system in &systems {
+                tasks.push(Task::Instance {
+                    run,
+                    system,
+                    workloads: per_instance.clone(),
+                });
+            }
+        }
+    }
+    for run in 1..=p.runs {
+        if workloads.contains(&Workload::IdleConns) {
+            for &system in &systems {
+                if matches!(
+                    system,
+                    System::Konn(_, Frontend::HttpConnectUds | Frontend::GrpcUds)
+                ) {
+                    tasks.push(Task::IdleConns { run, system });
+                }
+            }
+        }
+        if workloads.contains(&Workload::FanIn) {
+            for imp in [Impl::Tether, Impl::Upstream] {
+                if systems
+                    .iter()
+                    .any(|s| matches!(s, System::Konn(i, _) if *i == imp))
+                {
+                    tasks.push(Task::FanIn {
+                        run,
+                        imp,
+                        agents: p.fanin[0],
+                        large: false,
+                    });
+                    tasks.push(Task::FanIn {
+                        run,
+                        imp,
+                        agents: p.fanin[1],
+                        large: true,
+                    });
+                }
+            }
+        }
+    }
+    let weight = |t: &Task| match t {
+        Task::Instance {
+            workloads, system, ..
+        } => {
+            (if system.has_processes() { 2.0 } else { 0.2 })
+                + workloads.iter().map(|w| w.weight(&p)).sum::<f64>()
+        }
+        Task::IdleConns { .. } => 2.0 + Workload::IdleConns.weight(&p),
+        Task::FanIn { agents, .. } => 1.0 + *agents as f64 / 800.0 + 2.0 * p.settle.as_secs_f64(),
+    };
+    let total: f64 = tasks.iter().map(weight).sum();
+    eprintln!(
+        "tether-bench: {} systems, {} run(s), {} steps, about {} (estimate); target {target}; work dir {}",
+        systems.len(),
+        p.runs,
+        tasks.len(),
+        progress::clock(total),
+        work.display()
+    );
+    let progress = Progress::new(tasks.len(), total);
+    let mut results = Results::default();
+    let mut notes = Vec::new();
+
+    for task in &tasks {
+        target_proc.check_alive()?;
+        match task {
+            Task::Instance {
+                run,
+                system,
+                workloads,
+            } => {
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · {} · start, then {}",
+                        p.runs,
+                        system.name(),
+                        workloads
+                            .iter()
+                            .map(Workload::name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    weight(task),
+                );
+                run_instance(
+                    &env,
+                    &p,
+                    *run,
+                    *system,
+                    workloads,
+                    &progress,
+                    &mut results,
+                    &mut notes,
+                )
+                .await;
+            }
+            Task::IdleConns { run, system } => {
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · {} · {} idle tunnelled connections",
+                        p.runs,
+                        system.name(),
+                        p.idle_conns
+                    ),
+                    weight(task),
+                );
+                let outcome = async {
+                    let r = Running::start(&env, *system).await?;
+                    let res = tokio::time::timeout(
+                        Duration::from_secs(300),
+                        workloads::idle::run(&r, &p, &progress),
+                    )
+                    .await;
+                    r.stop().await;
+                    res.map_err(|_| anyhow::anyhow!("timed out"))?
+                }
+                .await;
+                match outcome {
+                    Ok(x) => {
+                        results.add(*system, Metric::ConnServer, *run, x.server_kib);
+                        results.add(*system, Metric::ConnAgent, *run, x.agent_kib);
+                        results.add(*system, Metric::ConnTotal, *run, x.server_kib + x.agent_kib);
+                        progress.note(&format!(
+                            "{} open: server {:.1} KiB + agent {:.1} KiB per connection",
+                            x.open, x.server_kib, x.agent_kib
+                        ));
+                    }
+                    Err(e) => fail(&progress, &mut results, *system, "idle-conns", &e),
+                }
+            }
+            Task::FanIn {
+                run,
+                imp,
+                agents,
+                large,
+            } => {
+                let system = System::Konn(*imp, Frontend::HttpConnectUds);
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · {} server · {agents} fake agents",
+                        p.runs,
+                        imp.name()
+                    ),
+                    weight(task),
+                );
+                let outcome = async {
+                    let r = Running::start_lone_server(&env, *imp).await?;
+                    let res = tokio::time::timeout(
+                        Duration::from_secs(300),
+                        workloads::fanin::run(&r, &p, *agents, fanin_tls.clone(), &progress),
+                    )
+                    .await;
+                    r.stop().await;
+                    res.map_err(|_| anyhow::anyhow!("timed out"))?
+                }
+                .await;
+                match outcome {
+                    Ok(x) => {
+                        let m = if *large {
+                            Metric::AgentLarge
+                        } else {
+                            Metric::AgentSmall
+                        };
+                        results.add(system, m, *run, x.kib_per_agent);
+                        progress.note(&format!(
+                            "server +{:.1} KiB per agent (server counts {})",
+                            x.kib_per_agent,
+                            x.server_counted.map_or("?".into(), |c| format!("{c}"))
+                        ));
+                    }
+                    Err(e) => fail(&progress, &mut results, system, "fanin", &e),
+                }
+            }
+        }
+    }
+    drop(target_proc);
+
+    let machine = machine_info().await;
+    let meta = report::Meta {
+        command: command_line(),
+        date: run_cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+            .await
+            .trim()
+            .to_owned(),
+        machine,
+        elapsed_secs: started.elapsed().as_secs_f64(),
+        quick: args.quick,
+        systems: systems.clone(),
+        notes,
+    };
+    let md = report::write(&args.out, &results, &meta, &p)?;
+    let _ = md;
+    eprintln!(
+        "tether-bench: done in {}; report {}",
+        progress::clock(started.elapsed().as_secs_f64()),
+        args.out.join("report.md").display()
+    );
+
+    // Everything planned must have produced its figures, without errors.
+    let missing = missing_figures(&results, &tasks);
+    for m in &missing {
+        eprintln!("tether-bench: missing figure: {m}");
+    }
+    if !results.errors.is_empty() {
+        eprintln!("tether-bench: {} error(s):", results.errors.len());
+        for (s, w, e) in &results.errors {
+            eprintln!("  {} · {w}: {e}", s.name());
+        }
+    }
+    Ok(if results.errors.is_empty() && missing.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_instance(
+    env: &Env,
+    p: &Profile,
+    run: usize,
+    system: System,
+    workloads: &[Workload],
+    progress: &Progress,
+    results: &mut Results,
+    notes: &mut Vec<String>,
+) {
+    let mut r = match Running::start(env, system).await {
+        Ok(r) => r,
+        Err(e) => {
+            fail(progress, results, system, "start", &e);
+            return;
+        }
+    };
+    // Generous bound per workload, so nothing can hang the whole benchmark.
+    let bound = Duration::from_secs(120);
+    for &w in workloads {
+        let outcome: anyhow::Result<()> = async {
+            match w {
+                Workload::IdleRss => {
+                    if system.has_processes() {
+                        tokio::time::sleep(p.settle).await;
+                        let (s, a) = (r.server_rss(), r.agent_rss());
+                        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                        if let Some(s) = s {
+                            results.add(system, Metric::IdleRssServer, run, mib(s));
+                        }
+                        if let Some(a) = a {
+                            results.add(system, Metric::IdleRssAgent, run, mib(a));
+                        }
+                        progress.note(&format!("idle RSS: server {:.1} MiB, agent {:.1} MiB", mib(s.unwrap_or(0)), mib(a.unwrap_or(0))));
+                    }
+                }
+                Workload::Bulk => {
+                    for dir in [Direction::Upload, Direction::Download] {
+                        let res = tokio::time::timeout(bound, workloads::bulk::run(&r, p, dir)).await;
+                        match res.map_err(|_| anyhow::anyhow!("timed out")).and_then(|x| x) {
+                            Ok(b) => {
+                                let (m, c) = match dir {
+                                    Direction::Upload => (Metric::BulkUp, Metric::CpuUp),
+                                    Direction::Download => (Metric::BulkDown, Metric::CpuDown),
+                                };
+                                results.add(system, m, run, b.mib_s);
+                                if let Some(cpu) = b.cpu_s_per_gib {
+                                    results.add(system, c, run, cpu);
+                                }
+                                progress.note(&format!(
+                                    "bulk {}: {:.0} MiB/s{}",
+                                    dir.name(),
+                                    b.mib_s,
+                                    b.cpu_s_per_gib.map_or(String::new(), |c| format!(", {c:.2} CPU s/GiB"))
+                                ));
+                            }
+                            Err(e) => fail(progress, results, system, &format!("bulk {}", dir.name()), &e),
+                        }
+                    }
+                }
+                Workload::PingPong => {
+                    let [p50, p99, p999] = tokio::time::timeout(bound, workloads::pingpong::run(&r, p))
+                        .await
+                        .map_err(|_| anyhow::anyhow!("timed out"))??;
+                    results.add(system, Metric::PingP50, run, p50);
+                    results.add(system, Metric::PingP99, run, p99);
+                    results.add(system, Metric::PingP999, run, p999);
+                    progress.note(&format!("ping-pong: p50 {p50:.0} µs, p99 {p99:.0} µs, p99.9 {p999:.0} µs"));
+                }
+                Workload::Churn => {
+                    for c in [1usize, 64] {
+                        let x = tokio::time::timeout(bound, workloads::churn::run(&r, p, c))
+                            .await
+                            .map_err(|_| anyhow::anyhow!("timed out"))?;
+                        let (rate, d50, d99) = if c == 1 {
+                            (Metric::Churn1Rate, Metric::Churn1DialP50, Metric::Churn1DialP99)
+                        } else {
+                            (Metric::Churn64Rate, Metric::Churn64DialP50, Metric::Churn64DialP99)
+                        };
+                        results.add(system, rate, run, x.conns_per_s);
+                        results.add(system, d50, run, x.dial_p50_us);
+                        results.add(system, d99, run, x.dial_p99_us);
+                        progress.note(&format!(
+                            "churn c={c}: {:.0} conn/s, dial p50 {:.0} µs, p99 {:.0} µs{}",
+                            x.conns_per_s,
+                            x.dial_p50_us,
+                            x.dial_p99_us,
+                            if x.errors.is_empty() { String::new() } else { format!(", {} errors", x.errors.len()) }
+                        ));
+                        for (msg, n) in group(&x.errors) {
+                            results.error(system, &format!("churn c={c}"), format!("{n}× {msg}"));
+                        }
+                    }
+                }
+                Workload::Hol => {
+                    let x = tokio::time::timeout(bound, workloads::hol::run(&r, p))
+                        .await
+                        .map_err(|_| anyhow::anyhow!("timed out"))??;
+                    results.add(system, Metric::HolRatio, run, x.ratio);
+                    progress.note(&format!(
+                        "head-of-line: alone {:.0} MiB/s, next to a stalled reader {:.0} MiB/s → ratio {:.2}{}",
+                        x.alone_mib_s,
+                        x.stalled_mib_s,
+                        x.ratio,
+                        if x.dial_blocked { " (the dial itself was blocked)" } else { "" }
+                    ));
+                    if x.dial_blocked {
+                        notes.push(format!("run {run}, {}: head-of-line: a dial next to the stalled connection did not complete within the window", system.name()));
+                    }
+                }
+                Workload::IdleConns | Workload::FanIn => {}
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = outcome {
+            fail(progress, results, system, w.name(), &e);
+        }
+        if let Err(e) = r.check_alive() {
+            fail(progress, results, system, w.name(), &e);
+            break;
+        }
+    }
+    r.stop().await;
+}
+
+fn fail(
+    progress: &Progress,
+    results: &mut Results,
+    system: System,
+    workload: &str,
+    e: &anyhow::Error,
+) {
+    progress.note(&format!("ERROR in {workload}: {e:#}"));
+    results.error(system, workload, format!("{e:#}"));
+}
+
+/// Identical messages counted, in first-seen order.
+fn group(errors: &[String]) -> Vec<(String, usize)> {
+    let mut order = Vec::new();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in errors {
+        let n = counts.entry(e.as_str()).or_insert(0);
+        if *n == 0 {
+            order.push(e.clone());
+        }
+        *n += 1;
+    }
+    order
+        .into_iter()
+        .map(|e| {
+            let n = counts[e.as_str()];
+            (e, n)
+        })
+        .collect()
+}
+
+fn missing_figures(results: &Results, tasks: &[Task]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for t in tasks {
+        let (system, metrics): (System, Vec<Metric>) = match t {
+            Task::Instance {
+                system, workloads, ..
+            } => {
+                let mut m = Vec::new();
+                for w in workloads {
+                    match w {
+                        Workload::IdleRss if system.has_processes() => {
+                            m.extend([Metric::IdleRssServer, Metric::IdleRssAgent])
+                        }
+                        Workload::Bulk => {
+                            m.extend([Metric::BulkUp, Metric::BulkDown]);
+                            if system.has_processes() {
+                                m.extend([Metric::CpuUp, Metric::CpuDown]);
+                            }
+                        }
+                        Workload::PingPong => {
+                            m.extend([Metric::PingP50, Metric::PingP99, Metric::PingP999])
+                        }
+                        Workload::Churn => m.extend([Metric::Churn1Rate, Metric::Churn64Rate]),
+                        Workload::Hol => m.push(Metric::HolRatio),
+                        _ => {}
+                    }
+                }
+                (*system, m)
+            }
+            Task::IdleConns { system, .. } => (*system, vec![Metric::ConnTotal]),
+            Task::FanIn { imp, large, .. } => (
+                System::Konn(*imp, Frontend::HttpConnectUds),
+                vec![if *large {
+                    Metric::AgentLarge
+                } else {
+                    Metric::AgentSmall
+                }],
+            ),
+        };
+        for m in metrics {
+            if results.values(system, m).is_empty() {
+                missing.push(format!("{} · {}", system.name(), m.key()));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
+fn binaries(args: &Args) -> anyhow::Result<Binaries> {
+    let exe = std::env::current_exe()?;
+    let tether = args
+        .tether_bin
+        .clone()
+        .unwrap_or_else(|| exe.with_file_name("tether"));
+    let up = args
+        .upstream_bin_dir
+        .clone()
+        .unwrap_or_else(|| repo_root().join("interop/bin"));
+    let which = |name: &str, fallback: &str| {
+        std::env::var_os("PATH")
+            .and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(name))
+                    .find(|p| p.exists())
+            })
+            .unwrap_or_else(|| PathBuf::from(fallback))
+    };
+    Ok(Binaries {
+        tether,
+        upstream_server: up.join("proxy-server"),
+        upstream_agent: up.join("proxy-agent"),
+        sshd: PathBuf::from("/usr/sbin/sshd"),
+        ssh: which("ssh", "/usr/bin/ssh"),
+        ssh_keygen: which("ssh-keygen", "/usr/bin/ssh-keygen"),
+    })
+}
+
+fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
+    let mut need = Vec::new();
+    for s in systems {
+        match s {
+            System::Konn(Impl::Tether, _) => {
+                need.push((&b.tether, "cargo build --release -p tether"))
+            }
+            System::Konn(Impl::Upstream, _) => {
+                need.push((&b.upstream_server, "interop/build.sh"));
+                need.push((&b.upstream_agent, "interop/build.sh"));
+            }
+            System::SshL | System::SshR => {
+                need.push((&b.sshd, "apt-get install -y openssh-server openssh-client"));
+                need.push((&b.ssh, "apt-get install -y openssh-client"));
+            }
+            System::Direct => {}
+        }
+    }
+    for (path, how) in need {
+        if !path.exists() {
+            bail!(
+                "{} not found (build or install it: {how}; scripts/bench.sh does all of it)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+struct Cleanup {
+    dir: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("tether-bench: kept work dir {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn command_line() -> String {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.first_mut()
+        && let Some(name) = Path::new(first.as_str()).file_name()
+    {
+        *first = name.to_string_lossy().into_owned();
+    }
+    args.join(" ")
+}
+
+async fn run_cmd(cmd: &str, args: &[&str]) -> String {
+    match tokio::process::Command::new(cmd).args(args).output().await {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+async fn machine_info() -> String {
+    let nproc = run_cmd("nproc", &[]).await;
+    let lscpu = run_cmd("lscpu", &[]).await;
+    let kernel = run_cmd("uname", &["-srm"]).await;
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(str::to_owned))
+        .unwrap_or_default();
+    let lscpu_head: Vec<&str> = lscpu.lines().take(10).collect();
+    format!(
+        "nproc: {}\nkernel: {}\n{}\n{}",
+        nproc.trim(),
+        kernel.trim(),
+        mem,
+        lscpu_head.join("\n")
+    )
+}

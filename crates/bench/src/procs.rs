@@ -1,0 +1,230 @@
+//! Processes: starting them so that they die with us, sampling RSS and CPU time from /proc,
+//! and raising the fd limit.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rustix::process::{Pid, Resource, Rlimit, Signal};
+use tokio::process::{Child, Command};
+
+/// A child process of ours. Dropping it kills it and every process it started (sshd forks
+/// one per connection), so no path leaves anything running.
+#[derive(Debug)]
+pub struct Proc {
+    /// What it is, for messages: `server`, `agent`, `sshd`, `target`…
+    pub role: String,
+    pub pid: u32,
+    child: Child,
+    /// Where its stdout and stderr went.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr appended to `log`, in its own process group.
+    pub fn spawn(role: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {role}: {cmd:?}"))?;
+        let pid = child.id().context("child has no pid")?;
+        Ok(Self {
+            role: role.to_owned(),
+            pid,
+            child,
+            log: log.to_owned(),
+        })
+    }
+
+    /// Like [`Proc::spawn`] but with stdout piped to us (the target prints its address).
+    pub fn spawn_piped(role: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        let err = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .kill_on_drop(true)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {role}: {cmd:?}"))?;
+        let pid = child.id().context("child has no pid")?;
+        Ok(Self {
+            role: role.to_owned(),
+            pid,
+            child,
+            log: log.to_owned(),
+        })
+    }
+
+    pub fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    /// Fails with the tail of its log if it has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} (pid {}) exited with {status}; log tail:\n{}",
+                self.role,
+                self.pid,
+                log_tail(&self.log)
+            );
+        }
+        Ok(())
+    }
+
+    /// RSS of the process and its descendants.
+    pub fn rss(&self) -> u64 {
+        tree(self.pid)
+            .iter()
+            .map(|&p| rss_bytes(p).unwrap_or(0))
+            .sum()
+    }
+
+    /// CPU seconds (user + system) used so far by the process and its live descendants.
+    pub fn cpu_seconds(&self) -> f64 {
+        let ticks: u64 = tree(self.pid)
+            .iter()
+            .map(|&p| cpu_ticks(p).unwrap_or(0))
+            .sum();
+        ticks as f64 / clock_ticks() as f64
+    }
+
+    /// Kills it and its descendants now and reaps it.
+    pub async fn stop(mut self) {
+        kill_tree(self.pid);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // kill_on_drop only reaches the direct child; its descendants go here.
+        if let Ok(None) = self.child.try_wait() {
+            kill_tree(self.pid);
+        }
+    }
+}
+
+/// The last lines of a log file, for error messages.
+pub fn log_tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+fn kill_tree(pid: u32) {
+    let mut all = tree(pid);
+    all.reverse();
+    for p in all {
+        if let Some(p) = Pid::from_raw(p as i32) {
+            let _ = rustix::process::kill_process(p, Signal::KILL);
+        }
+    }
+}
+
+/// `pid` followed by all its descendants (breadth first).
+pub fn tree(pid: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(p) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some(ppid) = stat_fields(p).and_then(|f| f.get(1).and_then(|s| s.parse().ok())) {
+                children.entry(ppid).or_default().push(p);
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        if let Some(kids) = children.get(&out[i]) {
+            out.extend(kids);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Fields of /proc/<pid>/stat after the command name: index 0 is the state (field 3).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// utime + stime (fields 14 and 15) in clock ticks, all threads.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let f = stat_fields(pid)?;
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// VmRSS from /proc/<pid>/status, in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn clock_ticks() -> u64 {
+    rustix::param::clock_ticks_per_second()
+}
+
+/// Raises RLIMIT_NOFILE to at least `want` (children inherit it). Root may go past the hard
+/// limit; others get the hard limit. Returns the soft limit now in force.
+pub fn raise_fd_limit(want: u64) -> u64 {
+    let current = rustix::process::getrlimit(Resource::Nofile);
+    let hard = current.maximum.unwrap_or(u64::MAX);
+    let soft = current.current.unwrap_or(u64::MAX);
+    if soft >= want {
+        return soft;
+    }
+    if hard < want {
+        let raised = Rlimit {
+            current: Some(want),
+            maximum: Some(want),
+        };
+        if rustix::process::setrlimit(Resource::Nofile, raised).is_ok() {
+            return want;
+        }
+    }
+    let target = hard.min(want);
+    let raised = Rlimit {
+        current: Some(target),
+        maximum: current.maximum,
+    };
+    if rustix::process::setrlimit(Resource::Nofile, raised).is_ok() {
+        target
+    } else {
+        soft
+    }
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}

@@ -1,0 +1,481 @@
+//! The report: a Markdown file with the goals, an overview and one table per figure
+//! (median, min–max, ratios to upstream and to direct TCP), SVG charts, and the raw samples
+//! as CSV.
+
+pub mod svg;
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use crate::results::{Better, Metric, Results};
+use crate::stats::Summary;
+use crate::systems::System;
+use crate::workloads::Profile;
+use svg::Chart;
+
+/// Facts about the run, printed at the top of the report.
+#[derive(Debug)]
+pub struct Meta {
+    pub command: String,
+    pub date: String,
+    pub machine: String,
+    pub elapsed_secs: f64,
+    pub quick: bool,
+    pub systems: Vec<System>,
+    pub notes: Vec<String>,
+}
+
+enum Kind {
+    VsUpstream(f64),
+    VsDirect(f64),
+    Absolute(f64),
+}
+
+struct Goal {
+    text: &'static str,
+    metric: Metric,
+    kind: Kind,
+}
+
+fn goals() -> Vec<Goal> {
+    use Kind::*;
+    use Metric::*;
+    let g = |text, metric, kind| Goal { text, metric, kind };
+    vec![
+        g("bulk upload ≥ 5× upstream", BulkUp, VsUpstream(5.0)),
+        g("bulk upload ≥ 0.35× direct", BulkUp, VsDirect(0.35)),
+        g("bulk download ≥ 5× upstream", BulkDown, VsUpstream(5.0)),
+        g("bulk download ≥ 0.35× direct", BulkDown, VsDirect(0.35)),
+        g("CPU/GiB upload ≤ 0.2× upstream", CpuUp, VsUpstream(0.2)),
+        g("CPU/GiB download ≤ 0.2× upstream", CpuDown, VsUpstream(0.2)),
+        g("ping-pong p50 ≤ 2× direct", PingP50, VsDirect(2.0)),
+        g("ping-pong p99 ≤ 3× direct", PingP99, VsDirect(3.0)),
+        g("churn c=1 ≥ 3× upstream", Churn1Rate, VsUpstream(3.0)),
+        g("churn c=64 ≥ 3× upstream", Churn64Rate, VsUpstream(3.0)),
+        g(
+            "RSS per idle connection ≤ 0.25× upstream",
+            ConnTotal,
+            VsUpstream(0.25),
+        ),
+        g(
+            "RSS per agent (small) ≤ 0.3× upstream",
+            AgentSmall,
+            VsUpstream(0.3),
+        ),
+        g(
+            "RSS per agent (large) ≤ 0.3× upstream",
+            AgentLarge,
+            VsUpstream(0.3),
+        ),
+        g("idle RSS agent ≤ 8 MiB", IdleRssAgent, Absolute(8.0)),
+        g("idle RSS server ≤ 12 MiB", IdleRssServer, Absolute(12.0)),
+        g("head-of-line ratio ≥ 0.9", HolRatio, Absolute(0.9)),
+    ]
+}
+
+fn ratio(a: Option<Summary>, b: Option<Summary>) -> Option<f64> {
+    let (a, b) = (a?, b?);
+    (b.median != 0.0).then(|| a.median / b.median)
+}
+
+fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".into();
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        let int = v.round() as i64;
+        let digits = int.abs().to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        if int < 0 { format!("-{out}") } else { out }
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    match r {
+        Some(r) if r.is_finite() => {
+            if r >= 10.0 {
+                format!("{r:.0}×")
+            } else if r >= 1.0 {
+                format!("{r:.1}×")
+            } else {
+                format!("{r:.2}×")
+            }
+        }
+        _ => "".into(),
+    }
+}
+
+/// Writes report.md, results.csv and the charts into `out`; returns the Markdown.
+pub fn write(out: &Path, results: &Results, meta: &Meta, p: &Profile) -> anyhow::Result<String> {
+    fs::create_dir_all(out)?;
+    let charts = charts(results, meta, p);
+    let mut written = Vec::new();
+    for (file, chart) in &charts {
+        if let Some(svg) = chart.render() {
+            fs::write(out.join(file), svg)?;
+            written.push((file.clone(), chart.title.clone()));
+        }
+    }
+    fs::write(out.join("results.csv"), results.csv())?;
+    let md = markdown(results, meta, p, &written);
+    fs::write(out.join("report.md"), &md)?;
+    Ok(md)
+}
+
+fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, String)]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# tether benchmark{}\n",
+        if meta.quick {
+            " (--quick: proves it runs; the numbers mean nothing)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(s, "- Date: {}", meta.date);
+    let _ = writeln!(s, "- Command: `{}`", meta.command);
+    let _ = writeln!(
+        s,
+        "- Each figure: median of {} run(s), min–max beside it; every run starts the processes anew. Took {}.",
+        p.runs,
+        crate::progress::clock(meta.elapsed_secs)
+    );
+    let _ = writeln!(s, "- Machine:\n\n```\n{}\n```\n", meta.machine.trim_end());
+    let _ = writeln!(
+        s,
+        "Ratios: **×upstream** is tether ÷ upstream Konnectivity in the same frontend shape, **×direct** is the system ÷ direct TCP; for latency, CPU and memory lower is better, so a ratio below 1 is better there.\n"
+    );
+
+    // Goals matrix.
+    let tether: Vec<System> = meta
+        .systems
+        .iter()
+        .copied()
+        .filter(System::is_tether)
+        .collect();
+    if !tether.is_empty() {
+        let _ = writeln!(s, "## Goals\n");
+        let _ = write!(s, "| goal |");
+        for t in &tether {
+            let _ = write!(s, " {} |", t.name());
+        }
+        let _ = write!(s, "\n|---|");
+        for _ in &tether {
+            let _ = write!(s, "---|");
+        }
+        s.push('\n');
+        for goal in goals() {
+            if !results.has(goal.metric) {
+                continue;
+            }
+            let _ = write!(s, "| {} |", goal.text);
+            for &t in &tether {
+                let mine = results.summary(t, goal.metric);
+                let (value, target, shown) = match goal.kind {
+                    Kind::VsUpstream(x) => {
+                        let r = ratio(
+                            mine,
+                            t.upstream_peer()
+                                .and_then(|u| results.summary(u, goal.metric)),
+                        );
+                        (r, x, fmt_ratio(r))
+                    }
+                    Kind::VsDirect(x) => {
+                        let r = ratio(mine, results.summary(System::Direct, goal.metric));
+                        (r, x, fmt_ratio(r))
+                    }
+                    Kind::Absolute(x) => {
+                        let v = mine.map(|m| m.median);
+                        (v, x, v.map(fmt_num).unwrap_or_default())
+                    }
+                };
+                let cell = match value {
+                    None => " |".to_owned(),
+                    Some(v) => {
+                        let ok = match goal.metric.better() {
+                            Better::Higher => v >= target,
+                            Better::Lower => v <= target,
+                        };
+                        format!(" {shown} {} |", if ok { "✅" } else { "❌" })
+                    }
+                };
+                s.push_str(&cell);
+            }
+            s.push('\n');
+        }
+        let _ = write!(s, "| zero errors |");
+        for &t in &tether {
+            let n = results.errors_of(t);
+            let _ = write!(s, " {} {} |", n, if n == 0 { "✅" } else { "❌" });
+        }
+        s.push_str("\n\n");
+    }
+
+    // Overview.
+    let overview = [
+        (Metric::BulkUp, "upload MiB/s"),
+        (Metric::BulkDown, "download MiB/s"),
+        (Metric::CpuDown, "CPU s/GiB down"),
+        (Metric::PingP50, "ping p50 µs"),
+        (Metric::PingP99, "ping p99 µs"),
+        (Metric::Churn1Rate, "churn c=1 /s"),
+        (Metric::Churn64Rate, "churn c=64 /s"),
+        (Metric::HolRatio, "HOL ratio"),
+        (Metric::IdleRssServer, "idle RSS server MiB"),
+        (Metric::IdleRssAgent, "idle RSS agent MiB"),
+        (Metric::ConnTotal, "KiB/idle conn"),
+        (Metric::AgentLarge, "KiB/agent"),
+    ];
+    let cols: Vec<_> = overview.iter().filter(|(m, _)| results.has(*m)).collect();
+    if !cols.is_empty() {
+        let _ = writeln!(s, "## Overview (medians)\n");
+        let _ = write!(s, "| system |");
+        for (_, h) in &cols {
+            let _ = write!(s, " {h} |");
+        }
+        let _ = write!(s, " errors |\n|---|");
+        for _ in &cols {
+            let _ = write!(s, "---:|");
+        }
+        s.push_str("---:|\n");
+        for &sys in &meta.systems {
+            let _ = write!(s, "| {} |", sys.name());
+            for (m, _) in &cols {
+                let v = results
+                    .summary(sys, *m)
+                    .map(|x| fmt_num(x.median))
+                    .unwrap_or_default();
+                let _ = write!(s, " {v} |");
+            }
+            let _ = writeln!(s, " {} |", results.errors_of(sys));
+        }
+        s.push('\n');
+    }
+
+    if !charts.is_empty() {
+        let _ = writeln!(s, "## Charts\n");
+        for (file, title) in charts {
+            let _ = writeln!(s, "![{title}]({file})\n");
+        }
+    }
+
+    let _ = writeln!(s, "## Figures\n");
+    for metric in Metric::ALL {
+        if !results.has(metric) {
+            continue;
+        }
+        let better = match metric.better() {
+            Better::Higher => "higher is better",
+            Better::Lower => "lower is better",
+        };
+        let _ = writeln!(
+            s,
+            "### {} ({}, {better})\n",
+            metric.title(p.idle_conns, p.fanin),
+            metric.unit()
+        );
+        let _ = writeln!(
+            s,
+            "| system | median | min–max | runs | ×upstream | ×direct |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+        let direct = results.summary(System::Direct, metric);
+        for &sys in &meta.systems {
+            let Some(sum) = results.summary(sys, metric) else {
+                continue;
+            };
+            let vs_up = sys
+                .upstream_peer()
+                .and_then(|u| ratio(Some(sum), results.summary(u, metric)));
+            let vs_direct = if sys == System::Direct {
+                None
+            } else {
+                ratio(Some(sum), direct)
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {}–{} | {} | {} | {} |",
+                sys.name(),
+                fmt_num(sum.median),
+                fmt_num(sum.min),
+                fmt_num(sum.max),
+                sum.runs,
+                fmt_ratio(vs_up),
+                fmt_ratio(vs_direct)
+            );
+        }
+        s.push('\n');
+    }
+
+    if !meta.notes.is_empty() {
+        let _ = writeln!(s, "## Notes from the run\n");
+        for n in &meta.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s.push('\n');
+    }
+
+    let _ = writeln!(s, "## Errors\n");
+    if results.errors.is_empty() {
+        let _ = writeln!(s, "None.");
+    } else {
+        let _ = writeln!(s, "| system | workload | error |\n|---|---|---|");
+        for (sys, w, e) in &results.errors {
+            let e = e.replace('|', "\\|").replace('\n', " ");
+            let _ = writeln!(s, "| {} | {w} | {e} |", sys.name());
+        }
+    }
+    s
+}
+
+fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
+    let cats: Vec<String> = meta.systems.iter().map(System::name).collect();
+    let series = |name: &str, metric: Metric| {
+        (
+            name.to_owned(),
+            meta.systems
+                .iter()
+                .map(|&sys| results.summary(sys, metric))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let chart =
+        |title: &str, axis: &str, log: bool, series: Vec<(String, Vec<Option<Summary>>)>| Chart {
+            title: title.to_owned(),
+            axis: axis.to_owned(),
+            log,
+            categories: cats.clone(),
+            series,
+        };
+    vec![
+        (
+            "throughput.svg".into(),
+            chart(
+                "Bulk throughput of one connection",
+                "MiB/s (higher is better; whiskers: min–max of runs)",
+                false,
+                vec![
+                    series("upload", Metric::BulkUp),
+                    series("download", Metric::BulkDown),
+                ],
+            ),
+        ),
+        (
+            "cpu.svg".into(),
+            chart(
+                "CPU of server + agent per GiB moved",
+                "CPU seconds per GiB (lower is better)",
+                false,
+                vec![
+                    series("upload", Metric::CpuUp),
+                    series("download", Metric::CpuDown),
+                ],
+            ),
+        ),
+        (
+            "latency.svg".into(),
+            chart(
+                "64-byte ping-pong latency",
+                "µs, log scale (lower is better)",
+                true,
+                vec![
+                    series("p50", Metric::PingP50),
+                    series("p99", Metric::PingP99),
+                    series("p99.9", Metric::PingP999),
+                ],
+            ),
+        ),
+        (
+            "churn.svg".into(),
+            chart(
+                "Connection churn: dial + 64-byte echo + close",
+                "connections per second (higher is better)",
+                false,
+                vec![
+                    series("concurrency 1", Metric::Churn1Rate),
+                    series("concurrency 64", Metric::Churn64Rate),
+                ],
+            ),
+        ),
+        (
+            "dial-latency.svg".into(),
+            chart(
+                "Dial latency during churn",
+                "µs, log scale (lower is better)",
+                true,
+                vec![
+                    series("c=1 p50", Metric::Churn1DialP50),
+                    series("c=1 p99", Metric::Churn1DialP99),
+                    series("c=64 p50", Metric::Churn64DialP50),
+                    series("c=64 p99", Metric::Churn64DialP99),
+                ],
+            ),
+        ),
+        (
+            "hol.svg".into(),
+            chart(
+                "Head-of-line isolation (throughput next to a stalled connection ÷ alone)",
+                "ratio (1 = isolated; higher is better)",
+                false,
+                vec![series("ratio", Metric::HolRatio)],
+            ),
+        ),
+        (
+            "memory-per-connection.svg".into(),
+            chart(
+                &format!("RSS per idle tunnelled connection ({} open)", p.idle_conns),
+                "KiB per connection (lower is better)",
+                false,
+                vec![
+                    series("server", Metric::ConnServer),
+                    series("agent", Metric::ConnAgent),
+                    series("server + agent", Metric::ConnTotal),
+                ],
+            ),
+        ),
+        (
+            "memory-per-agent.svg".into(),
+            chart(
+                "Server RSS per connected agent",
+                "KiB per agent (lower is better)",
+                false,
+                vec![
+                    series(&format!("{} agents", p.fanin[0]), Metric::AgentSmall),
+                    series(&format!("{} agents", p.fanin[1]), Metric::AgentLarge),
+                ],
+            ),
+        ),
+        (
+            "idle-rss.svg".into(),
+            chart(
+                "Idle RSS (server with one agent; agent)",
+                "MiB (lower is better)",
+                false,
+                vec![
+                    series("server", Metric::IdleRssServer),
+                    series("agent", Metric::IdleRssAgent),
+                ],
+            ),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, c): &(String, Chart)| c.series.iter().any(|(_, v)| v.iter().any(Option::is_some)))
+    .collect()
+}

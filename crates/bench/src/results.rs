@@ -1,0 +1,220 @@
+//! What is measured (figures, their units and which way is better) and the samples
+//! collected, one value per figure, system and run.
+
+use std::collections::BTreeMap;
+
+use crate::stats::Summary;
+use crate::systems::System;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Metric {
+    BulkUp,
+    BulkDown,
+    CpuUp,
+    CpuDown,
+    PingP50,
+    PingP99,
+    PingP999,
+    Churn1Rate,
+    Churn1DialP50,
+    Churn1DialP99,
+    Churn64Rate,
+    Churn64DialP50,
+    Churn64DialP99,
+    HolRatio,
+    IdleRssServer,
+    IdleRssAgent,
+    ConnServer,
+    ConnAgent,
+    ConnTotal,
+    AgentSmall,
+    AgentLarge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 21] = [
+        Metric::BulkUp,
+        Metric::BulkDown,
+        Metric::CpuUp,
+        Metric::CpuDown,
+        Metric::PingP50,
+        Metric::PingP99,
+        Metric::PingP999,
+        Metric::Churn1Rate,
+        Metric::Churn1DialP50,
+        Metric::Churn1DialP99,
+        Metric::Churn64Rate,
+        Metric::Churn64DialP50,
+        Metric::Churn64DialP99,
+        Metric::HolRatio,
+        Metric::IdleRssServer,
+        Metric::IdleRssAgent,
+        Metric::ConnServer,
+        Metric::ConnAgent,
+        Metric::ConnTotal,
+        Metric::AgentSmall,
+        Metric::AgentLarge,
+    ];
+
+    /// Stable key for CSV.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Metric::BulkUp => "bulk_upload_mib_s",
+            Metric::BulkDown => "bulk_download_mib_s",
+            Metric::CpuUp => "cpu_upload_s_per_gib",
+            Metric::CpuDown => "cpu_download_s_per_gib",
+            Metric::PingP50 => "pingpong_p50_us",
+            Metric::PingP99 => "pingpong_p99_us",
+            Metric::PingP999 => "pingpong_p999_us",
+            Metric::Churn1Rate => "churn_c1_conn_s",
+            Metric::Churn1DialP50 => "churn_c1_dial_p50_us",
+            Metric::Churn1DialP99 => "churn_c1_dial_p99_us",
+            Metric::Churn64Rate => "churn_c64_conn_s",
+            Metric::Churn64DialP50 => "churn_c64_dial_p50_us",
+            Metric::Churn64DialP99 => "churn_c64_dial_p99_us",
+            Metric::HolRatio => "hol_ratio",
+            Metric::IdleRssServer => "idle_rss_server_mib",
+            Metric::IdleRssAgent => "idle_rss_agent_mib",
+            Metric::ConnServer => "idle_conn_server_kib",
+            Metric::ConnAgent => "idle_conn_agent_kib",
+            Metric::ConnTotal => "idle_conn_total_kib",
+            Metric::AgentSmall => "fanin_small_kib_per_agent",
+            Metric::AgentLarge => "fanin_large_kib_per_agent",
+        }
+    }
+
+    /// Heading in the report; `fanin` fills in the agent counts.
+    pub fn title(&self, conns: usize, fanin: [usize; 2]) -> String {
+        match self {
+            Metric::BulkUp => "Bulk throughput, upload (client → target), one connection".into(),
+            Metric::BulkDown => {
+                "Bulk throughput, download (target → client), one connection".into()
+            }
+            Metric::CpuUp => "CPU of server + agent per GiB, upload".into(),
+            Metric::CpuDown => "CPU of server + agent per GiB, download".into(),
+            Metric::PingP50 => "64-byte ping-pong latency, p50".into(),
+            Metric::PingP99 => "64-byte ping-pong latency, p99".into(),
+            Metric::PingP999 => "64-byte ping-pong latency, p99.9".into(),
+            Metric::Churn1Rate => {
+                "Connection churn (dial + 64-byte echo + close), concurrency 1".into()
+            }
+            Metric::Churn1DialP50 => "Dial latency p50 during churn, concurrency 1".into(),
+            Metric::Churn1DialP99 => "Dial latency p99 during churn, concurrency 1".into(),
+            Metric::Churn64Rate => {
+                "Connection churn (dial + 64-byte echo + close), concurrency 64".into()
+            }
+            Metric::Churn64DialP50 => "Dial latency p50 during churn, concurrency 64".into(),
+            Metric::Churn64DialP99 => "Dial latency p99 during churn, concurrency 64".into(),
+            Metric::HolRatio => {
+                "Head-of-line isolation: throughput next to a stalled connection ÷ alone".into()
+            }
+            Metric::IdleRssServer => "Idle RSS of the server (with one agent)".into(),
+            Metric::IdleRssAgent => "Idle RSS of the agent".into(),
+            Metric::ConnServer => {
+                format!("Server RSS per idle tunnelled connection ({conns} open)")
+            }
+            Metric::ConnAgent => format!("Agent RSS per idle tunnelled connection ({conns} open)"),
+            Metric::ConnTotal => {
+                format!("Server + agent RSS per idle tunnelled connection ({conns} open)")
+            }
+            Metric::AgentSmall => format!("Server RSS per connected agent ({} agents)", fanin[0]),
+            Metric::AgentLarge => format!("Server RSS per connected agent ({} agents)", fanin[1]),
+        }
+    }
+
+    pub fn unit(&self) -> &'static str {
+        match self {
+            Metric::BulkUp | Metric::BulkDown => "MiB/s",
+            Metric::CpuUp | Metric::CpuDown => "CPU s/GiB",
+            Metric::PingP50
+            | Metric::PingP99
+            | Metric::PingP999
+            | Metric::Churn1DialP50
+            | Metric::Churn1DialP99
+            | Metric::Churn64DialP50
+            | Metric::Churn64DialP99 => "µs",
+            Metric::Churn1Rate | Metric::Churn64Rate => "conn/s",
+            Metric::HolRatio => "ratio",
+            Metric::IdleRssServer | Metric::IdleRssAgent => "MiB",
+            Metric::ConnServer
+            | Metric::ConnAgent
+            | Metric::ConnTotal
+            | Metric::AgentSmall
+            | Metric::AgentLarge => "KiB",
+        }
+    }
+
+    pub fn better(&self) -> Better {
+        match self {
+            Metric::BulkUp
+            | Metric::BulkDown
+            | Metric::Churn1Rate
+            | Metric::Churn64Rate
+            | Metric::HolRatio => Better::Higher,
+            _ => Better::Lower,
+        }
+    }
+}
+
+/// Every sample of a benchmark, and every error seen.
+#[derive(Debug, Default)]
+pub struct Results {
+    samples: BTreeMap<(System, Metric), Vec<(usize, f64)>>,
+    /// (system, workload, message)
+    pub errors: Vec<(System, String, String)>,
+}
+
+impl Results {
+    pub fn add(&mut self, system: System, metric: Metric, run: usize, value: f64) {
+        self.samples
+            .entry((system, metric))
+            .or_default()
+            .push((run, value));
+    }
+
+    pub fn error(&mut self, system: System, workload: &str, message: String) {
+        self.errors.push((system, workload.to_owned(), message));
+    }
+
+    pub fn values(&self, system: System, metric: Metric) -> Vec<f64> {
+        self.samples
+            .get(&(system, metric))
+            .map(|v| v.iter().map(|&(_, x)| x).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn summary(&self, system: System, metric: Metric) -> Option<Summary> {
+        Summary::of(&self.values(system, metric))
+    }
+
+    pub fn has(&self, metric: Metric) -> bool {
+        self.samples.keys().any(|&(_, m)| m == metric)
+    }
+
+    pub fn errors_of(&self, system: System) -> usize {
+        self.errors.iter().filter(|(s, _, _)| *s == system).count()
+    }
+
+    /// `system,metric,run,value` lines.
+    pub fn csv(&self) -> String {
+        let mut out = String::from("system,metric,run,value\n");
+        for ((system, metric), v) in &self.samples {
+            for (run, value) in v {
+                out.push_str(&format!(
+                    "{},{},{},{}\n",
+                    system.name(),
+                    metric.key(),
+                    run,
+                    value
+                ));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,204 @@
+//! tether and upstream Konnectivity: the same flags (tether is a drop-in), the same
+//! certificates, server and agent as separate processes, server↔agent over mutual TLS.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tether_client::{GrpcClient, Transport};
+use tether_tls::TlsOptions;
+use tokio::process::Command;
+
+use super::{Dialer, Env, Running, System, free_port, wait_http_ok};
+use crate::procs::Proc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Impl {
+    Tether,
+    Upstream,
+}
+
+impl Impl {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Impl::Tether => "tether",
+            Impl::Upstream => "upstream",
+        }
+    }
+}
+
+/// The frontend shape a client uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frontend {
+    /// HTTP CONNECT over a Unix socket.
+    HttpConnectUds,
+    /// HTTP CONNECT over TCP with mutual TLS.
+    HttpConnectTls,
+    /// gRPC over a Unix socket (kube-apiserver's GRPC egress).
+    GrpcUds,
+    /// gRPC over TCP with mutual TLS (the server supports it; kube-apiserver does not use it).
+    GrpcTls,
+}
+
+impl Frontend {
+    pub const ALL: [Frontend; 4] = [
+        Frontend::HttpConnectUds,
+        Frontend::HttpConnectTls,
+        Frontend::GrpcUds,
+        Frontend::GrpcTls,
+    ];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frontend::HttpConnectUds => "http-connect/uds",
+            Frontend::HttpConnectTls => "http-connect/mtls",
+            Frontend::GrpcUds => "grpc/uds",
+            Frontend::GrpcTls => "grpc/mtls",
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        match self {
+            Frontend::HttpConnectUds | Frontend::HttpConnectTls => "http-connect",
+            Frontend::GrpcUds | Frontend::GrpcTls => "grpc",
+        }
+    }
+
+    fn is_uds(&self) -> bool {
+        matches!(self, Frontend::HttpConnectUds | Frontend::GrpcUds)
+    }
+}
+
+fn command(env: &Env, imp: Impl, role: &str) -> Command {
+    match imp {
+        Impl::Tether => {
+            let mut c = Command::new(&env.bins.tether);
+            c.arg(role);
+            c
+        }
+        Impl::Upstream => Command::new(match role {
+            "server" => &env.bins.upstream_server,
+            _ => &env.bins.upstream_agent,
+        }),
+    }
+}
+
+fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
+    let mut s = std::ffi::OsString::from(format!("--{name}="));
+    s.push(value);
+    s
+}
+
+/// Starts a server (and an agent unless `with_agent` is false) and connects a client.
+pub(super) async fn start(
+    env: &Env,
+    imp: Impl,
+    frontend: Frontend,
+    with_agent: bool,
+) -> anyhow::Result<Running> {
+    let system = System::Konn(imp, frontend);
+    let dir = env.instance_dir(&system)?;
+    let pki = &env.pki;
+    let agent_port = free_port()?;
+    let health_port = free_port()?;
+    let admin_port = free_port()?;
+    let uds = dir.join("frontend.sock");
+
+    let mut cmd = command(env, imp, "server");
+    cmd.arg(flag("mode", frontend.mode()));
+    let frontend_port = if frontend.is_uds() {
+        cmd.arg(flag("uds-name", &uds)).arg("--server-port=0");
+        None
+    } else {
+        let port = free_port()?;
+        cmd.arg("--server-bind-address=127.0.0.1")
+            .arg(flag("server-port", port.to_string()))
+            .arg(flag("server-cert", &pki.server_cert))
+            .arg(flag("server-key", &pki.server_key))
+            .arg(flag("server-ca-cert", &pki.ca_cert));
+        Some(port)
+    };
+    cmd.arg("--agent-bind-address=127.0.0.1")
+        .arg(flag("agent-port", agent_port.to_string()))
+        .arg("--health-bind-address=127.0.0.1")
+        .arg(flag("health-port", health_port.to_string()))
+        .arg("--admin-bind-address=127.0.0.1")
+        .arg(flag("admin-port", admin_port.to_string()))
+        .arg(flag("cluster-cert", &pki.server_cert))
+        .arg(flag("cluster-key", &pki.server_key))
+        .arg(flag("cluster-ca-cert", &pki.ca_cert))
+        .arg("--server-count=1")
+        // The same verbosity for both: upstream's default (-v=4) logs lines per connection.
+        .arg("-v=0");
+    let mut server = Proc::spawn("server", cmd, &dir.join("server.log"))?;
+    wait_http_ok(
+        &mut server,
+        health_port,
+        "/healthz",
+        Duration::from_secs(30),
+    )
+    .await?;
+
+    let agent = if with_agent {
+        let a_health = free_port()?;
+        let a_admin = free_port()?;
+        let mut cmd = command(env, imp, "agent");
+        cmd.arg("--proxy-server-host=127.0.0.1")
+            .arg(flag("proxy-server-port", agent_port.to_string()))
+            .arg(flag("ca-cert", &pki.ca_cert))
+            .arg(flag("agent-cert", &pki.agent_cert))
+            .arg(flag("agent-key", &pki.agent_key))
+            .arg("--health-server-host=127.0.0.1")
+            .arg(flag("health-server-port", a_health.to_string()))
+            .arg("--admin-bind-address=127.0.0.1")
+            .arg(flag("admin-server-port", a_admin.to_string()))
+            .arg("--agent-id=bench-agent")
+            .arg("-v=0");
+        let mut agent = Proc::spawn("agent", cmd, &dir.join("agent.log"))?;
+        wait_http_ok(&mut agent, a_health, "/readyz", Duration::from_secs(30)).await?;
+        wait_http_ok(&mut server, health_port, "/readyz", Duration::from_secs(30)).await?;
+        Some(agent)
+    } else {
+        None
+    };
+
+    let transport = match frontend_port {
+        None => Transport::Unix(uds),
+        Some(port) => Transport::Tls {
+            addr: format!("127.0.0.1:{port}"),
+            server_name: "127.0.0.1".into(),
+            tls: client_tls(&pki.ca_cert, &pki.client_cert, &pki.client_key)?,
+        },
+    };
+    let target = env.target.to_string();
+    let dialer = match frontend {
+        Frontend::HttpConnectUds | Frontend::HttpConnectTls => {
+            Dialer::HttpConnect(transport, target)
+        }
+        Frontend::GrpcUds | Frontend::GrpcTls => {
+            let client =
+                tokio::time::timeout(Duration::from_secs(10), GrpcClient::connect(&transport))
+                    .await
+                    .context("gRPC frontend connect timed out")??;
+            Dialer::Grpc(client, target)
+        }
+    };
+    Ok(Running {
+        system,
+        dialer,
+        server: Some(server),
+        agent,
+        server_health: Some(health_port),
+        agent_port: Some(agent_port),
+    })
+}
+
+pub fn client_tls(ca: &Path, cert: &Path, key: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    Ok(tether_tls::client_config(
+        ca,
+        Some((cert, key)),
+        vec![b"h2".to_vec()],
+        &TlsOptions::default(),
+    )?)
+}

@@ -1,0 +1,329 @@
+//! The systems under test: how each is started as real processes on loopback, how a
+//! workload dials through it, and which processes to sample.
+
+mod konnectivity;
+mod ssh;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tether_client::{GrpcClient, Transport};
+use tether_tls::pki::PkiFiles;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::procs::Proc;
+use crate::target::{self, BoxStream};
+
+pub use konnectivity::{Frontend, Impl};
+
+/// One system under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum System {
+    /// Straight TCP to the target: the limit.
+    Direct,
+    /// A Konnectivity implementation (server + one agent) with one frontend shape.
+    Konn(Impl, Frontend),
+    /// `ssh -L`: the client listens, sshd dials the target.
+    SshL,
+    /// `ssh -R`: sshd listens, the client dials the target (a reverse tunnel, like an agent).
+    SshR,
+}
+
+impl System {
+    /// Every system, in report order.
+    pub fn all() -> Vec<System> {
+        let mut v = vec![System::Direct];
+        for f in Frontend::ALL {
+            v.push(System::Konn(Impl::Tether, f));
+        }
+        for f in Frontend::ALL {
+            v.push(System::Konn(Impl::Upstream, f));
+        }
+        v.push(System::SshL);
+        v.push(System::SshR);
+        v
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            System::Direct => "direct".into(),
+            System::Konn(i, f) => format!("{} {}", i.name(), f.name()),
+            System::SshL => "ssh -L".into(),
+            System::SshR => "ssh -R".into(),
+        }
+    }
+
+    /// A short file-name-safe id.
+    pub fn id(&self) -> String {
+        self.name().replace([' ', '/'], "-")
+    }
+
+    /// The same shape on upstream, for tether's ratios.
+    pub fn upstream_peer(&self) -> Option<System> {
+        match self {
+            System::Konn(Impl::Tether, f) => Some(System::Konn(Impl::Upstream, *f)),
+            _ => None,
+        }
+    }
+
+    pub fn is_tether(&self) -> bool {
+        matches!(self, System::Konn(Impl::Tether, _))
+    }
+
+    pub fn has_processes(&self) -> bool {
+        !matches!(self, System::Direct)
+    }
+
+    /// Parses a name as printed by [`System::name`] or [`System::id`].
+    pub fn parse(s: &str) -> Option<System> {
+        System::all()
+            .into_iter()
+            .find(|sys| sys.name() == s || sys.id() == s)
+    }
+}
+
+/// Binaries the systems run.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub tether: PathBuf,
+    pub upstream_server: PathBuf,
+    pub upstream_agent: PathBuf,
+    pub sshd: PathBuf,
+    pub ssh: PathBuf,
+    pub ssh_keygen: PathBuf,
+}
+
+/// What every system shares in one benchmark run.
+#[derive(Debug)]
+pub struct Env {
+    /// Scratch directory (sockets, configs, logs).
+    pub dir: PathBuf,
+    pub pki: PkiFiles,
+    pub bins: Binaries,
+    /// The target process's address.
+    pub target: SocketAddr,
+    /// Instances started so far, to give each its own directory.
+    pub started: std::sync::atomic::AtomicUsize,
+}
+
+impl Env {
+    pub fn instance_dir(&self, system: &System) -> anyhow::Result<PathBuf> {
+        let n = self
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.dir.join(format!("{n:03}-{}", system.id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+}
+
+/// How a workload opens a connection to the target through a system.
+#[derive(Clone, Debug)]
+pub enum Dialer {
+    /// Plain TCP to an address: the target itself, or an SSH forward.
+    Tcp(SocketAddr),
+    HttpConnect(Transport, String),
+    Grpc(GrpcClient, String),
+}
+
+impl Dialer {
+    pub async fn dial(&self) -> anyhow::Result<BoxStream> {
+        Ok(match self {
+            Dialer::Tcp(addr) => {
+                let s = TcpStream::connect(addr).await?;
+                s.set_nodelay(true)?;
+                Box::new(s)
+            }
+            Dialer::HttpConnect(transport, addr) => {
+                Box::new(tether_client::dial_http_connect(transport, addr).await?)
+            }
+            Dialer::Grpc(client, addr) => Box::new(client.dial(addr).await?),
+        })
+    }
+
+    /// Dial with a deadline.
+    pub async fn dial_timeout(&self, timeout: Duration) -> anyhow::Result<BoxStream> {
+        match tokio::time::timeout(timeout, self.dial()).await {
+            Ok(r) => r,
+            Err(_) => bail!("dial timed out after {timeout:?}"),
+        }
+    }
+}
+
+/// A started system.
+#[derive(Debug)]
+pub struct Running {
+    pub system: System,
+    pub dialer: Dialer,
+    /// The proxy server (or sshd); `None` for direct.
+    pub server: Option<Proc>,
+    /// The agent (or the ssh client); `None` for direct and for a lone server.
+    pub agent: Option<Proc>,
+    /// Health port of a Konnectivity server, for its metrics.
+    pub server_health: Option<u16>,
+    /// Agent port of a Konnectivity server (fake agents connect there).
+    pub agent_port: Option<u16>,
+}
+
+impl Running {
+    /// Starts `system` with one agent (or its SSH forward).
+    pub async fn start(env: &Env, system: System) -> anyhow::Result<Running> {
+        let running = match system {
+            System::Direct => Running {
+                system,
+                dialer: Dialer::Tcp(env.target),
+                server: None,
+                agent: None,
+                server_health: None,
+                agent_port: None,
+            },
+            System::Konn(i, f) => konnectivity::start(env, i, f, true).await?,
+            System::SshL | System::SshR => ssh::start(env, system).await?,
+        };
+        running.check_end_to_end().await?;
+        Ok(running)
+    }
+
+    /// Starts a Konnectivity server with no agent (fan-in).
+    pub async fn start_lone_server(env: &Env, imp: Impl) -> anyhow::Result<Running> {
+        konnectivity::start(env, imp, Frontend::HttpConnectUds, false).await
+    }
+
+    /// One echo through the system, retried for a few seconds: an agent may be ready a
+    /// moment after its health endpoint says so.
+    async fn check_end_to_end(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let attempt = async {
+                let mut s = self.dialer.dial_timeout(Duration::from_secs(5)).await?;
+                target::echo_start(&mut s, b"ready?").await
+            };
+            match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) if Instant::now() > deadline => {
+                    return Err(e).context(format!("{} does not tunnel", self.system.name()));
+                }
+                Err(_) if Instant::now() > deadline => {
+                    bail!("{} does not tunnel (echo timed out)", self.system.name())
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// Fails if a process of the system has died.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = &mut self.server {
+            p.check_alive()?;
+        }
+        if let Some(p) = &mut self.agent {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+
+    pub fn server_rss(&self) -> Option<u64> {
+        self.server.as_ref().map(Proc::rss)
+    }
+
+    pub fn agent_rss(&self) -> Option<u64> {
+        self.agent.as_ref().map(Proc::rss)
+    }
+
+    /// CPU seconds of server + agent so far.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        if self.server.is_none() && self.agent.is_none() {
+            return None;
+        }
+        Some(
+            self.server.as_ref().map_or(0.0, Proc::cpu_seconds)
+                + self.agent.as_ref().map_or(0.0, Proc::cpu_seconds),
+        )
+    }
+
+    /// Reads one gauge or counter from the server's Prometheus metrics.
+    pub async fn server_metric(&self, name: &str) -> Option<f64> {
+        let port = self.server_health?;
+        let body = http_get(port, "/metrics").await.ok()?.1;
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (key, value) = l.rsplit_once(' ')?;
+                let bare = key.split('{').next()?;
+                (bare == name).then(|| value.parse::<f64>().ok())?
+            })
+            .reduce(|a, b| a + b)
+    }
+
+    pub async fn stop(self) {
+        if let Some(p) = self.agent {
+            p.stop().await;
+        }
+        if let Some(p) = self.server {
+            p.stop().await;
+        }
+    }
+}
+
+/// Client TLS config with the agent's certificate, for fake agents.
+pub fn konnectivity_agent_tls(env: &Env) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    konnectivity::client_tls(&env.pki.ca_cert, &env.pki.agent_cert, &env.pki.agent_key)
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough on a quiet loopback).
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A minimal HTTP/1.0 GET on 127.0.0.1: (status, body).
+pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    let work = async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("no HTTP status")?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        anyhow::Ok((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .context("HTTP GET timed out")?
+}
+
+/// Waits until `GET path` answers 200, failing early if `proc` dies.
+pub async fn wait_http_ok(
+    proc: &mut Proc,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        proc.check_alive()?;
+        if let Ok((200, _)) = http_get(port, path).await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} not ready: GET 127.0.0.1:{port}{path} did not answer 200 within {timeout:?}; log tail:\n{}",
+                proc.role,
+                crate::procs::log_tail(&proc.log)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,144 @@
+//! Agent fan-in: many agents on one server. A light fake agent speaks the real Connect
+//! protocol (mutual TLS, HTTP/2, `AgentService.Connect` with an `agentid`) and then idles;
+//! the server's RSS growth per agent is the figure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rustls::pki_types::ServerName;
+use tether_grpc::H2Settings;
+use tether_grpc::client::Channel;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsConnector;
+
+use super::Profile;
+use crate::progress::{Progress, Ticker};
+use crate::systems::Running;
+
+#[derive(Clone, Copy, Debug)]
+pub struct FanInResult {
+    pub kib_per_agent: f64,
+    /// What the server's `ready_backend_connections` gauge said, if it has one.
+    pub server_counted: Option<f64>,
+}
+
+/// A connected fake agent; dropping it disconnects.
+struct FakeAgent {
+    _channel: Channel,
+    _sender: tether_grpc::PacketSender,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Small windows: the fake agent never carries data.
+fn settings() -> H2Settings {
+    H2Settings {
+        stream_window: 65_535,
+        connection_window: 65_535,
+        max_frame_size: 16_384,
+        max_send_buffer: 64 * 1024,
+        max_concurrent_streams: 16,
+        keepalive: None,
+    }
+}
+
+async fn connect(
+    port: u16,
+    tls: Arc<rustls::ClientConfig>,
+    id: String,
+) -> anyhow::Result<FakeAgent> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from("127.0.0.1").expect("valid name");
+    let tls = TlsConnector::from(tls).connect(name, tcp).await?;
+    let addr = format!("127.0.0.1:{port}");
+    let channel = Channel::handshake(tls, &settings(), &addr, true).await?;
+    let metadata = [
+        (tether_proto::metadata::AGENT_ID, id),
+        (tether_proto::metadata::TETHER_FLOW, "1048576".to_owned()),
+    ];
+    let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, &metadata).await?;
+    receiver
+        .response_headers()
+        .await
+        .context("Connect response headers")?;
+    // Drain whatever the server sends (nothing, unless it dials) until the stream ends.
+    let reader = tokio::spawn(async move { while let Some(Ok(_)) = receiver.next().await {} });
+    Ok(FakeAgent {
+        _channel: channel,
+        _sender: sender,
+        reader,
+    })
+}
+
+pub async fn run(
+    r: &Running,
+    p: &Profile,
+    agents: usize,
+    tls: Arc<rustls::ClientConfig>,
+    progress: &Progress,
+) -> anyhow::Result<FanInResult> {
+    let port = r.agent_port.context("no agent port")?;
+    tokio::time::sleep(p.settle).await;
+    let before = r.server_rss().unwrap_or(0);
+    let gate = Arc::new(Semaphore::new(p.open_concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..agents {
+        let permit = gate.clone().acquire_owned().await?;
+        let tls = tls.clone();
+        tasks.spawn(async move {
+            let id = format!("fake-{i}-{}", uuid::Uuid::new_v4());
+            let agent = tokio::time::timeout(Duration::from_secs(20), connect(port, tls, id))
+                .await
+                .map_err(|_| anyhow::anyhow!("Connect timed out"))?;
+            drop(permit);
+            agent
+        });
+    }
+    let mut connected = Vec::with_capacity(agents);
+    let mut first_error = None;
+    let mut errors = 0usize;
+    let mut ticker = Ticker::new(Duration::from_secs(3));
+    while let Some(joined) = tasks.join_next().await {
+        match joined? {
+            Ok(a) => connected.push(a),
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+        if ticker.due() {
+            progress.note(&format!("{} of {agents} agents connected", connected.len()));
+        }
+    }
+    if let Some(e) = first_error {
+        bail!("{errors} of {agents} fake agents failed; first: {e:#}");
+    }
+    tokio::time::sleep(p.settle).await;
+    let after = r.server_rss().unwrap_or(0);
+    let counted = r
+        .server_metric("konnectivity_network_proxy_server_ready_backend_connections")
+        .await;
+    if let Some(c) = counted
+        && (c as usize) < agents
+    {
+        bail!("the server counts {c} ready backends, {agents} agents connected");
+    }
+    for a in &connected {
+        if a.reader.is_finished() {
+            bail!("the server closed a fake agent's stream");
+        }
+    }
+    drop(connected);
+    Ok(FanInResult {
+        kib_per_agent: (after as f64 - before as f64) / 1024.0 / agents as f64,
+        server_counted: counted,
+    })
+}

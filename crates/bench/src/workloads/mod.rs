@@ -1,0 +1,134 @@
+//! The load generator: the same workloads, through the same [`Dialer`](crate::systems::Dialer)
+//! interface, for every system.
+
+pub mod bulk;
+pub mod churn;
+pub mod fanin;
+pub mod hol;
+pub mod idle;
+pub mod pingpong;
+
+use std::time::Duration;
+
+/// How much of everything to do: the full benchmark, or `--quick` (proves that every system
+/// and workload runs; its numbers mean nothing).
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub runs: usize,
+    /// Bytes of the warm-up transfer that also sizes the measured one.
+    pub bulk_warmup: u64,
+    /// Target length of a measured bulk transfer.
+    pub bulk_secs: f64,
+    pub ping_warmup: usize,
+    pub ping_rounds: usize,
+    pub ping_max_secs: f64,
+    pub churn_secs: f64,
+    /// Length of each half of the head-of-line measurement.
+    pub hol_secs: f64,
+    /// How long the stalled connection fills its buffers before measuring.
+    pub hol_fill_secs: f64,
+    pub idle_conns: usize,
+    pub fanin: [usize; 2],
+    /// Wait before sampling RSS, so that start-up or connection bursts settle.
+    pub settle: Duration,
+    /// Concurrency for opening many connections or agents.
+    pub open_concurrency: usize,
+    /// Deadline of one dial.
+    pub dial_timeout: Duration,
+}
+
+impl Profile {
+    pub fn full() -> Self {
+        Self {
+            runs: 3,
+            bulk_warmup: 64 << 20,
+            bulk_secs: 3.0,
+            ping_warmup: 500,
+            ping_rounds: 20_000,
+            ping_max_secs: 6.0,
+            churn_secs: 3.0,
+            hol_secs: 2.0,
+            hol_fill_secs: 1.0,
+            idle_conns: 10_000,
+            fanin: [1_000, 5_000],
+            settle: Duration::from_millis(2_000),
+            open_concurrency: 64,
+            dial_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn quick() -> Self {
+        Self {
+            runs: 1,
+            bulk_warmup: 4 << 20,
+            bulk_secs: 0.2,
+            ping_warmup: 20,
+            ping_rounds: 200,
+            ping_max_secs: 1.0,
+            churn_secs: 0.3,
+            hol_secs: 0.3,
+            hol_fill_secs: 0.2,
+            idle_conns: 200,
+            fanin: [20, 50],
+            settle: Duration::from_millis(200),
+            open_concurrency: 16,
+            dial_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Workloads run on one started instance of a system, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Workload {
+    IdleRss,
+    Bulk,
+    PingPong,
+    Churn,
+    Hol,
+    /// Many idle tunnelled connections (own instance).
+    IdleConns,
+    /// Many fake agents on one server (own instance).
+    FanIn,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 7] = [
+        Workload::IdleRss,
+        Workload::Bulk,
+        Workload::PingPong,
+        Workload::Churn,
+        Workload::Hol,
+        Workload::IdleConns,
+        Workload::FanIn,
+    ];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Workload::IdleRss => "idle-rss",
+            Workload::Bulk => "bulk",
+            Workload::PingPong => "pingpong",
+            Workload::Churn => "churn",
+            Workload::Hol => "hol",
+            Workload::IdleConns => "idle-conns",
+            Workload::FanIn => "fanin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    /// Estimated seconds per system and run, for the progress estimate.
+    pub fn weight(&self, p: &Profile) -> f64 {
+        let settle = p.settle.as_secs_f64();
+        match self {
+            Workload::IdleRss => settle + 1.5,
+            Workload::Bulk => 2.0 * (p.bulk_secs + 0.5),
+            Workload::PingPong => p.ping_max_secs.min(3.0),
+            Workload::Churn => 2.0 * p.churn_secs,
+            Workload::Hol => 2.0 * p.hol_secs + p.hol_fill_secs,
+            Workload::IdleConns => p.idle_conns as f64 / 600.0 + 2.0 * settle + 2.0,
+            Workload::FanIn => (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 4.0 * settle + 3.0,
+        }
+    }
+}
