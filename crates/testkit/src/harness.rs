@@ -319,3 +319,40 @@ fn unique() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
+
+/// The usual arrangement of a test: a server, one agent connected to it, and an echo target.
+#[derive(Debug)]
+pub struct Stack {
+    pub pki: Pki,
+    pub server: TestServer,
+    pub agent: TestAgent,
+    pub echo: crate::targets::EchoServer,
+}
+
+impl Stack {
+    /// Starts everything and waits until the server has the agent.
+    pub async fn start(server: ServerOptions, agent: AgentOptions) -> anyhow::Result<Self> {
+        let pki = Pki::generate()?;
+        let server = TestServer::start(&pki, server).await?;
+        let agent = TestAgent::start(&pki, server.agent_addr, agent).await?;
+        server.wait_ready().await?;
+        agent.wait_ready().await?;
+        let echo = crate::targets::EchoServer::start().await?;
+        Ok(Self {
+            pki,
+            server,
+            agent,
+            echo,
+        })
+    }
+}
+
+impl ServerOptions {
+    /// The defaults with the HTTP CONNECT frontend.
+    pub fn http_connect() -> Self {
+        Self {
+            mode: Mode::HttpConnect,
+            ..Self::default()
+        }
+    }
+}

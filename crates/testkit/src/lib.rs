@@ -11,7 +11,7 @@ pub mod http;
 pub mod process;
 pub mod targets;
 
-pub use harness::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
+pub use harness::{AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer, Transport};
 
 /// Sends logs to the test output when `RUST_LOG` is set (e.g. `RUST_LOG=debug`).
 pub fn init_logging() {

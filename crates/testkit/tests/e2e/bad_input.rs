@@ -7,9 +7,8 @@ use prost::Message;
 use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings};
 use tether_proto::{ConnectId, Packet, pb};
-use tether_server::Mode;
 use tether_testkit::targets::EchoServer;
-use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
+use tether_testkit::{AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -25,21 +24,14 @@ async fn still_serves(server: &TestServer, echo: &EchoServer) {
 
 #[tokio::test]
 async fn http_connect_garbage_oversized_headers_and_wrong_methods() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(
-        &pki,
-        ServerOptions {
-            mode: Mode::HttpConnect,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let _agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+    let Stack {
+        pki: _pki,
+        server,
+        agent: _agent,
+        echo,
+    } = Stack::start(ServerOptions::http_connect(), AgentOptions::default())
         .await
         .unwrap();
-    server.wait_ready().await.unwrap();
-    let echo = EchoServer::start().await.unwrap();
     let uds = server.uds.clone().unwrap();
 
     // Binary garbage: 400.
@@ -175,21 +167,14 @@ async fn agent_channel(pki: &Pki, server: &TestServer) -> Channel {
 
 #[tokio::test]
 async fn agent_listener_refuses_bad_agents_and_answers_unknown_connections() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(
-        &pki,
-        ServerOptions {
-            mode: Mode::HttpConnect,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let _agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+    let Stack {
+        pki,
+        server,
+        agent: _agent,
+        echo,
+    } = Stack::start(ServerOptions::http_connect(), AgentOptions::default())
         .await
         .unwrap();
-    server.wait_ready().await.unwrap();
-    let echo = EchoServer::start().await.unwrap();
 
     // No agent ID: refused before any header, with upstream's message.
     let channel = agent_channel(&pki, &server).await;

@@ -6,7 +6,7 @@ use tether_server::Mode;
 use tether_testkit::balancer::LoadBalancer;
 use tether_testkit::http::metric_value;
 use tether_testkit::targets::EchoServer;
-use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
+use tether_testkit::{AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer};
 use tokio::io::AsyncReadExt;
 
 use crate::support::{echo_exact, eventually, http_connect_uds};
@@ -133,21 +133,14 @@ async fn agent_holds_a_stream_to_each_of_two_servers_behind_one_address() {
 
 #[tokio::test]
 async fn losing_the_agent_fails_pending_dials_at_once_and_resets_connections() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(
-        &pki,
-        ServerOptions {
-            mode: Mode::HttpConnect,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+    let Stack {
+        pki: _pki,
+        server,
+        agent,
+        echo,
+    } = Stack::start(ServerOptions::http_connect(), AgentOptions::default())
         .await
         .unwrap();
-    server.wait_ready().await.unwrap();
-    let echo = EchoServer::start().await.unwrap();
     let (stream, head) =
         http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");

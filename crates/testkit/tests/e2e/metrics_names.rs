@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use tether_server::Mode;
 use tether_testkit::targets::{EchoServer, refused_addr};
-use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
+use tether_testkit::{AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer};
 
 use crate::support::{echo_exact, http_connect_uds};
 
@@ -121,21 +121,14 @@ fn check(text: &str, prefix: &str, upstream: &[&str], required: &[&str]) {
 
 #[tokio::test]
 async fn server_and_agent_expose_upstream_metric_names() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(
-        &pki,
-        ServerOptions {
-            mode: Mode::HttpConnect,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+    let Stack {
+        pki: _pki,
+        server,
+        agent,
+        echo,
+    } = Stack::start(ServerOptions::http_connect(), AgentOptions::default())
         .await
         .unwrap();
-    server.wait_ready().await.unwrap();
-    let echo = EchoServer::start().await.unwrap();
     let (stream, head) =
         http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
