@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tether_grpc::{GrpcError, PacketReceiver};
 use tether_proto::{ConnectId, DialId, Packet};
 use tether_tunnel::{ConnEvent, Flow, Full, Inbound, InboundQueue, Outbound, Overflow, SendWindow};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -249,12 +249,17 @@ impl ServerSession {
         mut queue: InboundQueue,
         window: Arc<SendWindow>,
     ) -> Option<String> {
-        let (mut rd, mut wr) = stream.into_split();
+        let (rd, mut wr) = stream.into_split();
         let to_server = async {
             let mut buf = BytesMut::new();
             loop {
+                // Wait for data before taking a buffer: an idle connection holds none.
+                if let Err(e) = rd.readable().await {
+                    return Err(Some(format!("read from destination: {e}")));
+                }
                 buf.reserve(MAX_CHUNK);
-                match (&mut rd).take(MAX_CHUNK as u64).read_buf(&mut buf).await {
+                match rd.try_read_buf(&mut (&mut buf).limit(MAX_CHUNK)) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     Ok(0) => return Ok(()),
                     Ok(n) => {
                         window.acquire(n).await.map_err(|_| None)?;

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use bytes::{BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -18,13 +19,52 @@ pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Makes the coming close abortive (TCP RST) so the peer sees an error, not a clean end.
     /// Unix sockets have no such close; there it does nothing.
     fn abort_on_close(&self) {}
+
+    /// The plain Unix socket, if that is what this is: its halves can wait for data without
+    /// holding a read buffer.
+    fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>>;
 }
 
-impl Io for UnixStream {}
+impl Io for UnixStream {
+    fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>> {
+        Ok(*self)
+    }
+}
 
 impl Io for tokio_rustls::server::TlsStream<TcpStream> {
     fn abort_on_close(&self) {
         reset_on_close(self.get_ref().0);
+    }
+
+    fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>> {
+        Err(self)
+    }
+}
+
+/// Reads a chunk of at most `max` bytes into `buf`; 0 means end of stream.
+pub(crate) trait ChunkRead {
+    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize>;
+}
+
+impl ChunkRead for tokio::net::unix::OwnedReadHalf {
+    /// Waits for data before reserving the buffer, so an idle connection holds none.
+    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+        loop {
+            self.readable().await?;
+            buf.reserve(max);
+            match self.try_read_buf(&mut (&mut *buf).limit(max)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return result,
+            }
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> ChunkRead for tokio::io::ReadHalf<R> {
+    /// TLS has no readiness of its own (records may already be buffered); read directly.
+    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+        buf.reserve(max);
+        self.read_buf(&mut (&mut *buf).limit(max)).await
     }
 }
 

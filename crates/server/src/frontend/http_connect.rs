@@ -9,12 +9,12 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tether_proto::DialId;
 use tether_tunnel::ConnEvent;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::backend::session::{MAX_CHUNK, ServerTunnel, TunnelDown, TunnelUp};
 use crate::dial::{DialError, Hub};
 use crate::metrics::Initiator;
-use crate::net::Io;
+use crate::net::{ChunkRead, Io};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -84,23 +84,23 @@ async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
     };
     io.write_all(ESTABLISHED).await?;
 
-    let (mut rd, mut wr) = tokio::io::split(io);
-    let (initiator, closed) = {
-        let ServerTunnel { up, down, .. } = &mut tunnel;
-        let mut to_agent = pin!(client_to_agent(up, &mut rd, early.freeze()));
-        let mut to_client = pin!(agent_to_client(down, &mut wr));
-        tokio::select! {
-            closed = &mut to_client => (Initiator::Agent, closed),
-            () = &mut to_agent => {
-                match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
-                    Ok(closed) => (Initiator::Client, closed),
-                    Err(_) => (Initiator::Client, Err(Some("timed out waiting for the agent to close".to_owned()))),
-                }
-            }
+    let connect_id = tunnel.connect_id();
+    let (initiator, closed, mut io): (_, _, Box<dyn Io>) = match io.into_unix() {
+        Ok(unix) => {
+            let (mut rd, mut wr) = unix.into_split();
+            let (initiator, closed) = relay(&mut tunnel, &mut rd, &mut wr, early.freeze()).await;
+            let unix = rd
+                .reunite(wr)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            (initiator, closed, Box::new(unix))
+        }
+        Err(io) => {
+            let (mut rd, mut wr) = tokio::io::split(io);
+            let (initiator, closed) = relay(&mut tunnel, &mut rd, &mut wr, early.freeze()).await;
+            (initiator, closed, rd.unsplit(wr))
         }
     };
     hub.metrics.connection_closed(initiator, closed.is_err());
-    let mut io = rd.unsplit(wr);
     match closed {
         // A normal close: flush and send FIN.
         Ok(()) => {
@@ -108,11 +108,33 @@ async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
         }
         // The agent, its connection or the destination failed: make the client see it.
         Err(error) => {
-            tracing::debug!(connect.id = %tunnel.connect_id(), ?error, "closing connection abortively");
+            tracing::debug!(connect.id = %connect_id, ?error, "closing connection abortively");
             io.abort_on_close();
         }
     }
     Ok(())
+}
+
+/// Relays until one side ends; says who ended it and whether abnormally (with the reason).
+async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
+    tunnel: &mut ServerTunnel,
+    rd: &mut R,
+    wr: &mut W,
+    early: Bytes,
+) -> (Initiator, Result<(), Option<String>>) {
+    let ServerTunnel { up, down, .. } = tunnel;
+    let mut to_agent = pin!(client_to_agent(up, rd, early));
+    let mut to_client = pin!(agent_to_client(down, wr));
+    tokio::select! {
+        closed = &mut to_client => (Initiator::Agent, closed),
+        () = &mut to_agent => match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
+            Ok(closed) => (Initiator::Client, closed),
+            Err(_) => (
+                Initiator::Client,
+                Err(Some("timed out waiting for the agent to close".to_owned())),
+            ),
+        },
+    }
 }
 
 enum Head {
@@ -205,14 +227,13 @@ fn status_for_dial_error(text: &str) -> u16 {
     }
 }
 
-async fn client_to_agent(up: &TunnelUp, rd: &mut ReadHalf<Box<dyn Io>>, early: Bytes) {
+async fn client_to_agent<R: ChunkRead>(up: &TunnelUp, rd: &mut R, early: Bytes) {
     if !early.is_empty() && up.send(early).await.is_err() {
         return;
     }
     let mut buf = BytesMut::new();
     loop {
-        buf.reserve(MAX_CHUNK);
-        match rd.read_buf(&mut buf).await {
+        match rd.read_chunk(&mut buf, MAX_CHUNK).await {
             Ok(0) | Err(_) => {
                 up.close_request();
                 return;
@@ -227,9 +248,9 @@ async fn client_to_agent(up: &TunnelUp, rd: &mut ReadHalf<Box<dyn Io>>, early: B
 }
 
 /// Writes agent data to the client; `Err` carries the reason of an abnormal close.
-async fn agent_to_client(
+async fn agent_to_client<W: AsyncWrite + Unpin>(
     down: &mut TunnelDown,
-    wr: &mut WriteHalf<Box<dyn Io>>,
+    wr: &mut W,
 ) -> Result<(), Option<String>> {
     loop {
         match down.recv().await {
