@@ -29,5 +29,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "tests"
 cargo test --workspace --locked --no-fail-fast
 
+step "interop matrix (real Go client, kube-apiserver's dialer, upstream server/agent and suite; COMPATIBILITY.md)"
+interop/run.sh
+
 echo
 echo "all checks passed in $((SECONDS - started)) s"

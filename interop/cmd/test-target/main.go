@@ -4,9 +4,12 @@
 //	GET /            200 "ok\n"
 //	GET /bytes/N     200 with N bytes of body (N <= 1 GiB)
 //	GET /status/N    responds with status N
+//	POST /sink       reads the whole body; 200 "<bytes> <sha256 hex>\n"
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -83,6 +86,14 @@ func serveHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			n -= k
 		}
+	case r.URL.Path == "/sink" && r.Method == http.MethodPost:
+		sum := sha256.New()
+		n, err := io.Copy(sum, r.Body)
+		if err != nil {
+			http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%d %s\n", n, hex.EncodeToString(sum.Sum(nil)))
 	case strings.HasPrefix(r.URL.Path, "/status/"):
 		code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/"))
 		if err != nil || code < 200 || code > 599 {
