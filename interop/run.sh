@@ -28,6 +28,9 @@ done
 
 echo "run.sh: building tether (cargo build -p tether)"
 cargo build -p tether --locked
+tether_bin=${CARGO_TARGET_DIR:-$root/target}/debug/tether
+case $tether_bin in /*) ;; *) tether_bin=$root/$tether_bin ;; esac
+test -x "$tether_bin" || { echo "run.sh: $tether_bin missing after cargo build" >&2; exit 1; }
 echo "run.sh: building the Go side (interop/build.sh)"
 interop/build.sh
 
@@ -54,7 +57,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-args=(-bin "$root/interop/bin" -tether "$root/target/debug/tether"
+args=(-bin "$root/interop/bin" -tether "$tether_bin"
 	-upstream-tests "$root/interop/bin/upstream-tests.test" -upstream-tests-src "$upstream_dir/tests"
 	-upstream-version "$upstream_version" -work "$work" -out "$root/COMPATIBILITY.md")
 [ -n "$only" ] && args+=(-only "$only")

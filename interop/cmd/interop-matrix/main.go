@@ -130,6 +130,9 @@ func (e *env) setup(binDir, tetherBin string) error {
 	if err != nil {
 		return err
 	}
+	if st, err := os.Stat(abs); err != nil || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("tether binary %s: not an executable file (%v)", abs, err)
+	}
 	e.tetherServer = filepath.Join(e.work, "tether-bin", "proxy-server")
 	e.tetherAgent = filepath.Join(e.work, "tether-bin", "proxy-agent")
 	for _, l := range []string{e.tetherServer, e.tetherAgent} {
