@@ -32,5 +32,9 @@ cargo test --workspace --locked --no-fail-fast
 step "interop matrix (real Go client, kube-apiserver's dialer, upstream server/agent and suite; COMPATIBILITY.md)"
 interop/run.sh
 
+step "benchmark smoke: scripts/bench.sh --quick (every system and workload runs; timings are not checked)"
+# Debug builds (already compiled above) and ~40 s of running: about 1.5 min in all.
+BENCH_PROFILE=debug scripts/bench.sh --quick --out target/bench-quick
+
 echo
 echo "all checks passed in $((SECONDS - started)) s"

@@ -252,6 +252,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
             for &system in &systems {
                 if matches!(
                     system,
+                    // sshd's per-event loop walks every channel: 10,000 take minutes to open.
                     System::Konn(_, Frontend::HttpConnectUds | Frontend::GrpcUds)
                 ) {
                     tasks.push(Task::IdleConns { run, system });
@@ -300,6 +301,8 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         work.display()
     );
     let progress = Progress::new(tasks.len(), total);
+    let (busy0, own0) = (procs::machine_busy_seconds(), procs::own_cpu_seconds());
+    let load0 = loadavg();
     let mut results = Results::default();
     let mut notes = Vec::new();
 
@@ -415,9 +418,29 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let (busy1, own1) = (procs::machine_busy_seconds(), procs::own_cpu_seconds());
     drop(target_proc);
 
-    let machine = machine_info().await;
+    let mut machine = machine_info().await;
+    let wall = started.elapsed().as_secs_f64();
+    if let (Some(b0), Some(b1)) = (busy0, busy1) {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let foreign = ((b1 - b0) - (own1 - own0)).max(0.0);
+        let line = format!(
+            "other processes on the machine used {:.0}% of its {cpus} CPUs during the run ({:.0} CPU s); load average {} at the start, {} at the end",
+            100.0 * foreign / (wall * cpus),
+            foreign,
+            load0,
+            loadavg()
+        );
+        eprintln!("tether-bench: {line}");
+        machine.push_str(&format!(
+            "
+{line}"
+        ));
+    }
+
+    let machine = machine;
     let meta = report::Meta {
         command: command_line(),
         date: run_cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
@@ -483,14 +506,25 @@ async fn run_instance(
                     if system.has_processes() {
                         tokio::time::sleep(p.settle).await;
                         let (s, a) = (r.server_rss(), r.agent_rss());
+                        let (sa, aa) = (r.server_rss_anon(), r.agent_rss_anon());
                         let mib = |b: u64| b as f64 / (1 << 20) as f64;
-                        if let Some(s) = s {
-                            results.add(system, Metric::IdleRssServer, run, mib(s));
+                        for (m, v) in [
+                            (Metric::IdleRssServer, s),
+                            (Metric::IdleRssAgent, a),
+                            (Metric::IdleAnonServer, sa),
+                            (Metric::IdleAnonAgent, aa),
+                        ] {
+                            if let Some(v) = v {
+                                results.add(system, m, run, mib(v));
+                            }
                         }
-                        if let Some(a) = a {
-                            results.add(system, Metric::IdleRssAgent, run, mib(a));
-                        }
-                        progress.note(&format!("idle RSS: server {:.1} MiB, agent {:.1} MiB", mib(s.unwrap_or(0)), mib(a.unwrap_or(0))));
+                        progress.note(&format!(
+                            "idle RSS: server {:.1} MiB ({:.1} anonymous), agent {:.1} MiB ({:.1} anonymous)",
+                            mib(s.unwrap_or(0)),
+                            mib(sa.unwrap_or(0)),
+                            mib(a.unwrap_or(0)),
+                            mib(aa.unwrap_or(0))
+                        ));
                     }
                 }
                 Workload::Bulk => {
@@ -752,6 +786,12 @@ async fn run_cmd(cmd: &str, args: &[&str]) -> String {
         Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
         Err(_) => String::new(),
     }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 async fn machine_info() -> String {

@@ -98,6 +98,15 @@ impl Proc {
             .sum()
     }
 
+    /// Anonymous (private) resident memory of the process and its descendants: RSS without
+    /// the pages of the binary and libraries, which the page cache shares.
+    pub fn rss_anon(&self) -> u64 {
+        tree(self.pid)
+            .iter()
+            .map(|&p| status_kib(p, "RssAnon:").unwrap_or(0) * 1024)
+            .sum()
+    }
+
     /// CPU seconds (user + system) used so far by the process and its live descendants.
     pub fn cpu_seconds(&self) -> f64 {
         let ticks: u64 = tree(self.pid)
@@ -185,10 +194,43 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// VmRSS from /proc/<pid>/status, in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:").map(|kib| kib * 1024)
+}
+
+/// A `kB` field of /proc/<pid>/status.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU seconds the whole machine spent busy (all CPUs, /proc/stat), and the number of CPUs.
+pub fn machine_busy_seconds() -> Option<f64> {
+    let text = fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().next()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy = v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)? + v.get(7)?;
+    Some(busy as f64 / clock_ticks() as f64)
+}
+
+/// CPU seconds used by this process, its reaped children and its live descendants.
+pub fn own_cpu_seconds() -> f64 {
+    let me = std::process::id();
+    let f = stat_fields(me).unwrap_or_default();
+    let field = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    // utime stime cutime cstime are fields 14-17.
+    let mine = field(11) + field(12) + field(13) + field(14);
+    let live: u64 = tree(me)
+        .into_iter()
+        .skip(1)
+        .map(|p| cpu_ticks(p).unwrap_or(0))
+        .sum();
+    (mine + live) as f64 / clock_ticks() as f64
 }
 
 fn clock_ticks() -> u64 {

@@ -24,6 +24,8 @@ pub enum Metric {
     HolRatio,
     IdleRssServer,
     IdleRssAgent,
+    IdleAnonServer,
+    IdleAnonAgent,
     ConnServer,
     ConnAgent,
     ConnTotal,
@@ -38,7 +40,7 @@ pub enum Better {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 21] = [
+    pub const ALL: [Metric; 23] = [
         Metric::BulkUp,
         Metric::BulkDown,
         Metric::CpuUp,
@@ -55,6 +57,8 @@ impl Metric {
         Metric::HolRatio,
         Metric::IdleRssServer,
         Metric::IdleRssAgent,
+        Metric::IdleAnonServer,
+        Metric::IdleAnonAgent,
         Metric::ConnServer,
         Metric::ConnAgent,
         Metric::ConnTotal,
@@ -81,6 +85,8 @@ impl Metric {
             Metric::HolRatio => "hol_ratio",
             Metric::IdleRssServer => "idle_rss_server_mib",
             Metric::IdleRssAgent => "idle_rss_agent_mib",
+            Metric::IdleAnonServer => "idle_anon_server_mib",
+            Metric::IdleAnonAgent => "idle_anon_agent_mib",
             Metric::ConnServer => "idle_conn_server_kib",
             Metric::ConnAgent => "idle_conn_agent_kib",
             Metric::ConnTotal => "idle_conn_total_kib",
@@ -116,6 +122,12 @@ impl Metric {
             }
             Metric::IdleRssServer => "Idle RSS of the server (with one agent)".into(),
             Metric::IdleRssAgent => "Idle RSS of the agent".into(),
+            Metric::IdleAnonServer => {
+                "Idle anonymous (private) memory of the server: RSS less the binary's pages".into()
+            }
+            Metric::IdleAnonAgent => {
+                "Idle anonymous (private) memory of the agent: RSS less the binary's pages".into()
+            }
             Metric::ConnServer => {
                 format!("Server RSS per idle tunnelled connection ({conns} open)")
             }
@@ -141,7 +153,10 @@ impl Metric {
             | Metric::Churn64DialP99 => "µs",
             Metric::Churn1Rate | Metric::Churn64Rate => "conn/s",
             Metric::HolRatio => "ratio",
-            Metric::IdleRssServer | Metric::IdleRssAgent => "MiB",
+            Metric::IdleRssServer
+            | Metric::IdleRssAgent
+            | Metric::IdleAnonServer
+            | Metric::IdleAnonAgent => "MiB",
             Metric::ConnServer
             | Metric::ConnAgent
             | Metric::ConnTotal

@@ -465,12 +465,14 @@ fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
         (
             "idle-rss.svg".into(),
             chart(
-                "Idle RSS (server with one agent; agent)",
+                "Idle RSS, and its anonymous part (server with one agent; agent)",
                 "MiB (lower is better)",
                 false,
                 vec![
                     series("server", Metric::IdleRssServer),
                     series("agent", Metric::IdleRssAgent),
+                    series("server, anonymous", Metric::IdleAnonServer),
+                    series("agent, anonymous", Metric::IdleAnonAgent),
                 ],
             ),
         ),

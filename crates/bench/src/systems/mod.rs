@@ -58,7 +58,7 @@ impl System {
 
     /// A short file-name-safe id.
     pub fn id(&self) -> String {
-        self.name().replace([' ', '/'], "-")
+        self.name().replace(" -", "-").replace([' ', '/'], "-")
     }
 
     /// The same shape on upstream, for tether's ratios.
@@ -227,6 +227,14 @@ impl Running {
 
     pub fn server_rss(&self) -> Option<u64> {
         self.server.as_ref().map(Proc::rss)
+    }
+
+    pub fn server_rss_anon(&self) -> Option<u64> {
+        self.server.as_ref().map(Proc::rss_anon)
+    }
+
+    pub fn agent_rss_anon(&self) -> Option<u64> {
+        self.agent.as_ref().map(Proc::rss_anon)
     }
 
     pub fn agent_rss(&self) -> Option<u64> {
