@@ -573,6 +573,11 @@ async fn run_instance(
                         results.add(system, rate, run, x.conns_per_s);
                         results.add(system, d50, run, x.dial_p50_us);
                         results.add(system, d99, run, x.dial_p99_us);
+                        if c == 64
+                            && let Some(cpu) = x.cpu_us_per_conn
+                        {
+                            results.add(system, Metric::ChurnCpu, run, cpu);
+                        }
                         progress.note(&format!(
                             "churn c={c}: {:.0} conn/s, dial p50 {:.0} µs, p99 {:.0} µs{}",
                             x.conns_per_s,

@@ -21,6 +21,7 @@ pub enum Metric {
     Churn64Rate,
     Churn64DialP50,
     Churn64DialP99,
+    ChurnCpu,
     HolRatio,
     IdleRssServer,
     IdleRssAgent,
@@ -40,7 +41,7 @@ pub enum Better {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 23] = [
+    pub const ALL: [Metric; 24] = [
         Metric::BulkUp,
         Metric::BulkDown,
         Metric::CpuUp,
@@ -54,6 +55,7 @@ impl Metric {
         Metric::Churn64Rate,
         Metric::Churn64DialP50,
         Metric::Churn64DialP99,
+        Metric::ChurnCpu,
         Metric::HolRatio,
         Metric::IdleRssServer,
         Metric::IdleRssAgent,
@@ -82,6 +84,7 @@ impl Metric {
             Metric::Churn64Rate => "churn_c64_conn_s",
             Metric::Churn64DialP50 => "churn_c64_dial_p50_us",
             Metric::Churn64DialP99 => "churn_c64_dial_p99_us",
+            Metric::ChurnCpu => "churn_c64_cpu_us_per_conn",
             Metric::HolRatio => "hol_ratio",
             Metric::IdleRssServer => "idle_rss_server_mib",
             Metric::IdleRssAgent => "idle_rss_agent_mib",
@@ -117,6 +120,9 @@ impl Metric {
             }
             Metric::Churn64DialP50 => "Dial latency p50 during churn, concurrency 64".into(),
             Metric::Churn64DialP99 => "Dial latency p99 during churn, concurrency 64".into(),
+            Metric::ChurnCpu => {
+                "CPU of server + agent per connection, churn at concurrency 64".into()
+            }
             Metric::HolRatio => {
                 "Head-of-line isolation: throughput next to a stalled connection ÷ alone".into()
             }
@@ -151,6 +157,7 @@ impl Metric {
             | Metric::Churn1DialP99
             | Metric::Churn64DialP50
             | Metric::Churn64DialP99 => "µs",
+            Metric::ChurnCpu => "CPU µs/conn",
             Metric::Churn1Rate | Metric::Churn64Rate => "conn/s",
             Metric::HolRatio => "ratio",
             Metric::IdleRssServer

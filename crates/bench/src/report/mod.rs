@@ -237,6 +237,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
         (Metric::PingP99, "ping p99 µs"),
         (Metric::Churn1Rate, "churn c=1 /s"),
         (Metric::Churn64Rate, "churn c=64 /s"),
+        (Metric::ChurnCpu, "CPU µs/conn"),
         (Metric::HolRatio, "HOL ratio"),
         (Metric::IdleRssServer, "idle RSS server MiB"),
         (Metric::IdleRssAgent, "idle RSS agent MiB"),

@@ -14,6 +14,8 @@ pub struct ChurnResult {
     pub conns_per_s: f64,
     pub dial_p50_us: f64,
     pub dial_p99_us: f64,
+    /// Server + agent CPU per connection; `None` for direct TCP.
+    pub cpu_us_per_conn: Option<f64>,
     pub errors: Vec<String>,
 }
 
@@ -25,6 +27,7 @@ pub async fn run(r: &Running, p: &Profile, concurrency: usize) -> ChurnResult {
     let dials = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
+    let cpu0 = r.cpu_seconds();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let dialer = r.dialer.clone();
@@ -58,6 +61,7 @@ pub async fn run(r: &Running, p: &Profile, concurrency: usize) -> ChurnResult {
     }
     while workers.join_next().await.is_some() {}
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu1 = r.cpu_seconds();
     let mut dials = std::mem::take(&mut *dials.lock().expect("lock"));
     let errors = std::mem::take(&mut *errors.lock().expect("lock"));
     let n = dials.len();
@@ -66,6 +70,10 @@ pub async fn run(r: &Running, p: &Profile, concurrency: usize) -> ChurnResult {
         conns_per_s: n as f64 / elapsed,
         dial_p50_us: quantile(v, 0.5),
         dial_p99_us: quantile(v, 0.99),
+        cpu_us_per_conn: cpu0
+            .zip(cpu1)
+            .filter(|_| n > 0)
+            .map(|(a, b)| (b - a) * 1e6 / n as f64),
         errors,
     }
 }
