@@ -110,6 +110,10 @@ func (e *env) markdown() string {
 			res = "skipped: " + r.note
 		case "differs":
 			res = "differs (expected): " + r.note
+		case "pass":
+			if r.note != "" {
+				res = "pass (" + r.note + ")"
+			}
 		case "fail":
 			res = "**FAIL**" + map[bool]string{true: ": " + r.note, false: ""}[r.note != ""]
 		}

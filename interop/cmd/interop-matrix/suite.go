@@ -27,6 +27,15 @@ var suiteSkip = map[string]string{
 	"TestFailedDNSLookupProxy_HTTPCONN":   "looks up the public name thisdefinitelydoesnotexist.com",
 }
 
+// suiteFlaky: upstream tests with a race of their own, independent of the agent under test,
+// and the evidence. One that fails is run again, up to suiteAttempts in all; any other test
+// gets one attempt.
+var suiteFlaky = map[string]string{
+	"TestProxyHandle_TunnelContextCancelled_GRPC": "upstream's race: the request context is also the tunnel's, so cancelling it ends the tunnel (conn.Read sees EOF) at the moment http.Transport sees ctx.Done; which the test reads first is goroutine scheduling in the test process. Measured here: fails 22 of 200 runs with upstream's own proxy-agent v0.36.0, 14 of 200 with tether's",
+}
+
+const suiteAttempts = 3
+
 // suiteExpected: upstream tests that fail against tether's agent because tether deliberately
 // behaves differently, with the case for it (COMPATIBILITY.md has the evidence). Empty: every
 // test that runs must pass.
@@ -198,6 +207,23 @@ func (e *env) section4(testBin, testSrc string) error {
 		}
 	}
 	waitErr := cmd.Wait()
+	for n, why := range suiteFlaky {
+		for attempt := 2; results[n].result == "fail" && attempt <= suiteAttempts && e.ctx.Err() == nil; attempt++ {
+			fmt.Printf("   %s failed; known upstream race (%s): attempt %d of %d\n", n, why[:60]+"…", attempt, suiteAttempts)
+			retry := exec.CommandContext(ctx, testBin, "-test.v", "-test.timeout", "2m", "-test.run", "^"+n+"$", "-agent-path="+e.tetherAgent)
+			retry.Dir = dir
+			retry.WaitDelay = 5 * time.Second
+			out, _ := retry.CombinedOutput()
+			logf.Write(out)
+			for _, line := range strings.Split(string(out), "\n") {
+				if m := lineRE.FindStringSubmatch(line); m != nil && m[2] == n {
+					secs, _ := strconv.ParseFloat(m[3], 64)
+					results[n] = suiteResult{name: n, result: strings.ToLower(m[1]), seconds: secs}
+					fmt.Printf("   %-58s %s (%.1f s)\n", n, m[1], secs)
+				}
+			}
+		}
+	}
 	for _, n := range names {
 		r, ran := results[n]
 		switch {
@@ -207,6 +233,9 @@ func (e *env) section4(testBin, testSrc string) error {
 			r = suiteResult{name: n, result: "fail", note: "did not run (see " + filepath.Base(logPath) + ")"}
 		case r.result == "fail" && suiteExpected[n] != "":
 			r.result, r.note = "differs", suiteExpected[n]
+		case suiteFlaky[n] != "":
+			// The same text whether or not a retry was needed: the file must not change between runs.
+			r.note = fmt.Sprintf("up to %d attempts: upstream race, see Differences", suiteAttempts)
 		}
 		e.suite = append(e.suite, r)
 	}
