@@ -116,8 +116,19 @@ impl Proc {
         ticks as f64 / clock_ticks() as f64
     }
 
-    /// Kills it and its descendants now and reaps it.
+    /// Kills it and its descendants and reaps it. With `TETHER_BENCH_STOP_GRACE_MS` set
+    /// (for profiling: massif writes its file on exit) it gets SIGTERM and that long first.
     pub async fn stop(mut self) {
+        let grace = std::env::var("TETHER_BENCH_STOP_GRACE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if grace > 0 {
+            if let Some(p) = Pid::from_raw(self.pid as i32) {
+                let _ = rustix::process::kill_process(p, Signal::TERM);
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(grace), self.child.wait()).await;
+        }
         kill_tree(self.pid);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
     }
