@@ -38,7 +38,7 @@ go test -buildvcs=false -c -o bin/upstream-tests.test sigs.k8s.io/apiserver-netw
 echo "build.sh: building bin/k8s-1.35/konnectivity-peer  (peer/go.mod)"
 (cd peer && go build -buildvcs=false -o ../bin/k8s-1.35/konnectivity-peer ./cmd/konnectivity-peer)
 echo "build.sh: building bin/k8s-1.37/konnectivity-peer  (peer/latest/go.mod)"
-(cd peer/latest && go build -buildvcs=false -o ../../bin/k8s-1.37/konnectivity-peer tether.dev/interop/peer/cmd/konnectivity-peer)
+(cd peer/latest && go build -buildvcs=false -tags reusable -o ../../bin/k8s-1.37/konnectivity-peer tether.dev/interop/peer/cmd/konnectivity-peer)
 for p in k8s-1.35 k8s-1.37; do
 	echo "build.sh: bin/$p/konnectivity-peer: $(bin/$p/konnectivity-peer version)"
 done

@@ -25,6 +25,9 @@
 //	              the tunnel must end
 //	close-remote  (client) the target closes after an HTTP response (Connection: close): Read must
 //	              see EOF and the tunnel must end
+//	reusable      (client, konnectivity-client >= v0.37 only) one CreateGRPCTunnel, --streams
+//	              concurrent dials through it (one Proxy stream each on one HTTP/2 connection),
+//	              each echoing --bytes; Close must end the tunnel
 //
 // Prints one JSON object on stdout. Exit status 0 when the case passed, 1 when it failed, 2 on usage.
 package main
@@ -86,7 +89,11 @@ type opts struct {
 	hold       time.Duration
 	wantReason string
 	timeout    time.Duration
+	streams    int
 }
+
+// reusableCase runs the reusable case; reusable.go sets it where the client has the API.
+var reusableCase func(ctx context.Context, o *opts, res *result) error
 
 func main() {
 	if len(os.Args) < 2 {
@@ -109,7 +116,7 @@ func main() {
 	fs.StringVar(&o.cert, "cert", "", "client: client certificate")
 	fs.StringVar(&o.key, "key", "", "client: client key")
 	fs.StringVar(&o.config, "config", "", "egress: EgressSelectorConfiguration file")
-	fs.StringVar(&o.kase, "case", "echo", "echo | upload | download | get | dial-error | close-client | close-remote")
+	fs.StringVar(&o.kase, "case", "echo", "echo | upload | download | get | dial-error | close-client | close-remote | reusable")
 	fs.StringVar(&o.address, "address", "", "host:port the agent dials")
 	fs.StringVar(&o.path, "path", "/", "get: request path")
 	fs.Int64Var(&o.bytes, "bytes", 1<<20, "echo, upload, download: bytes to transfer")
@@ -117,6 +124,7 @@ func main() {
 	fs.DurationVar(&o.hold, "hold", 0, "echo: pause this long halfway")
 	fs.StringVar(&o.wantReason, "expect-reason", "", "dial-error: required failure reason (client) or stage (egress)")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline for the whole case")
+	fs.IntVar(&o.streams, "streams", 16, "reusable: concurrent dials through one tunnel")
 	fs.Parse(os.Args[2:])
 	if o.address == "" || o.chunk <= 0 || o.bytes < 0 ||
 		(o.peer == "client" && (o.uds == "") == (o.tcp == "")) ||
@@ -164,6 +172,9 @@ func versions() map[string]string {
 		return v
 	}
 	v["go"] = bi.GoVersion
+	if reusableCase != nil {
+		v["reusable-tunnel"] = "yes"
+	}
 	for _, d := range bi.Deps {
 		switch d.Path {
 		case "sigs.k8s.io/apiserver-network-proxy/konnectivity-client":
@@ -207,6 +218,11 @@ func run(ctx context.Context, o *opts, res *result) error {
 		return runHTTP(ctx, o, res, dial, o.path, -1)
 	case "dial-error":
 		return runDialError(ctx, o, res, dial)
+	case "reusable":
+		if o.peer != "client" || reusableCase == nil {
+			return fmt.Errorf("case reusable needs the client peer built with konnectivity-client >= v0.37 (-tags reusable)")
+		}
+		return reusableCase(ctx, o, res)
 	case "close-client", "close-remote":
 		if o.peer != "client" {
 			return fmt.Errorf("case %s is for the client peer", o.kase)
