@@ -253,13 +253,16 @@ impl ServerSession {
         let to_server = async {
             let mut buf = BytesMut::new();
             loop {
-                // Wait for data before taking a buffer: an idle connection holds none.
-                if let Err(e) = rd.readable().await {
-                    return Err(Some(format!("read from destination: {e}")));
-                }
                 buf.reserve(MAX_CHUNK);
                 match rd.try_read_buf(&mut (&mut buf).limit(MAX_CHUNK)) {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        // Going idle: let go of the buffer (its rest would stay allocated).
+                        buf = BytesMut::new();
+                        if let Err(e) = rd.readable().await {
+                            return Err(Some(format!("read from destination: {e}")));
+                        }
+                        continue;
+                    }
                     Ok(0) => return Ok(()),
                     Ok(n) => {
                         window.acquire(n).await.map_err(|_| None)?;

@@ -47,13 +47,19 @@ pub(crate) trait ChunkRead {
 }
 
 impl ChunkRead for tokio::net::unix::OwnedReadHalf {
-    /// Waits for data before reserving the buffer, so an idle connection holds none.
+    /// Releases an empty buffer before waiting for data, so an idle connection holds none:
+    /// after a chunk is split off, the rest of the 64 KiB reserve would otherwise stay
+    /// allocated for as long as the connection stays idle.
     async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
         loop {
-            self.readable().await?;
             buf.reserve(max);
             match self.try_read_buf(&mut (&mut *buf).limit(max)) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if buf.is_empty() {
+                        *buf = BytesMut::new();
+                    }
+                    self.readable().await?;
+                }
                 result => return result,
             }
         }
