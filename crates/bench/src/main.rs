@@ -603,7 +603,10 @@ async fn run_instance(
                         if x.dial_blocked { " (the dial itself was blocked)" } else { "" }
                     ));
                     if x.dial_blocked {
-                        notes.push(format!("run {run}, {}: head-of-line: a dial next to the stalled connection did not complete within the window", system.name()));
+                        notes.push(format!(
+                            "{}: head-of-line: the dial next to the stalled connection did not complete within the window (run {run})",
+                            system.name()
+                        ));
                     }
                 }
                 Workload::IdleConns | Workload::FanIn => {}

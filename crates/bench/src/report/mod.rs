@@ -327,8 +327,25 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
 
     if !meta.notes.is_empty() {
         let _ = writeln!(s, "## Notes from the run\n");
+        // The same note from several runs once, with the runs listed.
+        let mut grouped: Vec<(String, Vec<String>)> = Vec::new();
         for n in &meta.notes {
-            let _ = writeln!(s, "- {n}");
+            let (text, run) = match n.rsplit_once(" (run ") {
+                Some((t, r)) => (t.to_owned(), r.trim_end_matches(')').to_owned()),
+                None => (n.clone(), String::new()),
+            };
+            match grouped.iter_mut().find(|(t, _)| *t == text) {
+                Some((_, runs)) => runs.push(run),
+                None => grouped.push((text, vec![run])),
+            }
+        }
+        for (text, runs) in grouped {
+            let runs: Vec<String> = runs.into_iter().filter(|r| !r.is_empty()).collect();
+            if runs.is_empty() {
+                let _ = writeln!(s, "- {text}");
+            } else {
+                let _ = writeln!(s, "- {text} (runs {})", runs.join(", "));
+            }
         }
         s.push('\n');
     }

@@ -219,6 +219,8 @@ pub fn short(v: f64) -> String {
     if a >= 1e6 {
         let m = format!("{:.3}", v / 1e6);
         format!("{}M", m.trim_end_matches('0').trim_end_matches('.'))
+    } else if a >= 10.0 && v.fract() == 0.0 && a < 10_000.0 {
+        format!("{v:.0}")
     } else if a >= 10_000.0 {
         format!("{:.0}k", v / 1e3)
     } else if a >= 100.0 {
