@@ -265,16 +265,15 @@ impl ServerSession {
                     }
                     Ok(0) => return Ok(()),
                     Ok(n) => {
-                        window.acquire(n).await.map_err(|_| None)?;
+                        let cost = window.acquire(n).await.map_err(|_| None)?;
                         let packet = Packet::Data {
                             connect_id,
-                            data: buf.split().freeze(),
+                            data: tether_tunnel::take_read(&mut buf),
                         };
                         let sent = if self.flow.is_credit() {
                             self.outbound.send(packet)
                         } else {
-                            self.outbound
-                                .send_releasing(packet, window.clone(), n as u32)
+                            self.outbound.send_releasing(packet, window.clone(), cost)
                         };
                         sent.map_err(|_| None)?;
                     }
@@ -286,11 +285,10 @@ impl ServerSession {
             loop {
                 match queue.recv().await {
                     Some(ConnEvent::Data(data)) => {
-                        let n = data.len();
                         if let Err(e) = wr.write_all(&data).await {
                             return Err(Some(format!("write to destination: {e}")));
                         }
-                        if let Some(bytes) = queue.consumed(n) {
+                        if let Some(bytes) = queue.grant_due() {
                             self.send(Packet::Credit { connect_id, bytes });
                         }
                     }

@@ -4,12 +4,33 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tether_proto::metadata::TETHER_FLOW;
 use tokio::sync::{Notify, Semaphore, mpsc};
 
 /// Accounting cost of one queued chunk at least: tiny chunks still cost a queue slot.
 const MIN_CHUNK_COST: usize = 64;
+
+/// Takes the bytes just read into `buf`. A small chunk is copied out, so that while it waits
+/// in queues it does not keep the whole (typically 64 KiB) read allocation alive; a large one
+/// is split off without a copy.
+pub fn take_read(buf: &mut BytesMut) -> Bytes {
+    const COPY_BELOW: usize = 16 * 1024;
+    if buf.len() < COPY_BELOW {
+        let chunk = Bytes::copy_from_slice(buf);
+        buf.clear();
+        chunk
+    } else {
+        buf.split().freeze()
+    }
+}
+
+/// What a chunk of `len` payload bytes costs against windows and queue limits. Sender and
+/// receiver charge alike, so a sender that respects its window never overruns the
+/// receiver's queue, however small its chunks.
+pub fn chunk_cost(len: usize) -> usize {
+    len.max(MIN_CHUNK_COST)
+}
 
 /// The smallest window tether accepts from a peer. Below it the credit batching (a grant per
 /// quarter window) could starve a sender that reads 64 KiB at a time.
@@ -204,7 +225,7 @@ impl Inbound {
     /// by bytes, not slots: tiny chunks are charged a minimum, so a flood of 1-byte packets is
     /// bounded too.
     pub fn push(&self, data: Bytes) -> Result<(), Full> {
-        let cost = data.len().max(MIN_CHUNK_COST);
+        let cost = chunk_cost(data.len());
         let before = self.queued.bytes.fetch_add(cost, Ordering::AcqRel);
         // An empty queue always takes one chunk, so a single large packet cannot wedge it.
         if before > 0 && before + cost > self.limit {
@@ -231,7 +252,7 @@ impl Inbound {
         let Some(stall) = self.stall else {
             return Err(overflow);
         };
-        let cost = len.max(MIN_CHUNK_COST);
+        let cost = chunk_cost(len);
         loop {
             let taken = self.queued.taken.notified();
             let queued = self.queued.bytes.load(Ordering::Acquire);
@@ -290,23 +311,25 @@ impl InboundQueue {
         Some(event)
     }
 
-    fn taken(&self, event: &ConnEvent) {
+    fn taken(&mut self, event: &ConnEvent) {
         if let ConnEvent::Data(data) = event {
-            let cost = data.len().max(MIN_CHUNK_COST);
+            let cost = chunk_cost(data.len());
             self.queued.bytes.fetch_sub(cost, Ordering::AcqRel);
             self.queued.observe(cost, false);
             self.queued.taken.notify_waiters();
+            if self.grant_threshold.is_some() {
+                self.ungranted = self
+                    .ungranted
+                    .saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
+            }
         }
     }
 
-    /// Records that `n` bytes were delivered to their destination. Returns the credit to
-    /// grant the peer now, if a batch is complete (tether peers only).
+    /// Call after writing what was received to its destination: the credit to grant the
+    /// peer now, once at least a batch (a quarter window) was taken. Tether peers only.
     #[must_use]
-    pub fn consumed(&mut self, n: usize) -> Option<u32> {
+    pub fn grant_due(&mut self) -> Option<u32> {
         let threshold = self.grant_threshold?;
-        self.ungranted = self
-            .ungranted
-            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
         (self.ungranted >= threshold).then(|| std::mem::take(&mut self.ungranted))
     }
 }
@@ -334,16 +357,18 @@ impl SendWindow {
         }
     }
 
-    /// Waits until `n` bytes may be sent and takes them. `Err` once the connection closed.
-    /// Callers send chunks no larger than [`MIN_WINDOW`] / 2, so a grant always suffices.
-    /// Cancel-safe: nothing is taken unless it returns `Ok`.
-    pub async fn acquire(&self, n: usize) -> Result<(), WindowClosed> {
-        let n = u32::try_from(n).map_err(|_| WindowClosed)?;
+    /// Waits until a chunk of `len` bytes may be sent and takes its [`chunk_cost`], which it
+    /// returns. `Err` once the connection closed. Callers send chunks no larger than
+    /// [`MIN_WINDOW`] / 2, so a grant always suffices. Cancel-safe: nothing is taken unless
+    /// it returns `Ok`.
+    pub async fn acquire(&self, len: usize) -> Result<u32, WindowClosed> {
+        let cost = u32::try_from(chunk_cost(len)).map_err(|_| WindowClosed)?;
         self.permits
-            .acquire_many(n)
+            .acquire_many(cost)
             .await
             .map(|permit| permit.forget())
-            .map_err(|_| WindowClosed)
+            .map_err(|_| WindowClosed)?;
+        Ok(cost)
     }
 
     /// Returns `n` bytes of window (a peer's credit, or bytes the writer flushed).
@@ -418,7 +443,7 @@ mod tests {
             Some(ConnEvent::Data(Bytes::from(vec![0; 600])))
         );
         inbound.push(Bytes::from(vec![0; 500])).unwrap();
-        assert_eq!(queue.consumed(600), None, "legacy peers get no credit");
+        assert_eq!(queue.grant_due(), None, "legacy peers get no credit");
     }
 
     #[tokio::test(start_paused = true)]
@@ -484,17 +509,43 @@ mod tests {
 
     #[tokio::test]
     async fn credit_is_granted_in_quarter_window_batches() {
-        let (_inbound, mut queue, _) = credit().new_connection();
-        let quarter = FlowConfig::default().window / 4;
-        assert_eq!(queue.consumed(quarter as usize - 1), None);
-        assert_eq!(queue.consumed(1), Some(quarter));
-        assert_eq!(queue.consumed(10), None);
+        let (inbound, mut queue, _) = credit().new_connection();
+        let quarter = FlowConfig::default().window as usize / 4;
+        inbound.push(Bytes::from(vec![0; quarter - 100])).unwrap();
+        queue.recv().await;
+        assert_eq!(queue.grant_due(), None);
+        inbound.push(Bytes::from(vec![0; 100])).unwrap();
+        queue.recv().await;
+        assert_eq!(queue.grant_due(), Some(quarter as u32));
+        assert_eq!(queue.grant_due(), None);
+    }
+
+    #[tokio::test]
+    async fn a_sender_within_its_window_never_overruns_the_receiver_even_with_tiny_chunks() {
+        // Both ends negotiated; the sender's window is the receiver's `our_window`.
+        let flow = credit();
+        let (inbound, _queue, _) = flow.new_connection();
+        let (_, _, window) = FlowConfig::default()
+            .negotiate(Some("1048576"))
+            .new_connection();
+        // One-byte chunks until the window is spent: each costs the same on both sides.
+        let mut sent = 0;
+        while tokio::time::timeout(Duration::from_millis(10), window.acquire(1))
+            .await
+            .is_ok()
+        {
+            inbound
+                .push(Bytes::from_static(b"x"))
+                .expect("within credit, never full");
+            sent += 1;
+        }
+        assert_eq!(sent, 1_048_576 / MIN_CHUNK_COST);
     }
 
     #[tokio::test]
     async fn send_window_blocks_one_connection_until_credit_arrives() {
         let (inbound, _queue, window) = credit().new_connection();
-        window.acquire(262_144).await.unwrap();
+        assert_eq!(window.acquire(262_144).await, Ok(262_144));
         let waiting = tokio::spawn({
             let window = window.clone();
             async move { window.acquire(10).await }
@@ -502,7 +553,12 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
         inbound.grant(10);
-        assert_eq!(waiting.await.unwrap(), Ok(()));
+        inbound.grant(54);
+        assert_eq!(
+            waiting.await.unwrap(),
+            Ok(64),
+            "a tiny chunk costs the minimum"
+        );
         // Closing wakes waiters with an error.
         let waiting = tokio::spawn({
             let window = window.clone();

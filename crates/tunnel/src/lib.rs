@@ -23,5 +23,6 @@ pub mod writer;
 
 pub use flow::{
     ConnEvent, Flow, FlowConfig, Full, Inbound, InboundQueue, Overflow, QueueObserver, SendWindow,
+    chunk_cost, take_read,
 };
 pub use writer::{Outbound, run_writer};

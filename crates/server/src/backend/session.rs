@@ -374,8 +374,7 @@ impl TunnelUp {
     pub(crate) async fn send(&self, mut data: Bytes) -> Result<(), WindowClosed> {
         while !data.is_empty() {
             let chunk = data.split_to(data.len().min(MAX_CHUNK));
-            let len = chunk.len();
-            self.window.acquire(len).await?;
+            let cost = self.window.acquire(chunk.len()).await?;
             let packet = Packet::Data {
                 connect_id: self.connect_id,
                 data: chunk,
@@ -384,7 +383,7 @@ impl TunnelUp {
             let sent = if self.session.flow.is_credit() {
                 outbound.send(packet)
             } else {
-                outbound.send_releasing(packet, self.window.clone(), len as u32)
+                outbound.send_releasing(packet, self.window.clone(), cost)
             };
             sent.map_err(|_| WindowClosed)?;
         }
@@ -420,9 +419,10 @@ impl TunnelDown {
         Some(event)
     }
 
-    /// `n` bytes reached the frontend: return credit to a tether agent.
-    pub(crate) fn consumed(&mut self, n: usize) {
-        if let Some(bytes) = self.queue.consumed(n) {
+    /// Call after writing to the frontend: returns credit to a tether agent once a batch
+    /// was taken.
+    pub(crate) fn grant_credit(&mut self) {
+        if let Some(bytes) = self.queue.grant_due() {
             let _ = self.session.outbound.send(Packet::Credit {
                 connect_id: self.connect_id,
                 bytes,

@@ -234,12 +234,10 @@ async fn agent_to_client(
 ) -> Result<Option<String>, GrpcError> {
     loop {
         let mut event = Some(down.recv().await);
-        let mut bytes = 0;
         let mut closed = None;
         while let Some(e) = event.take() {
             match e {
                 ConnEvent::Data(data) => {
-                    bytes += data.len();
                     tx.buffer(&Packet::Data {
                         connect_id: id,
                         data,
@@ -257,7 +255,7 @@ async fn agent_to_client(
         hub.metrics
             .frontend_write_duration
             .observe(started.elapsed().as_secs_f64());
-        down.consumed(bytes);
+        down.grant_credit();
         if let Some(error) = closed {
             return Ok(error);
         }

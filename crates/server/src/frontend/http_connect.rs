@@ -239,7 +239,7 @@ async fn client_to_agent<R: ChunkRead>(up: &TunnelUp, rd: &mut R, early: Bytes) 
                 return;
             }
             Ok(_) => {
-                if up.send(buf.split().freeze()).await.is_err() {
+                if up.send(tether_tunnel::take_read(&mut buf)).await.is_err() {
                     return;
                 }
             }
@@ -255,9 +255,8 @@ async fn agent_to_client<W: AsyncWrite + Unpin>(
     loop {
         match down.recv().await {
             ConnEvent::Data(data) => {
-                let n = data.len();
                 wr.write_all(&data).await.map_err(|e| Some(e.to_string()))?;
-                down.consumed(n);
+                down.grant_credit();
             }
             ConnEvent::Closed(None) => return Ok(()),
             ConnEvent::Closed(Some(error)) => return Err(Some(error)),
