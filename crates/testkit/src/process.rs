@@ -141,8 +141,30 @@ pub async fn spawn_server(
     })
 }
 
-/// Starts `tether agent` against `server_agent_addr`, plus `extra` flags.
+/// Starts `tether agent` against `server_agent_addr`, plus `extra` flags, and waits until
+/// it answers `/healthz` (retrying on other ports, as [`spawn_server`] does).
 pub async fn spawn_agent(
+    bin: &Path,
+    pki: &Pki,
+    server_agent_addr: SocketAddr,
+    extra: &[&str],
+) -> anyhow::Result<Process> {
+    let mut last_error = None;
+    for _ in 0..3 {
+        let mut agent = spawn_agent_once(bin, pki, server_agent_addr, extra).await?;
+        match crate::http::wait_for_200(agent.health, "/healthz", Duration::from_secs(10)).await {
+            Ok(()) => return Ok(agent),
+            Err(e) => {
+                let _ = agent.signal("KILL").await;
+                let _ = agent.wait(Duration::from_secs(5)).await;
+                last_error = Some(e);
+            }
+        }
+    }
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("agent did not start")))
+}
+
+async fn spawn_agent_once(
     bin: &Path,
     pki: &Pki,
     server_agent_addr: SocketAddr,
