@@ -9,31 +9,54 @@ use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
 
 use crate::support::eventually;
 
+/// A server and an agent whose own dial deadline is far away, a destination whose connects
+/// hang, and a gRPC client.
+struct Hanging {
+    _pki: Pki,
+    server: TestServer,
+    agent: TestAgent,
+    hole: Blackhole,
+    client: GrpcClient,
+}
+
+impl Hanging {
+    async fn start(server: ServerOptions) -> Self {
+        let pki = Pki::generate().unwrap();
+        let server = TestServer::start(&pki, server).await.unwrap();
+        let agent_options = AgentOptions {
+            dial_timeout: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let agent = TestAgent::start(&pki, server.agent_addr, agent_options)
+            .await
+            .unwrap();
+        server.wait_ready().await.unwrap();
+        let hole = Blackhole::start().await.unwrap();
+        let transport = Transport::Unix(server.uds.clone().unwrap());
+        let client = GrpcClient::connect(&transport).await.unwrap();
+        Self {
+            _pki: pki,
+            server,
+            agent,
+            hole,
+            client,
+        }
+    }
+}
+
 async fn metric(text: String, sample: &str) -> f64 {
     metric_value(&text, sample).unwrap_or(-1.0)
 }
 
 #[tokio::test]
 async fn a_hanging_dial_is_cancelled_at_the_agent_when_the_client_gives_up() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions::default())
-        .await
-        .unwrap();
-    let agent = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            dial_timeout: Duration::from_secs(60),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    server.wait_ready().await.unwrap();
-    let hole = Blackhole::start().await.unwrap();
-    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
-        .await
-        .unwrap();
+    let Hanging {
+        _pki,
+        server,
+        agent,
+        hole,
+        client,
+    } = Hanging::start(ServerOptions::default()).await;
 
     let result = client
         .dial_with_timeout(&hole.addr.to_string(), Duration::from_millis(300))
@@ -66,25 +89,13 @@ async fn a_hanging_dial_is_cancelled_at_the_agent_when_the_client_gives_up() {
 
 #[tokio::test]
 async fn pending_dials_fail_at_once_when_their_agent_goes() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(&pki, ServerOptions::default())
-        .await
-        .unwrap();
-    let agent = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            dial_timeout: Duration::from_secs(60),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    server.wait_ready().await.unwrap();
-    let hole = Blackhole::start().await.unwrap();
-    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
-        .await
-        .unwrap();
+    let Hanging {
+        _pki,
+        server,
+        agent,
+        hole,
+        client,
+    } = Hanging::start(ServerOptions::default()).await;
 
     let target = hole.addr.to_string();
     let dial = tokio::spawn(async move { client.dial(&target).await.map(|_| ()) });
@@ -113,31 +124,17 @@ async fn pending_dials_fail_at_once_when_their_agent_goes() {
 
 #[tokio::test]
 async fn the_server_bounds_every_dial_with_a_deadline() {
-    let pki = Pki::generate().unwrap();
-    let server = TestServer::start(
-        &pki,
-        ServerOptions {
-            dial_timeout: Duration::from_millis(500),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let _agent = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            dial_timeout: Duration::from_secs(60),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    server.wait_ready().await.unwrap();
-    let hole = Blackhole::start().await.unwrap();
-    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
-        .await
-        .unwrap();
+    let Hanging {
+        _pki,
+        server,
+        agent: _agent,
+        hole,
+        client,
+    } = Hanging::start(ServerOptions {
+        dial_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
     match client.dial(&hole.addr.to_string()).await {
         Err(DialError::Endpoint { message }) => assert!(message.contains("timed out"), "{message}"),
         other => panic!("expected the server's dial deadline, got {:?}", other.err()),

@@ -48,6 +48,23 @@ where
 const AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
 const OPEN_ENDPOINTS: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
 
+/// Reads a tunnel whose agent was just killed: it must fail, not end cleanly, within 5 s.
+async fn read_until_error<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> std::io::Error {
+    let mut buf = vec![0u8; 64 * 1024];
+    let outcome = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .expect("the client learns of the loss within 5 s");
+    outcome.expect_err("a lost agent is an error, not a clean end of stream")
+}
+
 /// Two agents; returns them ordered so that the first carries the next connection made.
 async fn pick_carrier(server: &ServerProcess, agents: [Process; 2]) -> (Process, Process) {
     let [a, b] = agents;
@@ -95,18 +112,7 @@ async fn killed_agent_resets_http_connect_and_new_dials_use_the_survivor() {
 
     carrier.signal("KILL").await.unwrap();
     let killed = Instant::now();
-    let outcome = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) => return Ok(()),
-                Ok(_) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    })
-    .await
-    .expect("the client learns of the loss within 5 s");
-    let error = outcome.expect_err("a lost agent is an error, not a clean end of stream");
+    let error = read_until_error(&mut stream).await;
     assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
     eprintln!(
         "HTTP CONNECT client saw {error} {:?} after kill -9",
@@ -145,18 +151,7 @@ async fn killed_agent_fails_grpc_streams_with_an_error() {
 
     agent.signal("KILL").await.unwrap();
     let killed = Instant::now();
-    let outcome = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) => return Ok(()),
-                Ok(_) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    })
-    .await
-    .expect("the client learns of the loss within 5 s");
-    let error = outcome.expect_err("a lost agent is an error, not a clean end of stream");
+    let error = read_until_error(&mut stream).await;
     eprintln!(
         "gRPC client saw {error} {:?} after kill -9",
         killed.elapsed()
