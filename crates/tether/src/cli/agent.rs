@@ -16,9 +16,8 @@ use tether_proto::identifiers::Identifiers;
 use tether_tls::TlsOptions;
 
 use super::common::{
-    DEFAULT_KUBE_API_CONTENT_TYPE, DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, FlowArgs,
-    GRPC_KEEPALIVE_TIMEOUT, check_pair, go_bool, go_duration, id_or_random, listen_addr,
-    non_default,
+    DEFAULT_LEASE_LABEL, FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_pair,
+    go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 
@@ -26,7 +25,6 @@ const DEFAULT_XFR_CHANNEL_SIZE: i64 = 150;
 const DEFAULT_SERVER_COUNT_SOURCE: &str = "default";
 
 const NOT_IMPLEMENTED: &str = "Not implemented by tether (must keep their defaults)";
-const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
 
 #[derive(Args, Clone, Debug)]
 #[command(args_override_self = true)]
@@ -197,25 +195,8 @@ pub(crate) struct AgentArgs {
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     count_server_leases: bool,
 
-    /// pprof on the admin port.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    enable_profiling: bool,
-
-    /// Contention profiling; needs --enable-profiling.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    enable_contention_profiling: bool,
-
-    /// Kubeconfig, used upstream only for Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "PATH", default_value = "")]
-    kubeconfig: String,
-
-    /// Content type of requests to the Kubernetes API.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "TYPE", default_value = DEFAULT_KUBE_API_CONTENT_TYPE)]
-    kube_api_content_type: String,
-
-    /// Namespace of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "NAMESPACE", default_value = DEFAULT_LEASE_NAMESPACE)]
-    lease_namespace: String,
+    #[command(flatten)]
+    upstream_only: UpstreamOnlyArgs,
 
     /// Label selector of proxy server Leases.
     #[arg(long, help_heading = NO_EFFECT, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]
@@ -261,9 +242,7 @@ impl AgentArgs {
                 self.xfr_channel_size
             );
         }
-        if self.enable_contention_profiling && !self.enable_profiling {
-            bail!("--enable-contention-profiling requires --enable-profiling");
-        }
+        self.upstream_only.validate()?;
         if self.sync_interval > self.sync_interval_cap {
             bail!(
                 "--sync-interval ({}) must not exceed --sync-interval-cap ({})",
@@ -368,31 +347,7 @@ impl AgentArgs {
     /// Accepted flags set to values that would matter upstream but do nothing here.
     fn ignored(&self) -> Vec<String> {
         let mut ignored = Vec::new();
-        non_default(
-            &mut ignored,
-            "--enable-profiling",
-            self.enable_profiling,
-            false,
-        );
-        non_default(
-            &mut ignored,
-            "--enable-contention-profiling",
-            self.enable_contention_profiling,
-            false,
-        );
-        non_default(&mut ignored, "--kubeconfig", self.kubeconfig.as_str(), "");
-        non_default(
-            &mut ignored,
-            "--kube-api-content-type",
-            self.kube_api_content_type.as_str(),
-            DEFAULT_KUBE_API_CONTENT_TYPE,
-        );
-        non_default(
-            &mut ignored,
-            "--lease-namespace",
-            self.lease_namespace.as_str(),
-            DEFAULT_LEASE_NAMESPACE,
-        );
+        self.upstream_only.ignored(&mut ignored);
         non_default(
             &mut ignored,
             "--lease-label-selector",

@@ -14,9 +14,8 @@ use tether_server::{Config, FrontendListen, Mode, Strategy};
 use tether_tls::TlsOptions;
 
 use super::common::{
-    DEFAULT_KUBE_API_CONTENT_TYPE, DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, FlowArgs,
-    GRPC_KEEPALIVE_TIMEOUT, check_listen_port, check_pair, go_bool, go_duration, id_or_random,
-    listen_addr, non_default,
+    DEFAULT_LEASE_LABEL, FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs,
+    check_listen_port, check_pair, go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 
@@ -26,7 +25,6 @@ const DIAL_BACKSTOP: Duration = Duration::from_secs(30);
 const DEFAULT_XFR_CHANNEL_SIZE: i64 = 10;
 
 const NOT_IMPLEMENTED: &str = "Not implemented by tether (must keep their defaults)";
-const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
 
 #[derive(Args, Clone, Debug)]
 #[command(args_override_self = true)]
@@ -234,17 +232,8 @@ pub(crate) struct ServerArgs {
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enable_lease_controller: bool,
 
-    /// pprof on the admin port.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    enable_profiling: bool,
-
-    /// Contention profiling; needs --enable-profiling.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    enable_contention_profiling: bool,
-
-    /// Kubeconfig, used upstream only by token authentication and leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "PATH", default_value = "")]
-    kubeconfig: String,
+    #[command(flatten)]
+    upstream_only: UpstreamOnlyArgs,
 
     /// Kubernetes client QPS.
     #[arg(long, help_heading = NO_EFFECT, value_name = "QPS", default_value_t = 0.0)]
@@ -253,14 +242,6 @@ pub(crate) struct ServerArgs {
     /// Kubernetes client burst.
     #[arg(long, help_heading = NO_EFFECT, value_name = "N", default_value_t = 0)]
     kubeconfig_burst: i64,
-
-    /// Content type of requests to the Kubernetes API.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "TYPE", default_value = DEFAULT_KUBE_API_CONTENT_TYPE)]
-    kube_api_content_type: String,
-
-    /// Namespace of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "NAMESPACE", default_value = DEFAULT_LEASE_NAMESPACE)]
-    lease_namespace: String,
 
     /// Labels of proxy server Leases.
     #[arg(long, help_heading = NO_EFFECT, value_name = "LABELS", default_value = DEFAULT_LEASE_LABEL)]
@@ -288,9 +269,7 @@ impl ServerArgs {
             .mode
             .parse()
             .map_err(|e| anyhow::anyhow!("--mode: {e}"))?;
-        if self.enable_contention_profiling && !self.enable_profiling {
-            bail!("--enable-contention-profiling requires --enable-profiling");
-        }
+        self.upstream_only.validate()?;
         if self.xfr_channel_size <= 0 {
             bail!(
                 "--xfr-channel-size must be greater than 0, got {}",
@@ -499,33 +478,9 @@ impl ServerArgs {
     /// Accepted flags set to values that would matter upstream but do nothing here.
     fn ignored(&self) -> Vec<String> {
         let mut ignored = Vec::new();
-        non_default(
-            &mut ignored,
-            "--enable-profiling",
-            self.enable_profiling,
-            false,
-        );
-        non_default(
-            &mut ignored,
-            "--enable-contention-profiling",
-            self.enable_contention_profiling,
-            false,
-        );
-        non_default(&mut ignored, "--kubeconfig", self.kubeconfig.as_str(), "");
+        self.upstream_only.ignored(&mut ignored);
         non_default(&mut ignored, "--kubeconfig-qps", self.kubeconfig_qps, 0.0);
         non_default(&mut ignored, "--kubeconfig-burst", self.kubeconfig_burst, 0);
-        non_default(
-            &mut ignored,
-            "--kube-api-content-type",
-            self.kube_api_content_type.as_str(),
-            DEFAULT_KUBE_API_CONTENT_TYPE,
-        );
-        non_default(
-            &mut ignored,
-            "--lease-namespace",
-            self.lease_namespace.as_str(),
-            DEFAULT_LEASE_NAMESPACE,
-        );
         non_default(
             &mut ignored,
             "--lease-label",
