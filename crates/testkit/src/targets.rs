@@ -1,90 +1,148 @@
 //! Loopback destinations for tunnelled connections.
 
+use std::future::Future;
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
 
-/// A TCP server on 127.0.0.1 that echoes every byte back; aborted on drop.
+/// A TCP server on 127.0.0.1 running `handle` for every connection. Dropping it stops the
+/// accept loop and every connection it is still serving.
+#[derive(Debug)]
+struct LoopbackServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl LoopbackServer {
+    async fn start<F, Fut>(handle: F) -> std::io::Result<Self>
+    where
+        F: Fn(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            // Owned here, so aborting this task aborts the connections too.
+            let mut connections = JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => {
+                            connections.spawn(handle(stream));
+                        }
+                        Err(_) => return,
+                    },
+                    Some(_) = connections.join_next() => {}
+                }
+            }
+        });
+        Ok(Self { addr, task })
+    }
+}
+
+impl Drop for LoopbackServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Echoes every byte back.
 #[derive(Debug)]
 pub struct EchoServer {
     pub addr: SocketAddr,
-    task: JoinHandle<()>,
+    _server: LoopbackServer,
 }
 
 impl EchoServer {
     pub async fn start() -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let (mut rd, mut wr) = stream.split();
-                    let _ = tokio::io::copy(&mut rd, &mut wr).await;
-                    let _ = wr.shutdown().await;
-                });
-            }
-        });
-        Ok(Self { addr, task })
+        let server = LoopbackServer::start(|mut stream| async move {
+            let (mut rd, mut wr) = stream.split();
+            let _ = tokio::io::copy(&mut rd, &mut wr).await;
+            let _ = wr.shutdown().await;
+        })
+        .await?;
+        Ok(Self {
+            addr: server.addr,
+            _server: server,
+        })
     }
 }
 
-impl Drop for EchoServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// A small HTTP/1.1 server on 127.0.0.1: `GET /bytes/N` returns N bytes of a pattern,
-/// anything else `200 ok`. One request per connection; aborted on drop.
+/// A small HTTP/1.1 server: `GET /bytes/N` returns N bytes of a pattern, anything else
+/// `200 ok`. One request per connection.
 #[derive(Debug)]
 pub struct HttpTarget {
     pub addr: SocketAddr,
-    task: JoinHandle<()>,
+    _server: LoopbackServer,
 }
 
 impl HttpTarget {
     pub async fn start() -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
-                        match stream.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let text = String::from_utf8_lossy(&head);
-                    let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                    let body = match path
-                        .strip_prefix("/bytes/")
-                        .and_then(|n| n.parse::<usize>().ok())
-                    {
-                        Some(n) => pattern(0, n),
-                        None => b"ok".to_vec(),
-                    };
-                    let response = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream.write_all(response.as_bytes()).await;
-                    let _ = stream.write_all(&body).await;
-                    let _ = stream.shutdown().await;
-                });
+        let server = LoopbackServer::start(|mut stream| async move {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
             }
-        });
-        Ok(Self { addr, task })
+            let text = String::from_utf8_lossy(&head);
+            let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+            let body = match path
+                .strip_prefix("/bytes/")
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                Some(n) => pattern(0, n),
+                None => b"ok".to_vec(),
+            };
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.write_all(&body).await;
+            let _ = stream.shutdown().await;
+        })
+        .await?;
+        Ok(Self {
+            addr: server.addr,
+            _server: server,
+        })
     }
 }
 
-impl Drop for HttpTarget {
-    fn drop(&mut self) {
-        self.task.abort();
+/// Reads an 8-byte big-endian count, then sends that many bytes (`u64::MAX`: until the peer
+/// goes away) and closes.
+#[derive(Debug)]
+pub struct SourceServer {
+    pub addr: SocketAddr,
+    _server: LoopbackServer,
+}
+
+impl SourceServer {
+    pub async fn start() -> std::io::Result<Self> {
+        let server = LoopbackServer::start(|mut stream| async move {
+            let Ok(mut left) = stream.read_u64().await else {
+                return;
+            };
+            let chunk = vec![0x5a_u8; 64 * 1024];
+            while left > 0 {
+                let n = left.min(chunk.len() as u64) as usize;
+                if stream.write_all(&chunk[..n]).await.is_err() {
+                    return;
+                }
+                left -= n as u64;
+            }
+            let _ = stream.shutdown().await;
+        })
+        .await?;
+        Ok(Self {
+            addr: server.addr,
+            _server: server,
+        })
     }
 }
 
@@ -105,46 +163,6 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 pub fn refused_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     listener.local_addr().expect("local addr")
-}
-
-/// A TCP server on 127.0.0.1 that reads an 8-byte big-endian count, then sends that many
-/// bytes (`u64::MAX`: until the peer goes away) and closes. Aborted on drop.
-#[derive(Debug)]
-pub struct SourceServer {
-    pub addr: SocketAddr,
-    task: JoinHandle<()>,
-}
-
-impl SourceServer {
-    pub async fn start() -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let Ok(mut left) = stream.read_u64().await else {
-                        return;
-                    };
-                    let chunk = vec![0x5a_u8; 64 * 1024];
-                    while left > 0 {
-                        let n = left.min(chunk.len() as u64) as usize;
-                        if stream.write_all(&chunk[..n]).await.is_err() {
-                            return;
-                        }
-                        left -= n as u64;
-                    }
-                    let _ = stream.shutdown().await;
-                });
-            }
-        });
-        Ok(Self { addr, task })
-    }
-}
-
-impl Drop for SourceServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// A loopback address whose connects hang: a listener with a backlog of one that is never
