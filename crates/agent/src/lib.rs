@@ -7,11 +7,13 @@
 //! Layout:
 //! - `clientset`: connecting to servers until the announced server count is reached;
 //! - `session`: one server stream and the connections multiplexed on it;
+//! - `destination`: resolving and dialing a destination;
 //! - `health`: health, readiness and metrics endpoints;
 //! - `metrics`: upstream's agent metrics.
 #![forbid(unsafe_code)]
 
 mod clientset;
+mod destination;
 mod health;
 mod metrics;
 mod session;
