@@ -11,7 +11,6 @@ use rustls_pki_types::ServerName;
 use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings};
 use tether_proto::metadata;
-use tether_tunnel::Outbound;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -167,13 +166,11 @@ impl ClientSet {
         self.metrics
             .known_server_count
             .set(server_count.max(1) as i64);
-        let (outbound, queue) = Outbound::new();
         let flow = self.config.flow.negotiate(server_flow.as_deref());
         let credit = flow.is_credit();
         let session = Arc::new(ServerSession::new(
             server_id.clone(),
             flow,
-            outbound,
             self.metrics.clone(),
             self.config.dial_timeout,
         ));
@@ -205,18 +202,16 @@ impl ClientSet {
         let span = tracing::info_span!("server", server.id = %server_id);
         tasks.spawn(
             async move {
-                let writer =
-                    tokio::spawn(crate::session::write(queue, sender, set.metrics.clone()));
-                let reason = tokio::select! {
-                    reason = session.read(receiver) => reason,
-                    reason = channel.closed() => reason,
-                    () = stop.cancelled() => "agent stopping".to_owned(),
+                let ended = async {
+                    tokio::select! {
+                        reason = channel.closed() => reason,
+                        () = stop.cancelled() => "agent stopping".to_owned(),
+                    }
                 };
+                let reason = session.run(receiver, sender, ended).await;
                 tracing::info!(%reason, "disconnected from proxy server");
                 set.sessions().remove(&session.server_id);
                 set.metrics.open_server_connections.dec();
-                session.shut_down(&reason).await;
-                writer.abort();
             }
             .instrument(span),
         );

@@ -2,13 +2,12 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
-use tether_proto::{DialId, Packet};
-use tokio::sync::oneshot;
+use tether_proto::DialId;
+use tether_tunnel::{Abandoned, Tunnel};
 
 use crate::backend::registry::Registry;
-use crate::backend::session::{AgentSession, ServerTunnel};
+use crate::backend::session::AgentSession;
 use crate::metrics::{DialFailure, ServerMetrics};
 
 /// Why a dial did not produce a connection.
@@ -27,8 +26,24 @@ pub(crate) enum DialError {
     DialClosed,
     #[error("dial ID {0} is already pending")]
     Duplicate(DialId),
+    #[error("too many pending dials on this agent (limit {0})")]
+    TooManyPending(usize),
     #[error("frontend went away")]
     FrontendGone,
+}
+
+impl From<tether_tunnel::DialError> for DialError {
+    fn from(e: tether_tunnel::DialError) -> Self {
+        use tether_tunnel::DialError as E;
+        match e {
+            E::Endpoint(text) => Self::Endpoint(text),
+            E::StreamLost(reason) => Self::AgentGone(reason),
+            E::Timeout => Self::Timeout,
+            E::ClosedByPeer => Self::DialClosed,
+            E::Duplicate(random) => Self::Duplicate(random),
+            E::TooManyPending { limit } => Self::TooManyPending(limit),
+        }
+    }
 }
 
 /// State shared by every frontend and agent stream of one server.
@@ -36,19 +51,13 @@ pub(crate) enum DialError {
 pub(crate) struct Hub {
     registry: Mutex<Registry<Arc<AgentSession>>>,
     pub(crate) metrics: Arc<ServerMetrics>,
-    dial_timeout: Duration,
 }
 
 impl Hub {
-    pub(crate) fn new(
-        registry: Registry<Arc<AgentSession>>,
-        metrics: Arc<ServerMetrics>,
-        dial_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(registry: Registry<Arc<AgentSession>>, metrics: Arc<ServerMetrics>) -> Self {
         Self {
             registry: Mutex::new(registry),
             metrics,
-            dial_timeout,
         }
     }
 
@@ -68,54 +77,48 @@ impl Hub {
     }
 
     /// Dials `address` through an agent. Returns when the agent answered, the dial deadline
-    /// passed, or `frontend_gone` resolved; in the last two cases the agent is told to stop
-    /// dialing (DIAL_CLS), and a late answer is cleaned up by the session.
+    /// (the agent stream's table holds it) passed, or `frontend_gone` resolved; in the last
+    /// case the agent is told to stop dialing, or to close what it already opened.
     pub(crate) async fn dial(
         &self,
         protocol: String,
         address: String,
         random: DialId,
         frontend_gone: impl Future<Output = ()>,
-    ) -> Result<ServerTunnel, DialError> {
+    ) -> Result<Tunnel, DialError> {
         let Some(session) = self.registry().select(&address) else {
             self.metrics.dial_failure(DialFailure::NoAgent);
             return Err(DialError::NoAgent);
         };
-        let (reply_tx, reply_rx) = oneshot::channel();
-        session.add_pending(random, reply_tx)?;
         tracing::debug!(agent.id = %session.agent_id, dial.id = %random, %address, "dialing");
-        let request = Packet::DialRequest {
-            protocol,
-            address,
-            random,
-        };
-        if session.outbound.send(request).is_err() {
-            session.remove_pending(random);
-            self.metrics.dial_failure(DialFailure::SendRsp);
-            return Err(DialError::AgentGone("agent stream closed".into()));
-        }
-        let mut reply_rx = reply_rx;
-        let outcome = tokio::select! {
-            reply = &mut reply_rx => reply.unwrap_or_else(|_| Err(DialError::AgentGone("agent stream closed".into()))),
-            () = tokio::time::sleep(self.dial_timeout) => Err(DialError::Timeout),
-            () = frontend_gone => Err(DialError::FrontendGone),
-        };
-        match outcome {
-            Ok(parts) => Ok(ServerTunnel::new(session, parts)),
-            Err(e @ (DialError::Timeout | DialError::FrontendGone)) => {
-                if session.remove_pending(random) {
-                    self.metrics.dial_failure(match e {
-                        DialError::Timeout => DialFailure::BackendDialTimeout,
-                        _ => DialFailure::FrontendClose,
-                    });
-                    let _ = session.outbound.send(Packet::CloseDial { random });
-                } else if let Ok(Ok(parts)) = reply_rx.try_recv() {
-                    // The answer won the race: dropping the tunnel closes it at the agent.
-                    drop(ServerTunnel::new(session, parts));
+        // Counted before DIAL_REQ leaves: the answer's hook may run before this returns.
+        self.metrics.pending_dials.inc();
+        session.pending_gauge.inc();
+        let mut pending = match session.link.dial(random, protocol, address) {
+            Ok(pending) => pending,
+            Err(e) => {
+                self.metrics.pending_dials.dec();
+                session.pending_gauge.dec();
+                if let tether_tunnel::DialError::StreamLost(_) = e {
+                    self.metrics.dial_failure(DialFailure::SendRsp);
                 }
-                Err(e)
+                return Err(e.into());
             }
-            Err(e) => Err(e),
+        };
+        tokio::select! {
+            answer = pending.answer() => answer.map_err(DialError::from),
+            () = frontend_gone => {
+                match pending.abandon() {
+                    Abandoned::Pending => {
+                        self.metrics.pending_dials.dec();
+                        session.pending_gauge.dec();
+                        self.metrics.dial_failure(DialFailure::FrontendClose);
+                    }
+                    Abandoned::Answered => self.metrics.dial_failure(DialFailure::FrontendClose),
+                    Abandoned::Nothing => {}
+                }
+                Err(DialError::FrontendGone)
+            }
         }
     }
 }

@@ -166,7 +166,6 @@ impl Server {
         let hub = Arc::new(Hub::new(
             backend::registry::Registry::new(&config.strategies),
             metrics,
-            config.dial_timeout,
         ));
         hub.refresh_backend_gauges();
         let agent_service = Arc::new(AgentService {
@@ -174,6 +173,7 @@ impl Server {
             server_id: config.server_id.clone(),
             server_count: config.server_count,
             flow: config.flow,
+            dial_timeout: config.dial_timeout,
             next_stream_id: AtomicU64::new(1),
         });
         let shutting_down = Arc::new(AtomicBool::new(false));

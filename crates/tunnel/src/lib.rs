@@ -1,28 +1,51 @@
-//! The multiplexing core shared by the server and the agent.
+//! The I/O side of a multiplexed stream, shared by the server and the agent.
 //!
-//! An agent stream carries many tunnelled connections. Upstream processes that stream
-//! serially with tiny fixed buffers, so one slow reader stalls every connection on the agent
-//! (kubernetes-sigs/apiserver-network-proxy#180). tether never blocks the stream's reader:
+//! [`tether_session::Session`] holds a stream's dials and connections without doing I/O;
+//! this crate runs it: a [`Link`] is the one lock around the table plus the wakers of
+//! everyone waiting on it, [`Link::drive`] feeds it the stream's packets and deadlines and
+//! writes what it queues, and [`Tunnel`] / [`PendingDial`] are what frontends, relays and
+//! dialers hold.
 //!
-//! - every connection has its own inbound queue ([`flow::Inbound`]) whose size is bounded
-//!   by flow control, so the reader can always hand a packet over without waiting;
-//! - every connection has its own send window ([`flow::SendWindow`]), so a connection
-//!   waits for its own credit and never for another's;
-//! - one writer task per stream ([`writer`]) coalesces packets into large HTTP/2 writes.
-//!
-//! Between tether peers the window is end-to-end credit ([`Packet::Credit`], negotiated with
-//! the `tether-flow` header). With an upstream peer, which knows no credit, the window is
-//! local (bytes handed to HTTP/2 but not yet written) and inbound queues are bounded by a
-//! byte limit: a connection that exceeds it is closed with an error, alone.
-//!
-//! [`Packet::Credit`]: tether_proto::Packet::Credit
+//! A stream's reader never waits on one connection when the peer is a tether peer: each
+//! connection's inbound queue is bounded by the credit it granted, and each connection
+//! waits only for its own send window. With an upstream peer the reader parks on a full
+//! connection while it makes progress, at most the stall period without progress.
 #![forbid(unsafe_code)]
 
-pub mod flow;
-pub mod writer;
+mod conn;
+mod dial;
+mod link;
+mod stream;
 
-pub use flow::{
-    ConnEvent, Flow, FlowConfig, Full, Inbound, InboundQueue, Overflow, QueueObserver, SendWindow,
-    chunk_cost, take_read,
+use bytes::{Bytes, BytesMut};
+pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
+pub use dial::{IncomingDial, PendingDial};
+pub use link::{Direction, Hooks, Link};
+pub use tether_session::{
+    Abandoned, CloseError, DialCancel, DialError, Ended, Event, Flow, FlowConfig, Initiator,
+    Limits, Outcome, Role, SessionConfig,
 };
-pub use writer::{Outbound, run_writer};
+
+/// Largest DATA payload either end sends, and the size of relay reads.
+pub const MAX_CHUNK: usize = 64 * 1024;
+
+/// Takes the bytes just read into `buf`. A small chunk is copied out, so that while it waits
+/// in queues it does not keep the whole (typically 64 KiB) read allocation alive; a large one
+/// is split off without a copy.
+pub fn take_read(buf: &mut BytesMut) -> Bytes {
+    const COPY_BELOW: usize = 16 * 1024;
+    if buf.len() < COPY_BELOW {
+        let chunk = Bytes::copy_from_slice(buf);
+        buf.clear();
+        chunk
+    } else {
+        buf.split().freeze()
+    }
+}
+
+/// SO_LINGER 0: the close sends RST, so the far end sees a failure rather than a clean end.
+/// A zero linger never blocks, unlike what tokio's deprecation of `set_linger` warns about.
+#[allow(deprecated)]
+pub fn reset_on_close(stream: &tokio::net::TcpStream) {
+    let _ = stream.set_linger(Some(std::time::Duration::ZERO));
+}

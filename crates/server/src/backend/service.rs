@@ -3,15 +3,19 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::time::Duration;
 use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, Status};
 use tether_proto::{Identifiers, metadata};
-use tether_tunnel::{FlowConfig, Outbound, run_writer};
+
+use tether_tunnel::{FlowConfig, Limits, Role, SessionConfig};
 use tracing::Instrument;
 
 use super::session::AgentSession;
 use crate::dial::Hub;
-use crate::metrics::Segment;
+
+/// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every agent stream of this server is told, and how it is flow-controlled.
 #[derive(Debug)]
@@ -20,6 +24,8 @@ pub(crate) struct AgentService {
     pub(crate) server_id: String,
     pub(crate) server_count: u32,
     pub(crate) flow: FlowConfig,
+    /// `--backend-dial-timeout`: how long a dial waits for the agent's answer.
+    pub(crate) dial_timeout: Duration,
     pub(crate) next_stream_id: AtomicU64,
 }
 
@@ -63,82 +69,43 @@ impl AgentService {
         let hub = &self.hub;
         let stream_gauge = hub.metrics.grpc_stream("Connect");
         stream_gauge.inc();
-        let (outbound, queue) = Outbound::new();
         let session = Arc::new(AgentSession::new(
             agent_id,
             self.next_stream_id.fetch_add(1, Ordering::Relaxed),
             identifiers,
-            flow,
-            outbound,
+            SessionConfig {
+                role: Role::Server,
+                flow,
+                dial_timeout: self.dial_timeout,
+                close_timeout: CLOSE_TIMEOUT,
+                limits: Limits::default(),
+            },
             hub.metrics.clone(),
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
-        self.run_session(session, queue, sender, receiver)
-            .instrument(span)
-            .await;
-        stream_gauge.dec();
-    }
-
-    /// Reads the agent stream until it ends, then fails everything that depended on it.
-    async fn run_session(
-        &self,
-        session: Arc<AgentSession>,
-        queue: tether_tunnel::writer::OutboundQueue,
-        sender: tether_grpc::PacketSender,
-        mut receiver: tether_grpc::PacketReceiver,
-    ) {
-        let hub = &self.hub;
-        tracing::info!(credit = session.flow.is_credit(), "agent connected");
-        hub.registry().add(session.clone(), &session.identifiers);
-        hub.refresh_backend_gauges();
-
-        let metrics = hub.metrics.clone();
-        let mut writer = tokio::spawn(run_writer(queue, sender, Status::ok(), move |p| {
-            metrics.packet(Segment::ToAgent, p.type_name());
-        }));
-        let reason = loop {
-            tokio::select! {
-                next = receiver.next() => match next {
-                    Some(Ok(packet)) => {
-                        hub.metrics.packet(Segment::FromAgent, packet.type_name());
-                        if let Some(blocked) = session.handle(packet) {
-                            session.unblock(blocked).await;
-                        }
-                    }
-                    Some(Err(e)) if e.is_bad_packet() => {
-                        tracing::warn!(error = %e, "dropping a malformed packet from the agent");
-                        hub.metrics.stream_error(Segment::FromAgent, "InvalidArgument", "Unknown");
-                    }
-                    Some(Err(e)) => {
-                        hub.metrics.stream_error(Segment::FromAgent, e.code_name(), "Unknown");
-                        break format!("agent stream failed: {e}");
-                    }
-                    None => break "agent closed the stream".to_owned(),
-                },
-                result = &mut writer => {
-                    break match result {
-                        Ok(Err(e)) => {
-                            hub.metrics.stream_error(Segment::ToAgent, e.code_name(), "Unknown");
-                            format!("writing to agent failed: {e}")
-                        }
-                        _ => "agent stream writer ended".to_owned(),
-                    };
-                }
+        async {
+            tracing::info!(credit = flow.is_credit(), "agent connected");
+            hub.registry().add(session.clone(), &session.identifiers);
+            hub.refresh_backend_gauges();
+            let reason = session
+                .link
+                .drive(receiver, sender, std::future::pending())
+                .await;
+            tracing::info!(%reason, "agent disconnected");
+            let gone = {
+                let mut registry = hub.registry();
+                registry.remove(&session.agent_id, session.stream_id);
+                !registry.contains(&session.agent_id)
+            };
+            hub.refresh_backend_gauges();
+            if gone {
+                hub.metrics.forget_agent(&session.agent_id);
             }
-        };
-        tracing::info!(%reason, "agent disconnected");
-        let gone = {
-            let mut registry = hub.registry();
-            registry.remove(&session.agent_id, session.stream_id);
-            !registry.contains(&session.agent_id)
-        };
-        hub.refresh_backend_gauges();
-        session.shut_down(&reason);
-        if gone {
-            hub.metrics.forget_agent(&session.agent_id);
         }
-        writer.abort();
+        .instrument(span)
+        .await;
+        stream_gauge.dec();
     }
 }
 

@@ -7,16 +7,13 @@ use std::time::{Duration, Instant};
 use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, GrpcError, PacketReceiver, PacketSender, Status};
 use tether_proto::{ConnectId, Packet};
-use tether_tunnel::ConnEvent;
+use tether_tunnel::{ConnEvent, Tunnel, TunnelDown, TunnelUp};
 
-use crate::backend::session::{ServerTunnel, TunnelDown, TunnelUp};
 use crate::dial::{DialError, Hub};
 use crate::metrics::{Initiator, Segment};
 
 /// How long a client may take to send its DIAL_REQ after opening the stream.
 const FIRST_PACKET_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long to wait for the agent's CLOSE_RSP after forwarding a client's CLOSE_REQ.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait, after the last packet, for the client to end the stream. Go clients
 /// act on the last packet and then close; ending the call first would race with that.
 const LINGER: Duration = Duration::from_secs(10);
@@ -131,13 +128,13 @@ enum ClientSide {
 
 async fn relay(
     hub: &Hub,
-    tunnel: &mut ServerTunnel,
+    tunnel: &mut Tunnel,
     mut tx: PacketSender,
     mut rx: PacketReceiver,
     id: ConnectId,
 ) -> Result<(), GrpcError> {
     let (initiator, closed) = {
-        let ServerTunnel { up, down, .. } = tunnel;
+        let Tunnel { up, down, .. } = tunnel;
         let mut to_agent = pin!(client_to_agent(hub, up, &mut rx, id));
         let mut to_client = pin!(agent_to_client(hub, down, &mut tx, id));
         tokio::select! {
@@ -156,10 +153,8 @@ async fn relay(
                         ClientSide::CloseRequested => Initiator::Client,
                         _ => Initiator::Agent,
                     };
-                    match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
-                        Ok(closed) => (initiator, closed?),
-                        Err(_) => (initiator, Some("timed out waiting for the agent to close".to_owned())),
-                    }
+                    // The agent's CLOSE_RSP, or the table's close deadline, ends it.
+                    (initiator, to_client.await?)
                 }
             },
         }
@@ -247,7 +242,7 @@ async fn agent_to_client(
                         event = down.try_recv();
                     }
                 }
-                ConnEvent::Closed(error) => closed = Some(error),
+                ConnEvent::Closed(error) => closed = Some(error.map(|e| e.to_string())),
             }
         }
         let started = Instant::now();
@@ -255,7 +250,7 @@ async fn agent_to_client(
         hub.metrics
             .frontend_write_duration
             .observe(started.elapsed().as_secs_f64());
-        down.grant_credit();
+        down.consumed();
         if let Some(error) = closed {
             return Ok(error);
         }

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tether_proto::DialId;
-use tether_tunnel::ConnEvent;
+use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::backend::session::{MAX_CHUNK, ServerTunnel, TunnelDown, TunnelUp};
 use crate::dial::{DialError, Hub};
 use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
@@ -117,12 +116,12 @@ async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
 
 /// Relays until one side ends; says who ended it and whether abnormally (with the reason).
 async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
-    tunnel: &mut ServerTunnel,
+    tunnel: &mut Tunnel,
     rd: &mut R,
     wr: &mut W,
     early: Bytes,
 ) -> (Initiator, Result<(), Option<String>>) {
-    let ServerTunnel { up, down, .. } = tunnel;
+    let Tunnel { up, down, .. } = tunnel;
     let mut to_agent = pin!(client_to_agent(up, rd, early));
     let mut to_client = pin!(agent_to_client(down, wr));
     tokio::select! {
@@ -203,7 +202,9 @@ fn dial_error_response(error: &DialError) -> Vec<u8> {
             502,
             "Backend context error: dial closed by agent\r\n".to_owned(),
         ),
-        DialError::Duplicate(_) | DialError::FrontendGone => (500, format!("{error}\r\n")),
+        DialError::Duplicate(_) | DialError::TooManyPending(_) | DialError::FrontendGone => {
+            (500, format!("{error}\r\n"))
+        }
     };
     format!(
         "HTTP/1.1 {status} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}",
@@ -256,10 +257,10 @@ async fn agent_to_client<W: AsyncWrite + Unpin>(
         match down.recv().await {
             ConnEvent::Data(data) => {
                 wr.write_all(&data).await.map_err(|e| Some(e.to_string()))?;
-                down.grant_credit();
+                down.consumed();
             }
             ConnEvent::Closed(None) => return Ok(()),
-            ConnEvent::Closed(Some(error)) => return Err(Some(error)),
+            ConnEvent::Closed(Some(error)) => return Err(Some(error.to_string())),
         }
     }
 }

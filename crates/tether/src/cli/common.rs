@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use tether_tunnel::FlowConfig;
-use tether_tunnel::flow::MIN_WINDOW;
+use tether_session::FlowConfig;
+use tether_session::MIN_WINDOW;
 
 /// grpc-go's default keepalive timeout: how long a PING may go unanswered. Upstream's
 /// keepalive flags set only the interval, so tether uses this wherever it maps one.

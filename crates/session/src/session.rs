@@ -1,0 +1,1130 @@
+//! The table of one multiplexed stream: pending dials, established connections, the packets
+//! to send, and the deadlines, driven by explicit calls and answering with [`Event`]s.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tether_proto::{ConnectId, DialId, Packet};
+
+use crate::conn::{Conn, Owner};
+use crate::flow::{Flow, chunk_cost};
+use crate::outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
+use crate::timers::{Timer, Timers};
+
+/// Which end of the stream this table is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The proxy server: dials through the agent (DIAL_REQ out, DIAL_RSP in), closes with
+    /// CLOSE_REQ and hears CLOSE_RSP.
+    Server,
+    /// The agent: dials destinations for the server, answers CLOSE_REQ with CLOSE_RSP.
+    Agent,
+}
+
+/// Bounds that keep one peer from growing the table without limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Dials pending at once on this stream (server: awaiting the agent; agent: dialing).
+    pub max_pending_dials: usize,
+    /// Packets for unknown connections or dials the peer may send over the stream's life;
+    /// past it the stream is a [`Violation`]. Races after a close produce a few; a flood is
+    /// an attack or a broken peer.
+    pub max_unknown_packets: u64,
+    /// Replies to the peer's packets that may wait unsent because the peer does not read.
+    pub max_reply_backlog: usize,
+    /// Longest error text kept from the peer (DIAL_RSP, CLOSE_RSP), in bytes.
+    pub max_error_text: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_pending_dials: 4096,
+            max_unknown_packets: 10_000,
+            max_reply_backlog: 4096,
+            max_error_text: 1024,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SessionConfig {
+    pub role: Role,
+    pub flow: Flow,
+    /// Server: how long a dial waits for the agent's answer. Agent: how long dialing a
+    /// destination may take before the table answers with a timeout.
+    pub dial_timeout: Duration,
+    /// Server: how long, after a local close, the agent's CLOSE_RSP may take.
+    pub close_timeout: Duration,
+    pub limits: Limits,
+}
+
+/// The peer broke the protocol badly enough that the stream must end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    TooManyUnknown { limit: u64 },
+    ReplyBacklog { limit: usize },
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooManyUnknown { limit } => write!(
+                f,
+                "peer sent more than {limit} packets for unknown connections or dials"
+            ),
+            Self::ReplyBacklog { limit } => write!(
+                f,
+                "peer left more than {limit} replies unread (it does not read its stream)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// What the driver must act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Server: the dial's answer can be taken with [`Session::take_dial`]. `latency` is set
+    /// when the agent answered.
+    DialSettled {
+        random: DialId,
+        latency: Option<Duration>,
+        error: Option<DialError>,
+    },
+    /// Server: the agent answered a dial nobody waits for (any connection it opened is
+    /// being closed).
+    StrayDialResponse {
+        random: DialId,
+    },
+    /// Agent: dial `address`, then report with [`Session::dial_succeeded`] or
+    /// [`Session::dial_failed`].
+    DialRequested {
+        random: DialId,
+        protocol: String,
+        address: String,
+    },
+    /// Agent: stop dialing; any answer is no longer wanted.
+    DialCancelled {
+        random: DialId,
+        why: DialCancel,
+    },
+    /// A connection was established (counted until its [`Event::Ended`]).
+    Opened(ConnectId),
+    /// The connection's owner may [`recv`](Session::recv) again.
+    Readable(ConnectId),
+    /// The connection's owner may [`send_data`](Session::send_data) again.
+    Writable(ConnectId),
+    Ended(Ended),
+    /// The writer may [`poll_transmit`](Session::poll_transmit) again.
+    Transmit,
+    /// The parked packet was settled: the reader may hand over the next one.
+    Unparked,
+    /// The agent announced it is going away (server role).
+    PeerDraining,
+    /// The earliest deadline moved earlier: re-arm the timer.
+    TimerChanged,
+    /// A packet this role never receives; ignored.
+    Ignored {
+        packet: &'static str,
+    },
+}
+
+/// A packet for the writer, with (legacy peers) the window it gives back once written.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub packet: Packet,
+    /// `Some((id, cost))`: call [`Session::transmitted`] with it after the packet is written.
+    pub release: Option<(ConnectId, u32)>,
+    /// A reply the peer's packet asked for; counted against the reply backlog.
+    reply: bool,
+}
+
+/// What [`Session::recv`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Recv {
+    Data(Bytes),
+    /// The connection ended; `None` for a normal close. Nothing follows.
+    Closed(Option<CloseError>),
+    /// Nothing yet: [`Event::Readable`] follows.
+    Empty,
+}
+
+/// Why [`Session::send_data`] did not queue the data.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// No window: [`Event::Writable`] follows. The data is handed back.
+    Blocked(Bytes),
+    /// The connection is closing or gone.
+    Closed,
+}
+
+/// What [`Session::abandon_dial`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandoned {
+    /// Still waiting for the agent: DIAL_CLS is sent.
+    Pending,
+    /// The agent had answered with a connection: it is closed.
+    Answered,
+    /// Already failed, or unknown.
+    Nothing,
+}
+
+#[derive(Debug)]
+enum ServerDial {
+    Pending { started: Instant, deadline: Instant },
+    Settled(Result<ConnectId, DialError>),
+}
+
+#[derive(Debug)]
+struct AgentDial {
+    deadline: Instant,
+    address: String,
+}
+
+/// DATA that met a full connection queue from a peer without credit: the reader holds it
+/// (and reads nothing else) until the connection makes room or stalls.
+#[derive(Debug)]
+struct Parked {
+    id: ConnectId,
+    data: Bytes,
+    deadline: Instant,
+}
+
+/// One stream's dials and connections. Does no I/O, spawns nothing, reads no clock.
+#[derive(Debug)]
+pub struct Session {
+    cfg: SessionConfig,
+    /// `Some(reason)` once the stream ended.
+    closed: Option<String>,
+    server_dials: HashMap<DialId, ServerDial>,
+    agent_dials: HashMap<DialId, AgentDial>,
+    conns: HashMap<ConnectId, Conn>,
+    next_connect_id: i64,
+    outbox: VecDeque<Outgoing>,
+    transmit_waiting: bool,
+    replies_queued: usize,
+    unknown_packets: u64,
+    violation: Option<Violation>,
+    parked: Option<Parked>,
+    /// Payload bytes queued inbound over all connections.
+    queued: usize,
+    timers: Timers,
+    events: VecDeque<Event>,
+    peer_draining: bool,
+}
+
+impl Session {
+    pub fn new(cfg: SessionConfig) -> Self {
+        Self {
+            cfg,
+            closed: None,
+            server_dials: HashMap::new(),
+            agent_dials: HashMap::new(),
+            conns: HashMap::new(),
+            next_connect_id: 1,
+            outbox: VecDeque::new(),
+            transmit_waiting: false,
+            replies_queued: 0,
+            unknown_packets: 0,
+            violation: None,
+            parked: None,
+            queued: 0,
+            timers: Timers::default(),
+            events: VecDeque::new(),
+            peer_draining: false,
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.cfg.role
+    }
+
+    pub fn flow(&self) -> Flow {
+        self.cfg.flow
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.closed.is_none()
+    }
+
+    pub fn peer_draining(&self) -> bool {
+        self.peer_draining
+    }
+
+    /// The next thing the driver must act on.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is next due.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// The reader holds a packet the table could not take yet: hand over nothing more
+    /// until [`Event::Unparked`].
+    pub fn is_parked(&self) -> bool {
+        self.parked.is_some()
+    }
+
+    /// Connections in the table, including those closing.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Dials awaiting an answer (server) or being dialed (agent).
+    pub fn pending_dial_count(&self) -> usize {
+        match self.cfg.role {
+            Role::Server => self
+                .server_dials
+                .values()
+                .filter(|d| matches!(d, ServerDial::Pending { .. }))
+                .count(),
+            Role::Agent => self.agent_dials.len(),
+        }
+    }
+
+    /// Inbound payload queued over all connections (by [`chunk_cost`]).
+    pub fn queued_bytes(&self) -> usize {
+        self.queued
+    }
+
+    /// Packets waiting for the writer.
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.len()
+    }
+
+    // ---- the peer's packets ------------------------------------------------------------
+
+    /// Takes one packet from the peer. Must not be called while [`is_parked`](Self::is_parked).
+    pub fn handle_packet(&mut self, now: Instant, packet: Packet) -> Result<(), Violation> {
+        debug_assert!(self.parked.is_none(), "a packet handed over while parked");
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        match (self.cfg.role, packet) {
+            (_, Packet::Data { connect_id, data }) => self.on_data(now, connect_id, data),
+            (_, Packet::Credit { connect_id, bytes }) => self.on_credit(connect_id, bytes),
+            (Role::Server, Packet::DialResponse { random, result }) => {
+                self.on_dial_response(now, random, result)
+            }
+            (Role::Server, Packet::CloseResponse { connect_id, error }) => {
+                self.on_close_response(now, connect_id, error)
+            }
+            (Role::Server, Packet::CloseDial { random }) => self.on_server_close_dial(random),
+            (Role::Server, Packet::Drain) => {
+                if !self.peer_draining {
+                    self.peer_draining = true;
+                    self.events.push_back(Event::PeerDraining);
+                }
+            }
+            (
+                Role::Agent,
+                Packet::DialRequest {
+                    protocol,
+                    address,
+                    random,
+                },
+            ) => self.on_dial_request(now, protocol, address, random),
+            (Role::Agent, Packet::CloseRequest { connect_id }) => self.on_close_request(connect_id),
+            (Role::Agent, Packet::CloseDial { random }) => {
+                if self.agent_dials.remove(&random).is_some() {
+                    self.events.push_back(Event::DialCancelled {
+                        random,
+                        why: DialCancel::ByPeer,
+                    });
+                }
+            }
+            (_, other) => self.events.push_back(Event::Ignored {
+                packet: other.type_name(),
+            }),
+        }
+        match self.violation.take() {
+            Some(v) => Err(v),
+            None => Ok(()),
+        }
+    }
+
+    fn on_data(&mut self, now: Instant, id: ConnectId, data: Bytes) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            self.unknown();
+            // Upstream's answers to data for a connection the receiver does not know.
+            let reply = match self.cfg.role {
+                Role::Server => Packet::CloseRequest { connect_id: id },
+                Role::Agent => Packet::CloseResponse {
+                    connect_id: id,
+                    error: Some("unrecognized connectID".into()),
+                },
+            };
+            self.reply(reply);
+            return;
+        };
+        // Closing, closed for its owner, or without one: late data is absorbed.
+        if c.owner == Owner::Released || c.notice.is_some() || c.notified {
+            return;
+        }
+        if c.fits(data.len()) {
+            self.queued += chunk_cost(data.len());
+            c.push(data);
+            wake_reader(c, id, &mut self.events);
+        } else if let Some(stall) = self.cfg.flow.stall() {
+            let deadline = now + stall;
+            self.parked = Some(Parked { id, data, deadline });
+            self.arm(deadline, Timer::Stall(id));
+        } else {
+            let limit = c.limit;
+            self.overflow(now, id, limit);
+        }
+    }
+
+    fn on_credit(&mut self, id: ConnectId, bytes: u32) {
+        // Credit for a connection that already ended is normal; it is not counted.
+        if let Some(c) = self.conns.get_mut(&id) {
+            // Bounded far above any real window, so a peer cannot overflow the count.
+            c.window = (c.window + u64::from(bytes)).min(1 << 40);
+            wake_writer(c, id, &mut self.events);
+        }
+    }
+
+    fn on_dial_response(
+        &mut self,
+        now: Instant,
+        random: DialId,
+        result: Result<ConnectId, String>,
+    ) {
+        let started = match self.server_dials.get(&random) {
+            Some(ServerDial::Pending { started, .. }) => *started,
+            _ => {
+                self.unknown();
+                self.events.push_back(Event::StrayDialResponse { random });
+                if let Ok(id) = result {
+                    self.close_orphan(now, id);
+                }
+                return;
+            }
+        };
+        let latency = Some(now.saturating_duration_since(started));
+        let result = match result {
+            Ok(id) if self.conns.contains_key(&id) => {
+                self.unknown();
+                Err(DialError::Endpoint(format!(
+                    "agent answered with connectID {id}, which is already in use"
+                )))
+            }
+            Ok(id) => {
+                let conn = Conn::new(self.cfg.flow, Owner::Unclaimed, now);
+                self.conns.insert(id, conn);
+                self.events.push_back(Event::Opened(id));
+                Ok(id)
+            }
+            Err(text) => Err(DialError::Endpoint(self.truncate(text))),
+        };
+        self.settle(random, latency, result);
+    }
+
+    /// The agent opened a connection for a dial nobody waits for: close it, and absorb what
+    /// it sends until it confirms. Never reported as a connection: it was never handed out.
+    fn close_orphan(&mut self, now: Instant, id: ConnectId) {
+        if self.conns.contains_key(&id) {
+            return;
+        }
+        let mut conn = Conn::new(self.cfg.flow, Owner::Released, now);
+        conn.ended = true;
+        let deadline = now + self.cfg.close_timeout;
+        conn.closing = Some(deadline);
+        self.conns.insert(id, conn);
+        self.arm(deadline, Timer::Close(id));
+        self.queue(Packet::CloseRequest { connect_id: id }, None);
+    }
+
+    fn on_close_response(&mut self, now: Instant, id: ConnectId, error: Option<String>) {
+        let error = error.map(|e| CloseError::Peer(self.truncate(e)));
+        let Some(c) = self.conns.get_mut(&id) else {
+            self.unknown();
+            return;
+        };
+        let initiator = if c.closing.take().is_some() {
+            Initiator::Local
+        } else {
+            Initiator::Peer
+        };
+        if !c.ended {
+            c.notify(error.clone());
+            wake_reader(c, id, &mut self.events);
+            self.end(now, id, initiator, error);
+        }
+        self.remove_if_done(id);
+    }
+
+    fn on_server_close_dial(&mut self, random: DialId) {
+        if matches!(
+            self.server_dials.get(&random),
+            Some(ServerDial::Pending { .. })
+        ) {
+            self.settle(random, None, Err(DialError::ClosedByPeer));
+        } else {
+            self.unknown();
+        }
+    }
+
+    fn on_dial_request(&mut self, now: Instant, protocol: String, address: String, random: DialId) {
+        let refusal = if self.agent_dials.contains_key(&random) {
+            Some(format!("dial ID {random} is already being dialed"))
+        } else if self.agent_dials.len() >= self.cfg.limits.max_pending_dials {
+            Some(format!(
+                "too many concurrent dials on this stream (limit {})",
+                self.cfg.limits.max_pending_dials
+            ))
+        } else {
+            None
+        };
+        if let Some(error) = refusal {
+            self.reply(Packet::DialResponse {
+                random,
+                result: Err(error),
+            });
+            return;
+        }
+        let deadline = now + self.cfg.dial_timeout;
+        self.agent_dials.insert(
+            random,
+            AgentDial {
+                deadline,
+                address: address.clone(),
+            },
+        );
+        self.arm(deadline, Timer::Dial(random));
+        self.events.push_back(Event::DialRequested {
+            random,
+            protocol,
+            address,
+        });
+    }
+
+    fn on_close_request(&mut self, id: ConnectId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            self.unknown();
+            self.reply(Packet::CloseResponse {
+                connect_id: id,
+                error: Some("Unknown connectID".into()),
+            });
+            return;
+        };
+        c.close_requested = true;
+        c.notify(None);
+        wake_reader(c, id, &mut self.events);
+    }
+
+    // ---- deadlines and the stream's end ------------------------------------------------
+
+    /// Acts on every deadline due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some((at, timer)) = self.timers.pop_due(now) {
+            match timer {
+                Timer::Dial(random) => self.dial_deadline(at, random),
+                Timer::Close(id) => {
+                    let Some(c) = self.conns.get_mut(&id) else {
+                        continue;
+                    };
+                    if c.closing != Some(at) {
+                        continue;
+                    }
+                    c.closing = None;
+                    if !c.ended {
+                        c.notify(Some(CloseError::CloseTimeout));
+                        wake_reader(c, id, &mut self.events);
+                        self.end(now, id, Initiator::Local, Some(CloseError::CloseTimeout));
+                    }
+                    self.remove_if_done(id);
+                }
+                Timer::Stall(id) => {
+                    let stalled = self
+                        .parked
+                        .as_ref()
+                        .is_some_and(|p| p.id == id && p.deadline == at);
+                    if stalled {
+                        self.unpark();
+                        let limit = self.conns.get(&id).map_or(0, |c| c.limit);
+                        self.overflow(now, id, limit);
+                    }
+                }
+            }
+        }
+    }
+
+    fn dial_deadline(&mut self, at: Instant, random: DialId) {
+        match self.cfg.role {
+            Role::Server => {
+                if matches!(self.server_dials.get(&random), Some(ServerDial::Pending { deadline, .. }) if *deadline == at)
+                {
+                    self.settle(random, None, Err(DialError::Timeout));
+                    self.queue(Packet::CloseDial { random }, None);
+                }
+            }
+            Role::Agent => {
+                if self
+                    .agent_dials
+                    .get(&random)
+                    .is_some_and(|d| d.deadline == at)
+                {
+                    let dial = self.agent_dials.remove(&random);
+                    let address = dial.map(|d| d.address).unwrap_or_default();
+                    self.queue(
+                        Packet::DialResponse {
+                            random,
+                            // Go's wording: the server maps it to 504 by "i/o timeout".
+                            result: Err(format!("dial tcp {address}: i/o timeout")),
+                        },
+                        None,
+                    );
+                    self.events.push_back(Event::DialCancelled {
+                        random,
+                        why: DialCancel::Timeout,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The stream ended: every pending dial fails and every connection ends with an error,
+    /// at once, so nobody waits for a deadline or mistakes the loss for a normal close.
+    pub fn close_stream(&mut self, now: Instant, reason: &str) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason.to_owned());
+        let pending: Vec<DialId> = self
+            .server_dials
+            .iter()
+            .filter(|(_, d)| matches!(d, ServerDial::Pending { .. }))
+            .map(|(r, _)| *r)
+            .collect();
+        for random in pending {
+            self.settle(random, None, Err(DialError::StreamLost(reason.to_owned())));
+        }
+        for random in std::mem::take(&mut self.agent_dials).into_keys() {
+            self.events.push_back(Event::DialCancelled {
+                random,
+                why: DialCancel::StreamLost,
+            });
+        }
+        if self.parked.is_some() {
+            self.unpark();
+        }
+        let ids: Vec<ConnectId> = self.conns.keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            c.closing = None;
+            if !c.ended {
+                let error = CloseError::StreamLost(reason.to_owned());
+                c.notify(Some(error.clone()));
+                wake_reader(c, id, &mut self.events);
+                self.end(now, id, Initiator::Stream, Some(error));
+            }
+            self.remove_if_done(id);
+        }
+        self.outbox.clear();
+        self.replies_queued = 0;
+        self.timers.clear();
+    }
+
+    // ---- server: dialing through the agent ---------------------------------------------
+
+    /// Sends DIAL_REQ; the answer arrives as [`Event::DialSettled`].
+    pub fn open_dial(
+        &mut self,
+        now: Instant,
+        random: DialId,
+        protocol: String,
+        address: String,
+    ) -> Result<(), DialError> {
+        if let Some(reason) = &self.closed {
+            return Err(DialError::StreamLost(reason.clone()));
+        }
+        if self.server_dials.contains_key(&random) {
+            return Err(DialError::Duplicate(random));
+        }
+        let limit = self.cfg.limits.max_pending_dials;
+        if self.server_dials.len() >= limit {
+            return Err(DialError::TooManyPending { limit });
+        }
+        let deadline = now + self.cfg.dial_timeout;
+        self.server_dials.insert(
+            random,
+            ServerDial::Pending {
+                started: now,
+                deadline,
+            },
+        );
+        self.arm(deadline, Timer::Dial(random));
+        self.queue(
+            Packet::DialRequest {
+                protocol,
+                address,
+                random,
+            },
+            None,
+        );
+        Ok(())
+    }
+
+    /// The dial's result once settled; an `Ok` connection now belongs to the caller.
+    pub fn take_dial(&mut self, random: DialId) -> Option<Result<ConnectId, DialError>> {
+        if !matches!(self.server_dials.get(&random)?, ServerDial::Settled(_)) {
+            return None;
+        }
+        let Some(ServerDial::Settled(result)) = self.server_dials.remove(&random) else {
+            return None;
+        };
+        if let Ok(id) = &result
+            && let Some(c) = self.conns.get_mut(id)
+        {
+            c.owner = Owner::Attached;
+        }
+        Some(result)
+    }
+
+    /// The dialer gave up (its deadline, or its client left). One place settles the race
+    /// with the agent's answer: a pending dial is cancelled, an answered one is closed.
+    pub fn abandon_dial(&mut self, now: Instant, random: DialId) -> Abandoned {
+        match self.server_dials.remove(&random) {
+            Some(ServerDial::Pending { .. }) => {
+                self.queue(Packet::CloseDial { random }, None);
+                Abandoned::Pending
+            }
+            Some(ServerDial::Settled(Ok(id))) => {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.owner = Owner::Attached;
+                }
+                self.release(now, id);
+                Abandoned::Answered
+            }
+            Some(ServerDial::Settled(Err(_))) | None => Abandoned::Nothing,
+        }
+    }
+
+    fn settle(
+        &mut self,
+        random: DialId,
+        latency: Option<Duration>,
+        result: Result<ConnectId, DialError>,
+    ) {
+        let error = result.as_ref().err().cloned();
+        self.server_dials
+            .insert(random, ServerDial::Settled(result));
+        self.events.push_back(Event::DialSettled {
+            random,
+            latency,
+            error,
+        });
+    }
+
+    // ---- agent: dialing destinations ---------------------------------------------------
+
+    /// The destination answered: registers the connection and queues DIAL_RSP. `None` if
+    /// the dial was cancelled, timed out or its stream ended meanwhile (drop the socket).
+    pub fn dial_succeeded(&mut self, now: Instant, random: DialId) -> Option<ConnectId> {
+        if self.closed.is_some() {
+            return None;
+        }
+        self.agent_dials.remove(&random)?;
+        let id = ConnectId(self.next_connect_id);
+        self.next_connect_id += 1;
+        self.conns
+            .insert(id, Conn::new(self.cfg.flow, Owner::Attached, now));
+        self.events.push_back(Event::Opened(id));
+        self.queue(
+            Packet::DialResponse {
+                random,
+                result: Ok(id),
+            },
+            None,
+        );
+        Some(id)
+    }
+
+    /// The dial failed: queues DIAL_RSP with `error`, unless the dial is no longer wanted.
+    pub fn dial_failed(&mut self, random: DialId, error: String) -> bool {
+        if self.closed.is_some() || self.agent_dials.remove(&random).is_none() {
+            return false;
+        }
+        self.queue(
+            Packet::DialResponse {
+                random,
+                result: Err(error),
+            },
+            None,
+        );
+        true
+    }
+
+    /// Agent: whether the dial is still wanted (not cancelled, timed out or answered).
+    pub fn dial_wanted(&self, random: DialId) -> bool {
+        self.agent_dials.contains_key(&random)
+    }
+
+    /// Agent: tells the server this agent is going away.
+    pub fn drain(&mut self) {
+        if self.closed.is_none() {
+            self.queue(Packet::Drain, None);
+        }
+    }
+
+    // ---- a connection's owner ----------------------------------------------------------
+
+    /// Queues DATA if the connection's window allows the whole chunk (at most
+    /// [`MIN_WINDOW`](crate::MIN_WINDOW) / 2 bytes).
+    pub fn send_data(&mut self, id: ConnectId, data: Bytes) -> Result<(), SendError> {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return Err(SendError::Closed);
+        };
+        if self.closed.is_some()
+            || c.ended
+            || c.closing.is_some()
+            || c.close_requested
+            || c.owner == Owner::Released
+        {
+            return Err(SendError::Closed);
+        }
+        let cost = chunk_cost(data.len()) as u64;
+        if c.window < cost {
+            c.write_waiting = true;
+            return Err(SendError::Blocked(data));
+        }
+        c.window -= cost;
+        c.bytes_to_peer += data.len() as u64;
+        let release = (!self.cfg.flow.is_credit()).then_some((id, cost as u32));
+        self.queue(
+            Packet::Data {
+                connect_id: id,
+                data,
+            },
+            release,
+        );
+        Ok(())
+    }
+
+    /// Takes the next chunk received on the connection, or its close once the data is taken.
+    pub fn recv(&mut self, now: Instant, id: ConnectId) -> Recv {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return Recv::Closed(Some(CloseError::Local("connection dropped".into())));
+        };
+        if let Some(data) = c.pop() {
+            self.queued -= chunk_cost(data.len());
+            self.progress(now, id);
+            return Recv::Data(data);
+        }
+        if let Some(notice) = c.notice.take() {
+            c.notified = true;
+            return Recv::Closed(notice);
+        }
+        c.read_waiting = true;
+        Recv::Empty
+    }
+
+    /// The owner wrote what it received to its destination: with a tether peer, returns the
+    /// credit once a batch (a quarter window) was consumed.
+    pub fn consumed(&mut self, id: ConnectId) {
+        let Some(threshold) = self.cfg.flow.grant_threshold() else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.ended || c.ungranted < u64::from(threshold) {
+            return;
+        }
+        let bytes = u32::try_from(std::mem::take(&mut c.ungranted)).unwrap_or(u32::MAX);
+        self.queue(
+            Packet::Credit {
+                connect_id: id,
+                bytes,
+            },
+            None,
+        );
+    }
+
+    /// Server: asks the agent to close (CLOSE_REQ); its CLOSE_RSP, or the close deadline,
+    /// ends the connection. Idempotent.
+    pub fn close(&mut self, now: Instant, id: ConnectId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.ended || c.closing.is_some() || self.closed.is_some() {
+            return;
+        }
+        let deadline = now + self.cfg.close_timeout;
+        c.closing = Some(deadline);
+        self.arm(deadline, Timer::Close(id));
+        self.queue(Packet::CloseRequest { connect_id: id }, None);
+    }
+
+    /// Agent: the relay ended; tells the server (CLOSE_RSP) and forgets the connection.
+    pub fn finish(&mut self, now: Instant, id: ConnectId, error: Option<CloseError>) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let initiator = if c.close_requested {
+            Initiator::Peer
+        } else {
+            Initiator::Local
+        };
+        let ended = c.ended;
+        if self.closed.is_none() {
+            self.queue(
+                Packet::CloseResponse {
+                    connect_id: id,
+                    error: error.as_ref().map(ToString::to_string),
+                },
+                None,
+            );
+        }
+        if !ended {
+            self.end(now, id, initiator, error);
+        }
+        self.remove(id);
+    }
+
+    /// The owner is gone. Server: a connection still open is closed (CLOSE_REQ) and its
+    /// late packets absorbed until the agent confirms. Agent: as [`finish`](Self::finish).
+    pub fn release(&mut self, now: Instant, id: ConnectId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if self.cfg.role == Role::Agent {
+            let error = (!c.close_requested && !c.notified)
+                .then(|| CloseError::Local("connection closed by agent".into()));
+            self.finish(now, id, error);
+            return;
+        }
+        c.owner = Owner::Released;
+        let open = !c.ended && c.closing.is_none();
+        let dropped = std::mem::take(&mut c.inbound);
+        c.queued = 0;
+        self.queued -= dropped.iter().map(|d| chunk_cost(d.len())).sum::<usize>();
+        if self.parked.as_ref().is_some_and(|p| p.id == id) {
+            self.unpark();
+        }
+        if open {
+            self.close(now, id);
+        }
+        self.remove_if_done(id);
+    }
+
+    // ---- the writer --------------------------------------------------------------------
+
+    /// Moves queued packets into `batch`, about `max_bytes` of payload at most. False when
+    /// nothing was queued: [`Event::Transmit`] follows.
+    pub fn poll_transmit(&mut self, batch: &mut Vec<Outgoing>, max_bytes: usize) -> bool {
+        if self.outbox.is_empty() {
+            self.transmit_waiting = true;
+            return false;
+        }
+        let mut bytes = 0;
+        while bytes < max_bytes {
+            let Some(item) = self.outbox.pop_front() else {
+                break;
+            };
+            if item.reply {
+                self.replies_queued -= 1;
+            }
+            if let Packet::Data { data, .. } = &item.packet {
+                bytes += data.len();
+            }
+            bytes += 16;
+            batch.push(item);
+        }
+        true
+    }
+
+    /// The writer wrote a packet whose [`Outgoing::release`] was `Some`: gives the local
+    /// window back (peers without credit).
+    pub fn transmitted(&mut self, id: ConnectId, cost: u32) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.window += u64::from(cost);
+            wake_writer(c, id, &mut self.events);
+        }
+    }
+
+    // ---- internals ---------------------------------------------------------------------
+
+    fn queue(&mut self, packet: Packet, release: Option<(ConnectId, u32)>) {
+        self.outbox.push_back(Outgoing {
+            packet,
+            release,
+            reply: false,
+        });
+        self.wake_transmit();
+    }
+
+    /// Queues an answer the peer's own packet asked for. A peer that never reads lets these
+    /// pile up; past the bound that is a [`Violation`].
+    fn reply(&mut self, packet: Packet) {
+        let limit = self.cfg.limits.max_reply_backlog;
+        if self.replies_queued >= limit {
+            self.violation = Some(Violation::ReplyBacklog { limit });
+            return;
+        }
+        self.replies_queued += 1;
+        self.outbox.push_back(Outgoing {
+            packet,
+            release: None,
+            reply: true,
+        });
+        self.wake_transmit();
+    }
+
+    fn wake_transmit(&mut self) {
+        if std::mem::take(&mut self.transmit_waiting) {
+            self.events.push_back(Event::Transmit);
+        }
+    }
+
+    fn unknown(&mut self) {
+        self.unknown_packets += 1;
+        let limit = self.cfg.limits.max_unknown_packets;
+        if self.unknown_packets > limit {
+            self.violation = Some(Violation::TooManyUnknown { limit });
+        }
+    }
+
+    fn truncate(&self, mut text: String) -> String {
+        let max = self.cfg.limits.max_error_text;
+        if text.len() > max {
+            let mut cut = max;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push('…');
+        }
+        text
+    }
+
+    fn arm(&mut self, at: Instant, timer: Timer) {
+        if self.timers.arm(at, timer) {
+            self.events.push_back(Event::TimerChanged);
+        }
+    }
+
+    /// The owner took data from `id`: a parked packet for it may now fit, and its stall
+    /// clock restarts.
+    fn progress(&mut self, now: Instant, id: ConnectId) {
+        let Some(parked) = &mut self.parked else {
+            return;
+        };
+        if parked.id != id {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.fits(parked.data.len()) {
+            let data = std::mem::take(&mut parked.data);
+            self.queued += chunk_cost(data.len());
+            c.push(data);
+            self.unpark();
+        } else if let Some(stall) = self.cfg.flow.stall() {
+            let deadline = now + stall;
+            parked.deadline = deadline;
+            self.arm(deadline, Timer::Stall(id));
+        }
+    }
+
+    fn unpark(&mut self) {
+        self.parked = None;
+        self.events.push_back(Event::Unparked);
+    }
+
+    /// The peer sent more than the connection may queue: it ends with an error, alone.
+    fn overflow(&mut self, now: Instant, id: ConnectId, limit: usize) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.ended {
+            return;
+        }
+        let dropped = std::mem::take(&mut c.inbound);
+        c.queued = 0;
+        self.queued -= dropped.iter().map(|d| chunk_cost(d.len())).sum::<usize>();
+        let error = CloseError::Overflow { limit };
+        c.notify(Some(error.clone()));
+        wake_reader(c, id, &mut self.events);
+        self.end(now, id, Initiator::Local, Some(error));
+        if self.cfg.role == Role::Server {
+            // Tell the agent; its CLOSE_RSP is absorbed.
+            let deadline = now + self.cfg.close_timeout;
+            if let Some(c) = self.conns.get_mut(&id)
+                && c.closing.is_none()
+            {
+                c.closing = Some(deadline);
+                self.arm(deadline, Timer::Close(id));
+                self.queue(Packet::CloseRequest { connect_id: id }, None);
+            }
+        }
+    }
+
+    fn end(
+        &mut self,
+        now: Instant,
+        id: ConnectId,
+        initiator: Initiator,
+        error: Option<CloseError>,
+    ) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        debug_assert!(!c.ended, "a connection ended twice");
+        c.ended = true;
+        // A sender waiting for window must learn that it never comes.
+        if std::mem::take(&mut c.write_waiting) {
+            self.events.push_back(Event::Writable(id));
+        }
+        self.events.push_back(Event::Ended(Ended {
+            id,
+            outcome: Outcome { initiator, error },
+            bytes_from_peer: c.bytes_from_peer,
+            bytes_to_peer: c.bytes_to_peer,
+            opened_at: c.opened_at,
+            ended_at: now.max(c.opened_at),
+        }));
+    }
+
+    /// A released connection leaves once its outcome is known and no close is awaited.
+    fn remove_if_done(&mut self, id: ConnectId) {
+        let done = self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.owner == Owner::Released && c.ended && c.closing.is_none());
+        if done {
+            self.remove(id);
+        }
+    }
+
+    fn remove(&mut self, id: ConnectId) {
+        if let Some(c) = self.conns.remove(&id) {
+            self.queued -= c.queued;
+            if self.parked.as_ref().is_some_and(|p| p.id == id) {
+                self.unpark();
+            }
+        }
+    }
+}
+
+fn wake_reader(c: &mut Conn, id: ConnectId, events: &mut VecDeque<Event>) {
+    if std::mem::take(&mut c.read_waiting) {
+        events.push_back(Event::Readable(id));
+    }
+}
+
+fn wake_writer(c: &mut Conn, id: ConnectId, events: &mut VecDeque<Event>) {
+    if c.write_waiting && c.window > 0 {
+        c.write_waiting = false;
+        events.push_back(Event::Writable(id));
+    }
+}
