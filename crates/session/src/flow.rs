@@ -117,3 +117,30 @@ impl Flow {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation() {
+        let cfg = FlowConfig::default();
+        assert!(cfg.negotiate(Some("1048576")).is_credit());
+        assert!(!cfg.negotiate(None).is_credit());
+        assert!(
+            !cfg.negotiate(Some("1024")).is_credit(),
+            "too small a window"
+        );
+        assert!(!cfg.negotiate(Some("lots")).is_credit());
+        let credit = cfg.negotiate(Some("262144"));
+        assert_eq!(credit.initial_send_window(), 262_144);
+        assert_eq!(credit.inbound_limit(), cfg.window as usize * 2);
+        assert_eq!(credit.grant_threshold(), Some(cfg.window / 4));
+    }
+
+    #[test]
+    fn tiny_chunks_cost_a_minimum() {
+        assert_eq!(chunk_cost(1), MIN_CHUNK_COST);
+        assert_eq!(chunk_cost(100_000), 100_000);
+    }
+}

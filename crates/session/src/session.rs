@@ -142,6 +142,33 @@ pub struct Outgoing {
     reply: bool,
 }
 
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    Open,
+    /// A close was asked for (server: CLOSE_REQ sent; agent: CLOSE_REQ received).
+    Closing,
+    /// Its outcome is decided; its owner may still be taking the last data or the close.
+    Ended,
+}
+
+/// One connection as [`Session::connections`] sees it.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub id: ConnectId,
+    pub state: ConnState,
+    /// A local owner holds it.
+    pub attached: bool,
+    /// Inbound bytes queued (by chunk cost) and the queue's limit.
+    pub queued: usize,
+    pub limit: usize,
+    /// Bytes this end may still send.
+    pub window: u64,
+    pub bytes_from_peer: u64,
+    pub bytes_to_peer: u64,
+    pub opened_at: Instant,
+}
+
 /// What [`Session::recv`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Recv {
@@ -290,6 +317,27 @@ impl Session {
     /// Inbound payload queued over all connections (by [`chunk_cost`]).
     pub fn queued_bytes(&self) -> usize {
         self.queued
+    }
+
+    /// A snapshot of every connection, for introspection and invariant checks.
+    pub fn connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
+        self.conns.iter().map(|(id, c)| ConnInfo {
+            id: *id,
+            state: if c.ended {
+                ConnState::Ended
+            } else if c.closing.is_some() || c.close_requested {
+                ConnState::Closing
+            } else {
+                ConnState::Open
+            },
+            attached: c.owner == Owner::Attached,
+            queued: c.queued,
+            limit: c.limit,
+            window: c.window,
+            bytes_from_peer: c.bytes_from_peer,
+            bytes_to_peer: c.bytes_to_peer,
+            opened_at: c.opened_at,
+        })
     }
 
     /// Packets waiting for the writer.
