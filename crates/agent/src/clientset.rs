@@ -2,7 +2,6 @@
 //! server IDs are connected as the servers announce.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -284,10 +283,7 @@ impl ClientSet {
 
 /// `d` plus up to 10 % (upstream's jitter), so many agents do not reconnect in lockstep.
 fn jitter(d: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    d + d.mul_f64((r % 1000) as f64 / 10_000.0)
+    d + d.mul_f64((tether_proto::random_u64() % 1000) as f64 / 10_000.0)
 }
 
 async fn sleep(d: Duration) {

@@ -1,8 +1,9 @@
 //! The agent's Prometheus metrics, with upstream's names and labels.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tether_observe::metrics::{Counter, CounterVec, Gauge, Histogram, Registry};
+use tether_proto::Packet;
 
 const PREFIX: &str = "konnectivity_network_proxy_agent_";
 
@@ -15,6 +16,8 @@ pub(crate) struct AgentMetrics {
     pub(crate) known_server_count: Arc<Gauge>,
     pub(crate) open_endpoint_connections: Arc<Gauge>,
     stream_packets: Arc<CounterVec>,
+    /// `stream_packets` children, [received, sent] by packet type, looked up once.
+    packet_counters: [[OnceLock<Arc<Counter>>; 8]; 2],
     stream_errors: Arc<CounterVec>,
     server_connection_failures: Arc<CounterVec>,
     /// tether: in-flight dials abandoned because the server cancelled them (DIAL_CLS).
@@ -59,6 +62,7 @@ impl AgentMetrics {
                 "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
                 &["segment", "packet_type"],
             ),
+            packet_counters: Default::default(),
             stream_errors: registry.counter_vec(
                 &name("stream_errors_total"),
                 "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
@@ -98,9 +102,15 @@ impl AgentMetrics {
     }
 
     /// `sent` is true for packets to the server (`from_agent`), false for received ones.
-    pub(crate) fn packet(&self, sent: bool, packet_type: &str) {
-        let segment = if sent { "from_agent" } else { "to_agent" };
-        self.stream_packets.with(&[segment, packet_type]).inc();
+    pub(crate) fn packet(&self, sent: bool, packet: &Packet) {
+        let index = packet.type_index();
+        self.packet_counters[usize::from(sent)][index]
+            .get_or_init(|| {
+                let segment = if sent { "from_agent" } else { "to_agent" };
+                self.stream_packets
+                    .with(&[segment, Packet::TYPE_NAMES[index]])
+            })
+            .inc();
     }
 
     pub(crate) fn stream_error(&self, sent: bool, code: &str) {

@@ -117,8 +117,7 @@ impl Hooks for AgentHooks {
     }
 
     fn on_packet(&self, direction: Direction, packet: &Packet) {
-        self.metrics
-            .packet(direction == Direction::Out, packet.type_name());
+        self.metrics.packet(direction == Direction::Out, packet);
     }
 
     fn on_bad_packet(&self, error: &GrpcError) {

@@ -3,7 +3,6 @@
 //! The dial runs in the task rather than in the caller's future so that a caller who gives
 //! up (a timeout, or dropping the future) still gets its dial cancelled with DIAL_CLS.
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use tether_grpc::{PacketReceiver, PacketSender, Status};
@@ -27,7 +26,7 @@ pub(crate) async fn run(
     address: String,
     mut result: oneshot::Sender<DialResult>,
 ) {
-    let random = random_dial_id();
+    let random = DialId::random();
     match dial(&mut tx, &mut rx, address, random, &mut result).await {
         Dialed::Connected(connect_id) => {
             let (stream, task_side) = tunnel::pair(connect_id);
@@ -138,23 +137,13 @@ async fn dial(
     }
 }
 
-/// A non-negative dial ID, like the Go client's `rand.Int63`.
-fn random_dial_id() -> DialId {
-    // Each `RandomState` gets distinct keys (random per thread, then counted up), so hashing
-    // nothing yields a fresh pseudo-random value.
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    DialId(i64::try_from(random >> 1).unwrap_or(i64::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn dial_ids_are_non_negative_and_vary() {
-        let ids: std::collections::HashSet<i64> = (0..1000).map(|_| random_dial_id().0).collect();
+        let ids: std::collections::HashSet<i64> = (0..1000).map(|_| DialId::random().0).collect();
         assert!(ids.iter().all(|id| *id >= 0));
         assert_eq!(ids.len(), 1000);
     }

@@ -14,9 +14,11 @@ pub mod frame;
 pub mod identifiers;
 pub mod metadata;
 mod packet;
+mod random;
 
 pub use identifiers::Identifiers;
 pub use packet::{ConnectId, DialId, Packet, ProtoError};
+pub use random::random_u64;
 
 /// Generated wire structs. Field names follow the proto (`connect_id`, `dial_request`, ...).
 #[allow(

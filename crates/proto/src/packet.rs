@@ -61,6 +61,32 @@ pub enum Packet {
 }
 
 impl Packet {
+    /// Every packet type's upstream enum name, indexed by [`type_index`](Self::type_index).
+    pub const TYPE_NAMES: [&'static str; 8] = [
+        "DIAL_REQ",
+        "DIAL_RSP",
+        "CLOSE_REQ",
+        "CLOSE_RSP",
+        "DATA",
+        "DIAL_CLS",
+        "DRAIN",
+        "CREDIT",
+    ];
+
+    /// A dense index of the packet's type, so per-type metric handles can live in an array.
+    pub fn type_index(&self) -> usize {
+        match self {
+            Self::DialRequest { .. } => 0,
+            Self::DialResponse { .. } => 1,
+            Self::CloseRequest { .. } => 2,
+            Self::CloseResponse { .. } => 3,
+            Self::Data { .. } => 4,
+            Self::CloseDial { .. } => 5,
+            Self::Drain => 6,
+            Self::Credit { .. } => 7,
+        }
+    }
+
     /// The upstream enum name, used as the `packet_type` metric label.
     pub fn type_name(&self) -> &'static str {
         match self {

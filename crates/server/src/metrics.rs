@@ -1,8 +1,9 @@
 //! The server's Prometheus metrics: upstream's names and labels, plus tether's own.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tether_observe::metrics::{Counter, CounterVec, Gauge, GaugeVec, Histogram, Registry};
+use tether_proto::Packet;
 
 const PREFIX: &str = "konnectivity_network_proxy_server_";
 /// Upstream's latency buckets for dial and write durations.
@@ -80,6 +81,9 @@ pub(crate) struct ServerMetrics {
     pub(crate) established: Arc<Gauge>,
     dial_failures: Arc<CounterVec>,
     stream_packets: Arc<CounterVec>,
+    /// `stream_packets` children by segment and packet type, looked up once: counting a
+    /// packet must not take the vector's lock.
+    packet_counters: [[OnceLock<Arc<Counter>>; 8]; 4],
     stream_errors: Arc<CounterVec>,
     /// tether: connections closed by the server because their peer overran its buffer.
     pub(crate) overflow_closes: Arc<Counter>,
@@ -146,6 +150,7 @@ impl ServerMetrics {
                 "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
                 &["segment", "packet_type"],
             ),
+            packet_counters: Default::default(),
             stream_errors: registry.counter_vec(
                 &name("stream_errors_total"),
                 "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
@@ -208,9 +213,13 @@ impl ServerMetrics {
         self.dial_failures.with(&[reason.label()]).inc();
     }
 
-    pub(crate) fn packet(&self, segment: Segment, packet_type: &str) {
-        self.stream_packets
-            .with(&[segment.label(), packet_type])
+    pub(crate) fn packet(&self, segment: Segment, packet: &Packet) {
+        let index = packet.type_index();
+        self.packet_counters[segment as usize][index]
+            .get_or_init(|| {
+                self.stream_packets
+                    .with(&[segment.label(), Packet::TYPE_NAMES[index]])
+            })
             .inc();
     }
 

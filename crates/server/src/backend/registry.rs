@@ -5,7 +5,6 @@
 //! only when nothing else is left (upstream's rule).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::str::FromStr;
 
 use tether_proto::Identifiers;
@@ -216,10 +215,7 @@ pub(crate) fn host_of(address: &str) -> &str {
 
 /// A uniformly distributed index below `n` (n > 0) from std's randomly keyed hasher.
 fn random_below(n: usize) -> usize {
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (r % n as u64) as usize
+    (tether_proto::random_u64() % n as u64) as usize
 }
 
 #[cfg(test)]

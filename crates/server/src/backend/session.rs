@@ -138,7 +138,7 @@ impl Hooks for ServerHooks {
             Direction::In => Segment::FromAgent,
             Direction::Out => Segment::ToAgent,
         };
-        self.metrics.packet(segment, packet.type_name());
+        self.metrics.packet(segment, packet);
     }
 
     fn on_bad_packet(&self, error: &GrpcError) {

@@ -57,7 +57,7 @@ async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Resul
         };
         match next {
             Ok(packet) => {
-                hub.metrics.packet(Segment::FromClient, packet.type_name());
+                hub.metrics.packet(Segment::FromClient, &packet);
                 match packet {
                     Packet::DialRequest {
                         protocol,
@@ -196,7 +196,7 @@ async fn client_to_agent(
     loop {
         match rx.next().await {
             Some(Ok(packet)) => {
-                hub.metrics.packet(Segment::FromClient, packet.type_name());
+                hub.metrics.packet(Segment::FromClient, &packet);
                 match packet {
                     Packet::Data { connect_id, data } if connect_id == id => {
                         let sent = up.send(data).await;
@@ -233,11 +233,12 @@ async fn agent_to_client(
         while let Some(e) = event.take() {
             match e {
                 ConnEvent::Data(data) => {
-                    tx.buffer(&Packet::Data {
+                    let packet = Packet::Data {
                         connect_id: id,
                         data,
-                    });
-                    hub.metrics.packet(Segment::ToClient, "DATA");
+                    };
+                    tx.buffer(&packet);
+                    hub.metrics.packet(Segment::ToClient, &packet);
                     if tx.buffered() < BATCH_BYTES {
                         event = down.try_recv();
                     }
@@ -265,6 +266,6 @@ fn close_response(connect_id: ConnectId, error: Option<&str>) -> Packet {
 }
 
 async fn send(hub: &Hub, tx: &mut PacketSender, packet: &Packet) -> Result<(), GrpcError> {
-    hub.metrics.packet(Segment::ToClient, packet.type_name());
+    hub.metrics.packet(Segment::ToClient, packet);
     tx.send(packet).await
 }

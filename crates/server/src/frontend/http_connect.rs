@@ -1,7 +1,6 @@
 //! The HTTP CONNECT frontend, byte-compatible with upstream since v0.34: the `200` goes out
 //! only after the agent's dial succeeded, failures are plain-text 5xx responses.
 
-use std::hash::{BuildHasher, Hasher};
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,7 +53,7 @@ async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
     };
 
     // Dial, keeping bytes the client sends early and noticing if it leaves.
-    let random = DialId(random_dial_id());
+    let random = DialId::random();
     let (dialed, early) = {
         let mut early = buf;
         let frontend_gone = async {
@@ -263,14 +262,6 @@ async fn agent_to_client<W: AsyncWrite + Unpin>(
             ConnEvent::Closed(Some(error)) => return Err(Some(error.to_string())),
         }
     }
-}
-
-/// A non-negative dial ID, like the Go client's `rand.Int63`.
-fn random_dial_id() -> i64 {
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (r >> 1) as i64
 }
 
 /// An RFC 7231 IMF-fixdate, as Go's `http.TimeFormat`.
