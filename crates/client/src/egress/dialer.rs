@@ -57,19 +57,11 @@ impl EgressDialer {
                     client: Mutex::new(None),
                 }
             }
-            "HTTPConnect" => match transport {
-                Some(t) if t.uds.is_some() && t.tcp.is_none() => {
-                    Route::HttpConnect(Transport::Unix(
-                        t.uds
-                            .as_ref()
-                            .map(|u| u.uds_name.clone())
-                            .unwrap_or_default()
-                            .into(),
-                    ))
+            "HTTPConnect" => match transport.map(|t| (&t.uds, &t.tcp)) {
+                Some((Some(uds), None)) => {
+                    Route::HttpConnect(Transport::Unix(uds.uds_name.clone().into()))
                 }
-                Some(t) if t.tcp.is_some() && t.uds.is_none() => Route::HttpConnect(tls_transport(
-                    t.tcp.as_ref().unwrap_or(&TcpTransport::default()),
-                )?),
+                Some((None, Some(tcp))) => Route::HttpConnect(tls_transport(tcp)?),
                 _ => return Err(unsupported("HTTPConnect needs exactly one of tcp and uds")),
             },
             other => return Err(unsupported(&format!("unknown proxyProtocol {other:?}"))),
