@@ -122,7 +122,8 @@ impl EgressDialer {
 fn tls_transport(tcp: &TcpTransport) -> Result<Transport, EgressError> {
     let Some(rest) = tcp.url.strip_prefix("https://") else {
         // Validation lets http:// through, but kube-apiserver cannot dial it (it always
-        // speaks TLS over TCP), and tether sends no proxy traffic in plaintext over TCP.
+        // speaks TLS over TCP, and panics without a tlsConfig), and tether sends no proxy
+        // traffic in plaintext over TCP.
         return Err(unsupported(&format!(
             "tcp url {:?}: only https:// is supported over TCP (use a uds transport for a local \
              plaintext proxy)",
