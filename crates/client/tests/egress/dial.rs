@@ -152,3 +152,49 @@ async fn shapes_kube_apiserver_cannot_dial_are_refused_at_load() {
     .await
     .expect("deadline");
 }
+
+/// The gRPC dialer shares one connection and opens a new one once it has ended: here the
+/// socket path is a symlink that moves from a stopped server to a new one.
+#[tokio::test]
+async fn grpc_reconnects_after_the_server_goes_away() {
+    tokio::time::timeout(DEADLINE, async {
+        let first = stack(Mode::Grpc, Transport::Uds).await;
+        let link = first.pki.dir().join("konnectivity.sock");
+        std::os::unix::fs::symlink(uds(&first), &link).unwrap();
+        let selections = format!(
+            "- name: cluster\n  connection:\n    proxyProtocol: GRPC\n    transport:\n      uds:\n        udsName: {}\n",
+            link.display()
+        );
+        let selector = load(&first, &selections).expect("load");
+        echo_through(&selector, Selection::Cluster, &first).await;
+
+        let second = stack(Mode::Grpc, Transport::Uds).await;
+        let Stack { server, agent, .. } = first;
+        agent.stop().await;
+        server.stop().await;
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(uds(&second), &link).unwrap();
+
+        // The old connection may still look open until its end is noticed; a dial on it
+        // fails as a proxy error, and the next one reconnects.
+        let dialer = selector.dialer(Selection::Cluster).unwrap();
+        let address = second.echo.addr.to_string();
+        let mut reconnected = false;
+        for _ in 0..50 {
+            match dialer.dial(&address).await {
+                Ok(_) => {
+                    reconnected = true;
+                    break;
+                }
+                Err(DialError::Proxy(_) | DialError::DialClosed) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(reconnected, "no dial succeeded through the new server");
+        echo_through(&selector, Selection::Cluster, &second).await;
+    })
+    .await
+    .expect("deadline");
+}
