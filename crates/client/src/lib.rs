@@ -6,6 +6,8 @@
 //! - [`dial_http_connect`]: the HTTP CONNECT frontend. One socket per dial; after the `200`
 //!   the [`ProxySocket`] itself is the tunnel.
 //! - [`Transport`]: either frontend over a Unix socket or over TLS.
+//! - [`egress`]: kube-apiserver's EgressSelectorConfiguration, loaded and validated as
+//!   kube-apiserver does, with a dialer per selection over the above.
 //! - [`DialError`] tells a dial the proxy answered negatively (no agent, the agent's dial
 //!   error, an HTTP error status) from a failure to reach or talk to the proxy
 //!   ([`ClientError`]).
@@ -15,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod call;
+pub mod egress;
 mod error;
 mod grpc;
 mod http_connect;
@@ -39,5 +42,7 @@ mod tests {
         check::<super::TunnelStream>();
         check::<super::ProxySocket>();
         check::<super::DialError>();
+        check::<super::egress::EgressSelector>();
+        check::<super::egress::EgressStream>();
     }
 }

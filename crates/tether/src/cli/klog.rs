@@ -3,9 +3,10 @@
 //! Deployments pass them routinely (`--logtostderr=true`, `--log-file=…`,
 //! `--log-file-max-size=0`, `-v=2`), so all of them are accepted. tether honours `-v`,
 //! `--logtostderr`, `--alsologtostderr` and `--log-file` (see [`crate::logging`]); the rest only
-//! change klog's file handling and header format and have no effect here.
+//! change klog's file handling and header format and have no effect here. `--log-format` is
+//! tether's own.
 
-use clap::{ArgAction, Args};
+use clap::{ArgAction, Args, ValueEnum};
 
 use super::common::{go_bool, non_default};
 
@@ -30,6 +31,12 @@ pub(crate) struct KlogArgs {
     /// Log to standard error as well as to --log-file (no effect when --logtostderr=true).
     #[arg(long, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) alsologtostderr: bool,
+
+    /// Log line format: `text` (one readable line per event) or `json` (one JSON object per
+    /// line: timestamp, level, target, message, the event's fields, and the spans it happened
+    /// in with their fields). tether's own flag.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
 
     /// Append logs to this file (no effect when --logtostderr=true).
     #[arg(long, value_name = "PATH", default_value = "")]
@@ -79,6 +86,13 @@ pub(crate) struct KlogArgs {
     /// No effect.
     #[arg(long, value_name = "FILE:N", default_value = DEFAULT_BACKTRACE_AT)]
     log_backtrace_at: String,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
 }
 
 impl KlogArgs {
