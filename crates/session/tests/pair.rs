@@ -69,10 +69,7 @@ fn a_destination_error_reaches_the_frontend_as_the_agents_close_error() {
 #[test]
 fn a_dial_the_agent_never_answers_times_out_and_a_late_answer_is_closed() {
     let mut p = Pair::credit();
-    let random = DialId(42);
-    p.server
-        .open_dial(p.now, random, "tcp".into(), "127.0.0.1:9".into())
-        .unwrap();
+    let random = p.open(42);
     // The DIAL_REQ is held back (a slow agent): only the server's clock moves.
     p.now += DIAL_TIMEOUT - Duration::from_millis(1);
     p.server.handle_timeout(p.now);
@@ -95,10 +92,7 @@ fn a_dial_the_agent_never_answers_times_out_and_a_late_answer_is_closed() {
 #[test]
 fn the_agent_answers_a_destination_that_takes_too_long_with_a_go_worded_timeout() {
     let mut p = Pair::credit();
-    let random = DialId(43);
-    p.server
-        .open_dial(p.now, random, "tcp".into(), "127.0.0.1:9".into())
-        .unwrap();
+    let random = p.open(43);
     p.pump();
     p.advance(AGENT_DIAL_TIMEOUT);
     assert!(p.agent_log.events.contains(&Event::DialCancelled {
@@ -117,10 +111,7 @@ fn the_agent_answers_a_destination_that_takes_too_long_with_a_go_worded_timeout(
 #[test]
 fn an_answer_that_loses_the_race_with_the_dialer_giving_up_is_closed() {
     let mut p = Pair::credit();
-    let random = DialId(5);
-    p.server
-        .open_dial(p.now, random, "tcp".into(), "127.0.0.1:9".into())
-        .unwrap();
+    let random = p.open(5);
     p.pump();
     // The agent connected, but its DIAL_RSP is still in flight when the client leaves.
     let id = p.agent.dial_succeeded(p.now, random).unwrap();
@@ -154,10 +145,7 @@ fn an_answer_that_loses_the_race_with_the_dialer_giving_up_is_closed() {
 #[test]
 fn a_dial_that_completes_after_its_stream_ended_is_not_registered() {
     let mut p = Pair::credit();
-    let random = DialId(9);
-    p.server
-        .open_dial(p.now, random, "tcp".into(), "127.0.0.1:9".into())
-        .unwrap();
+    let random = p.open(9);
     p.pump();
     p.cut("server stream failed");
     assert!(p.agent_log.events.contains(&Event::DialCancelled {
@@ -403,10 +391,7 @@ fn a_peer_that_never_reads_its_replies_ends_the_stream_before_they_pile_up() {
 #[test]
 fn peer_error_texts_are_truncated() {
     let mut p = Pair::credit();
-    let random = DialId(1);
-    p.server
-        .open_dial(p.now, random, "tcp".into(), "127.0.0.1:9".into())
-        .unwrap();
+    let random = p.open(1);
     p.server
         .handle_packet(
             p.now,

@@ -173,6 +173,15 @@ impl Pair {
         self.pump();
     }
 
+    /// Opens a dial at the server (nothing delivered yet).
+    pub fn open(&mut self, random: i64) -> DialId {
+        let random = DialId(random);
+        self.server
+            .open_dial(self.now, random, "tcp".into(), "127.0.0.1:9".into())
+            .expect("dial opens");
+        random
+    }
+
     /// Opens a dial and lets the agent connect at once; returns the connection's ID.
     pub fn connect(&mut self, random: i64) -> ConnectId {
         let random = DialId(random);
