@@ -4,7 +4,7 @@
 #   etcd/  etcd                         go.etcd.io/etcd/server/v3 v3.7.3
 #   kwok/  kwok (the fake kubelets)     sigs.k8s.io/kwok v0.8.0
 # into a cache OUTSIDE the repo, keyed by the pinned versions and a hash of the go.mod/go.sum
-# files and of this script, so a fresh clone on the same machine (CI) reuses a warm cache:
+# files and of the build recipe, so a fresh clone on the same machine (CI) reuses a warm cache:
 #   ${TETHER_CACHE_DIR:-$HOME/.cache/tether}/k8s/v1.37.2-<hash>/bin
 # Does nothing when every binary is already there. Prints the bin directory as its last line.
 # A cold build takes minutes (kube-apiserver alone about 5-10 min on 2 cores) and ~3 GB of RAM.
@@ -16,7 +16,9 @@ command -v sha256sum >/dev/null || { echo "k8s/build.sh: sha256sum not found" >&
 command -v flock >/dev/null || { echo "k8s/build.sh: flock not found (util-linux)" >&2; exit 1; }
 
 kube_version=v1.37.2
-key=$(cat build.sh kube/go.mod kube/go.sum etcd/go.mod etcd/go.sum kwok/go.mod kwok/go.sum | sha256sum | cut -c1-16)
+# Bump recipe when the way the binaries are built changes (flags below), so old caches are not reused.
+recipe="recipe=1 CGO_ENABLED=0 -trimpath version-ldflags"
+key=$({ echo "$recipe"; cat kube/go.mod kube/go.sum etcd/go.mod etcd/go.sum kwok/go.mod kwok/go.sum; } | sha256sum | cut -c1-16)
 cache=${TETHER_CACHE_DIR:-$HOME/.cache/tether}/k8s/$kube_version-$key
 bins=(kube-apiserver kubectl etcd kwok)
 
