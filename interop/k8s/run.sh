@@ -41,7 +41,10 @@ t0=$SECONDS
 k8s_bin=$(interop/k8s/build.sh | tee /dev/stderr | tail -n 1)
 echo "k8s/run.sh: Kubernetes binaries in $k8s_bin ($((SECONDS - t0)) s)"
 (cd interop && go build -buildvcs=false -o bin/k8s-flows ./cmd/k8s-flows)
-kwok_stages=$(cd interop/k8s/kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+# kwok's node and pod lifecycle Stages come from its module (downloaded if the cache was warm
+# but the module cache is not).
+kwok_stages=$(cd interop/k8s/kwok && go mod download sigs.k8s.io/kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+test -d "$kwok_stages" || { echo "k8s/run.sh: kwok stages not found at $kwok_stages" >&2; exit 1; }
 upstream_version=$(cd interop && go list -m -f '{{.Version}}' sigs.k8s.io/apiserver-network-proxy)
 
 work=$(mktemp -d /tmp/tether-k8s.XXXXXX)
