@@ -15,10 +15,13 @@ import (
 	"time"
 )
 
-// Two fake nodes, each a kwok process serving kubelet endpoints on its own loopback IP.
-var nodes = []struct{ name, ip, pod string }{
-	{"node-a", "127.0.0.2", "pod-a"},
-	{"node-b", "127.0.0.3", "pod-b"},
+// node is one fake node: a kwok process serving kubelet endpoints on its own IP.
+type node struct{ name, ip, pod, podCIDR string }
+
+// The fake nodes on loopback; -outside adds node-c on a non-loopback address.
+var loopbackNodes = []node{
+	{"node-a", "127.0.0.2", "pod-a", ""},
+	{"node-b", "127.0.0.3", "pod-b", ""},
 }
 
 const adminToken = "tether-k8s-flows-admin"
@@ -97,6 +100,8 @@ func (e *env) startCluster(ctx context.Context, name, egress string) (*cluster, 
 		// No loopback Endpoints for the kubernetes Service; nothing ever dials the service CIDR.
 		"--endpoint-reconciler-type=none",
 		"--egress-selector-config-file="+egress, "--kubelet-preferred-address-types=InternalIP",
+		// Webhooks referenced by Service go to its EndpointSlice, not its (unrouted) ClusterIP.
+		"--enable-aggregator-routing=true",
 		"--enable-priority-and-fairness=false", "--profiling=false", "-v=1")
 	if err != nil {
 		return c, err
@@ -128,30 +133,36 @@ current-context: local
 	// Nodes first (kwok manages existing ones), the default ServiceAccount (no controller
 	// manager runs to create it), then one kwok per node, then the pods (bound: no scheduler).
 	var objs strings.Builder
-	for _, n := range nodes {
+	for _, n := range e.nodes {
 		fmt.Fprintf(&objs, "apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels: {type: kwok}\n---\n", n.name)
 	}
 	objs.WriteString("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: default\n---\n")
+	if e.outside != nil {
+		objs.WriteString(e.outside.objects())
+	}
 	if r := e.kubectl(ctx, c, 30*time.Second, "", "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
 		return c, fmt.Errorf("create nodes: %v: %s", r.err, r.stderr)
 	}
-	for _, n := range nodes {
-		p, err := e.ps.start(name+"-kwok-"+n.name, e.bin("kwok"),
-			"--kubeconfig="+c.kubeconfig, "--config="+e.kwokConfig,
-			"--manage-single-node="+n.name, "--node-ip="+n.ip, "--node-port="+strconv.Itoa(e.kubeletPort),
-			fmt.Sprintf("--server-address=%s:%d", n.ip, e.kubeletPort))
+	for _, n := range e.nodes {
+		args := []string{"--kubeconfig=" + c.kubeconfig, "--config=" + e.kwokConfig,
+			"--manage-single-node=" + n.name, "--node-ip=" + n.ip, "--node-port=" + strconv.Itoa(e.kubeletPort),
+			fmt.Sprintf("--server-address=%s:%d", n.ip, e.kubeletPort)}
+		if n.podCIDR != "" {
+			args = append(args, "--cidr="+n.podCIDR)
+		}
+		p, err := e.ps.start(name+"-kwok-"+n.name, e.bin("kwok"), args...)
 		if err != nil {
 			return c, err
 		}
 		c.kwok = append(c.kwok, p)
 	}
-	for i, n := range nodes {
+	for i, n := range e.nodes {
 		if err := waitStatus(fmt.Sprintf("https://%s:%d/healthz", n.ip, e.kubeletPort), 200, 60*time.Second); err != nil {
 			return c, fmt.Errorf("kwok %s: %v\n%s", n.name, err, c.kwok[i].tail(20))
 		}
 	}
 	objs.Reset()
-	for _, n := range nodes {
+	for _, n := range e.nodes {
 		fmt.Fprintf(&objs, `apiVersion: v1
 kind: Pod
 metadata:
@@ -169,7 +180,7 @@ spec:
 	if r := e.kubectl(ctx, c, 30*time.Second, "", "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
 		return c, fmt.Errorf("create pods: %v: %s", r.err, r.stderr)
 	}
-	for _, n := range nodes {
+	for _, n := range e.nodes {
 		if r := e.kubectl(ctx, c, 70*time.Second, "", "wait", "--for=condition=Ready", "--timeout=60s", "node/"+n.name, "pod/"+n.pod).run(); r.err != nil {
 			return c, fmt.Errorf("wait for %s and %s: %v: %s", n.name, n.pod, r.err, r.stderr)
 		}

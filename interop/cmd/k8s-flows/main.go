@@ -40,6 +40,8 @@ type env struct {
 	kubeletPort               int
 	upVersion                 string
 	rows                      []*row
+	nodes                     []node
+	outside                   *outside // nil: no network namespace, no non-loopback flows
 }
 
 func (e *env) bin(name string) string { return filepath.Join(e.k8sBin, name) }
@@ -62,6 +64,7 @@ func main() {
 	out := flag.String("out", "", "COMPATIBILITY.md to rewrite the k8s-flows block of (empty: do not write)")
 	only := flag.String("only", "", "run only this proxy (tether or upstream); writes nothing")
 	timeout := flag.Duration("timeout", 20*time.Minute, "the whole run's deadline")
+	outsideIPs := flag.String("outside", "", "NODE_IP,POD_CIDR inside 198.18.0.0/15, local addresses of the network namespace this runs in: adds node-c (its pods get POD_CIDR addresses, where a backend listens) and the flows kube-apiserver refuses on loopback (nodes/, pods/ and services/proxy)")
 	flag.Parse()
 	for name, v := range map[string]string{"k8s-bin": *k8sBin, "interop-bin": *interopBin, "tether": *tetherBin, "kwok-stages": *stages, "work": *work} {
 		if v == "" {
@@ -71,6 +74,14 @@ func main() {
 	}
 	e := &env{ps: &procs{logs: filepath.Join(*work, "logs")}, work: *work, k8sBin: *k8sBin,
 		interopBin: *interopBin, kwokStages: *stages, upVersion: *upVersion}
+	if *outsideIPs != "" {
+		o, err := newOutside(*outsideIPs)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "k8s-flows: -outside:", err)
+			os.Exit(2)
+		}
+		e.outside = o
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
@@ -140,6 +151,9 @@ func (e *env) runRow(ctx context.Context, r *row, name string) error {
 		return err
 	}
 	e.runFlows(ctx, r, c, p)
+	if e.outside != nil {
+		e.runOutsideFlows(ctx, r, c, p)
+	}
 	e.runKills(ctx, r, c, p)
 	return r.err
 }
@@ -196,6 +210,17 @@ func (e *env) setup(ctx context.Context, tetherBin string) error {
 	if err := appendLine(e.attachFile, "attach-start"); err != nil {
 		return err
 	}
-	e.kubeletPort = freePort(nodes[0].ip, nodes[1].ip)
+	e.nodes = append([]node{}, loopbackNodes...)
+	if e.outside != nil {
+		if err := e.outside.start(); err != nil {
+			return err
+		}
+		e.nodes = append(e.nodes, node{"node-c", e.outside.nodeIP, "pod-c", e.outside.podCIDR.String()})
+	}
+	var ips []string
+	for _, n := range e.nodes {
+		ips = append(ips, n.ip)
+	}
+	e.kubeletPort = freePort(ips...)
 	return e.writeKwokConfig()
 }

@@ -64,6 +64,27 @@ func (e *env) markdown() string {
 	fmt.Fprintln(&b, "\nFlows: `logs` and `logs (node-b)` print the pod's CRI log file; `logs -f` also prints a line appended while it follows; "+
 		"`exec` runs `sh -c 'echo exec-ok FAKE_POD=$FAKE_POD'` (kwok runs it on the host with the pod's env) and checks stdout; "+
 		"`attach` sees a line appended to the container's output; `port-forward` GETs `/` (body `ok`) and a 1 MiB body from a loopback HTTP backend through the forwarded port.")
+	fmt.Fprintln(&b, "\n#### Flows kube-apiserver refuses for loopback addresses, in a network namespace")
+	if e.outside == nil {
+		fmt.Fprintln(&b, "\nNot run: they need the network namespace `run.sh` creates (as root, with `ip netns`).")
+	} else {
+		fmt.Fprintln(&b, "\nThe whole run is inside a network namespace the test created, whose only addresses besides loopback are "+
+			"198.18.0.0/15 ones (RFC 2544 benchmarking; no route leads out of the namespace): node-c, a third kwok, on 198.18.0.3, "+
+			"and its pods on 198.18.0.8/29, where the harness serves an HTTP backend and a TLS admission webhook. "+
+			"`nodes/proxy` GETs kwok's `/healthz` on node-c; `pods/proxy` GETs the backend at pod-c's IP; `services/proxy` GETs it "+
+			"through a selector-less Service whose EndpointSlice points at pod-c; the webhook (a `ValidatingWebhookConfiguration` "+
+			"with a Service reference, resolved to its EndpointSlice with `--enable-aggregator-routing`) must deny a labelled ConfigMap "+
+			"with its own message.")
+		fmt.Fprintln(&b, "\n| Proxy | Egress | "+strings.Join(outsideFlowNames, " | ")+" |")
+		fmt.Fprintln(&b, "|---|---|"+strings.Repeat("---|", len(outsideFlowNames)))
+		for _, r := range e.rows {
+			cells := []string{}
+			for _, n := range outsideFlowNames {
+				cells = append(cells, r.flowResult(n))
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", r.impl, r.shape.name, strings.Join(cells, " | "))
+		}
+	}
 	fmt.Fprintln(&b, "\n#### The agent killed with SIGKILL under an open stream (upstream #748)")
 	fmt.Fprintln(&b, "\n| Proxy | Egress | Stream | kubectl | kubectl's last stderr line | Open local connection | Proxy server ends kube-apiserver's connection with an error |")
 	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|")
