@@ -140,7 +140,7 @@ current-context: local
 	if e.outside != nil {
 		objs.WriteString(e.outside.objects())
 	}
-	if r := e.kubectl(ctx, c, 30*time.Second, "", "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
+	if r := e.kubectl(ctx, c, 30*time.Second, "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
 		return c, fmt.Errorf("create nodes: %v: %s", r.err, r.stderr)
 	}
 	for _, n := range e.nodes {
@@ -177,11 +177,11 @@ spec:
 ---
 `, n.pod, n.name)
 	}
-	if r := e.kubectl(ctx, c, 30*time.Second, "", "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
+	if r := e.kubectl(ctx, c, 30*time.Second, "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
 		return c, fmt.Errorf("create pods: %v: %s", r.err, r.stderr)
 	}
 	for _, n := range e.nodes {
-		if r := e.kubectl(ctx, c, 70*time.Second, "", "wait", "--for=condition=Ready", "--timeout=60s", "node/"+n.name, "pod/"+n.pod).run(); r.err != nil {
+		if r := e.kubectl(ctx, c, 70*time.Second, "wait", "--for=condition=Ready", "--timeout=60s", "node/"+n.name, "pod/"+n.pod).run(); r.err != nil {
 			return c, fmt.Errorf("wait for %s and %s: %v: %s", n.name, n.pod, r.err, r.stderr)
 		}
 	}
@@ -196,7 +196,7 @@ func (e *env) waitReady(ctx context.Context, c *cluster) error {
 		if c.apiserver.exited() {
 			return fmt.Errorf("kube-apiserver exited:\n%s", c.apiserver.tail(8))
 		}
-		if last = e.kubectl(ctx, c, 10*time.Second, "", "get", "--raw=/readyz").run(); last.err == nil && strings.TrimSpace(last.stdout) == "ok" {
+		if last = e.kubectl(ctx, c, 10*time.Second, "get", "--raw=/readyz").run(); last.err == nil && strings.TrimSpace(last.stdout) == "ok" {
 			return nil
 		}
 		time.Sleep(300 * time.Millisecond)

@@ -40,7 +40,7 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 		start func() (*stream, net.Conn, error)
 	}{
 		{execFlow, func() (*stream, net.Conn, error) {
-			s, err := e.kubectl(ctx, c, 90*time.Second, "", "exec", "pod-a", "--", "sh", "-c",
+			s, err := e.kubectl(ctx, c, 90*time.Second, "exec", "pod-a", "--", "sh", "-c",
 				"i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo tick $i; sleep 0.1; done").start()
 			if err != nil {
 				return nil, nil, err
@@ -48,7 +48,7 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 			return s, nil, s.waitLine("tick 3", 20*time.Second)
 		}},
 		{"logs -f", func() (*stream, net.Conn, error) {
-			s, err := e.kubectl(ctx, c, 90*time.Second, "", "logs", "-f", "pod-a").start()
+			s, err := e.kubectl(ctx, c, 90*time.Second, "logs", "-f", "pod-a").start()
 			if err != nil {
 				return nil, nil, err
 			}
@@ -56,7 +56,7 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 		}},
 		{"port-forward (open connection)", func() (*stream, net.Conn, error) {
 			local := freePort()
-			s, err := e.kubectl(ctx, c, 90*time.Second, "", "port-forward", "--address=127.0.0.1", "pod/pod-a",
+			s, err := e.kubectl(ctx, c, 90*time.Second, "port-forward", "--address=127.0.0.1", "pod/pod-a",
 				fmt.Sprintf("%d:%d", local, podEchoPort)).start()
 			if err != nil {
 				return nil, nil, err

@@ -60,13 +60,13 @@ func crossed(p *proxy, f func() (string, error)) func() (string, error) {
 func (e *env) runFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 	tag := strings.ReplaceAll(p.name, " ", "-")
 	r.run("logs", crossed(p, func() (string, error) {
-		return "", e.wantOutput(e.kubectl(ctx, c, 30*time.Second, "", "logs", "pod-a").run(), "flow-line-1")
+		return "", e.wantOutput(e.kubectl(ctx, c, 30*time.Second, "logs", "pod-a").run(), "flow-line-1")
 	}))
 	r.run("logs (node-b)", crossed(p, func() (string, error) {
-		return "", e.wantOutput(e.kubectl(ctx, c, 30*time.Second, "", "logs", "pod-b").run(), "flow-line-1")
+		return "", e.wantOutput(e.kubectl(ctx, c, 30*time.Second, "logs", "pod-b").run(), "flow-line-1")
 	}))
 	r.run("logs -f", crossed(p, func() (string, error) {
-		s, err := e.kubectl(ctx, c, 60*time.Second, "", "logs", "-f", "pod-a").start()
+		s, err := e.kubectl(ctx, c, 60*time.Second, "logs", "-f", "pod-a").start()
 		if err != nil {
 			return "", err
 		}
@@ -81,7 +81,7 @@ func (e *env) runFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 		return "", s.waitLine(line, 20*time.Second)
 	}))
 	r.run("exec", crossed(p, func() (string, error) {
-		res := e.kubectl(ctx, c, 30*time.Second, "", "exec", "pod-a", "--", "sh", "-c", "echo exec-ok FAKE_POD=$FAKE_POD").run()
+		res := e.kubectl(ctx, c, 30*time.Second, "exec", "pod-a", "--", "sh", "-c", "echo exec-ok FAKE_POD=$FAKE_POD").run()
 		if res.err != nil {
 			return "", fmt.Errorf("%s: %s", describe(res), strings.TrimSpace(res.stderr))
 		}
@@ -91,7 +91,7 @@ func (e *env) runFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 		return "", nil
 	}))
 	r.run("attach", crossed(p, func() (string, error) {
-		s, err := e.kubectl(ctx, c, 60*time.Second, "", "attach", "pod-a").start()
+		s, err := e.kubectl(ctx, c, 60*time.Second, "attach", "pod-a").start()
 		if err != nil {
 			return "", err
 		}
@@ -111,7 +111,7 @@ func (e *env) runFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 	}))
 	r.run("port-forward", crossed(p, func() (string, error) {
 		local := freePort()
-		s, err := e.kubectl(ctx, c, 60*time.Second, "", "port-forward", "--address=127.0.0.1", "pod/pod-a",
+		s, err := e.kubectl(ctx, c, 60*time.Second, "port-forward", "--address=127.0.0.1", "pod/pod-a",
 			fmt.Sprintf("%d:%d", local, podHTTPPort)).start()
 		if err != nil {
 			return "", err

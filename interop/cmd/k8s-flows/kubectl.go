@@ -16,6 +16,7 @@ import (
 type kubectlCmd struct {
 	cmd    *exec.Cmd
 	cancel context.CancelFunc
+	ps     *procs
 }
 
 type kubectlResult struct {
@@ -24,12 +25,12 @@ type kubectlResult struct {
 	err            error
 }
 
-func (e *env) kubectl(ctx context.Context, c *cluster, timeout time.Duration, _ string, args ...string) *kubectlCmd {
+func (e *env) kubectl(ctx context.Context, c *cluster, timeout time.Duration, args ...string) *kubectlCmd {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	cmd := exec.CommandContext(ctx, e.bin("kubectl"), append([]string{"--kubeconfig=" + c.kubeconfig}, args...)...)
 	cmd.WaitDelay = 2 * time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	return &kubectlCmd{cmd: cmd, cancel: cancel}
+	return &kubectlCmd{cmd: cmd, cancel: cancel, ps: e.ps}
 }
 
 func (k *kubectlCmd) withStdin(s string) *kubectlCmd {
@@ -41,7 +42,12 @@ func (k *kubectlCmd) run() kubectlResult {
 	defer k.cancel()
 	var out, errb bytes.Buffer
 	k.cmd.Stdout, k.cmd.Stderr = &out, &errb
-	err := k.cmd.Run()
+	err := k.cmd.Start()
+	if err == nil {
+		k.ps.trackKubectl(k.cmd.Process.Pid)
+		err = k.cmd.Wait()
+		k.ps.untrackKubectl(k.cmd.Process.Pid)
+	}
 	return result(k.cmd, out.String(), errb.String(), err)
 }
 
@@ -84,6 +90,7 @@ func (k *kubectlCmd) start() (*stream, error) {
 		k.cancel()
 		return nil, err
 	}
+	k.ps.trackKubectl(k.cmd.Process.Pid)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -96,6 +103,7 @@ func (k *kubectlCmd) start() (*stream, error) {
 			}
 		}
 		err := k.cmd.Wait()
+		k.ps.untrackKubectl(k.cmd.Process.Pid)
 		k.cancel()
 		s.mu.Lock()
 		r := result(k.cmd, s.out.String(), s.errb.String(), err)

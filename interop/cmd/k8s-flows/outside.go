@@ -114,7 +114,7 @@ var outsideFlowNames = []string{"nodes/proxy (node-c)", "pods/proxy (pod-c)", "s
 func (e *env) runOutsideFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 	o := e.outside
 	r.run("nodes/proxy (node-c)", crossed(p, func() (string, error) {
-		res := e.kubectl(ctx, c, 30*time.Second, "", "get", "--raw", "/api/v1/nodes/node-c/proxy/healthz").run()
+		res := e.kubectl(ctx, c, 30*time.Second, "get", "--raw", "/api/v1/nodes/node-c/proxy/healthz").run()
 		if res.err != nil {
 			return "", fmt.Errorf("%s: %s", describe(res), strings.TrimSpace(res.stderr))
 		}
@@ -123,7 +123,7 @@ func (e *env) runOutsideFlows(ctx context.Context, r *row, c *cluster, p *proxy)
 		}
 		return "", nil
 	}))
-	res := e.kubectl(ctx, c, 30*time.Second, "", "get", "pod", "pod-c", "-o", "jsonpath={.status.podIP}").run()
+	res := e.kubectl(ctx, c, 30*time.Second, "get", "pod", "pod-c", "-o", "jsonpath={.status.podIP}").run()
 	podIP := strings.TrimSpace(res.stdout)
 	if a, err := netip.ParseAddr(podIP); res.err != nil || err != nil || !o.podCIDR.Contains(a) {
 		r.run("pods/proxy (pod-c)", func() (string, error) {
@@ -135,7 +135,7 @@ func (e *env) runOutsideFlows(ctx context.Context, r *row, c *cluster, p *proxy)
 		return "", e.wantBody(ctx, c, fmt.Sprintf("/api/v1/namespaces/default/pods/pod-c:%d/proxy/", o.backendPort))
 	}))
 	r.run("services/proxy (EndpointSlice)", crossed(p, func() (string, error) {
-		if res := e.kubectl(ctx, c, 30*time.Second, "", "apply", "-f", "-").withStdin(endpointSlice("backend", "http", o.backendPort, podIP)).run(); res.err != nil {
+		if res := e.kubectl(ctx, c, 30*time.Second, "apply", "-f", "-").withStdin(endpointSlice("backend", "http", o.backendPort, podIP)).run(); res.err != nil {
 			return "", fmt.Errorf("create EndpointSlice: %v: %s", res.err, res.stderr)
 		}
 		// kube-apiserver reads EndpointSlices from an informer: allow it to catch up.
@@ -155,7 +155,7 @@ func (e *env) runOutsideFlows(ctx context.Context, r *row, c *cluster, p *proxy)
 
 // wantBody GETs path through kube-apiserver and wants the backend's body.
 func (e *env) wantBody(ctx context.Context, c *cluster, path string) error {
-	res := e.kubectl(ctx, c, 30*time.Second, "", "get", "--raw", path).run()
+	res := e.kubectl(ctx, c, 30*time.Second, "get", "--raw", path).run()
 	if res.err != nil {
 		return fmt.Errorf("%s: %s", describe(res), strings.TrimSpace(res.stderr))
 	}

@@ -22,10 +22,33 @@ type proc struct {
 
 // procs tracks every process group the harness started, so all of them end on every exit path.
 type procs struct {
-	mu   sync.Mutex
-	all  []*proc
-	logs string
-	seq  int
+	mu     sync.Mutex
+	all    []*proc
+	logs   string
+	seq    int
+	closed bool // stopAll ran: whatever starts later (a racing restart) is ended at once
+	// kubectls are the process groups of running kubectl commands (not logged like procs).
+	kubectls map[int]bool
+}
+
+// trackKubectl records a started kubectl's process group, or kills it if stopAll already ran.
+func (ps *procs) trackKubectl(pid int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		return
+	}
+	if ps.kubectls == nil {
+		ps.kubectls = map[int]bool{}
+	}
+	ps.kubectls[pid] = true
+}
+
+func (ps *procs) untrackKubectl(pid int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	delete(ps.kubectls, pid)
 }
 
 // start runs path with args, stdout and stderr to logs/NN-name.log.
@@ -53,8 +76,15 @@ func (ps *procs) start(name, path string, args ...string) (*proc, error) {
 		close(p.done)
 	}()
 	ps.mu.Lock()
-	ps.all = append(ps.all, p)
+	closed := ps.closed
+	if !closed {
+		ps.all = append(ps.all, p)
+	}
 	ps.mu.Unlock()
+	if closed {
+		p.stop()
+		return nil, fmt.Errorf("start %s: stopping everything", name)
+	}
 	return p, nil
 }
 
@@ -95,6 +125,10 @@ func (ps *procs) stopAll() {
 	ps.mu.Lock()
 	all := append([]*proc(nil), ps.all...)
 	ps.all = nil
+	ps.closed = true
+	for pid := range ps.kubectls {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
 	ps.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, p := range all {

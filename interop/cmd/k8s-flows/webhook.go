@@ -101,7 +101,7 @@ webhooks:
     caBundle: %s
     service: {namespace: default, name: webhook, port: 443}
 `, base64.StdEncoding.EncodeToString(o.webhookCA))
-	if res := e.kubectl(ctx, c, 30*time.Second, "", "apply", "-f", "-").withStdin(objs).run(); res.err != nil {
+	if res := e.kubectl(ctx, c, 30*time.Second, "apply", "-f", "-").withStdin(objs).run(); res.err != nil {
 		return fmt.Errorf("register the webhook: %v: %s", res.err, res.stderr)
 	}
 	// The webhook configuration and the EndpointSlice reach kube-apiserver's informers a
@@ -109,7 +109,7 @@ webhooks:
 	deadline := time.Now().Add(20 * time.Second)
 	for i := 0; ; i++ {
 		cm := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: webhook-probe-%d\n  namespace: default\n  labels: {tether-k8s-flows: webhook-probe}\n", i)
-		res := e.kubectl(ctx, c, 30*time.Second, "", "create", "-f", "-").withStdin(cm).run()
+		res := e.kubectl(ctx, c, 30*time.Second, "create", "-f", "-").withStdin(cm).run()
 		if res.err != nil && strings.Contains(res.stderr, webhookDenial) {
 			return nil
 		}
