@@ -22,14 +22,16 @@ type killCase struct {
 	stderr   string // kubectl's last stderr line, normalized
 	local    string // port-forward: what the open local connection saw
 	closed   string // tether: the server's connection-closes metric; upstream: not measured
+	released string // the server's established_connections fell to 0
 	err      error  // an assertion about tether failed
 	exitedIn time.Duration
 	localIn  time.Duration
 }
 
 const (
-	closesMetric = "tether_server_connection_closes_total"
-	execFlow     = "exec (streaming command)"
+	closesMetric      = "tether_server_connection_closes_total"
+	establishedMetric = "konnectivity_network_proxy_server_established_connections"
+	execFlow          = "exec (streaming command)"
 )
 
 // runKills runs each streaming flow, kills the agent under it, records the outcome, and
@@ -100,8 +102,8 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 		if k.err != nil {
 			status = "FAIL: " + k.err.Error()
 		}
-		fmt.Printf("   kill -9 agent during %-30s kubectl %s after %v, stderr %q, local %q after %v, server %q: %s\n",
-			kc.flow, k.kubectl, k.exitedIn.Round(100*time.Millisecond), k.stderr, k.local, k.localIn.Round(100*time.Millisecond), k.closed, status)
+		fmt.Printf("   kill -9 agent during %-30s kubectl %s after %v, stderr %q, local %q after %v, released %q, server %q: %s\n",
+			kc.flow, k.kubectl, k.exitedIn.Round(100*time.Millisecond), k.stderr, k.local, k.localIn.Round(100*time.Millisecond), k.released, k.closed, status)
 		// A fresh agent for the next case (and a failed restart fails the rest of the row).
 		if p.agent.exited() {
 			if err := e.startAgent(p); err != nil {
@@ -127,8 +129,16 @@ func (e *env) killAgent(p *proxy, flow string, s *stream, conn net.Conn, before 
 			k.closed = fmt.Sprintf("yes: `%s{initiator=\"agent\",outcome=\"error\"}` rose within 10 s", closesMetric)
 			fmt.Printf("   %s{agent,error} +%v after %v\n", closesMetric, v-before, time.Since(killed).Round(10*time.Millisecond))
 		}
+	}
+	// Both servers: every connection through the dead agent is gone from the server's books.
+	if err := waitMetricAtMost(p.metricsURL(), establishedMetric, 0, 10*time.Second); err != nil {
+		errs = append(errs, "established connections not released: "+err.Error())
+		k.released = "no"
 	} else {
-		k.closed = "not measured (no such metric upstream)"
+		k.released = "yes, within 10 s"
+	}
+	if p.impl != tether {
+		k.closed = "not measured (upstream has no such metric)"
 	}
 	if conn != nil {
 		k.local = readAfterKill(conn, 20*time.Second)

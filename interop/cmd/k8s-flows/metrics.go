@@ -155,3 +155,18 @@ func waitMetricAtLeast(url, name string, min float64, d time.Duration, want ...s
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// waitMetricAtMost polls until the sum of name{want} is at most max, for at most d.
+func waitMetricAtMost(url, name string, max float64, d time.Duration, want ...string) error {
+	deadline := time.Now().Add(d)
+	for {
+		v, err := metricSum(url, name, want...)
+		if err == nil && v <= max {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s%v = %v (err %v) after %v, want <= %v", name, want, v, err, d, max)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -86,8 +86,8 @@ func (e *env) markdown() string {
 		}
 	}
 	fmt.Fprintln(&b, "\n#### The agent killed with SIGKILL under an open stream (upstream #748)")
-	fmt.Fprintln(&b, "\n| Proxy | Egress | Stream | kubectl | kubectl's last stderr line | Open local connection | Proxy server ends kube-apiserver's connection with an error |")
-	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|")
+	fmt.Fprintln(&b, "\n| Proxy | Egress | Stream | kubectl | kubectl's last stderr line | Open local connection | Server's `established_connections` back to 0 | Server ends kube-apiserver's connection with an error |")
+	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|---|")
 	for _, r := range e.rows {
 		for _, k := range r.kills {
 			closed := k.closed
@@ -98,8 +98,8 @@ func (e *env) markdown() string {
 			if local == "" {
 				local = "–"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", r.impl, r.shape.name, k.flow, k.kubectl,
-				"`"+strings.ReplaceAll(k.stderr, "|", "\\|")+"`", local, closed)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.impl, r.shape.name, k.flow, k.kubectl,
+				"`"+strings.ReplaceAll(k.stderr, "|", "\\|")+"`", local, k.released, closed)
 		}
 	}
 	fmt.Fprintln(&b, "\n"+endMarker)
