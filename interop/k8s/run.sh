@@ -48,33 +48,7 @@ test -d "$kwok_stages" || { echo "k8s/run.sh: kwok stages not found at $kwok_sta
 upstream_version=$(cd interop && go list -m -f '{{.Version}}' sigs.k8s.io/apiserver-network-proxy)
 
 work=$(mktemp -d /tmp/tether-k8s.XXXXXX)
-# The flows kube-apiserver refuses for loopback addresses (nodes/proxy, services/proxy) need
-# non-loopback ones: a network namespace of our own holding 198.18.0.0/15 (benchmarking)
-# addresses, so nothing can leave it. A dummy interface where the kernel has one, else the
-# namespace's own lo (containers often lack the dummy module). Needs root; skipped otherwise.
 netns=
-netns_exec=()
-outside=()
-setup_netns() {
-	[ "$(id -u)" = 0 ] && command -v ip >/dev/null || { echo "k8s/run.sh: not root or no ip(8): non-loopback flows not run" >&2; return 0; }
-	local ns="tether-k8s-$$"
-	ip netns add "$ns" || { echo "k8s/run.sh: ip netns add failed: non-loopback flows not run" >&2; return 0; }
-	netns=$ns
-	ip -n "$ns" link set lo up
-	local dev=lo
-	if ip -n "$ns" link add tether0 type dummy 2>/dev/null; then
-		ip -n "$ns" link set tether0 up
-		dev=tether0
-	fi
-	ip -n "$ns" addr add 198.18.0.3/32 dev "$dev"
-	# node-c's pod CIDR (kwok --cidr): each address local, as the backend listens on all of them.
-	local i
-	for i in $(seq 8 15); do ip -n "$ns" addr add "198.18.0.$i/32" dev "$dev"; done
-	echo "k8s/run.sh: network namespace $ns: 198.18.0.3 and 198.18.0.8/29 on $dev; routes: $(ip -n "$ns" route show | tr '\n' ';')"
-	netns_exec=(ip netns exec "$ns")
-	outside=(-outside 198.18.0.3,198.18.0.8/29)
-}
-setup_netns
 flows_pid=
 stop_flows() {
 	[ -n "$flows_pid" ] || return 0
@@ -97,6 +71,34 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# The flows kube-apiserver refuses for loopback addresses (nodes/, pods/ and services/proxy, a
+# Service-referenced webhook) need non-loopback ones: a network namespace of our own holding
+# 198.18.0.0/15 (benchmarking) addresses and no route out, so nothing can leave it. A dummy
+# interface where the kernel has the module, else the namespace's own lo (containers often lack
+# it). Needs root; skipped otherwise (the block then says so, and a CI check fails).
+netns_exec=()
+outside=()
+setup_netns() {
+	[ "$(id -u)" = 0 ] && command -v ip >/dev/null || { echo "k8s/run.sh: not root or no ip(8): non-loopback flows not run" >&2; return 0; }
+	local ns="tether-k8s-$$"
+	ip netns add "$ns" || { echo "k8s/run.sh: ip netns add failed: non-loopback flows not run" >&2; return 0; }
+	netns=$ns
+	ip -n "$ns" link set lo up
+	local dev=lo
+	if ip -n "$ns" link add tether0 type dummy 2>/dev/null; then
+		ip -n "$ns" link set tether0 up
+		dev=tether0
+	fi
+	ip -n "$ns" addr add 198.18.0.3/32 dev "$dev"
+	# node-c's pod CIDR (kwok --cidr): each address local, as the backend listens on all of them.
+	local i
+	for i in $(seq 8 15); do ip -n "$ns" addr add "198.18.0.$i/32" dev "$dev"; done
+	echo "k8s/run.sh: network namespace $ns: 198.18.0.3 and 198.18.0.8/29 on $dev; routes: $(ip -n "$ns" route show | tr '\n' ';')"
+	netns_exec=(ip netns exec "$ns")
+	outside=(-outside 198.18.0.3,198.18.0.8/29)
+}
+setup_netns
 
 args=(-k8s-bin "$k8s_bin" -interop-bin "$root/interop/bin" -tether "$tether_bin" -kwok-stages "$kwok_stages"
 	-upstream-version "$upstream_version" -work "$work" -out "$root/COMPATIBILITY.md" -timeout 12m)
