@@ -32,6 +32,11 @@ cargo test --workspace --locked --no-fail-fast
 step "interop matrix (real Go client, kube-apiserver's dialer, upstream server/agent and suite; COMPATIBILITY.md)"
 interop/run.sh
 
+step "Kubernetes flows (kubectl/kube-apiserver 1.37.2, etcd 3.7.3, kwok 0.8.0 through tether and upstream; COMPATIBILITY.md)"
+# The Kubernetes binaries are cached outside the repo (interop/k8s/build.sh): a cold build is
+# about 12 min on 2 cores, a warm run about 2.5 min. interop/build.sh already ran above.
+SKIP_GO_BUILD=1 interop/k8s/run.sh
+
 step "benchmark smoke: scripts/bench.sh --quick (every system and workload runs; timings are not checked)"
 # Debug builds (already compiled above) and ~40 s of running: about 1.5 min in all.
 BENCH_PROFILE=debug scripts/bench.sh --quick --out target/bench-quick

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// node is one fake node: a kwok process serving kubelet endpoints on its own IP.
+type node struct{ name, ip, pod, podCIDR string }
+
+// The fake nodes on loopback; -outside adds node-c on a non-loopback address.
+var loopbackNodes = []node{
+	{"node-a", "127.0.0.2", "pod-a", ""},
+	{"node-b", "127.0.0.3", "pod-b", ""},
+}
+
+const adminToken = "tether-k8s-flows-admin"
+
+// cluster is one control plane: etcd, kube-apiserver (egress through a proxy server) and kwok.
+type cluster struct {
+	dir        string
+	etcd       *proc
+	apiserver  *proc
+	apiURL     string
+	kubeconfig string
+	kwok       []*proc
+}
+
+// writeStatic writes what gen-pki does not: the static token file kubectl and kwok
+// authenticate with, and kube-apiserver's service-account key pair (SEC1 private key, PKIX
+// public key: the encodings its flags parse).
+func (e *env) writeStatic() error {
+	if err := os.WriteFile(filepath.Join(e.work, "tokens.csv"),
+		[]byte(adminToken+",admin,admin-uid,system:masters\n"), 0o600); err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	priv, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(e.pki("sa.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: priv}), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(e.pki("sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644)
+}
+
+// startCluster starts etcd, kube-apiserver with egress config egress, and one kwok per node,
+// and creates the nodes and pods. dir is fresh for each row.
+func (e *env) startCluster(ctx context.Context, name, egress string) (*cluster, error) {
+	c := &cluster{dir: filepath.Join(e.work, name)}
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return nil, err
+	}
+	client, peer, metrics := freePort(), freePort(), freePort()
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", client)
+	var err error
+	c.etcd, err = e.ps.start(name+"-etcd", e.bin("etcd"),
+		"--name=default", "--data-dir="+filepath.Join(c.dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", peer),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", peer),
+		fmt.Sprintf("--initial-cluster=default=http://127.0.0.1:%d", peer),
+		fmt.Sprintf("--listen-metrics-urls=http://127.0.0.1:%d", metrics), "--log-level=warn")
+	if err != nil {
+		return c, err
+	}
+	if err := waitStatus(etcdURL+"/health", 200, 30*time.Second); err != nil {
+		return c, fmt.Errorf("etcd: %v\n%s", err, c.etcd.tail(20))
+	}
+
+	port := freePort()
+	c.apiURL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	c.apiserver, err = e.ps.start(name+"-kube-apiserver", e.bin("kube-apiserver"),
+		"--etcd-servers="+etcdURL, "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(port),
+		"--tls-cert-file="+e.pki("server.crt"), "--tls-private-key-file="+e.pki("server.key"),
+		"--client-ca-file="+e.pki("ca.crt"), "--token-auth-file="+filepath.Join(e.work, "tokens.csv"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+e.pki("sa.pub"), "--service-account-signing-key-file="+e.pki("sa.key"),
+		"--api-audiences=https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode=Node,RBAC", "--service-cluster-ip-range=10.96.0.0/16",
+		// No loopback Endpoints for the kubernetes Service; nothing ever dials the service CIDR.
+		"--endpoint-reconciler-type=none",
+		"--egress-selector-config-file="+egress, "--kubelet-preferred-address-types=InternalIP",
+		// Webhooks referenced by Service go to its EndpointSlice, not its (unrouted) ClusterIP.
+		"--enable-aggregator-routing=true",
+		"--enable-priority-and-fairness=false", "--profiling=false", "-v=1")
+	if err != nil {
+		return c, err
+	}
+	c.kubeconfig = filepath.Join(c.dir, "admin.kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: local
+  context: {cluster: local, user: admin, namespace: default}
+current-context: local
+`, c.apiURL, e.pki("ca.crt"), adminToken)
+	if err := os.WriteFile(c.kubeconfig, []byte(kc), 0o600); err != nil {
+		return c, err
+	}
+	if err := e.waitReady(ctx, c); err != nil {
+		return c, err
+	}
+
+	// Nodes first (kwok manages existing ones), the default ServiceAccount (no controller
+	// manager runs to create it), then one kwok per node, then the pods (bound: no scheduler).
+	var objs strings.Builder
+	for _, n := range e.nodes {
+		fmt.Fprintf(&objs, "apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels: {type: kwok}\n---\n", n.name)
+	}
+	objs.WriteString("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: default\n---\n")
+	if e.outside != nil {
+		objs.WriteString(e.outside.objects())
+	}
+	if r := e.kubectl(ctx, c, 30*time.Second, "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
+		return c, fmt.Errorf("create nodes: %v: %s", r.err, r.stderr)
+	}
+	for _, n := range e.nodes {
+		args := []string{"--kubeconfig=" + c.kubeconfig, "--config=" + e.kwokConfig,
+			"--manage-single-node=" + n.name, "--node-ip=" + n.ip, "--node-port=" + strconv.Itoa(e.kubeletPort),
+			fmt.Sprintf("--server-address=%s:%d", n.ip, e.kubeletPort)}
+		if n.podCIDR != "" {
+			args = append(args, "--cidr="+n.podCIDR)
+		}
+		p, err := e.ps.start(name+"-kwok-"+n.name, e.bin("kwok"), args...)
+		if err != nil {
+			return c, err
+		}
+		c.kwok = append(c.kwok, p)
+	}
+	for i, n := range e.nodes {
+		if err := waitStatus(fmt.Sprintf("https://%s:%d/healthz", n.ip, e.kubeletPort), 200, 60*time.Second); err != nil {
+			return c, fmt.Errorf("kwok %s: %v\n%s", n.name, err, c.kwok[i].tail(20))
+		}
+	}
+	objs.Reset()
+	for _, n := range e.nodes {
+		fmt.Fprintf(&objs, `apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: default
+spec:
+  nodeName: %s
+  automountServiceAccountToken: false
+  containers:
+  - name: app
+    image: fake.invalid/app
+---
+`, n.pod, n.name)
+	}
+	if r := e.kubectl(ctx, c, 30*time.Second, "apply", "-f", "-").withStdin(objs.String()).run(); r.err != nil {
+		return c, fmt.Errorf("create pods: %v: %s", r.err, r.stderr)
+	}
+	for _, n := range e.nodes {
+		if r := e.kubectl(ctx, c, 70*time.Second, "wait", "--for=condition=Ready", "--timeout=60s", "node/"+n.name, "pod/"+n.pod).run(); r.err != nil {
+			return c, fmt.Errorf("wait for %s and %s: %v: %s", n.name, n.pod, r.err, r.stderr)
+		}
+	}
+	return c, nil
+}
+
+// waitReady polls kube-apiserver's /readyz through kubectl's credentials, for at most 90 s.
+func (e *env) waitReady(ctx context.Context, c *cluster) error {
+	deadline := time.Now().Add(90 * time.Second)
+	var last kubectlResult
+	for time.Now().Before(deadline) {
+		if c.apiserver.exited() {
+			return fmt.Errorf("kube-apiserver exited:\n%s", c.apiserver.tail(8))
+		}
+		if last = e.kubectl(ctx, c, 10*time.Second, "get", "--raw=/readyz").run(); last.err == nil && strings.TrimSpace(last.stdout) == "ok" {
+			return nil
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	return fmt.Errorf("kube-apiserver not ready after 90 s: %v %s\n%s", last.err, last.stderr, c.apiserver.tail(8))
+}
+
+func (c *cluster) stop() {
+	for _, p := range append(append([]*proc{}, c.kwok...), c.apiserver, c.etcd) {
+		if p != nil {
+			p.stop()
+		}
+	}
+}
+
+// writeKwokConfig writes kwok's --config: the node and pod lifecycle Stages shipped in kwok's
+// module (kwok refuses to start without stages) and the kubelet-endpoint rules for the flows.
+func (e *env) writeKwokConfig() error {
+	var b strings.Builder
+	for _, f := range []string{"node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml",
+		"pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"} {
+		data, err := os.ReadFile(filepath.Join(e.kwokStages, f))
+		if err != nil {
+			return fmt.Errorf("kwok stages: %w", err)
+		}
+		b.WriteString(strings.TrimSpace(string(data)))
+		b.WriteString("\n---\n")
+	}
+	fmt.Fprintf(&b, `apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterLogs
+metadata:
+  name: flows
+spec:
+  logs:
+  - logsFile: %s
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterAttach
+metadata:
+  name: flows
+spec:
+  attaches:
+  - logsFile: %s
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterExec
+metadata:
+  name: flows
+spec:
+  execs:
+  - local:
+      workDir: %s
+      envs:
+      - name: FAKE_POD
+        value: "yes"
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterPortForward
+metadata:
+  name: flows
+spec:
+  forwards:
+  - ports: [%d]
+    target: {address: 127.0.0.1, port: %d}
+  - ports: [%d]
+    target: {address: 127.0.0.1, port: %d}
+`, e.logsFile, e.attachFile, e.work, podHTTPPort, e.httpPort, podEchoPort, e.echoPort)
+	e.kwokConfig = filepath.Join(e.work, "kwok.yaml")
+	return os.WriteFile(e.kwokConfig, []byte(b.String()), 0o644)
+}
+
+// The pod ports kubectl port-forward asks for; kwok maps them to test-target on 127.0.0.1.
+const (
+	podHTTPPort = 8080
+	podEchoPort = 9000
+)
+
+// criLine is one container log line in the CRI format kwok's logs reader wants.
+func criLine(text string) string {
+	return time.Now().UTC().Format(time.RFC3339Nano) + " stdout F " + text + "\n"
+}
+
+func appendLine(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString(criLine(text))
+	return err
+}

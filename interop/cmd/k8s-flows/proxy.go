@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// shape is one of the three egress transports kube-apiserver supports for the cluster selection.
+type shape struct {
+	name, mode, transport string // mode grpc | http-connect; transport uds | tcp
+}
+
+var shapes = []shape{
+	{"gRPC over UDS", "grpc", "uds"},
+	{"HTTP CONNECT over UDS", "http-connect", "uds"},
+	{"HTTP CONNECT over mTLS TCP", "http-connect", "tcp"},
+}
+
+// proxy is one proxy server with its agent, tether's or upstream's, started with the same
+// upstream flags (tether is invoked as proxy-server/proxy-agent).
+type proxy struct {
+	impl, name    string
+	server, agent *proc
+	health        int // server's health port (/metrics)
+	agentPort     int
+	egress        string // EgressSelectorConfiguration file for kube-apiserver
+}
+
+func (p *proxy) metricsURL() string { return fmt.Sprintf("http://127.0.0.1:%d/metrics", p.health) }
+
+// startProxy starts impl's server in shape sh, with agent mTLS (--cluster-ca-cert), and one agent.
+func (e *env) startProxy(impl string, sh shape, name string) (*proxy, error) {
+	p := &proxy{impl: impl, name: name, health: freePort(), agentPort: freePort()}
+	args := []string{"--mode=" + sh.mode}
+	var conn string
+	switch sh.transport {
+	case "uds":
+		uds := filepath.Join(e.work, "s", name+".sock")
+		args = append(args, "--uds-name="+uds, "--server-port=0")
+		proto := map[string]string{"grpc": "GRPC", "http-connect": "HTTPConnect"}[sh.mode]
+		conn = "    proxyProtocol: " + proto + "\n    transport:\n      uds:\n        udsName: " + uds + "\n"
+	case "tcp":
+		port := freePort()
+		args = append(args, "--server-bind-address=127.0.0.1", "--server-port="+strconv.Itoa(port),
+			"--server-cert="+e.pki("server.crt"), "--server-key="+e.pki("server.key"),
+			"--server-ca-cert="+e.pki("ca.crt"))
+		conn = fmt.Sprintf("    proxyProtocol: HTTPConnect\n    transport:\n      tcp:\n        url: https://127.0.0.1:%d\n"+
+			"        tlsConfig:\n          caBundle: %s\n          clientCert: %s\n          clientKey: %s\n",
+			port, e.pki("ca.crt"), e.pki("client.crt"), e.pki("client.key"))
+	}
+	args = append(args,
+		"--agent-bind-address=127.0.0.1", "--agent-port="+strconv.Itoa(p.agentPort),
+		"--health-bind-address=127.0.0.1", "--health-port="+strconv.Itoa(p.health),
+		"--admin-bind-address=127.0.0.1", "--admin-port="+strconv.Itoa(freePort()),
+		"--cluster-cert="+e.pki("server.crt"), "--cluster-key="+e.pki("server.key"),
+		"--cluster-ca-cert="+e.pki("ca.crt"),
+		"--server-count=1", "--server-id="+name, "-v=2")
+	var err error
+	if p.server, err = e.ps.start(name+"-server", e.proxyBin(impl, "proxy-server"), args...); err != nil {
+		return p, err
+	}
+	if err := waitStatus(fmt.Sprintf("http://127.0.0.1:%d/healthz", p.health), 200, 30*time.Second); err != nil {
+		return p, fmt.Errorf("%s server: %v\n%s", name, err, p.server.tail(20))
+	}
+	p.egress = filepath.Join(e.work, name+"-egress.yaml")
+	if err := os.WriteFile(p.egress, []byte("apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\n"+
+		"egressSelections:\n- name: cluster\n  connection:\n"+conn), 0o644); err != nil {
+		return p, err
+	}
+	return p, e.startAgent(p)
+}
+
+// startAgent starts (or restarts, after a kill) p's agent and waits until the server counts it.
+func (e *env) startAgent(p *proxy) error {
+	health := freePort()
+	var err error
+	p.agent, err = e.ps.start(p.name+"-agent", e.proxyBin(p.impl, "proxy-agent"),
+		"--proxy-server-host=127.0.0.1", "--proxy-server-port="+strconv.Itoa(p.agentPort),
+		"--ca-cert="+e.pki("ca.crt"), "--agent-cert="+e.pki("agent.crt"), "--agent-key="+e.pki("agent.key"),
+		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(health),
+		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(freePort()),
+		"--agent-id="+p.name+"-agent", "--sync-interval=200ms", "--sync-interval-cap=1s", "-v=2")
+	if err != nil {
+		return err
+	}
+	if err := waitStatus(fmt.Sprintf("http://127.0.0.1:%d/readyz", health), 200, 30*time.Second); err != nil {
+		return fmt.Errorf("%s agent: %v\n%s", p.name, err, p.agent.tail(20))
+	}
+	if _, err := waitMetricAtLeast(p.metricsURL(), "konnectivity_network_proxy_server_ready_backend_connections", 1, 30*time.Second); err != nil {
+		return fmt.Errorf("%s: agent not counted by the server: %v", p.name, err)
+	}
+	return nil
+}
+
+func (p *proxy) stop() {
+	for _, q := range []*proc{p.agent, p.server} {
+		if q != nil {
+			q.stop()
+		}
+	}
+}
+
+// dials is the server's count of dials to agents (upstream's metric, which tether keeps).
+func (p *proxy) dials() float64 {
+	v, _ := metricSum(p.metricsURL(), "konnectivity_network_proxy_server_dial_duration_seconds_count")
+	return v
+}
+
+const packetsMetric = "konnectivity_network_proxy_server_stream_packets_total"
+
+var fromAgentData = []string{`segment="from_agent"`, `packet_type="DATA"`}
+
+// agentData is the server's count of DATA packets received from agents.
+func (p *proxy) agentData() float64 {
+	v, _ := metricSum(p.metricsURL(), packetsMetric, fromAgentData...)
+	return v
+}
