@@ -275,7 +275,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<IO> {
                     let mut read = ReadBuf::new(&mut chunk[..want]);
                     ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;
                     if read.filled().is_empty() {
-                        // End of stream: hand over what is left and let h2 judge it.
+                        // End of stream: hand over what is left and let h2 judge it,
+                        // including the header of a HEADERS frame cut short.
+                        if let State::Headers { header, .. } = this.state {
+                            this.output.put_slice(&header);
+                            this.state = State::FrameHeader;
+                        }
                         let rest = this.input.split();
                         if rest.is_empty() {
                             return Poll::Ready(Ok(()));
