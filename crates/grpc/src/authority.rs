@@ -270,14 +270,25 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<IO> {
                 }
                 // Preface, frame headers and HEADERS payloads: read exactly what parsing needs.
                 _ => {
+                    if this.input.len() >= this.needed() {
+                        // An empty HEADERS frame needs no more bytes: reading zero bytes
+                        // would look like the end of the stream.
+                        this.process();
+                        continue;
+                    }
                     let mut chunk = [0u8; 4096];
                     let want = (this.needed() - this.input.len()).min(chunk.len());
                     let mut read = ReadBuf::new(&mut chunk[..want]);
                     ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;
                     if read.filled().is_empty() {
-                        // End of stream: hand over what is left and let h2 judge it.
+                        // End of stream: hand over what is left and let h2 judge it,
+                        // including the header of a HEADERS frame cut short.
+                        if let State::Headers { header, .. } = this.state {
+                            this.output.put_slice(&header);
+                            this.state = State::FrameHeader;
+                        }
                         let rest = this.input.split();
-                        if rest.is_empty() {
+                        if rest.is_empty() && this.output.is_empty() {
                             return Poll::Ready(Ok(()));
                         }
                         this.output.put(rest);

@@ -1,0 +1,272 @@
+//! Destination policy: which addresses an agent may dial on a server's behalf.
+//!
+//! Without a policy an agent dials whatever a frontend client names, which reaches the
+//! node's loopback services, cloud metadata at 169.254.169.254 and anything else the node can
+//! route to. A [`Policy`] is an ordered list of allow/deny rules by address block, port and
+//! DNS name, in the spirit of a NetworkPolicy's `ipBlock` and `ports`, checked **after name
+//! resolution on every resolved address**: a name that resolves to a denied address is
+//! refused, even if it also resolves to allowed ones, so a name cannot smuggle a denied IP.
+//!
+//! # The file format
+//!
+//! One rule per line; `#` starts a comment; blank lines are ignored. The first rule that
+//! matches an address decides; an address no rule matches is **denied** (a policy file is an
+//! allowlist unless it ends in `allow all`).
+//!
+//! ```text
+//! # action  conditions (all must hold; each at most once; lists are comma-separated)
+//! deny  to 10.0.0.0/24 port 2379-2380        # etcd
+//! allow to 10.0.0.0/8,fd00::/8 port 443,10250
+//! allow name svc.cluster.local port 443
+//! deny  all
+//! ```
+//!
+//! - `to CIDR,...`: the address is in one of the blocks (`10.0.0.0/8`, `fe80::/10`, or a
+//!   single address). Host bits must be zero. IPv4-mapped IPv6 addresses and blocks are
+//!   matched as the IPv4 addresses they are, so `::ffff:169.254.169.254` is 169.254.169.254.
+//! - `port P,LO-HI,...`: the destination port is one of these.
+//! - `name SUFFIX,...`: the requested host is a DNS name at or below a suffix, on label
+//!   boundaries (`cluster.local` matches `a.svc.cluster.local`, not `evilcluster.local`);
+//!   case and a trailing dot do not matter; never matches a host given as an IP literal. A
+//!   name condition says nothing about where the name resolves: combine it with `to` to pin
+//!   both.
+//! - `all`: no conditions, matches everything.
+//!
+//! Parse errors carry the 1-based line number ([`ParseError`]).
+//!
+//! # Built-in rules
+//!
+//! [`Builtins`] are checked before the file's rules and the file cannot override them:
+//! - the agent's own health and admin listeners are always denied;
+//! - link-local addresses (169.254.0.0/16, fe80::/10) and AWS's `fd00:ec2::254` are denied
+//!   unless `allow_link_local`;
+//! - the node's loopback (127.0.0.0/8, ::1, and 0.0.0.0/8 and ::, which Linux connects to
+//!   the local host) is **allowed by default** and denied by `allow_loopback = false`.
+//!
+//! Loopback stays open by default for compatibility: tether's tests, the interop matrix and
+//! upstream's integration suite dial 127.0.0.1 targets through agents, and a dial denied at
+//! run time cannot be turned into a start-up error naming the flag. The listener rule still
+//! closes the agent's own `/metrics` and admin endpoints, the case the security review
+//! found. Deployments whose nodes run loopback-only services (etcd on control-plane nodes,
+//! kubelet's healthz port) should deny loopback.
+//!
+//! Without a policy file, every address the built-in rules do not deny is allowed.
+#![forbid(unsafe_code)]
+
+mod builtin;
+mod cidr;
+mod parse;
+mod rule;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+pub use builtin::Builtins;
+pub use cidr::Cidr;
+pub use parse::{MAX_RULES, ParseError, RuleSet};
+pub use rule::{Action, NameSuffix, PortRange, Rule};
+
+use builtin::BuiltinRule;
+use rule::Destination;
+
+/// The built-in rules, then a policy file's rules if there is one.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    builtins: Vec<BuiltinRule>,
+    file: Option<RuleSet>,
+}
+
+/// A refused destination: which address, and the rule that refused it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denied {
+    pub address: SocketAddr,
+    /// The rule, as `line N: RULE`, `built-in rule: RULE (why)`, or the implicit deny.
+    pub rule: String,
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "policy: {} denied by {}", self.address, self.rule)
+    }
+}
+
+impl std::error::Error for Denied {}
+
+impl Policy {
+    pub fn new(builtins: &Builtins, file: Option<RuleSet>) -> Self {
+        Self {
+            builtins: builtins.rules(),
+            file,
+        }
+    }
+
+    /// Checks every address `host` resolved to; the first denied one refuses the dial.
+    /// `host` is the host as requested (a name or an IP literal, brackets allowed).
+    pub fn check(&self, host: &str, port: u16, addrs: &[IpAddr]) -> Result<(), Denied> {
+        let name = dns_name(host);
+        for &ip in addrs {
+            let dest = Destination {
+                name: name.as_deref(),
+                port,
+                ip,
+            };
+            if let Some(rule) = self.denying_rule(&dest) {
+                return Err(Denied {
+                    address: SocketAddr::new(ip, port),
+                    rule,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The text of the rule that denies `dest`, or `None` if it is allowed.
+    fn denying_rule(&self, dest: &Destination<'_>) -> Option<String> {
+        for builtin in &self.builtins {
+            if builtin.rule.matches(dest) {
+                return match builtin.rule.action {
+                    Action::Allow => None,
+                    Action::Deny => {
+                        Some(format!("built-in rule: {} ({})", builtin.rule, builtin.why))
+                    }
+                };
+            }
+        }
+        let file = self.file.as_ref()?;
+        for (line, rule) in &file.rules {
+            if rule.matches(dest) {
+                return match rule.action {
+                    Action::Allow => None,
+                    Action::Deny => Some(format!("line {line}: {rule}")),
+                };
+            }
+        }
+        Some("the policy file: no rule allows it".to_owned())
+    }
+}
+
+/// The requested host as name rules see it: lower-case without a trailing dot, or `None`
+/// for an IP literal.
+fn dns_name(host: &str) -> Option<String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if bare.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    let name = bare.strip_suffix('.').unwrap_or(bare);
+    Some(name.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn file(text: &str) -> Option<RuleSet> {
+        Some(RuleSet::parse(text).unwrap())
+    }
+
+    #[test]
+    fn builtins_deny_metadata_in_every_spelling_and_allow_the_rest() {
+        let policy = Policy::new(&Builtins::default(), None);
+        for ip in [
+            "169.254.169.254",
+            "::ffff:169.254.169.254",
+            "fe80::1",
+            "fd00:ec2::254",
+        ] {
+            let e = policy.check(ip, 80, &ips(&[ip])).unwrap_err();
+            assert!(e.to_string().starts_with("policy: "), "{e}");
+            assert!(e.rule.contains("link-local"), "{e}");
+        }
+        assert!(policy.check("127.0.0.1", 80, &ips(&["127.0.0.1"])).is_ok());
+        assert!(policy.check("10.1.2.3", 80, &ips(&["10.1.2.3"])).is_ok());
+        let open = Builtins {
+            allow_link_local: true,
+            ..Builtins::default()
+        };
+        let policy = Policy::new(&open, None);
+        assert!(policy.check("x", 80, &ips(&["169.254.169.254"])).is_ok());
+    }
+
+    #[test]
+    fn loopback_and_own_listeners() {
+        let closed = Builtins {
+            allow_loopback: false,
+            own_listeners: vec!["0.0.0.0:8093".parse().unwrap()],
+            ..Builtins::default()
+        };
+        let policy = Policy::new(&closed, file("allow all"));
+        for ip in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "::1",
+            "0.0.0.0",
+            "::",
+            "::ffff:127.0.0.1",
+        ] {
+            let e = policy.check("localhost", 80, &ips(&[ip])).unwrap_err();
+            assert!(
+                e.rule.contains("--allow-loopback-destinations"),
+                "{ip}: {e}"
+            );
+        }
+        let open = Builtins {
+            own_listeners: vec![
+                "0.0.0.0:8093".parse().unwrap(),
+                "10.0.0.5:8094".parse().unwrap(),
+            ],
+            ..Builtins::default()
+        };
+        let policy = Policy::new(&open, None);
+        assert!(policy.check("127.0.0.1", 80, &ips(&["127.0.0.1"])).is_ok());
+        let e = policy
+            .check("127.0.0.1", 8093, &ips(&["127.0.0.1"]))
+            .unwrap_err();
+        assert!(e.rule.contains("own listener"), "{e}");
+        assert!(policy.check("10.0.0.5", 8094, &ips(&["10.0.0.5"])).is_err());
+        assert!(policy.check("10.0.0.6", 8094, &ips(&["10.0.0.6"])).is_ok());
+    }
+
+    #[test]
+    fn first_match_wins_and_every_resolved_address_counts() {
+        let policy = Policy::new(
+            &Builtins::default(),
+            file(
+                "deny to 10.0.0.0/24 port 2379-2380\n\
+                 allow to 10.0.0.0/8 port 1-65535\n\
+                 allow name svc.cluster.local\n",
+            ),
+        );
+        assert!(policy.check("10.0.0.9", 443, &ips(&["10.0.0.9"])).is_ok());
+        let e = policy
+            .check("10.0.0.9", 2379, &ips(&["10.0.0.9"]))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "policy: 10.0.0.9:2379 denied by line 1: deny to 10.0.0.0/24 port 2379-2380"
+        );
+        // Unmatched: the implicit deny.
+        let e = policy
+            .check("192.0.2.1", 80, &ips(&["192.0.2.1"]))
+            .unwrap_err();
+        assert!(e.rule.contains("no rule allows it"), "{e}");
+        // A name rule matches names, never literals; every address of a name is checked.
+        let name = "Kube-DNS.kube-system.svc.cluster.local.";
+        assert!(policy.check(name, 53, &ips(&["192.0.2.1"])).is_ok());
+        let e = policy
+            .check(name, 53, &ips(&["192.0.2.1", "169.254.169.254"]))
+            .unwrap_err();
+        assert_eq!(e.address, "169.254.169.254:53".parse().unwrap());
+        assert!(
+            policy
+                .check("[2001:db8::1]", 80, &ips(&["2001:db8::1"]))
+                .is_err()
+        );
+    }
+}
