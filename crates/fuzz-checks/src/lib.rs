@@ -11,15 +11,17 @@ pub mod frame;
 pub mod identifiers;
 pub mod packet;
 pub mod policy;
+pub mod session;
 
 /// A check: panics if `data` breaks an invariant.
 pub type Check = fn(&[u8]);
 
 /// Every target by the name of its fuzz binary and regression directory.
-pub const TARGETS: [(&str, Check); 5] = [
+pub const TARGETS: [(&str, Check); 6] = [
     ("frame_decoder", frame::check),
     ("packet", packet::check),
     ("authority", authority::check),
     ("identifiers", identifiers::check),
     ("policy_file", policy::check),
+    ("session_table", session::check),
 ];
