@@ -144,6 +144,8 @@ impl TestServer {
             flow: opts.flow,
             agent_keepalive: opts.agent_keepalive,
             frontend_keepalive: None,
+            limits: Default::default(),
+            match_agent_identity_to_certificate: false,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

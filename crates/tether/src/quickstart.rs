@@ -198,6 +198,8 @@ async fn start_pair(
             flow: FlowConfig::default(),
             agent_keepalive: ping,
             frontend_keepalive: None,
+            limits: Default::default(),
+            match_agent_identity_to_certificate: false,
         },
         Registry::new(),
     )
