@@ -22,15 +22,25 @@ pub struct Pki {
 
 impl Pki {
     pub fn generate() -> anyhow::Result<Self> {
+        Ok(Self::generate_with_clients(&[])?.0)
+    }
+
+    /// A PKI plus extra client certificates from the same CA (distinct agent identities).
+    pub fn generate_with_clients(
+        extra: &[tether_tls::pki::ClientSpec<'_>],
+    ) -> anyhow::Result<(Self, Vec<tether_tls::pki::IssuedClient>)> {
         tether_tls::install_default_provider();
         let dir = tempfile::tempdir()?;
-        let pem = tether_tls::pki::Pki::generate()?;
+        let (pem, issued) = tether_tls::pki::Pki::generate_with_clients(extra)?;
         let files = pem.write_to(dir.path())?;
-        Ok(Self {
-            files,
-            pem,
-            _dir: dir,
-        })
+        Ok((
+            Self {
+                files,
+                pem,
+                _dir: dir,
+            },
+            issued,
+        ))
     }
 
     /// A directory for sockets, inside the PKI's temporary directory.
@@ -60,6 +70,8 @@ pub struct ServerOptions {
     pub agent_keepalive: Option<Keepalive>,
     /// Bind the agent listener here instead of an ephemeral port (server restarts).
     pub agent_addr: Option<SocketAddr>,
+    pub limits: tether_server::Limits,
+    pub match_agent_identity_to_certificate: bool,
 }
 
 impl Default for ServerOptions {
@@ -78,6 +90,8 @@ impl Default for ServerOptions {
                 timeout: Duration::from_secs(10),
             }),
             agent_addr: None,
+            limits: tether_server::Limits::default(),
+            match_agent_identity_to_certificate: false,
         }
     }
 }
@@ -144,8 +158,8 @@ impl TestServer {
             flow: opts.flow,
             agent_keepalive: opts.agent_keepalive,
             frontend_keepalive: None,
-            limits: Default::default(),
-            match_agent_identity_to_certificate: false,
+            limits: opts.limits,
+            match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -1,0 +1,284 @@
+//! Hardening of the listeners and admission: identity binding, dial address checks,
+//! connection setup deadline, header limits over TLS.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tether_client::{DialError, GrpcClient, Transport};
+use tether_grpc::client::Channel;
+use tether_grpc::{Code, GrpcError, H2Settings};
+use tether_server::{Mode, Strategy};
+use tether_testkit::http::metric_value;
+use tether_testkit::targets::EchoServer;
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport as Tx};
+use tether_tls::pki::{ClientSpec, IssuedClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::STEP;
+use crate::support::{echo_exact, eventually, read_head};
+
+/// An agent-port connection authenticated with `cert` (a certificate from the test CA).
+async fn channel_as(pki: &Pki, server: &TestServer, cert: &IssuedClient) -> Channel {
+    let tls = tether_tls::client_config_from_pem(
+        &pki.pem.ca_cert_pem,
+        Some((&cert.cert_pem, &cert.key_pem)),
+        vec![b"h2".to_vec()],
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::clone(&tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
+        .await
+        .unwrap()
+}
+
+/// Opens `AgentService.Connect` with `metadata` and returns the refusal status, if refused.
+async fn connect_refusal(channel: &Channel, metadata: &[(&'static str, String)]) -> Option<Code> {
+    let (_tx, mut rx) = channel
+        .call(tether_proto::path::CONNECT, metadata)
+        .await
+        .unwrap();
+    match tokio::time::timeout(STEP, rx.response_headers())
+        .await
+        .unwrap()
+    {
+        Ok(_) => None,
+        Err(GrpcError::Status(status)) => Some(status.code),
+        Err(other) => panic!("unexpected answer: {other}"),
+    }
+}
+
+async fn limit_hits(server: &TestServer, limit: &str) -> f64 {
+    let text = server.metrics().await.unwrap();
+    metric_value(
+        &text,
+        &format!("tether_server_limit_hits_total{{limit=\"{limit}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+async fn proves_dials_reach_the_real_agent(server: &TestServer, echo: &EchoServer) {
+    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
+        .await
+        .unwrap();
+    for seed in 0..3 {
+        let stream = client.dial(&echo.addr.to_string()).await.unwrap();
+        echo_exact(stream, seed, 1024).await;
+    }
+}
+
+#[tokio::test]
+async fn a_live_agent_id_cannot_be_taken_over_by_another_certificate() {
+    let (pki, issued) = Pki::generate_with_clients(&[ClientSpec {
+        common_name: "node-b",
+        sans: &["node-b"],
+    }])
+    .unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
+    let real = AgentOptions {
+        agent_id: "node-a".into(),
+        ..AgentOptions::default()
+    };
+    let _agent = TestAgent::start(&pki, server.agent_addr, real).await.unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+
+    // Another node's certificate claims the live ID: refused, counted.
+    let hijacker = channel_as(&pki, &server, &issued[0]).await;
+    let refused = connect_refusal(&hijacker, &[("agentid", "node-a".to_owned())]).await;
+    assert_eq!(refused, Some(Code::ALREADY_EXISTS));
+    assert_eq!(limit_hits(&server, "duplicate_agent_id").await, 1.0);
+    // Its own ID is fine.
+    assert_eq!(
+        connect_refusal(&hijacker, &[("agentid", "node-b".to_owned())]).await,
+        None
+    );
+    drop(hijacker);
+    eventually("node-b gone", || async {
+        let text = server.metrics().await.unwrap();
+        metric_value(
+            &text,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        ) == Some(1.0)
+    })
+    .await;
+    proves_dials_reach_the_real_agent(&server, &echo).await;
+}
+
+#[tokio::test]
+async fn host_identifiers_must_be_names_of_the_certificate_when_required() {
+    let (pki, issued) = Pki::generate_with_clients(&[
+        ClientSpec {
+            common_name: "node-a",
+            sans: &["node-a", "127.0.0.1"],
+        },
+        ClientSpec {
+            common_name: "node-b",
+            sans: &["node-b"],
+        },
+    ])
+    .unwrap();
+    let options = ServerOptions {
+        strategies: vec![Strategy::DestHost],
+        match_agent_identity_to_certificate: true,
+        ..ServerOptions::default()
+    };
+    let server = TestServer::start(&pki, options).await.unwrap();
+    let node_a = channel_as(&pki, &server, &issued[0]).await;
+    assert_eq!(
+        connect_refusal(
+            &node_a,
+            &[
+                ("agentid", "node-a".to_owned()),
+                ("agentidentifiers", "host=node-a&ipv4=127.0.0.1".to_owned()),
+            ]
+        )
+        .await,
+        None
+    );
+
+    // node-b claims node-a's address and then node-a's name: both refused.
+    let node_b = channel_as(&pki, &server, &issued[1]).await;
+    for (id, identifiers) in [
+        ("node-b", "host=127.0.0.1"),
+        ("node-b", "ipv4=127.0.0.1"),
+        ("node-b", "host=node-a"),
+        ("node-a", ""),
+    ] {
+        let refused = connect_refusal(
+            &node_b,
+            &[
+                ("agentid", id.to_owned()),
+                ("agentidentifiers", identifiers.to_owned()),
+            ],
+        )
+        .await;
+        assert_eq!(refused, Some(Code::PERMISSION_DENIED), "{id} {identifiers}");
+    }
+    assert_eq!(limit_hits(&server, "agent_identity").await, 4.0);
+}
+
+#[tokio::test]
+async fn a_huge_dial_address_is_refused_and_other_tunnels_keep_flowing() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
+        .await
+        .unwrap();
+    let live = client.dial(&echo.addr.to_string()).await.unwrap();
+    let live = echo_exact(live, 1, 4096).await;
+
+    let huge = format!("{}:80", "a".repeat(4 * 1024 * 1024 - 64));
+    match client.dial(&huge).await {
+        Err(DialError::Endpoint { message }) => {
+            assert!(message.starts_with("invalid dial address"), "{}", &message[..100]);
+            assert!(message.len() < 1024, "the error echoes a bounded prefix");
+        }
+        Err(other) => panic!("expected the frontend's refusal, got {other}"),
+        Ok(_) => panic!("a 4 MiB address was dialed"),
+    }
+    for bad in ["127.0.0.1:0", "127.0.0.1:99999", "no-port"] {
+        assert!(
+            matches!(client.dial(bad).await, Err(DialError::Endpoint { message }) if message.starts_with("invalid dial address")),
+            "{bad}"
+        );
+    }
+    // The agent never saw them, and the tunnel that was open still flows.
+    assert_eq!(crate::support::agent_dials(&agent).await, 1.0);
+    echo_exact(live, 2, 64 * 1024).await;
+    assert_eq!(limit_hits(&server, "bad_dial_address").await, 4.0);
+}
+
+/// Open descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[tokio::test]
+async fn silent_connections_are_closed_at_the_setup_deadline() {
+    let pki = Pki::generate().unwrap();
+    let mut options = ServerOptions::default();
+    options.limits.setup_timeout = Duration::from_secs(2);
+    let server = TestServer::start(&pki, options).await.unwrap();
+    let baseline = open_fds();
+    let f = &pki.files;
+    let tls = tether_tls::client_config(
+        &f.ca_cert,
+        Some((&f.agent_cert, &f.agent_key)),
+        vec![b"h2".to_vec()],
+        &Default::default(),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        // TLS completes; then nothing: no HTTP/2 preface, no SETTINGS.
+        let stream = tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        silent.push(stream);
+    }
+    for stream in &mut silent {
+        let mut sink = Vec::new();
+        let closed = tokio::time::timeout(STEP, stream.read_to_end(&mut sink)).await;
+        assert!(closed.is_ok(), "a silent connection outlived the deadline");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(20), "closed after {took:?}");
+    drop(silent);
+    eventually("descriptors back to baseline", || async {
+        open_fds() <= baseline + 2
+    })
+    .await;
+    assert!(limit_hits(&server, "setup_timeout").await >= 100.0);
+}
+
+#[tokio::test]
+async fn the_header_limit_holds_over_tls_too() {
+    let pki = Pki::generate().unwrap();
+    let options = ServerOptions {
+        mode: Mode::HttpConnect,
+        transport: Tx::Tls,
+        ..ServerOptions::default()
+    };
+    let server = TestServer::start(&pki, options).await.unwrap();
+    let f = &pki.files;
+    let tls = tether_tls::client_config(
+        &f.ca_cert,
+        Some((&f.client_cert, &f.client_key)),
+        vec![b"http/1.1".to_vec()],
+        &Default::default(),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(server.frontend_tcp.unwrap()).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    // A CONNECT line of 1.1 MB: the head completes in the read that crosses the limit.
+    let request = format!(
+        "CONNECT {}:80 HTTP/1.1\r\nHost: x\r\n\r\n",
+        "a".repeat(1_100_000)
+    );
+    let (mut rd, mut wr) = tokio::io::split(&mut stream);
+    let (_, head) = tokio::join!(wr.write_all(request.as_bytes()), read_head(&mut rd));
+    assert!(head.starts_with("HTTP/1.1 431"), "{head}");
+}
