@@ -17,6 +17,7 @@ mod health;
 mod limits;
 mod metrics;
 mod net;
+mod tls_reload;
 mod unix_socket;
 mod warn_limit;
 
@@ -84,6 +85,19 @@ pub struct Config {
     /// client certificate (off by default: upstream deployments often share one certificate
     /// among all agents, which this would refuse).
     pub match_agent_identity_to_certificate: bool,
+    /// Reload listener certificates and CAs from their files; `None` keeps the configs above.
+    pub tls_reload: Option<TlsReload>,
+}
+
+/// Listener TLS configs rebuilt from their files when those change (certificate rotation).
+/// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.
+#[derive(Clone, Debug)]
+pub struct TlsReload {
+    /// How often the files are checked.
+    pub interval: Duration,
+    pub agent: Arc<tether_tls::Reloading<rustls::ServerConfig>>,
+    /// The TCP frontend's; `None` for a Unix socket frontend.
+    pub frontend: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
 }
 
 /// Start-up failures.
@@ -120,11 +134,15 @@ impl Server {
                 delete_existing,
             } => Listener::unix(path, *delete_existing)
                 .map_err(listen_err("frontend socket", path.display().to_string()))?,
-            FrontendListen::Tls { addr, tls } => Listener::tls(*addr, tls.clone())
-                .await
-                .map_err(listen_err("frontend", addr.to_string()))?,
+            FrontendListen::Tls { addr, tls } => {
+                let reloading = config.tls_reload.as_ref().and_then(|r| r.frontend.clone());
+                Listener::tls(*addr, tls.clone(), reloading)
+                    .await
+                    .map_err(listen_err("frontend", addr.to_string()))?
+            }
         };
-        let agent = Listener::tls(config.agent_addr, config.agent_tls.clone())
+        let agent_reloading = config.tls_reload.as_ref().map(|r| r.agent.clone());
+        let agent = Listener::tls(config.agent_addr, config.agent_tls.clone(), agent_reloading)
             .await
             .map_err(listen_err("agent", config.agent_addr.to_string()))?;
         let health = TcpListener::bind(config.health_addr)
@@ -225,6 +243,14 @@ impl Server {
             health::admin_handler(registry.clone()),
             stop.clone().cancelled_owned(),
         ));
+
+        if let Some(reload) = config.tls_reload.clone() {
+            endpoints.spawn(tls_reload::run(
+                reload,
+                tls_reload::ReloadMetrics::register(&registry),
+                stop.clone(),
+            ));
+        }
 
         let agent_settings = H2Settings::agent_stream()
             .with_keepalive(config.agent_keepalive)

@@ -90,8 +90,25 @@ pub(crate) enum Listener {
     },
     Tls {
         listener: TcpListener,
-        acceptor: TlsAcceptor,
+        tls: TlsSource,
     },
+}
+
+/// The TLS config of a listener: fixed, or reloaded from its files (see `tls_reload`).
+#[derive(Clone)]
+pub(crate) enum TlsSource {
+    Fixed(TlsAcceptor),
+    Reloading(Arc<tether_tls::Reloading<rustls::ServerConfig>>),
+}
+
+impl TlsSource {
+    /// The acceptor for a new handshake: the newest config.
+    fn acceptor(&self) -> TlsAcceptor {
+        match self {
+            Self::Fixed(acceptor) => acceptor.clone(),
+            Self::Reloading(reloading) => TlsAcceptor::from(reloading.current()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Listener {
@@ -123,10 +140,14 @@ impl Listener {
     pub(crate) async fn tls(
         addr: SocketAddr,
         config: Arc<rustls::ServerConfig>,
+        reloading: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
     ) -> io::Result<Self> {
         Ok(Self::Tls {
             listener: TcpListener::bind(addr).await?,
-            acceptor: TlsAcceptor::from(config),
+            tls: match reloading {
+                Some(r) => TlsSource::Reloading(r),
+                None => TlsSource::Fixed(TlsAcceptor::from(config)),
+            },
         })
     }
 
@@ -167,11 +188,11 @@ impl Listener {
                     },
                 })
             }
-            Self::Tls { listener, acceptor } => {
+            Self::Tls { listener, tls } => {
                 let (stream, addr) = listener.accept().await?;
                 stream.set_nodelay(true)?;
                 Ok(Accepted {
-                    pending: Pending::Tls(stream, acceptor.clone()),
+                    pending: Pending::Tls(stream, tls.acceptor()),
                     peer: PeerIdentity {
                         transport: PeerTransport::Tls,
                         addr: Some(addr),

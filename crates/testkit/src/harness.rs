@@ -72,6 +72,7 @@ pub struct ServerOptions {
     pub agent_addr: Option<SocketAddr>,
     pub limits: tether_server::Limits,
     pub match_agent_identity_to_certificate: bool,
+    pub tls_reload: Option<tether_server::TlsReload>,
 }
 
 impl Default for ServerOptions {
@@ -92,6 +93,7 @@ impl Default for ServerOptions {
             agent_addr: None,
             limits: tether_server::Limits::default(),
             match_agent_identity_to_certificate: false,
+            tls_reload: None,
         }
     }
 }
@@ -160,6 +162,7 @@ impl TestServer {
             frontend_keepalive: None,
             limits: opts.limits,
             match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
+            tls_reload: opts.tls_reload,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

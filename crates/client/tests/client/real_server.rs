@@ -48,6 +48,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         frontend_keepalive: None,
         limits: Default::default(),
         match_agent_identity_to_certificate: false,
+        tls_reload: None,
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

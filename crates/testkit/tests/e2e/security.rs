@@ -86,7 +86,9 @@ async fn a_live_agent_id_cannot_be_taken_over_by_another_certificate() {
         agent_id: "node-a".into(),
         ..AgentOptions::default()
     };
-    let _agent = TestAgent::start(&pki, server.agent_addr, real).await.unwrap();
+    let _agent = TestAgent::start(&pki, server.agent_addr, real)
+        .await
+        .unwrap();
     server.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
 
@@ -185,7 +187,11 @@ async fn a_huge_dial_address_is_refused_and_other_tunnels_keep_flowing() {
     let huge = format!("{}:80", "a".repeat(4 * 1024 * 1024 - 64));
     match client.dial(&huge).await {
         Err(DialError::Endpoint { message }) => {
-            assert!(message.starts_with("invalid dial address"), "{}", &message[..100]);
+            assert!(
+                message.starts_with("invalid dial address"),
+                "{}",
+                &message[..100]
+            );
             assert!(message.len() < 1024, "the error echoes a bounded prefix");
         }
         Err(other) => panic!("expected the frontend's refusal, got {other}"),
@@ -267,7 +273,9 @@ async fn the_header_limit_holds_over_tls_too() {
         &Default::default(),
     )
     .unwrap();
-    let tcp = TcpStream::connect(server.frontend_tcp.unwrap()).await.unwrap();
+    let tcp = TcpStream::connect(server.frontend_tcp.unwrap())
+        .await
+        .unwrap();
     let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let mut stream = tokio_rustls::TlsConnector::from(tls)
         .connect(name, tcp)
@@ -281,4 +289,123 @@ async fn the_header_limit_holds_over_tls_too() {
     let (mut rd, mut wr) = tokio::io::split(&mut stream);
     let (_, head) = tokio::join!(wr.write_all(request.as_bytes()), read_head(&mut rd));
     assert!(head.starts_with("HTTP/1.1 431"), "{head}");
+}
+
+/// Writes `pki`'s server certificate, key and CA over `files` (the way a Secret volume or
+/// cert-manager rotates them: new contents at the same paths).
+fn install(pki: &tether_tls::pki::Pki, files: &tether_tls::pki::PkiFiles) {
+    std::fs::write(&files.server_cert, &pki.server_cert_pem).unwrap();
+    std::fs::write(&files.server_key, &pki.server_key_pem).unwrap();
+    std::fs::write(&files.ca_cert, &pki.ca_cert_pem).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_certificates_and_ca_are_used_without_dropping_connections() {
+    let old = Pki::generate().unwrap();
+    let new = Pki::generate().unwrap();
+    // The server's own files, in a directory of their own, start as the old PKI's.
+    let live_dir = tempfile::tempdir().unwrap();
+    let live = old.pem.write_to(live_dir.path()).unwrap();
+    let agent_tls = Arc::new(
+        tether_tls::Reloading::new(
+            vec![
+                live.server_cert.clone(),
+                live.server_key.clone(),
+                live.ca_cert.clone(),
+            ],
+            {
+                let live = live.clone();
+                move || {
+                    tether_tls::server_config(
+                        &live.server_cert,
+                        &live.server_key,
+                        Some(&live.ca_cert),
+                        &[b"h2"],
+                        &Default::default(),
+                    )
+                }
+            },
+        )
+        .unwrap(),
+    );
+    let options = ServerOptions {
+        tls_reload: Some(tether_server::TlsReload {
+            interval: Duration::from_millis(200),
+            agent: agent_tls,
+            frontend: None,
+        }),
+        ..ServerOptions::default()
+    };
+    let server = TestServer::start(&old, options).await.unwrap();
+    let old_agent = TestAgent::start(&old, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
+        .await
+        .unwrap();
+    let tunnel = client.dial(&echo.addr.to_string()).await.unwrap();
+    let tunnel = echo_exact(tunnel, 1, 4096).await;
+
+    // A broken rotation (a key that does not match) keeps the old config and is counted.
+    std::fs::write(&live.server_key, &new.pem.server_key_pem).unwrap();
+    let reloads = |outcome: &'static str| {
+        let server = &server;
+        async move {
+            let text = server.metrics().await.unwrap();
+            metric_value(
+                &text,
+                &format!(
+                    "tether_server_tls_reloads_total{{listener=\"agent\",outcome=\"{outcome}\"}}"
+                ),
+            )
+            .unwrap_or(0.0)
+        }
+    };
+    eventually("failed reload counted", || async {
+        reloads("failed").await == 1.0
+    })
+    .await;
+
+    // The real rotation: new CA and new server certificate.
+    install(&new.pem, &live);
+    eventually("reload counted", || async {
+        reloads("reloaded").await == 1.0
+    })
+    .await;
+    // An agent of the new PKI is admitted (its certificate chains to the new CA and it
+    // trusts the new server certificate); the old agent's live stream and tunnel stay.
+    let new_agent = TestAgent::start(&new, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    new_agent.wait_ready().await.unwrap();
+    echo_exact(tunnel, 2, 64 * 1024).await;
+    eventually("both agents connected", || async {
+        let text = server.metrics().await.unwrap();
+        metric_value(
+            &text,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        ) == Some(2.0)
+    })
+    .await;
+    // New handshakes from the old PKI are refused now: the old CA is no longer trusted.
+    let f = &old.files;
+    let old_tls = tether_tls::client_config(
+        &f.ca_cert,
+        Some((&f.agent_cert, &f.agent_key)),
+        vec![b"h2".to_vec()],
+        &Default::default(),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let refused = tokio_rustls::TlsConnector::from(old_tls)
+        .connect(name, tcp)
+        .await;
+    assert!(
+        refused.is_err(),
+        "the old PKI still handshakes after rotation"
+    );
+    drop(old_agent);
 }

@@ -20,6 +20,7 @@ use super::common::{
 use super::klog::KlogArgs;
 use security::SecurityArgs;
 
+mod reload;
 mod security;
 
 /// What `--backend-dial-timeout=0` means in tether: the Go client's own 30 s backstop, so
@@ -220,8 +221,9 @@ pub(crate) struct ServerArgs {
     #[command(flatten)]
     flow: FlowArgs,
 
+    // Boxed: the hardening flags would make `ServerArgs` much the largest command.
     #[command(flatten)]
-    security: SecurityArgs,
+    security: Box<SecurityArgs>,
 
     /// Agent token authentication: expected ServiceAccount namespace.
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "NAMESPACE", default_value = "")]
@@ -310,6 +312,7 @@ impl ServerArgs {
         let frontend = self.frontend(mode, &tls)?;
         let agent_tls = self.agent_tls(&tls)?;
         let limits = self.security.limits()?;
+        let tls_reload = self.tls_reload(mode, &tls, self.security.tls_reload_interval())?;
         let ignored = self.ignored();
         if !ignored.is_empty() {
             tracing::warn!(
@@ -363,6 +366,7 @@ impl ServerArgs {
             match_agent_identity_to_certificate: self
                 .security
                 .match_agent_identity_to_certificate(),
+            tls_reload,
         })
     }
 

@@ -56,6 +56,11 @@ pub(crate) struct SecurityArgs {
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = tether_grpc::DEFAULT_FRONTEND_STREAMS)]
     max_streams_per_frontend_connection: u32,
 
+    /// How often the listeners' certificate, key and CA files are checked for changes; new
+    /// handshakes use changed files, live connections are kept. 0 disables reloading.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
+    tls_reload_interval: Duration,
+
     /// Distinct agent IDs connected at once; further agents are refused (RESOURCE_EXHAUSTED).
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
     max_agents: usize,
@@ -88,6 +93,10 @@ impl SecurityArgs {
 
     pub(crate) fn match_agent_identity_to_certificate(&self) -> bool {
         self.match_agent_identity_to_certificate
+    }
+
+    pub(crate) fn tls_reload_interval(&self) -> Duration {
+        self.tls_reload_interval
     }
 
     pub(crate) fn limits(&self) -> anyhow::Result<Limits> {
