@@ -226,6 +226,8 @@ pub struct AgentOptions {
     pub legacy: bool,
     pub dial_timeout: Duration,
     pub sync_interval: Duration,
+    /// Re-read the PKI's agent certificate, key and CA files before each connection.
+    pub tls_reload: bool,
 }
 
 impl Default for AgentOptions {
@@ -237,6 +239,7 @@ impl Default for AgentOptions {
             legacy: false,
             dial_timeout: Duration::from_secs(5),
             sync_interval: Duration::from_millis(100),
+            tls_reload: false,
         }
     }
 }
@@ -263,6 +266,23 @@ impl TestAgent {
             // A window below the minimum is never accepted: the server falls back to legacy.
             flow.window = 0;
         }
+        let tls_reload = if opts.tls_reload {
+            let f = f.clone();
+            let files = vec![f.ca_cert.clone(), f.agent_cert.clone(), f.agent_key.clone()];
+            Some(std::sync::Arc::new(tether_tls::Reloading::new(
+                files,
+                move || {
+                    tether_tls::client_config(
+                        &f.ca_cert,
+                        Some((&f.agent_cert, &f.agent_key)),
+                        vec![b"h2".to_vec()],
+                        &TlsOptions::default(),
+                    )
+                },
+            )?))
+        } else {
+            None
+        };
         let config = tether_agent::Config {
             server_host: server_agent_addr.ip().to_string(),
             server_port: server_agent_addr.port(),
@@ -287,6 +307,7 @@ impl TestAgent {
             dial_timeout: opts.dial_timeout,
             flow,
             token_path: None,
+            tls_reload,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

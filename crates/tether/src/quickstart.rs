@@ -235,6 +235,7 @@ async fn start_pair(
             dial_timeout: Duration::from_secs(5),
             flow: FlowConfig::default(),
             token_path: None,
+            tls_reload: None,
         },
         Registry::new(),
     )

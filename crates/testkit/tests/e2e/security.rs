@@ -409,3 +409,38 @@ async fn rotated_certificates_and_ca_are_used_without_dropping_connections() {
     );
     drop(old_agent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_picks_up_rotated_certificates_on_its_next_connection() {
+    let pki = Pki::generate().unwrap();
+    let new = tether_tls::pki::Pki::generate().unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
+    let agent_addr = server.agent_addr;
+    let options = AgentOptions {
+        tls_reload: true,
+        ..AgentOptions::default()
+    };
+    let agent = TestAgent::start(&pki, agent_addr, options).await.unwrap();
+    server.wait_ready().await.unwrap();
+    server.stop().await;
+
+    // Rotate every file the agent reads, then bring up a server of the new PKI on the same
+    // port: only an agent that re-read its files can handshake with it.
+    let f = &pki.files;
+    std::fs::write(&f.ca_cert, &new.ca_cert_pem).unwrap();
+    std::fs::write(&f.agent_cert, &new.agent_cert_pem).unwrap();
+    std::fs::write(&f.agent_key, &new.agent_key_pem).unwrap();
+    std::fs::write(&f.server_cert, &new.server_cert_pem).unwrap();
+    std::fs::write(&f.server_key, &new.server_key_pem).unwrap();
+    let options = ServerOptions {
+        agent_addr: Some(agent_addr),
+        ..ServerOptions::default()
+    };
+    let server = TestServer::start(&pki, options).await.unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    proves_dials_reach_the_real_agent(&server, &echo).await;
+    drop(agent);
+}
