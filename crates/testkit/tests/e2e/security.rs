@@ -444,3 +444,40 @@ async fn an_agent_picks_up_rotated_certificates_on_its_next_connection() {
     proves_dials_reach_the_real_agent(&server, &echo).await;
     drop(agent);
 }
+
+#[tokio::test]
+async fn connections_beyond_the_listener_cap_are_closed_and_idle_ones_expire() {
+    let pki = Pki::generate().unwrap();
+    let mut options = ServerOptions::default();
+    options.limits.max_frontend_connections = 2;
+    options.limits.idle_connection_timeout = Some(Duration::from_secs(1));
+    let server = TestServer::start(&pki, options).await.unwrap();
+    let uds = server.uds.clone().unwrap();
+
+    // Two HTTP/2 connections without a stream: served, then closed once idle for 1 s.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let io = tokio::net::UnixStream::connect(&uds).await.unwrap();
+        let (client, conn) = h2::client::handshake(io).await.unwrap();
+        idle.push((client, tokio::spawn(conn)));
+    }
+    // A third is over the cap: closed before any byte is read.
+    let mut third = tokio::net::UnixStream::connect(&uds).await.unwrap();
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(STEP, third.read_to_end(&mut sink)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    assert_eq!(limit_hits(&server, "listener_connections").await, 1.0);
+
+    let started = Instant::now();
+    for (_client, conn) in idle {
+        tokio::time::timeout(STEP, conn)
+            .await
+            .expect("an idle connection was not closed")
+            .unwrap()
+            .ok();
+    }
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // Their slots came back.
+    let io = tokio::net::UnixStream::connect(&uds).await.unwrap();
+    h2::client::handshake(io).await.unwrap();
+}
