@@ -479,5 +479,5 @@ async fn connections_beyond_the_listener_cap_are_closed_and_idle_ones_expire() {
     assert!(started.elapsed() < Duration::from_secs(15));
     // Their slots came back.
     let io = tokio::net::UnixStream::connect(&uds).await.unwrap();
-    h2::client::handshake(io).await.unwrap();
+    let (_client, _conn) = h2::client::handshake(io).await.unwrap();
 }
