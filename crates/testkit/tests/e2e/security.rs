@@ -477,7 +477,15 @@ async fn connections_beyond_the_listener_cap_are_closed_and_idle_ones_expire() {
             .ok();
     }
     assert!(started.elapsed() < Duration::from_secs(15));
-    // Their slots came back.
-    let io = tokio::net::UnixStream::connect(&uds).await.unwrap();
-    let (_client, _conn) = h2::client::handshake(io).await.unwrap();
+    // Their slots came back: a new connection is served (the server answers with SETTINGS).
+    let mut io = tokio::net::UnixStream::connect(&uds).await.unwrap();
+    io.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut frame_header = [0u8; 9];
+    tokio::time::timeout(STEP, io.read_exact(&mut frame_header))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame_header[3], 0x4, "the server's first frame is SETTINGS");
 }
