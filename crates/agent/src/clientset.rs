@@ -232,7 +232,11 @@ impl ClientSet {
             .map_err(|e| ConnectError::Tcp(address.clone(), e))?;
         let name = ServerName::try_from(self.config.server_host.clone())
             .map_err(|_| ConnectError::ServerName(self.config.server_host.clone()))?;
-        let tls = tokio_rustls::TlsConnector::from(self.config.tls.clone())
+        let tls_config = match &self.config.tls_reload {
+            Some(reloading) => crate::tls_reload::refreshed(reloading).await,
+            None => self.config.tls.clone(),
+        };
+        let tls = tokio_rustls::TlsConnector::from(tls_config)
             .connect(name, tcp)
             .await
             .map_err(|e| ConnectError::Tls(address.clone(), e))?;

@@ -17,6 +17,7 @@ mod destination;
 mod health;
 mod metrics;
 mod session;
+mod tls_reload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ pub struct Config {
     pub server_port: u16,
     /// TLS to the server; ALPN must include `h2`.
     pub tls: Arc<rustls::ClientConfig>,
+    /// When set, replaces `tls`: rebuilt from its files (client certificate, key, CA)
+    /// whenever they changed, checked before every new server connection.
+    pub tls_reload: Option<Arc<tether_tls::Reloading<rustls::ClientConfig>>>,
     pub agent_id: String,
     /// `--agent-identifiers`, already validated; sent as is.
     pub identifiers: String,

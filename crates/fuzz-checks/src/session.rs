@@ -190,7 +190,11 @@ fn record(
             Event::Ended(e) => {
                 let n = ended.entry(e.id).or_insert(0);
                 *n += 1;
-                assert!(*n <= opened.get(&e.id).copied().unwrap_or(0), "{} ended twice", e.id);
+                assert!(
+                    *n <= opened.get(&e.id).copied().unwrap_or(0),
+                    "{} ended twice",
+                    e.id
+                );
             }
             _ => {}
         }

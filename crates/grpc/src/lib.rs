@@ -12,11 +12,17 @@
 
 mod authority;
 pub mod client;
+mod log_text;
+mod peer;
 pub mod server;
 mod status;
 mod stream;
 
 pub use authority::AuthorityRewrite;
+pub use log_text::LogText;
+pub use peer::{
+    CertificateError, CertificateNames, PeerIdentity, PeerTransport, Principal, UnixCredentials,
+};
 pub use status::{Code, Status};
 pub use stream::{PacketReceiver, PacketSender};
 pub use tether_proto::Packet;
@@ -38,6 +44,9 @@ pub struct H2Settings {
     /// Send an HTTP/2 PING this often and drop the connection when no PONG arrives within
     /// `timeout`. `None` disables pings (required against a peer that punishes them).
     pub keepalive: Option<Keepalive>,
+    /// Close the connection (GOAWAY) once it has carried no stream for this long, so that a
+    /// client that opens connections and leaves them empty cannot pin them forever.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Liveness probing by HTTP/2 PING.
@@ -48,6 +57,11 @@ pub struct Keepalive {
 }
 
 const MIB: u32 = 1024 * 1024;
+
+/// Concurrent streams per frontend connection. kube-apiserver opens one connection per
+/// tunnel; a thousand streams leave room for multiplexing clients while bounding what one
+/// connection can hold (each stream may buffer up to its window).
+pub const DEFAULT_FRONTEND_STREAMS: u32 = 1_000;
 
 impl H2Settings {
     /// A multiplexed agent stream: one stream carries every tunnelled connection, so its
@@ -60,6 +74,7 @@ impl H2Settings {
             max_send_buffer: 4 * MIB as usize,
             max_concurrent_streams: 16,
             keepalive: None,
+            idle_timeout: None,
         }
     }
 
@@ -72,13 +87,24 @@ impl H2Settings {
             connection_window: 64 * MIB,
             max_frame_size: 64 * 1024,
             max_send_buffer: 2 * MIB as usize,
-            max_concurrent_streams: 10_000,
+            max_concurrent_streams: DEFAULT_FRONTEND_STREAMS,
             keepalive: None,
+            idle_timeout: None,
         }
     }
 
     pub fn with_keepalive(mut self, keepalive: Option<Keepalive>) -> Self {
         self.keepalive = keepalive;
+        self
+    }
+
+    pub fn with_idle_timeout(mut self, idle_timeout: Option<Duration>) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
+    pub fn with_max_concurrent_streams(mut self, streams: u32) -> Self {
+        self.max_concurrent_streams = streams;
         self
     }
 }
@@ -96,6 +122,8 @@ pub enum GrpcError {
     NotGrpc(String),
     #[error("peer did not answer HTTP/2 PING within {0:?}")]
     PeerUnresponsive(Duration),
+    #[error("connection setup (TLS, HTTP/2 preface, SETTINGS) did not finish in time")]
+    HandshakeTimeout,
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }

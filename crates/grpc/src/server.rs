@@ -1,20 +1,27 @@
 //! Accepting gRPC calls on HTTP/2 connections.
 
+mod handshake;
+
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
 
-use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender, Status};
+use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender, PeerIdentity, Status};
 
 /// A call a client opened; answer it with [`accept`](Self::accept) or [`reject`](Self::reject).
 #[derive(Debug)]
 pub struct IncomingCall {
     path: String,
     metadata: HeaderMap,
+    peer: Arc<PeerIdentity>,
     recv: h2::RecvStream,
     respond: h2::server::SendResponse<Bytes>,
+    _stream: StreamGuard,
 }
 
 impl IncomingCall {
@@ -26,6 +33,11 @@ impl IncomingCall {
     /// Request headers: gRPC metadata and the standard ones (`user-agent`).
     pub fn metadata(&self) -> &HeaderMap {
         &self.metadata
+    }
+
+    /// Who opened the call, as the listener verified it.
+    pub fn peer(&self) -> &Arc<PeerIdentity> {
+        &self.peer
     }
 
     /// Accepts the call, sending response headers with `metadata` at once (upstream agents
@@ -43,7 +55,7 @@ impl IncomingCall {
         let send = self.respond.send_response(response, false)?;
         Ok((
             PacketSender::new(send, true),
-            PacketReceiver::server(self.recv),
+            PacketReceiver::server(self.recv, self._stream),
         ))
     }
 
@@ -64,14 +76,75 @@ fn grpc_response() -> Response<()> {
     response
 }
 
+/// Counts a connection's live streams; the connection is idle while the count is zero.
+#[derive(Debug)]
+pub(crate) struct StreamGuard {
+    streams: Arc<StreamCount>,
+}
+
+#[derive(Debug)]
+struct StreamCount {
+    live: AtomicUsize,
+    /// When the count last dropped to zero.
+    idle_since: std::sync::Mutex<Instant>,
+}
+
+impl StreamCount {
+    fn guard(self: &Arc<Self>) -> StreamGuard {
+        self.live.fetch_add(1, Ordering::AcqRel);
+        StreamGuard {
+            streams: self.clone(),
+        }
+    }
+
+    /// When the connection became idle, or `None` while a stream is live.
+    fn idle_since(&self) -> Option<Instant> {
+        let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+        (self.live.load(Ordering::Acquire) == 0).then_some(since)
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.streams.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self
+                .streams
+                .idle_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+    }
+}
+
+/// What the listener knows about a connection before HTTP/2 starts.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    pub peer: Arc<PeerIdentity>,
+    /// Connection setup (from TCP accept through the client's first SETTINGS) must be done
+    /// by then, or the connection is closed.
+    pub setup_deadline: Option<Instant>,
+}
+
+impl Connection {
+    /// A connection with an unknown peer and no setup deadline (tests, in-process callers).
+    pub fn unchecked() -> Self {
+        Self {
+            peer: Arc::new(PeerIdentity::unknown()),
+            setup_deadline: None,
+        }
+    }
+}
+
 /// Serves one HTTP/2 connection: every call becomes a task running `on_call`.
 ///
 /// When `shutdown` resolves the connection sends GOAWAY and returns once open calls ended;
 /// the caller bounds that with its own grace period. Returns an error when the connection
-/// failed or the peer stopped answering keepalive pings.
+/// failed, the peer stopped answering keepalive pings, or setup missed its deadline; returns
+/// `Ok` after an idle connection was closed.
 pub async fn serve_connection<IO, F, Fut>(
     io: IO,
     settings: &H2Settings,
+    connection: Connection,
     mut on_call: F,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GrpcError>
@@ -80,15 +153,32 @@ where
     F: FnMut(IncomingCall) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let mut conn = h2::server::Builder::new()
+    let (io, setup_done) = handshake::SetupWatch::new(io);
+    let handshake = h2::server::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_send_buffer_size(settings.max_send_buffer)
         .max_concurrent_streams(settings.max_concurrent_streams)
         .max_header_list_size(1024 * 1024)
-        .handshake::<_, Bytes>(io)
-        .await?;
+        .handshake::<_, Bytes>(io);
+    let mut conn = match connection.setup_deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, handshake)
+            .await
+            .map_err(|_| GrpcError::HandshakeTimeout)??,
+        None => handshake.await?,
+    };
+    let far_future = Instant::now() + std::time::Duration::from_secs(86_400 * 365);
+    let setup_deadline = tokio::time::sleep_until(connection.setup_deadline.unwrap_or(far_future));
+    let streams = Arc::new(StreamCount {
+        live: AtomicUsize::new(0),
+        idle_since: std::sync::Mutex::new(Instant::now()),
+    });
+    let idle_check = tokio::time::sleep_until(
+        settings
+            .idle_timeout
+            .map_or(far_future, |idle| Instant::now() + idle),
+    );
     let ping_pong = settings.keepalive.zip(conn.ping_pong());
     let keepalive = async move {
         match ping_pong {
@@ -96,7 +186,7 @@ where
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(keepalive, shutdown);
+    tokio::pin!(keepalive, shutdown, setup_deadline, idle_check);
     let mut shutting_down = false;
     loop {
         tokio::select! {
@@ -118,8 +208,10 @@ where
                     let call = IncomingCall {
                         path: parts.uri.path().to_owned(),
                         metadata: parts.headers,
+                        peer: connection.peer.clone(),
                         recv,
                         respond,
+                        _stream: streams.guard(),
                     };
                     tokio::spawn(on_call(call));
                 }
@@ -131,6 +223,20 @@ where
                 conn.graceful_shutdown();
             }
             err = &mut keepalive => return Err(err),
+            () = &mut setup_deadline, if !setup_done.load(Ordering::Relaxed) => {
+                return Err(GrpcError::HandshakeTimeout);
+            }
+            () = &mut idle_check, if !shutting_down => {
+                let Some(idle) = settings.idle_timeout else { continue };
+                match streams.idle_since() {
+                    Some(since) if since + idle <= Instant::now() => {
+                        shutting_down = true;
+                        conn.graceful_shutdown();
+                    }
+                    Some(since) => idle_check.as_mut().reset(since + idle),
+                    None => idle_check.as_mut().reset(Instant::now() + idle),
+                }
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ impl Code {
     pub const UNKNOWN: Self = Self(2);
     pub const INVALID_ARGUMENT: Self = Self(3);
     pub const DEADLINE_EXCEEDED: Self = Self(4);
+    pub const ALREADY_EXISTS: Self = Self(6);
     pub const PERMISSION_DENIED: Self = Self(7);
     pub const RESOURCE_EXHAUSTED: Self = Self(8);
     pub const UNIMPLEMENTED: Self = Self(12);

@@ -93,14 +93,17 @@ pub struct PacketReceiver {
     state: RecvState,
     decoder: Decoder,
     headers: HeaderMap,
+    /// Server side: keeps the connection counted as busy while the call is read.
+    _stream: Option<crate::server::StreamGuard>,
 }
 
 impl PacketReceiver {
-    pub(crate) fn server(recv: h2::RecvStream) -> Self {
+    pub(crate) fn server(recv: h2::RecvStream, stream: crate::server::StreamGuard) -> Self {
         Self {
             state: RecvState::Streaming(recv),
             decoder: Decoder::default(),
             headers: HeaderMap::new(),
+            _stream: Some(stream),
         }
     }
 
@@ -109,6 +112,7 @@ impl PacketReceiver {
             state: RecvState::AwaitingResponse(response),
             decoder: Decoder::default(),
             headers: HeaderMap::new(),
+            _stream: None,
         }
     }
 

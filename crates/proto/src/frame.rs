@@ -65,7 +65,8 @@ impl Decoder {
             return Err(FrameError::TooLarge(len));
         }
         if self.buf.len() < PREFIX_LEN + len {
-            self.buf.reserve(PREFIX_LEN + len - self.buf.len());
+            // No reserve for the announced length: memory grows with bytes that arrived,
+            // not with what a length prefix claims (up to 4 MiB for five bytes).
             return Ok(None);
         }
         self.buf.advance(PREFIX_LEN);

@@ -1,5 +1,6 @@
 //! The agent side of the server: agent streams, their connections, and routing among them.
 
+pub(crate) mod admission;
 pub(crate) mod registry;
 pub(crate) mod service;
 pub(crate) mod session;

@@ -3,6 +3,7 @@
 //! One per server process, as upstream: gRPC `ProxyService` or HTTP CONNECT, each over a
 //! Unix socket or mutual-TLS TCP.
 
+mod address;
 pub(crate) mod grpc;
 pub(crate) mod http_connect;
 

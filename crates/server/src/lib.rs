@@ -14,8 +14,12 @@ mod backend;
 mod dial;
 pub mod frontend;
 mod health;
+mod limits;
 mod metrics;
 mod net;
+mod tls_reload;
+mod unix_socket;
+mod warn_limit;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,15 +29,19 @@ use std::time::Duration;
 
 pub use backend::registry::Strategy;
 pub use frontend::Mode;
-use tether_grpc::{H2Settings, Keepalive};
+pub use limits::Limits;
+use tether_grpc::server::Connection;
+use tether_grpc::{H2Settings, Keepalive, PeerTransport};
 use tether_observe::metrics::Registry;
 pub use tether_tunnel::FlowConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backend::admission::Admission;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
+use crate::limits::{ConnectionSlots, Limit, LimitMetrics};
 use crate::net::Listener;
 
 /// Where the frontend listens.
@@ -71,6 +79,25 @@ pub struct Config {
     /// HTTP/2 PINGs to agents; a silent agent is dropped after `timeout`.
     pub agent_keepalive: Option<Keepalive>,
     pub frontend_keepalive: Option<Keepalive>,
+    /// Deadlines and caps on connections, streams and agents.
+    pub limits: Limits,
+    /// Require the agent ID and `host`/`ipv4`/`ipv6` identifiers to be names of the agent's
+    /// client certificate (off by default: upstream deployments often share one certificate
+    /// among all agents, which this would refuse).
+    pub match_agent_identity_to_certificate: bool,
+    /// Reload listener certificates and CAs from their files; `None` keeps the configs above.
+    pub tls_reload: Option<TlsReload>,
+}
+
+/// Listener TLS configs rebuilt from their files when those change (certificate rotation).
+/// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.
+#[derive(Clone, Debug)]
+pub struct TlsReload {
+    /// How often the files are checked.
+    pub interval: Duration,
+    pub agent: Arc<tether_tls::Reloading<rustls::ServerConfig>>,
+    /// The TCP frontend's; `None` for a Unix socket frontend.
+    pub frontend: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
 }
 
 /// Start-up failures.
@@ -107,11 +134,15 @@ impl Server {
                 delete_existing,
             } => Listener::unix(path, *delete_existing)
                 .map_err(listen_err("frontend socket", path.display().to_string()))?,
-            FrontendListen::Tls { addr, tls } => Listener::tls(*addr, tls.clone())
-                .await
-                .map_err(listen_err("frontend", addr.to_string()))?,
+            FrontendListen::Tls { addr, tls } => {
+                let reloading = config.tls_reload.as_ref().and_then(|r| r.frontend.clone());
+                Listener::tls(*addr, tls.clone(), reloading)
+                    .await
+                    .map_err(listen_err("frontend", addr.to_string()))?
+            }
         };
-        let agent = Listener::tls(config.agent_addr, config.agent_tls.clone())
+        let agent_reloading = config.tls_reload.as_ref().map(|r| r.agent.clone());
+        let agent = Listener::tls(config.agent_addr, config.agent_tls.clone(), agent_reloading)
             .await
             .map_err(listen_err("agent", config.agent_addr.to_string()))?;
         let health = TcpListener::bind(config.health_addr)
@@ -163,6 +194,8 @@ impl Server {
             registry,
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
+        let limit_metrics = LimitMetrics::register(&registry);
+        let limits = config.limits.clone();
         let hub = Arc::new(Hub::new(
             backend::registry::Registry::new(&config.strategies),
             metrics,
@@ -175,6 +208,12 @@ impl Server {
             flow: config.flow,
             dial_timeout: config.dial_timeout,
             next_stream_id: AtomicU64::new(1),
+            admission: Arc::new(Admission::new(
+                config.match_agent_identity_to_certificate,
+                limits.max_agents,
+                limit_metrics.clone(),
+            )),
+            limit_metrics: limit_metrics.clone(),
         });
         let shutting_down = Arc::new(AtomicBool::new(false));
         // Ends every connection at once: after the grace period, or immediately without one.
@@ -205,63 +244,130 @@ impl Server {
             stop.clone().cancelled_owned(),
         ));
 
-        let agent_settings = H2Settings::agent_stream().with_keepalive(config.agent_keepalive);
-        let frontend_settings = H2Settings::frontend().with_keepalive(config.frontend_keepalive);
-        let agent_loop = accept_loop(&agent, &agents, &shutdown, &stop, |conn| {
-            let service = agent_service.clone();
-            let settings = agent_settings.clone();
-            async move {
-                let io = conn.ready().await?;
-                // Agent streams never end by themselves; `stop` cuts them (see accept_loop).
-                tether_grpc::server::serve_connection(
-                    io,
-                    &settings,
-                    move |call| service.clone().serve(call),
-                    std::future::pending(),
-                )
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))
-            }
-        });
-        let frontend_loop = accept_loop(&frontend, &frontends, &shutdown, &stop, |conn| {
-            let hub = hub.clone();
-            let settings = frontend_settings.clone();
-            let shutdown = shutdown.clone();
-            let mode = config.mode;
-            async move {
-                let unix = matches!(conn, net::Accepted::Unix(_));
-                let io = conn.ready().await?;
-                let grpc_hub = hub.clone();
-                let on_call = move |call| frontend::grpc::serve(grpc_hub.clone(), call);
-                let served = match mode {
-                    // Go clients send the escaped socket path as :authority; see AuthorityRewrite.
-                    Mode::Grpc if unix => {
-                        let io = tether_grpc::AuthorityRewrite::new(io);
-                        tether_grpc::server::serve_connection(
-                            io,
-                            &settings,
-                            on_call,
-                            shutdown.cancelled(),
-                        )
-                        .await
-                    }
-                    Mode::Grpc => {
-                        tether_grpc::server::serve_connection(
-                            io,
-                            &settings,
-                            on_call,
-                            shutdown.cancelled(),
-                        )
-                        .await
-                    }
-                    Mode::HttpConnect => {
-                        frontend::http_connect::serve(hub, io).await;
-                        Ok(())
-                    }
-                };
-                served.map_err(|e| std::io::Error::other(e.to_string()))
-            }
-        });
+        if let Some(reload) = config.tls_reload.clone() {
+            endpoints.spawn(tls_reload::run(
+                reload,
+                tls_reload::ReloadMetrics::register(&registry),
+                stop.clone(),
+            ));
+        }
+
+        let agent_settings = H2Settings::agent_stream()
+            .with_keepalive(config.agent_keepalive)
+            .with_idle_timeout(limits.idle_connection_timeout);
+        let frontend_settings = H2Settings::frontend()
+            .with_keepalive(config.frontend_keepalive)
+            .with_idle_timeout(limits.idle_connection_timeout)
+            .with_max_concurrent_streams(limits.max_streams_per_frontend_connection);
+        let agent_gate = Gate {
+            slots: ConnectionSlots::new(
+                limits.max_agent_connections,
+                limits.max_agent_connections_per_address,
+            ),
+            setup_timeout: limits.setup_timeout,
+            metrics: limit_metrics.clone(),
+        };
+        let frontend_gate = Gate {
+            slots: ConnectionSlots::new(
+                limits.max_frontend_connections,
+                limits.max_frontend_connections_per_address,
+            ),
+            setup_timeout: limits.setup_timeout,
+            metrics: limit_metrics.clone(),
+        };
+        let agent_loop = accept_loop(
+            &agent,
+            &agents,
+            &shutdown,
+            &stop,
+            &agent_gate,
+            |conn, deadline| {
+                let service = agent_service.clone();
+                let settings = agent_settings.clone();
+                let metrics = limit_metrics.clone();
+                async move {
+                    let (io, peer) = ready(conn, deadline, &metrics).await?;
+                    let connection = Connection {
+                        peer: Arc::new(peer),
+                        setup_deadline: Some(deadline),
+                    };
+                    // Agent streams never end by themselves; `stop` cuts them (see accept_loop).
+                    let served = tether_grpc::server::serve_connection(
+                        io,
+                        &settings,
+                        connection,
+                        move |call| service.clone().serve(call),
+                        std::future::pending(),
+                    )
+                    .await;
+                    count_connection_end(&metrics, &served);
+                    served.map_err(|e| std::io::Error::other(e.to_string()))
+                }
+            },
+        );
+        let frontend_loop = accept_loop(
+            &frontend,
+            &frontends,
+            &shutdown,
+            &stop,
+            &frontend_gate,
+            |conn, deadline| {
+                let hub = hub.clone();
+                let settings = frontend_settings.clone();
+                let shutdown = shutdown.clone();
+                let mode = config.mode;
+                let metrics = limit_metrics.clone();
+                async move {
+                    let (io, peer) = ready(conn, deadline, &metrics).await?;
+                    let unix = peer.transport == PeerTransport::Unix;
+                    let connection = Connection {
+                        peer: Arc::new(peer),
+                        setup_deadline: Some(deadline),
+                    };
+                    let grpc_hub = hub.clone();
+                    let grpc_metrics = metrics.clone();
+                    let on_call = move |call| {
+                        frontend::grpc::serve(grpc_hub.clone(), grpc_metrics.clone(), call)
+                    };
+                    let served = match mode {
+                        // Go clients send the escaped socket path as :authority; see AuthorityRewrite.
+                        Mode::Grpc if unix => {
+                            let io = tether_grpc::AuthorityRewrite::new(io);
+                            tether_grpc::server::serve_connection(
+                                io,
+                                &settings,
+                                connection,
+                                on_call,
+                                shutdown.cancelled(),
+                            )
+                            .await
+                        }
+                        Mode::Grpc => {
+                            tether_grpc::server::serve_connection(
+                                io,
+                                &settings,
+                                connection,
+                                on_call,
+                                shutdown.cancelled(),
+                            )
+                            .await
+                        }
+                        Mode::HttpConnect => {
+                            frontend::http_connect::serve(
+                                hub,
+                                metrics.clone(),
+                                io,
+                                connection.peer,
+                            )
+                            .await;
+                            Ok(())
+                        }
+                    };
+                    count_connection_end(&metrics, &served);
+                    served.map_err(|e| std::io::Error::other(e.to_string()))
+                }
+            },
+        );
 
         tokio::join!(agent_loop, frontend_loop);
 
@@ -288,18 +394,50 @@ impl Server {
     }
 }
 
+/// What a listener checks at accept: its connection slots and the setup deadline.
+struct Gate {
+    slots: Arc<ConnectionSlots>,
+    setup_timeout: Duration,
+    metrics: LimitMetrics,
+}
+
+/// Completes TLS by the setup deadline, counting a connection that missed it.
+async fn ready(
+    conn: net::Accepted,
+    deadline: tokio::time::Instant,
+    metrics: &LimitMetrics,
+) -> std::io::Result<(Box<dyn net::Io>, tether_grpc::PeerIdentity)> {
+    let ready = conn.ready(deadline).await;
+    if let Err(e) = &ready
+        && e.kind() == std::io::ErrorKind::TimedOut
+    {
+        metrics.hit(Limit::SetupTimeout);
+    }
+    ready
+}
+
+/// Counts connections that ended because setup missed its deadline.
+fn count_connection_end(metrics: &LimitMetrics, served: &Result<(), tether_grpc::GrpcError>) {
+    if let Err(tether_grpc::GrpcError::HandshakeTimeout) = served {
+        metrics.hit(Limit::SetupTimeout);
+    }
+}
+
 /// Accepts until `shutdown`, running each connection as a tracked task that ends when it
-/// finishes or when `stop` cuts it.
+/// finishes or when `stop` cuts it. A connection over a listener's caps is closed at once;
+/// every other one gets a setup deadline counted from its accept.
 async fn accept_loop<F, Fut>(
     listener: &Listener,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
     stop: &CancellationToken,
+    gate: &Gate,
     mut serve: F,
 ) where
-    F: FnMut(net::Accepted) -> Fut,
+    F: FnMut(net::Accepted, tokio::time::Instant) -> Fut,
     Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
+    let refusals = warn_limit::WarnLimit::new(Duration::from_secs(1));
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -307,10 +445,22 @@ async fn accept_loop<F, Fut>(
         };
         match accepted {
             Ok(conn) => {
-                let peer = conn.peer();
-                let fut = serve(conn);
+                let peer = conn.peer_label();
+                let slot = match gate.slots.take(conn.peer.addr.map(|a| a.ip())) {
+                    Ok(slot) => slot,
+                    Err(limit) => {
+                        gate.metrics.hit(limit);
+                        if let Some(suppressed) = refusals.allow() {
+                            tracing::warn!(%peer, ?limit, suppressed, "connection limit reached; closing new connection");
+                        }
+                        continue;
+                    }
+                };
+                let deadline = tokio::time::Instant::now() + gate.setup_timeout;
+                let fut = serve(conn, deadline);
                 let stop = stop.clone();
                 tasks.spawn(async move {
+                    let _slot = slot;
                     tokio::select! {
                         result = fut => if let Err(e) = result {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");

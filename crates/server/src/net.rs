@@ -2,17 +2,18 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
+use tether_grpc::{CertificateNames, PeerIdentity, PeerTransport, UnixCredentials};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-/// How long a client may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::unix_socket::SocketFile;
 
 /// An accepted, ready-to-use byte stream.
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -85,12 +86,29 @@ fn reset_on_close(stream: &TcpStream) {
 pub(crate) enum Listener {
     Unix {
         listener: UnixListener,
-        path: PathBuf,
+        file: SocketFile,
     },
     Tls {
         listener: TcpListener,
-        acceptor: TlsAcceptor,
+        tls: TlsSource,
     },
+}
+
+/// The TLS config of a listener: fixed, or reloaded from its files (see `tls_reload`).
+#[derive(Clone)]
+pub(crate) enum TlsSource {
+    Fixed(TlsAcceptor),
+    Reloading(Arc<tether_tls::Reloading<rustls::ServerConfig>>),
+}
+
+impl TlsSource {
+    /// The acceptor for a new handshake: the newest config.
+    fn acceptor(&self) -> TlsAcceptor {
+        match self {
+            Self::Fixed(acceptor) => acceptor.clone(),
+            Self::Reloading(reloading) => TlsAcceptor::from(reloading.current()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Listener {
@@ -99,45 +117,44 @@ impl std::fmt::Debug for Listener {
     }
 }
 
-/// A connection whose TLS handshake (if any) has not run yet.
-pub(crate) enum Accepted {
+/// A connection whose TLS handshake (if any) has not run yet, with what is known of its
+/// peer so far (address, Unix credentials); [`ready`](Accepted::ready) adds the certificate.
+pub(crate) struct Accepted {
+    pending: Pending,
+    pub(crate) peer: PeerIdentity,
+}
+
+enum Pending {
     Unix(UnixStream),
     Tls(TcpStream, TlsAcceptor),
 }
 
 impl Listener {
-    /// Binds a Unix socket readable and writable by owner and group only (upstream's 0770).
+    /// Binds a Unix socket readable and writable by owner and group only (upstream's 0770),
+    /// with that mode from the moment it appears at `path` (see [`SocketFile`]).
     pub(crate) fn unix(path: &Path, delete_existing: bool) -> io::Result<Self> {
-        if delete_existing {
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let listener = UnixListener::bind(path)?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o770))?;
-        Ok(Self::Unix {
-            listener,
-            path: path.to_owned(),
-        })
+        let (listener, file) = SocketFile::bind(path, delete_existing)?;
+        Ok(Self::Unix { listener, file })
     }
 
     pub(crate) async fn tls(
         addr: SocketAddr,
         config: Arc<rustls::ServerConfig>,
+        reloading: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
     ) -> io::Result<Self> {
         Ok(Self::Tls {
             listener: TcpListener::bind(addr).await?,
-            acceptor: TlsAcceptor::from(config),
+            tls: match reloading {
+                Some(r) => TlsSource::Reloading(r),
+                None => TlsSource::Fixed(TlsAcceptor::from(config)),
+            },
         })
     }
 
     /// Where it listens, for logs and for callers that bound port 0.
     pub(crate) fn local_addr(&self) -> String {
         match self {
-            Self::Unix { path, .. } => path.display().to_string(),
+            Self::Unix { file, .. } => file.path().display().to_string(),
             Self::Tls { listener, .. } => listener
                 .local_addr()
                 .map_or_else(|e| e.to_string(), |a| a.to_string()),
@@ -154,47 +171,75 @@ impl Listener {
     /// Waits for the next connection. Cancel-safe.
     pub(crate) async fn accept(&self) -> io::Result<Accepted> {
         match self {
-            Self::Unix { listener, .. } => Ok(Accepted::Unix(listener.accept().await?.0)),
-            Self::Tls { listener, acceptor } => {
-                let (stream, _) = listener.accept().await?;
-                stream.set_nodelay(true)?;
-                Ok(Accepted::Tls(stream, acceptor.clone()))
+            Self::Unix { listener, .. } => {
+                let stream = listener.accept().await?.0;
+                let unix = stream.peer_cred().ok().map(|cred| UnixCredentials {
+                    uid: cred.uid(),
+                    gid: cred.gid(),
+                    pid: cred.pid(),
+                });
+                Ok(Accepted {
+                    pending: Pending::Unix(stream),
+                    peer: PeerIdentity {
+                        transport: PeerTransport::Unix,
+                        addr: None,
+                        certificate: None,
+                        unix,
+                    },
+                })
             }
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Self::Unix { path, .. } = self {
-            let _ = std::fs::remove_file(path);
+            Self::Tls { listener, tls } => {
+                let (stream, addr) = listener.accept().await?;
+                stream.set_nodelay(true)?;
+                Ok(Accepted {
+                    pending: Pending::Tls(stream, tls.acceptor()),
+                    peer: PeerIdentity {
+                        transport: PeerTransport::Tls,
+                        addr: Some(addr),
+                        certificate: None,
+                        unix: None,
+                    },
+                })
+            }
         }
     }
 }
 
 impl Accepted {
-    /// Completes the TLS handshake (bounded in time) and returns the stream.
-    pub(crate) async fn ready(self) -> io::Result<Box<dyn Io>> {
-        match self {
-            Self::Unix(stream) => Ok(Box::new(stream)),
-            Self::Tls(stream, acceptor) => {
-                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+    /// Completes the TLS handshake by `deadline` and returns the stream with the peer's
+    /// identity, including the verified client certificate's names.
+    pub(crate) async fn ready(self, deadline: Instant) -> io::Result<(Box<dyn Io>, PeerIdentity)> {
+        let mut peer = self.peer;
+        match self.pending {
+            Pending::Unix(stream) => Ok((Box::new(stream), peer)),
+            Pending::Tls(stream, acceptor) => {
+                let tls = tokio::time::timeout_at(deadline, acceptor.accept(stream))
                     .await
                     .map_err(|_| {
                         io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
                     })??;
-                Ok(Box::new(tls))
+                peer.certificate = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| match CertificateNames::from_der(leaf) {
+                        Ok(names) => Some(names),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "could not read the client certificate's names");
+                            None
+                        }
+                    });
+                Ok((Box::new(tls), peer))
             }
         }
     }
 
     /// The peer's address, for logs.
-    pub(crate) fn peer(&self) -> String {
-        match self {
-            Self::Unix(_) => "unix".to_owned(),
-            Self::Tls(stream, _) => stream
-                .peer_addr()
-                .map_or_else(|_| "unknown".to_owned(), |a| a.to_string()),
+    pub(crate) fn peer_label(&self) -> String {
+        match self.peer.addr {
+            Some(addr) => addr.to_string(),
+            None => "unix".to_owned(),
         }
     }
 }

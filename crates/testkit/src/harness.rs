@@ -22,15 +22,25 @@ pub struct Pki {
 
 impl Pki {
     pub fn generate() -> anyhow::Result<Self> {
+        Ok(Self::generate_with_clients(&[])?.0)
+    }
+
+    /// A PKI plus extra client certificates from the same CA (distinct agent identities).
+    pub fn generate_with_clients(
+        extra: &[tether_tls::pki::ClientSpec<'_>],
+    ) -> anyhow::Result<(Self, Vec<tether_tls::pki::IssuedClient>)> {
         tether_tls::install_default_provider();
         let dir = tempfile::tempdir()?;
-        let pem = tether_tls::pki::Pki::generate()?;
+        let (pem, issued) = tether_tls::pki::Pki::generate_with_clients(extra)?;
         let files = pem.write_to(dir.path())?;
-        Ok(Self {
-            files,
-            pem,
-            _dir: dir,
-        })
+        Ok((
+            Self {
+                files,
+                pem,
+                _dir: dir,
+            },
+            issued,
+        ))
     }
 
     /// A directory for sockets, inside the PKI's temporary directory.
@@ -60,6 +70,9 @@ pub struct ServerOptions {
     pub agent_keepalive: Option<Keepalive>,
     /// Bind the agent listener here instead of an ephemeral port (server restarts).
     pub agent_addr: Option<SocketAddr>,
+    pub limits: tether_server::Limits,
+    pub match_agent_identity_to_certificate: bool,
+    pub tls_reload: Option<tether_server::TlsReload>,
 }
 
 impl Default for ServerOptions {
@@ -78,6 +91,9 @@ impl Default for ServerOptions {
                 timeout: Duration::from_secs(10),
             }),
             agent_addr: None,
+            limits: tether_server::Limits::default(),
+            match_agent_identity_to_certificate: false,
+            tls_reload: None,
         }
     }
 }
@@ -144,6 +160,9 @@ impl TestServer {
             flow: opts.flow,
             agent_keepalive: opts.agent_keepalive,
             frontend_keepalive: None,
+            limits: opts.limits,
+            match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
+            tls_reload: opts.tls_reload,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -207,6 +226,8 @@ pub struct AgentOptions {
     pub legacy: bool,
     pub dial_timeout: Duration,
     pub sync_interval: Duration,
+    /// Re-read the PKI's agent certificate, key and CA files before each connection.
+    pub tls_reload: bool,
 }
 
 impl Default for AgentOptions {
@@ -218,6 +239,7 @@ impl Default for AgentOptions {
             legacy: false,
             dial_timeout: Duration::from_secs(5),
             sync_interval: Duration::from_millis(100),
+            tls_reload: false,
         }
     }
 }
@@ -244,6 +266,23 @@ impl TestAgent {
             // A window below the minimum is never accepted: the server falls back to legacy.
             flow.window = 0;
         }
+        let tls_reload = if opts.tls_reload {
+            let f = f.clone();
+            let files = vec![f.ca_cert.clone(), f.agent_cert.clone(), f.agent_key.clone()];
+            Some(std::sync::Arc::new(tether_tls::Reloading::new(
+                files,
+                move || {
+                    tether_tls::client_config(
+                        &f.ca_cert,
+                        Some((&f.agent_cert, &f.agent_key)),
+                        vec![b"h2".to_vec()],
+                        &TlsOptions::default(),
+                    )
+                },
+            )?))
+        } else {
+            None
+        };
         let config = tether_agent::Config {
             server_host: server_agent_addr.ip().to_string(),
             server_port: server_agent_addr.port(),
@@ -268,6 +307,7 @@ impl TestAgent {
             dial_timeout: opts.dial_timeout,
             flow,
             token_path: None,
+            tls_reload,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -198,6 +198,9 @@ async fn start_pair(
             flow: FlowConfig::default(),
             agent_keepalive: ping,
             frontend_keepalive: None,
+            limits: Default::default(),
+            match_agent_identity_to_certificate: false,
+            tls_reload: None,
         },
         Registry::new(),
     )
@@ -232,6 +235,7 @@ async fn start_pair(
             dial_timeout: Duration::from_secs(5),
             flow: FlowConfig::default(),
             token_path: None,
+            tls_reload: None,
         },
         Registry::new(),
     )

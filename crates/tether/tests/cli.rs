@@ -164,8 +164,9 @@ fn pki() -> (TempDir, PkiFiles) {
 fn start_server(files: &PkiFiles, socket: &Path, extra: &[&str]) -> Running {
     let cert = format!("--cluster-cert={}", files.server_cert.display());
     let key = format!("--cluster-key={}", files.server_key.display());
+    let ca = format!("--cluster-ca-cert={}", files.ca_cert.display());
     let uds = format!("--uds-name={}", socket.display());
-    let mut args = vec!["server", &uds, "--server-port=0", &cert, &key];
+    let mut args = vec!["server", &uds, "--server-port=0", &cert, &key, &ca];
     args.extend(["--agent-port=0", "--health-port=0", "--admin-port=0"]);
     args.extend(extra);
     let server = Running::start(&args);

@@ -23,10 +23,12 @@ mod config;
 mod error;
 mod options;
 pub mod pki;
+mod reload;
 
 pub use config::{client_config, client_config_from_pem, server_config};
 pub use error::{PemOrigin, PemProblem, TlsError};
 pub use options::{TlsOptions, TlsVersion, provider};
+pub use reload::{ReloadOutcome, Reloading};
 
 /// Installs rustls' `ring` provider as the process default, for callers that build rustls
 /// configs with `ServerConfig::builder()`/`ClientConfig::builder()` rather than through this

@@ -85,9 +85,40 @@ pub struct PkiFiles {
     pub client_key: PathBuf,
 }
 
+/// An extra client certificate for [`Pki::generate_with_clients`]: its subject CN and SANs
+/// (DNS names or IP literals).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientSpec<'a> {
+    pub common_name: &'a str,
+    pub sans: &'a [&'a str],
+}
+
+/// A certificate and key PEM issued by [`Pki::generate_with_clients`].
+#[derive(Clone)]
+pub struct IssuedClient {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl fmt::Debug for IssuedClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IssuedClient")
+            .field("cert_pem", &self.cert_pem)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Pki {
     /// Generates a fresh CA and the server, agent and client certificates it signs.
     pub fn generate() -> Result<Self, TlsError> {
+        Ok(Self::generate_with_clients(&[])?.0)
+    }
+
+    /// Like [`generate`](Self::generate), plus one client certificate (clientAuth) per entry
+    /// of `extra`, signed by the same CA: distinct agent identities for identity tests.
+    pub fn generate_with_clients(
+        extra: &[ClientSpec<'_>],
+    ) -> Result<(Self, Vec<IssuedClient>), TlsError> {
         let ca_key = new_key("CA key")?;
         let mut ca_params = CertificateParams::default();
         let ca_name = ca_common_name(&ca_params.key_identifier(&ca_key));
@@ -141,7 +172,20 @@ impl Pki {
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
 
-        Ok(Self {
+        let issued = extra
+            .iter()
+            .map(|spec| {
+                let (cert_pem, key_pem) = leaf(
+                    "extra client certificate",
+                    spec.common_name,
+                    spec.sans,
+                    ExtendedKeyUsagePurpose::ClientAuth,
+                )?;
+                Ok::<_, TlsError>(IssuedClient { cert_pem, key_pem })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let pki = Self {
             ca_cert_pem: ca.pem(),
             server_cert_pem,
             server_key_pem,
@@ -149,7 +193,8 @@ impl Pki {
             agent_key_pem,
             client_cert_pem,
             client_key_pem,
-        })
+        };
+        Ok((pki, issued))
     }
 
     /// Writes `ca.crt`, `server.crt`, `server.key`, `agent.crt`, `agent.key`, `client.crt` and

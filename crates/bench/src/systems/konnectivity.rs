@@ -128,7 +128,15 @@ pub(super) async fn start(
         .arg(flag("cluster-cert", &pki.server_cert))
         .arg(flag("cluster-key", &pki.server_key))
         .arg(flag("cluster-ca-cert", &pki.ca_cert))
-        .arg("--server-count=1")
+        .arg("--server-count=1");
+    if matches!(imp, Impl::Tether) {
+        // The workloads are one client multiplexing thousands of tunnels on one gRPC
+        // connection (idle-conns) and thousands of agents from one address (fanin): lift
+        // tether's per-connection and per-address caps, which upstream does not have.
+        cmd.arg("--max-streams-per-frontend-connection=1000000")
+            .arg("--max-agent-connections-per-address=0");
+    }
+    cmd
         // The same verbosity for both: upstream's default (-v=4) logs lines per connection.
         .arg("-v=0");
     let mut server = Proc::spawn("server", cmd, &dir.join("server.log"))?;

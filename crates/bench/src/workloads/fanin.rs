@@ -46,6 +46,7 @@ fn settings() -> H2Settings {
         max_send_buffer: 64 * 1024,
         max_concurrent_streams: 16,
         keepalive: None,
+        idle_timeout: None,
     }
 }
 

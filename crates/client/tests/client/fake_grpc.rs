@@ -72,6 +72,7 @@ impl FakeGrpcProxy {
                     let serve = tether_grpc::server::serve_connection(
                         io,
                         &settings,
+                        tether_grpc::server::Connection::unchecked(),
                         on_call,
                         std::future::pending(),
                     );

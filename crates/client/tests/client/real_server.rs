@@ -46,6 +46,9 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         flow: FlowConfig::default(),
         agent_keepalive: None,
         frontend_keepalive: None,
+        limits: Default::default(),
+        match_agent_identity_to_certificate: false,
+        tls_reload: None,
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

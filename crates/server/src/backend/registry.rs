@@ -65,17 +65,19 @@ pub(crate) trait Backend: Clone {
     fn is_draining(&self) -> bool;
 }
 
-/// One index: key → agent IDs in arrival order; agent ID → its streams.
+/// One index: key → the streams that advertised it, in arrival order. Each stream is indexed
+/// under its own identifiers (as upstream), so a later stream of an agent ID never inherits
+/// the keys of an earlier one.
 #[derive(Debug)]
-struct Index {
+struct Index<B> {
     strategy: Strategy,
-    keys: HashMap<String, Vec<String>>,
+    keys: HashMap<String, Vec<B>>,
 }
 
 /// The set of connected agents, indexed per strategy.
 #[derive(Debug)]
 pub(crate) struct Registry<B> {
-    indexes: Vec<Index>,
+    indexes: Vec<Index<B>>,
     /// Streams per agent ID; `[0]` takes new dials, as upstream.
     agents: HashMap<String, Vec<B>>,
 }
@@ -94,36 +96,32 @@ impl<B: Backend> Registry<B> {
         }
     }
 
-    /// Adds a stream. A second stream with a known agent ID queues behind the first.
+    /// Adds a stream under its own identifiers. A second stream of a known agent ID queues
+    /// behind the first under the keys they share.
     pub(crate) fn add(&mut self, backend: B, identifiers: &Identifiers) {
         let id = backend.agent_id().to_owned();
-        let streams = self.agents.entry(id.clone()).or_default();
-        let first = streams.is_empty();
-        streams.push(backend);
-        if !first {
-            return;
-        }
         for index in &mut self.indexes {
             for key in keys_for(index.strategy, &id, identifiers) {
-                index.keys.entry(key).or_default().push(id.clone());
+                index.keys.entry(key).or_default().push(backend.clone());
             }
         }
+        self.agents.entry(id).or_default().push(backend);
     }
 
-    /// Removes one stream (matched by stream ID). The agent leaves the indexes with its last stream.
+    /// Removes one stream (matched by agent and stream ID) from every key it was indexed under.
     pub(crate) fn remove(&mut self, agent_id: &str, stream_id: u64) {
         let Some(streams) = self.agents.get_mut(agent_id) else {
             return;
         };
         streams.retain(|b| b.stream_id() != stream_id);
-        if !streams.is_empty() {
-            return;
+        if streams.is_empty() {
+            self.agents.remove(agent_id);
         }
-        self.agents.remove(agent_id);
+        let same = |b: &B| b.agent_id() == agent_id && b.stream_id() == stream_id;
         for index in &mut self.indexes {
-            index.keys.retain(|_, ids| {
-                ids.retain(|id| id != agent_id);
-                !ids.is_empty()
+            index.keys.retain(|_, streams| {
+                streams.retain(|b| !same(b));
+                !streams.is_empty()
             });
         }
     }
@@ -132,37 +130,26 @@ impl<B: Backend> Registry<B> {
     pub(crate) fn select(&self, address: &str) -> Option<B> {
         let host = host_of(address);
         self.indexes.iter().find_map(|index| {
-            let candidates: Vec<&String> = match index.strategy {
+            let candidates: Vec<&B> = match index.strategy {
+                // Streams that advertised the host, oldest first.
                 Strategy::DestHost => index.keys.get(host)?.iter().collect(),
                 Strategy::Default | Strategy::DefaultRoute => {
-                    let mut all: Vec<&String> = index.keys.values().flatten().collect();
-                    if all.is_empty() {
+                    // One candidate per agent ID (its oldest stream), from a random start,
+                    // as upstream: spreads load without bookkeeping.
+                    let mut keys: Vec<&String> = index.keys.keys().collect();
+                    if keys.is_empty() {
                         return None;
                     }
-                    // Random start, then walk, as upstream: spreads load without bookkeeping.
-                    all.sort_unstable();
-                    all.dedup();
-                    let start = random_below(all.len());
-                    all.rotate_left(start);
-                    all
+                    keys.sort_unstable();
+                    let start = random_below(keys.len());
+                    keys.rotate_left(start);
+                    keys.iter()
+                        .filter_map(|k| index.keys.get(*k).and_then(|s| s.first()))
+                        .collect()
                 }
             };
-            self.first_preferring_active(candidates)
+            first_preferring_active(candidates)
         })
-    }
-
-    fn first_preferring_active<'a>(&self, ids: impl IntoIterator<Item = &'a String>) -> Option<B> {
-        let mut fallback = None;
-        for id in ids {
-            let Some(first) = self.agents.get(id).and_then(|s| s.first()) else {
-                continue;
-            };
-            if !first.is_draining() {
-                return Some(first.clone());
-            }
-            fallback.get_or_insert_with(|| first.clone());
-        }
-        fallback
     }
 
     /// Readiness, as upstream: the first strategy's index has an agent.
@@ -184,6 +171,19 @@ impl<B: Backend> Registry<B> {
     pub(crate) fn agent_count(&self) -> usize {
         self.agents.len()
     }
+}
+
+fn first_preferring_active<'a, B: Backend + 'a>(
+    candidates: impl IntoIterator<Item = &'a B>,
+) -> Option<B> {
+    let mut fallback = None;
+    for candidate in candidates {
+        if !candidate.is_draining() {
+            return Some(candidate.clone());
+        }
+        fallback.get_or_insert_with(|| candidate.clone());
+    }
+    fallback
 }
 
 fn keys_for(strategy: Strategy, agent_id: &str, ids: &Identifiers) -> Vec<String> {
@@ -320,6 +320,24 @@ mod tests {
         r.remove("a", 1);
         assert_eq!(r.select("x:1").unwrap().stream, 2);
         assert_eq!(r.agent_count(), 1);
+    }
+
+    #[test]
+    fn each_stream_is_indexed_under_its_own_identifiers() {
+        let mut r = Registry::new(&[Strategy::DestHost]);
+        r.add(fake("a", 1), &ids("host=old-name"));
+        r.add(fake("a", 2), &ids("host=new-name"));
+        // Before per-stream indexing the second stream inherited old-name and had no new-name.
+        assert_eq!(r.select("new-name:1").unwrap().stream, 2);
+        assert_eq!(r.select("old-name:1").unwrap().stream, 1);
+        r.remove("a", 1);
+        assert!(
+            r.select("old-name:1").is_none(),
+            "old-name left with its stream"
+        );
+        assert_eq!(r.select("new-name:1").unwrap().stream, 2);
+        r.remove("a", 2);
+        assert!(!r.is_ready());
     }
 
     #[test]

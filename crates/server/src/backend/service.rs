@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::time::Duration;
 use tether_grpc::server::IncomingCall;
-use tether_grpc::{Code, Status};
+use tether_grpc::{Code, LogText, Status};
 use tether_proto::{Identifiers, metadata};
 
 use tether_tunnel::{FlowConfig, Limits, Role, SessionConfig};
 use tracing::Instrument;
 
+use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES};
 use super::session::AgentSession;
 use crate::dial::Hub;
 
@@ -27,6 +28,8 @@ pub(crate) struct AgentService {
     /// `--backend-dial-timeout`: how long a dial waits for the agent's answer.
     pub(crate) dial_timeout: Duration,
     pub(crate) next_stream_id: AtomicU64,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) limit_metrics: crate::limits::LimitMetrics,
 }
 
 impl AgentService {
@@ -44,8 +47,19 @@ impl AgentService {
         let (agent_id, identifiers) = match admitted {
             Ok(ok) => ok,
             Err(message) => {
-                tracing::warn!(%message, "refusing agent stream");
+                self.limit_metrics
+                    .hit(crate::limits::Limit::BadAgentMetadata);
+                if let Some(suppressed) = BAD_METADATA_WARNINGS.allow() {
+                    tracing::warn!(message = %LogText(&message), suppressed, "refusing agent stream");
+                }
                 call.reject(&Status::new(Code::UNKNOWN, message));
+                return;
+            }
+        };
+        let _claim = match self.admission.admit(&agent_id, &identifiers, call.peer()) {
+            Ok(claim) => claim,
+            Err(status) => {
+                call.reject(&status);
                 return;
             }
         };
@@ -109,6 +123,10 @@ impl AgentService {
     }
 }
 
+/// Malformed agent metadata is logged at most once a second, whoever sends it.
+static BAD_METADATA_WARNINGS: crate::warn_limit::WarnLimit =
+    crate::warn_limit::WarnLimit::new(std::time::Duration::from_secs(1));
+
 fn header<'a>(headers: &'a http::HeaderMap, key: &str) -> Option<&'a str> {
     headers.get(key).and_then(|v| v.to_str().ok())
 }
@@ -124,11 +142,31 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers), String> {
         .ok()
         .filter(|id| !id.is_empty())
         .ok_or("agent ID is empty or not text")?;
+    if id.len() > MAX_AGENT_ID_BYTES {
+        return Err(format!(
+            "agent ID is {} bytes, more than the {MAX_AGENT_ID_BYTES} allowed",
+            id.len()
+        ));
+    }
     let mut idents = headers.get_all(metadata::AGENT_IDENTIFIERS).iter();
     let identifiers = match (idents.next(), idents.next()) {
         (None, _) => Identifiers::default(),
         (Some(v), None) => {
-            Identifiers::parse(v.to_str().map_err(|_| "agent identifiers are not text")?)?
+            if v.len() > MAX_IDENTIFIERS_BYTES {
+                return Err(format!(
+                    "agent identifiers are {} bytes, more than the {MAX_IDENTIFIERS_BYTES} allowed",
+                    v.len()
+                ));
+            }
+            let ids =
+                Identifiers::parse(v.to_str().map_err(|_| "agent identifiers are not text")?)?;
+            let count = ids.hosts.len() + ids.ipv4.len() + ids.ipv6.len() + ids.cidrs.len();
+            if count > MAX_IDENTIFIERS {
+                return Err(format!(
+                    "{count} agent identifiers, more than the {MAX_IDENTIFIERS} allowed"
+                ));
+            }
+            ids
         }
         (Some(_), Some(_)) => return Err("expected at most one set of agent identifiers".into()),
     };
@@ -149,5 +187,14 @@ mod tests {
         assert_eq!(admit(&h).unwrap().1.hosts, ["n1"]);
         h.append("agentid", "b".parse().unwrap());
         assert!(admit(&h).is_err(), "two agent ids");
+
+        let mut h = http::HeaderMap::new();
+        h.append("agentid", "x".repeat(254).parse().unwrap());
+        assert!(admit(&h).unwrap_err().contains("254 bytes"));
+        let mut h = http::HeaderMap::new();
+        h.append("agentid", "a".parse().unwrap());
+        let many = vec!["host=n"; 65].join("&");
+        h.append("agentidentifiers", many.parse().unwrap());
+        assert!(admit(&h).unwrap_err().contains("65 agent identifiers"));
     }
 }

@@ -10,6 +10,7 @@ use tether_proto::{ConnectId, Packet};
 use tether_tunnel::{ConnEvent, Tunnel, TunnelDown, TunnelUp};
 
 use crate::dial::{DialError, Hub};
+use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
 
 /// How long a client may take to send its DIAL_REQ after opening the stream.
@@ -21,7 +22,7 @@ const LINGER: Duration = Duration::from_secs(10);
 const BATCH_BYTES: usize = 256 * 1024;
 
 /// Serves one call on the frontend listener.
-pub(crate) async fn serve(hub: Arc<Hub>, call: IncomingCall) {
+pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCall) {
     if call.path() != tether_proto::path::PROXY {
         let path = call.path().to_owned();
         call.reject(&Status::new(
@@ -39,7 +40,7 @@ pub(crate) async fn serve(hub: Arc<Hub>, call: IncomingCall) {
     };
     let gauge = hub.metrics.grpc_stream("Proxy");
     gauge.inc();
-    let status = proxy(&hub, tx, rx).await;
+    let status = proxy(&hub, &limits, tx, rx).await;
     if let Err(e) = status {
         tracing::debug!(error = %e, "proxy stream ended with an error");
         hub.metrics
@@ -48,10 +49,17 @@ pub(crate) async fn serve(hub: Arc<Hub>, call: IncomingCall) {
     gauge.dec();
 }
 
-async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Result<(), GrpcError> {
-    // Wait for the dial request. Upstream answers stray packets before it this way too.
+async fn proxy(
+    hub: &Hub,
+    limits: &LimitMetrics,
+    mut tx: PacketSender,
+    mut rx: PacketReceiver,
+) -> Result<(), GrpcError> {
+    // Wait for the dial request. Upstream answers stray packets before it this way too. One
+    // deadline for all of them: stray packets do not buy the client more time.
+    let first_packet_deadline = tokio::time::Instant::now() + FIRST_PACKET_TIMEOUT;
     let (protocol, address, random) = loop {
-        let next = tokio::time::timeout(FIRST_PACKET_TIMEOUT, rx.next()).await;
+        let next = tokio::time::timeout_at(first_packet_deadline, rx.next()).await;
         let Ok(Some(next)) = next else {
             return Ok(());
         };
@@ -82,6 +90,16 @@ async fn proxy(hub: &Hub, mut tx: PacketSender, mut rx: PacketReceiver) -> Resul
             Err(_) => return Ok(()),
         }
     };
+
+    if let Err(error) = super::address::check_dial_address(&address) {
+        limits.hit(Limit::BadDialAddress);
+        let reply = Packet::DialResponse {
+            random,
+            result: Err(error),
+        };
+        send(hub, &mut tx, &reply).await?;
+        return finish_after_client(tx, rx, &Status::ok()).await;
+    }
 
     // Dial, while watching the client for DIAL_CLS or a vanished stream.
     let frontend_gone = async {

@@ -11,6 +11,7 @@ use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::dial::{DialError, Hub};
+use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
 
@@ -25,16 +26,21 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 
-/// Serves one accepted connection.
-pub(crate) async fn serve(hub: Arc<Hub>, io: Box<dyn Io>) {
+/// Serves one accepted connection from `peer`.
+pub(crate) async fn serve(
+    hub: Arc<Hub>,
+    limits: LimitMetrics,
+    io: Box<dyn Io>,
+    peer: Arc<tether_grpc::PeerIdentity>,
+) {
     hub.metrics.http_connections.inc();
-    if let Err(e) = handle(&hub, io).await {
-        tracing::debug!(error = %e, "http connect connection ended with an error");
+    if let Err(e) = handle(&hub, &limits, io).await {
+        tracing::debug!(peer = ?peer.addr, error = %e, "http connect connection ended with an error");
     }
     hub.metrics.http_connections.dec();
 }
 
-async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
+async fn handle(hub: &Hub, limits: &LimitMetrics, mut io: Box<dyn Io>) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(4096);
     let head = tokio::time::timeout(READ_HEADER_TIMEOUT, read_head(&mut io, &mut buf)).await;
     let target = match head {
@@ -51,6 +57,14 @@ async fn handle(hub: &Hub, mut io: Box<dyn Io>) -> std::io::Result<()> {
             return respond(&mut io, reply.as_bytes()).await;
         }
     };
+
+    if let Err(error) = super::address::check_dial_address(&target) {
+        limits.hit(Limit::BadDialAddress);
+        let reply = format!(
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{error}\n"
+        );
+        return respond(&mut io, reply.as_bytes()).await;
+    }
 
     // Dial, keeping bytes the client sends early and noticing if it leaves.
     let random = DialId::random();
@@ -146,6 +160,11 @@ async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec
         let mut headers = [httparse::EMPTY_HEADER; 64];
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(buf) {
+            // The limit holds however the head arrived: one TLS record may complete a head
+            // far larger than the limit in a single read.
+            Ok(httparse::Status::Complete(len)) if len > MAX_HEADER_BYTES => {
+                return Err(too_large());
+            }
             Ok(httparse::Status::Complete(len)) => {
                 let head = match (request.method, request.path) {
                     (Some("CONNECT"), Some(target)) if !target.is_empty() => {
@@ -158,12 +177,10 @@ async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec
                 return Ok(head);
             }
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEADER_BYTES => {
-                return Err(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec());
+                return Err(too_large());
             }
             Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec());
-            }
+            Err(httparse::Error::TooManyHeaders) => return Err(too_large()),
             Err(_) => return Err(bad_request()),
         }
         buf.reserve(4096);
@@ -172,6 +189,10 @@ async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec
             Ok(_) => {}
         }
     }
+}
+
+fn too_large() -> Vec<u8> {
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec()
 }
 
 fn bad_request() -> Vec<u8> {

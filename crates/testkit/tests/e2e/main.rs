@@ -9,6 +9,7 @@ mod isolation;
 mod lifecycle;
 mod metrics_names;
 mod routing;
+mod security;
 mod support;
 
 use std::time::Duration;

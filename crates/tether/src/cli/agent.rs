@@ -109,6 +109,12 @@ pub(crate) struct AgentArgs {
     )]
     service_account_token_path: String,
 
+    /// Re-read --ca-cert, --agent-cert and --agent-key before each new server connection
+    /// when they changed (certificate rotation without a restart); a file that does not load
+    /// keeps the previous ones.
+    #[arg(long, help_heading = "TLS (tether)", value_name = "BOOL", default_value = "true", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    tls_reload: bool,
+
     /// Initial interval between checks that every server is connected; backs off up to
     /// --sync-interval-cap while the server cannot be reached.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1s", value_parser = go_duration)]
@@ -276,6 +282,7 @@ impl AgentArgs {
             })?;
         }
         let tls = self.tls()?;
+        let tls_reload = self.tls_reload()?;
         let ignored = self.ignored();
         if !ignored.is_empty() {
             tracing::warn!(
@@ -288,6 +295,7 @@ impl AgentArgs {
             server_host: self.proxy_server_host,
             server_port: self.proxy_server_port,
             tls,
+            tls_reload,
             agent_id: id_or_random(self.agent_id),
             identifiers: self.agent_identifiers,
             health_addr: listen_addr(
@@ -315,6 +323,30 @@ impl AgentArgs {
             flow: self.flow.to_config()?,
             token_path,
         })
+    }
+
+    /// `--tls-reload`: the same config, rebuilt when its files change.
+    fn tls_reload(
+        &self,
+    ) -> anyhow::Result<Option<Arc<tether_tls::Reloading<rustls::ClientConfig>>>> {
+        if !self.tls_reload {
+            return Ok(None);
+        }
+        let mut files = vec![PathBuf::from(&self.ca_cert)];
+        if !self.agent_cert.is_empty() {
+            files.extend([
+                PathBuf::from(&self.agent_cert),
+                PathBuf::from(&self.agent_key),
+            ]);
+        }
+        let this = self.clone();
+        let reloading = tether_tls::Reloading::new(files, move || {
+            this.tls().map_err(|e| tether_tls::TlsError::Rustls {
+                what: "reloading --ca-cert/--agent-cert/--agent-key",
+                error: rustls::Error::General(format!("{e:#}")),
+            })
+        })?;
+        Ok(Some(Arc::new(reloading)))
     }
 
     fn tls(&self) -> anyhow::Result<Arc<rustls::ClientConfig>> {

@@ -18,6 +18,10 @@ use super::common::{
     check_listen_port, check_pair, go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
+use security::SecurityArgs;
+
+mod reload;
+mod security;
 
 /// What `--backend-dial-timeout=0` means in tether: the Go client's own 30 s backstop, so
 /// that no pending dial outlives every client that could still want it.
@@ -118,7 +122,8 @@ pub(crate) struct ServerArgs {
     #[arg(long, help_heading = "Agents", value_name = "PATH", default_value = "")]
     cluster_key: String,
 
-    /// CA bundle that verifies agents' client certificates. Empty accepts any agent.
+    /// CA bundle that verifies agents' client certificates. Required, unless
+    /// --allow-unauthenticated-agents.
     #[arg(long, help_heading = "Agents", value_name = "PATH", default_value = "")]
     cluster_ca_cert: String,
 
@@ -216,6 +221,10 @@ pub(crate) struct ServerArgs {
     #[command(flatten)]
     flow: FlowArgs,
 
+    // Boxed: the hardening flags would make `ServerArgs` much the largest command.
+    #[command(flatten)]
+    security: Box<SecurityArgs>,
+
     /// Agent token authentication: expected ServiceAccount namespace.
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "NAMESPACE", default_value = "")]
     agent_namespace: String,
@@ -302,6 +311,8 @@ impl ServerArgs {
         }
         let frontend = self.frontend(mode, &tls)?;
         let agent_tls = self.agent_tls(&tls)?;
+        let limits = self.security.limits()?;
+        let tls_reload = self.tls_reload(mode, &tls, self.security.tls_reload_interval())?;
         let ignored = self.ignored();
         if !ignored.is_empty() {
             tracing::warn!(
@@ -351,6 +362,11 @@ impl ServerArgs {
                 interval: self.frontend_keepalive_time,
                 timeout: GRPC_KEEPALIVE_TIMEOUT,
             }),
+            limits,
+            match_agent_identity_to_certificate: self
+                .security
+                .match_agent_identity_to_certificate(),
+            tls_reload,
         })
     }
 
@@ -461,9 +477,13 @@ impl ServerArgs {
         if self.cluster_cert.is_empty() {
             bail!("--cluster-cert and --cluster-key are required (TLS of the agent listener)");
         }
+        self.security
+            .check_agent_authentication(&self.cluster_ca_cert)?;
         let ca = (!self.cluster_ca_cert.is_empty()).then(|| Path::new(&self.cluster_ca_cert));
         if ca.is_none() {
-            tracing::warn!("no --cluster-ca-cert: any client may connect as an agent");
+            tracing::warn!(
+                "--allow-unauthenticated-agents: any client reaching the agent port may register as an agent"
+            );
         }
         tether_tls::server_config(
             Path::new(&self.cluster_cert),

@@ -15,12 +15,13 @@ fn server_args(line: &str) -> Result<ServerArgs, clap::Error> {
     }
 }
 
-/// Server flags with the mandatory agent-listener certificate plus `extra`.
+/// Server flags with the mandatory agent-listener certificate and CA plus `extra`.
 fn server(files: &PkiFiles, extra: &str) -> anyhow::Result<Config> {
     let line = format!(
-        "--cluster-cert={} --cluster-key={} {extra}",
+        "--cluster-cert={} --cluster-key={} --cluster-ca-cert={} {extra}",
         files.server_cert.display(),
-        files.server_key.display()
+        files.server_key.display(),
+        files.ca_cert.display()
     );
     server_args(&line)?.into_config()
 }
@@ -302,4 +303,55 @@ fn cipher_suites_accumulate_like_pflag_slices() {
     )
     .unwrap();
     assert_eq!(args.cipher_suites.len(), 2);
+}
+
+#[test]
+fn agents_must_be_authenticated_unless_explicitly_allowed() {
+    let (_dir, files) = pki();
+    let socket = files.dir.join("konnectivity.sock");
+    let without_ca = format!(
+        "--cluster-cert={} --cluster-key={} --uds-name={} --server-port=0",
+        files.server_cert.display(),
+        files.server_key.display(),
+        socket.display()
+    );
+    let err = error(server_args(&without_ca).unwrap().into_config());
+    assert!(
+        err.contains("--cluster-ca-cert") && err.contains("--allow-unauthenticated-agents"),
+        "{err}"
+    );
+    let lab = format!("{without_ca} --allow-unauthenticated-agents");
+    let config = server_args(&lab).unwrap().into_config().unwrap();
+    assert!(!config.match_agent_identity_to_certificate);
+    let err = error(uds(&files, "--allow-unauthenticated-agents"));
+    assert!(err.contains("contradicts --cluster-ca-cert"), "{err}");
+    let err = error(
+        server_args(&format!("{lab} --match-agent-identity-to-certificate"))
+            .unwrap()
+            .into_config(),
+    );
+    assert!(err.contains("needs --cluster-ca-cert"), "{err}");
+}
+
+#[test]
+fn hardening_defaults_and_overrides() {
+    let (_dir, files) = pki();
+    let limits = uds(&files, "").unwrap().limits;
+    assert_eq!(limits.setup_timeout, Duration::from_secs(10));
+    assert_eq!(limits.max_streams_per_frontend_connection, 1_000);
+    assert_eq!(limits.max_agent_connections_per_address, 100);
+    let config = uds(
+        &files,
+        "--connection-setup-timeout=3s --idle-connection-timeout=0 --max-agents=5 \
+         --max-streams-per-frontend-connection=20000 --match-agent-identity-to-certificate",
+    )
+    .unwrap();
+    assert_eq!(config.limits.setup_timeout, Duration::from_secs(3));
+    assert_eq!(config.limits.idle_connection_timeout, None);
+    assert_eq!(config.limits.max_agents, 5);
+    assert_eq!(config.limits.max_streams_per_frontend_connection, 20_000);
+    assert!(config.match_agent_identity_to_certificate);
+    for flag in ["--connection-setup-timeout=0", "--max-agents=0"] {
+        assert!(error(uds(&files, flag)).starts_with(flag.split('=').next().unwrap()));
+    }
 }

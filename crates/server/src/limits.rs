@@ -1,0 +1,190 @@
+//! Limits and deadlines that keep one peer from exhausting the server, with their defaults.
+//!
+//! Each one is a flag of `tether server` (see the README's flag table and SECURITY.md) and is
+//! counted in `tether_server_limit_hits_total{limit}` when it refuses or closes something.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tether_observe::metrics::{CounterVec, Registry};
+
+/// The server's limits; `Default` is the safe default every flag documents.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// From TCP accept through TLS, the HTTP/2 preface and the client's first SETTINGS.
+    pub setup_timeout: Duration,
+    /// An HTTP/2 connection carrying no stream is closed (GOAWAY) after this; `None` never.
+    pub idle_connection_timeout: Option<Duration>,
+    /// Open connections on the frontend listener; more are closed at accept.
+    pub max_frontend_connections: usize,
+    /// Open connections on the agent listener.
+    pub max_agent_connections: usize,
+    /// Open connections from one IP address on the agent listener; 0 means no limit.
+    pub max_agent_connections_per_address: usize,
+    /// Open connections from one IP address on a TCP frontend; 0 means no limit.
+    pub max_frontend_connections_per_address: usize,
+    /// Concurrent streams per frontend HTTP/2 connection.
+    pub max_streams_per_frontend_connection: u32,
+    /// Distinct connected agent IDs.
+    pub max_agents: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            setup_timeout: Duration::from_secs(10),
+            idle_connection_timeout: Some(Duration::from_secs(3600)),
+            max_frontend_connections: 20_000,
+            max_agent_connections: 10_000,
+            max_agent_connections_per_address: 100,
+            max_frontend_connections_per_address: 0,
+            max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
+            max_agents: 10_000,
+        }
+    }
+}
+
+/// `limit` label values of `tether_server_limit_hits_total`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Limit {
+    SetupTimeout,
+    ListenerConnections,
+    AddressConnections,
+    Agents,
+    DuplicateAgentId,
+    AgentIdentity,
+    BadAgentMetadata,
+    BadDialAddress,
+}
+
+impl Limit {
+    fn label(self) -> &'static str {
+        match self {
+            Self::SetupTimeout => "setup_timeout",
+            Self::ListenerConnections => "listener_connections",
+            Self::AddressConnections => "address_connections",
+            Self::Agents => "agents",
+            Self::DuplicateAgentId => "duplicate_agent_id",
+            Self::AgentIdentity => "agent_identity",
+            Self::BadAgentMetadata => "bad_agent_metadata",
+            Self::BadDialAddress => "bad_dial_address",
+        }
+    }
+}
+
+/// Counts refusals and closes by limit.
+#[derive(Clone, Debug)]
+pub(crate) struct LimitMetrics {
+    hits: Arc<CounterVec>,
+}
+
+impl LimitMetrics {
+    pub(crate) fn register(registry: &Registry) -> Self {
+        let hits = registry.counter_vec(
+            "tether_server_limit_hits_total",
+            "Connections, streams and requests refused or closed by a server limit or check, by limit",
+            &["limit"],
+        );
+        // Present from the start, so that alerts on them need no absent() special case.
+        for limit in [Limit::SetupTimeout, Limit::DuplicateAgentId] {
+            hits.with(&[limit.label()]);
+        }
+        Self { hits }
+    }
+
+    pub(crate) fn hit(&self, limit: Limit) {
+        self.hits.with(&[limit.label()]).inc();
+    }
+}
+
+/// Connection slots of one listener: a total cap and a per-address cap.
+#[derive(Debug)]
+pub(crate) struct ConnectionSlots {
+    max_total: usize,
+    max_per_address: usize,
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    total: usize,
+    per_address: HashMap<IpAddr, usize>,
+}
+
+/// Holds one slot until dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    slots: Arc<ConnectionSlots>,
+    address: Option<IpAddr>,
+}
+
+impl ConnectionSlots {
+    pub(crate) fn new(max_total: usize, max_per_address: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max_total,
+            max_per_address,
+            state: Mutex::default(),
+        })
+    }
+
+    /// Takes a slot for a connection from `address`, or says which limit refused it.
+    pub(crate) fn take(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Slot, Limit> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.total >= self.max_total {
+            return Err(Limit::ListenerConnections);
+        }
+        if let Some(ip) = address
+            && self.max_per_address > 0
+        {
+            let n = state.per_address.entry(ip).or_default();
+            if *n >= self.max_per_address {
+                return Err(Limit::AddressConnections);
+            }
+            *n += 1;
+        }
+        state.total += 1;
+        Ok(Slot {
+            slots: self.clone(),
+            address: address.filter(|_| self.max_per_address > 0),
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut state = self.slots.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.total -= 1;
+        if let Some(ip) = self.address
+            && let Some(n) = state.per_address.get_mut(&ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                state.per_address.remove(&ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_cap_total_and_per_address_and_come_back() {
+        let slots = ConnectionSlots::new(3, 2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let a1 = slots.take(Some(a)).unwrap();
+        let _a2 = slots.take(Some(a)).unwrap();
+        assert!(matches!(
+            slots.take(Some(a)),
+            Err(Limit::AddressConnections)
+        ));
+        let _b1 = slots.take(Some(b)).unwrap();
+        assert!(matches!(slots.take(None), Err(Limit::ListenerConnections)));
+        drop(a1);
+        let _a3 = slots.take(Some(a)).unwrap();
+    }
+}

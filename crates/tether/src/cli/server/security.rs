@@ -1,0 +1,131 @@
+//! tether's own hardening flags of `tether server`: agent authentication, identity binding,
+//! deadlines and caps. None exists upstream; each default is the safe choice, and the one an
+//! upstream deployment may trip over (agents without client certificates) fails at start-up
+//! with an error naming the flag that restores the old behaviour.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{ArgAction, Args};
+use tether_server::Limits;
+
+use crate::cli::common::{go_bool, go_duration};
+
+const HEADING: &str = "Security (tether)";
+
+#[derive(Args, Clone, Debug)]
+pub(crate) struct SecurityArgs {
+    /// Accept agents without a client certificate when --cluster-ca-cert is unset. Anyone who
+    /// can reach the agent port can then register as an agent and receive dials: lab use only.
+    #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub(crate) allow_unauthenticated_agents: bool,
+
+    /// Require the agent ID and its host=/ipv4=/ipv6= identifiers to be names (CN, DNS/URI or
+    /// IP SANs) of the agent's client certificate. Off by default because deployments often
+    /// share one agent certificate among all nodes, which this would refuse.
+    #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    match_agent_identity_to_certificate: bool,
+
+    /// Deadline from TCP accept through TLS, the HTTP/2 preface and the client's first
+    /// SETTINGS, on every listener; a connection that misses it is closed.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
+    connection_setup_timeout: Duration,
+
+    /// Close (GOAWAY) an HTTP/2 connection that has carried no stream for this long; 0 never.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "1h0m0s", value_parser = go_duration)]
+    idle_connection_timeout: Duration,
+
+    /// Open connections on the frontend listener; further ones are closed at accept.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 20_000)]
+    max_frontend_connections: usize,
+
+    /// Open connections from one IP address on a TCP frontend; 0 means no per-address cap
+    /// (the usual client, kube-apiserver, is one address).
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 0)]
+    max_frontend_connections_per_address: usize,
+
+    /// Open connections on the agent listener; further ones are closed at accept.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
+    max_agent_connections: usize,
+
+    /// Open connections from one IP address on the agent listener; 0 means no cap.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 100)]
+    max_agent_connections_per_address: usize,
+
+    /// Concurrent streams (tunnels) per frontend HTTP/2 connection.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = tether_grpc::DEFAULT_FRONTEND_STREAMS)]
+    max_streams_per_frontend_connection: u32,
+
+    /// How often the listeners' certificate, key and CA files are checked for changes; new
+    /// handshakes use changed files, live connections are kept. 0 disables reloading.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
+    tls_reload_interval: Duration,
+
+    /// Distinct agent IDs connected at once; further agents are refused (RESOURCE_EXHAUSTED).
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
+    max_agents: usize,
+}
+
+impl SecurityArgs {
+    /// Agent authentication is never silently off: without --cluster-ca-cert the server
+    /// refuses to start unless the operator asked for unauthenticated agents by name.
+    pub(crate) fn check_agent_authentication(&self, cluster_ca_cert: &str) -> anyhow::Result<()> {
+        if cluster_ca_cert.is_empty() && !self.allow_unauthenticated_agents {
+            bail!(
+                "--cluster-ca-cert is not set, so agents would not be authenticated: anyone \
+                 reaching the agent port could register as an agent and receive dials. Set \
+                 --cluster-ca-cert to the CA of the agents' client certificates (tether does \
+                 not implement upstream's ServiceAccount token authentication), or pass \
+                 --allow-unauthenticated-agents for lab use"
+            );
+        }
+        if !cluster_ca_cert.is_empty() && self.allow_unauthenticated_agents {
+            bail!(
+                "--allow-unauthenticated-agents contradicts --cluster-ca-cert (agents present \
+                 client certificates); drop one of them"
+            );
+        }
+        if cluster_ca_cert.is_empty() && self.match_agent_identity_to_certificate {
+            bail!("--match-agent-identity-to-certificate needs --cluster-ca-cert");
+        }
+        Ok(())
+    }
+
+    pub(crate) fn match_agent_identity_to_certificate(&self) -> bool {
+        self.match_agent_identity_to_certificate
+    }
+
+    pub(crate) fn tls_reload_interval(&self) -> Duration {
+        self.tls_reload_interval
+    }
+
+    pub(crate) fn limits(&self) -> anyhow::Result<Limits> {
+        if self.connection_setup_timeout.is_zero() {
+            bail!("--connection-setup-timeout must be greater than 0");
+        }
+        for (flag, value) in [
+            ("--max-frontend-connections", self.max_frontend_connections),
+            ("--max-agent-connections", self.max_agent_connections),
+            ("--max-agents", self.max_agents),
+            (
+                "--max-streams-per-frontend-connection",
+                self.max_streams_per_frontend_connection as usize,
+            ),
+        ] {
+            if value == 0 {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        Ok(Limits {
+            setup_timeout: self.connection_setup_timeout,
+            idle_connection_timeout: (!self.idle_connection_timeout.is_zero())
+                .then_some(self.idle_connection_timeout),
+            max_frontend_connections: self.max_frontend_connections,
+            max_agent_connections: self.max_agent_connections,
+            max_agent_connections_per_address: self.max_agent_connections_per_address,
+            max_frontend_connections_per_address: self.max_frontend_connections_per_address,
+            max_streams_per_frontend_connection: self.max_streams_per_frontend_connection,
+            max_agents: self.max_agents,
+        })
+    }
+}
