@@ -207,6 +207,8 @@ pub struct AgentOptions {
     pub legacy: bool,
     pub dial_timeout: Duration,
     pub sync_interval: Duration,
+    /// The destination policy and dial caps.
+    pub destinations: tether_agent::DestinationConfig,
 }
 
 impl Default for AgentOptions {
@@ -218,6 +220,7 @@ impl Default for AgentOptions {
             legacy: false,
             dial_timeout: Duration::from_secs(5),
             sync_interval: Duration::from_millis(100),
+            destinations: tether_agent::DestinationConfig::default(),
         }
     }
 }
@@ -266,6 +269,7 @@ impl TestAgent {
             }),
             legacy_keepalive: None,
             dial_timeout: opts.dial_timeout,
+            destinations: opts.destinations,
             flow,
             token_path: None,
         };

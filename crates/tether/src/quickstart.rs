@@ -230,6 +230,7 @@ async fn start_pair(
             keepalive: ping,
             legacy_keepalive: None,
             dial_timeout: Duration::from_secs(5),
+            destinations: tether_agent::DestinationConfig::default(),
             flow: FlowConfig::default(),
             token_path: None,
         },
