@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::destination::dial;
+use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;
 
 /// Largest DATA payload sent to the server.
@@ -29,6 +29,7 @@ pub(crate) struct ServerSession {
     next_connect_id: AtomicI64,
     tables: Mutex<Tables>,
     metrics: Arc<AgentMetrics>,
+    destinations: Arc<Destinations>,
     dial_timeout: Duration,
     /// Connection tasks; the session waits for them when it ends.
     tasks: TaskTracker,
@@ -48,6 +49,7 @@ impl ServerSession {
         flow: Flow,
         outbound: Outbound,
         metrics: Arc<AgentMetrics>,
+        destinations: Arc<Destinations>,
         dial_timeout: Duration,
     ) -> Self {
         Self {
@@ -60,6 +62,7 @@ impl ServerSession {
                 ..Tables::default()
             }),
             metrics,
+            destinations,
             dial_timeout,
             tasks: TaskTracker::new(),
         }
@@ -197,7 +200,7 @@ impl ServerSession {
     ) {
         let started = Instant::now();
         let dialed = tokio::select! {
-            dialed = dial(&protocol, &address, self.dial_timeout) => Some(dialed),
+            dialed = self.destinations.dial(&protocol, &address, self.dial_timeout) => Some(dialed),
             () = cancel.cancelled() => None,
         };
         let registered = {
