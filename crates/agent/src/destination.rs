@@ -100,6 +100,13 @@ impl Destinations {
             )?),
             None => None,
         };
+        tracing::info!(
+            policy = ?config.policy_file,
+            rules = file.as_ref().map_or(0, |f| f.rules().count()),
+            loopback = config.allow_loopback,
+            link_local = config.allow_link_local,
+            "destination policy"
+        );
         Ok(Self {
             policy: RwLock::new(Arc::new(Policy::new(&builtins, file))),
             builtins,
