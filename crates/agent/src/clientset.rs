@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::Config;
+use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;
 use crate::session::ServerSession;
 
@@ -29,6 +30,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct ClientSet {
     config: Config,
     metrics: Arc<AgentMetrics>,
+    destinations: Arc<Destinations>,
     sessions: Mutex<HashMap<String, Arc<ServerSession>>>,
     /// The last `servercount` a server announced; 0 counts as 1, as upstream.
     server_count: AtomicUsize,
@@ -66,10 +68,15 @@ struct Connected {
 }
 
 impl ClientSet {
-    pub(crate) fn new(config: Config, metrics: Arc<AgentMetrics>) -> Self {
+    pub(crate) fn new(
+        config: Config,
+        metrics: Arc<AgentMetrics>,
+        destinations: Arc<Destinations>,
+    ) -> Self {
         Self {
             config,
             metrics,
+            destinations,
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
@@ -171,6 +178,7 @@ impl ClientSet {
             server_id.clone(),
             flow,
             self.metrics.clone(),
+            self.destinations.clone(),
             self.config.dial_timeout,
         ));
         {

@@ -7,7 +7,7 @@
 //! Layout:
 //! - `clientset`: connecting to servers until the announced server count is reached;
 //! - `session`: one server stream and the connections multiplexed on it;
-//! - `destination`: resolving and dialing a destination;
+//! - `destination`: resolving, checking against the destination policy, and dialing;
 //! - `health`: health, readiness and metrics endpoints;
 //! - `metrics`: upstream's agent metrics.
 #![forbid(unsafe_code)]
@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use destination::{DestinationConfig, PolicyFileError};
 use tether_grpc::Keepalive;
 use tether_observe::metrics::Registry;
 pub use tether_tunnel::FlowConfig;
@@ -55,8 +56,10 @@ pub struct Config {
     pub keepalive: Option<Keepalive>,
     /// PINGs to an upstream server (from `--keepalive-time`), if any.
     pub legacy_keepalive: Option<Keepalive>,
-    /// Deadline for dialing a destination.
+    /// Deadline for dialing a destination: waiting for a slot, lookup and connect.
     pub dial_timeout: Duration,
+    /// The destination policy and the dial and lookup caps.
+    pub destinations: DestinationConfig,
     pub flow: FlowConfig,
     /// `--service-account-token-path`: sent as `Bearer` token, re-read on every connect.
     pub token_path: Option<PathBuf>,
@@ -71,6 +74,8 @@ pub enum AgentError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Policy(#[from] PolicyFileError),
 }
 
 /// An agent whose health and admin listeners are bound.
@@ -80,6 +85,8 @@ pub struct Agent {
     health: TcpListener,
     admin: TcpListener,
     registry: Registry,
+    metrics: Arc<metrics::AgentMetrics>,
+    destinations: Arc<destination::Destinations>,
 }
 
 impl Agent {
@@ -91,11 +98,23 @@ impl Agent {
         };
         let health = bind("health", config.health_addr).await?;
         let admin = bind("admin", config.admin_addr).await?;
+        let metrics = Arc::new(metrics::AgentMetrics::register(&registry));
+        let own_listeners = [&health, &admin]
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        let destinations = Arc::new(destination::Destinations::new(
+            config.destinations.clone(),
+            own_listeners,
+            metrics.clone(),
+        )?);
         Ok(Self {
             config,
             health,
             admin,
             registry,
+            metrics,
+            destinations,
         })
     }
 
@@ -115,9 +134,14 @@ impl Agent {
             health,
             admin,
             registry,
+            metrics,
+            destinations,
         } = self;
-        let metrics = Arc::new(metrics::AgentMetrics::register(&registry));
-        let clientset = Arc::new(clientset::ClientSet::new(config, metrics));
+        let clientset = Arc::new(clientset::ClientSet::new(
+            config,
+            metrics,
+            destinations.clone(),
+        ));
         let health_port = health.local_addr().map_or(0, |a| a.port());
         tracing::info!(
             health = ?health.local_addr().ok(),
@@ -136,6 +160,7 @@ impl Agent {
             health::admin_handler(health_port),
             stop.clone().cancelled_owned(),
         ));
+        endpoints.spawn(destinations.watch(stop.clone()));
         clientset.run(drain, stop.clone()).await;
         endpoints.close();
         endpoints.wait().await;

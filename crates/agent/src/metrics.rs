@@ -22,6 +22,8 @@ pub(crate) struct AgentMetrics {
     server_connection_failures: Arc<CounterVec>,
     /// tether: in-flight dials abandoned because the server cancelled them (DIAL_CLS).
     pub(crate) dials_cancelled: Arc<Counter>,
+    /// tether: destination policy file reloads, by result (`success`, `failure`).
+    policy_reloads: Arc<CounterVec>,
 }
 
 /// Why an endpoint dial failed: upstream's `reason` label.
@@ -29,6 +31,8 @@ pub(crate) struct AgentMetrics {
 pub(crate) enum DialFailure {
     Timeout,
     Unknown,
+    /// tether: the destination policy denied the address (label `policy`).
+    Policy,
 }
 
 impl AgentMetrics {
@@ -77,6 +81,11 @@ impl AgentMetrics {
                 "tether_agent_dials_cancelled_total",
                 "In-flight dials abandoned because the server cancelled them (DIAL_CLS)",
             ),
+            policy_reloads: registry.counter_vec(
+                "tether_agent_destination_policy_reloads_total",
+                "Destination policy file reloads, by result (success, or failure: the old policy stays)",
+                &["result"],
+            ),
         };
         // Upstream registers the lease metrics; tether counts servers from responses only.
         registry.counter_vec(
@@ -97,8 +106,14 @@ impl AgentMetrics {
         let label = match reason {
             DialFailure::Timeout => "timeout",
             DialFailure::Unknown => "unknown",
+            DialFailure::Policy => "policy",
         };
         self.endpoint_dial_failures.with(&[label]).inc();
+    }
+
+    pub(crate) fn policy_reload(&self, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        self.policy_reloads.with(&[result]).inc();
     }
 
     /// `sent` is true for packets to the server (`from_agent`), false for received ones.

@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
 
-use crate::destination::dial;
+use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;
 
 /// A server stream and its connections.
@@ -33,6 +33,7 @@ impl ServerSession {
         server_id: String,
         flow: Flow,
         metrics: Arc<AgentMetrics>,
+        destinations: Arc<Destinations>,
         dial_timeout: Duration,
     ) -> Self {
         let tasks = TaskTracker::new();
@@ -46,6 +47,7 @@ impl ServerSession {
         };
         let hooks = AgentHooks {
             metrics,
+            destinations,
             tasks: tasks.clone(),
             dial_timeout,
         };
@@ -81,6 +83,7 @@ impl ServerSession {
 #[derive(Debug)]
 struct AgentHooks {
     metrics: Arc<AgentMetrics>,
+    destinations: Arc<Destinations>,
     tasks: TaskTracker,
     dial_timeout: Duration,
 }
@@ -94,10 +97,14 @@ impl Hooks for AgentHooks {
                 address,
             } => {
                 let dial = link.incoming_dial(random);
-                let metrics = self.metrics.clone();
-                let timeout = self.dial_timeout;
-                self.tasks
-                    .spawn(serve_connection(dial, protocol, address, timeout, metrics));
+                self.tasks.spawn(serve_connection(
+                    dial,
+                    protocol,
+                    address,
+                    self.dial_timeout,
+                    self.destinations.clone(),
+                    self.metrics.clone(),
+                ));
             }
             Event::DialCancelled { random, why } => {
                 tracing::debug!(dial.id = %random, ?why, "dial no longer wanted");
@@ -136,11 +143,12 @@ async fn serve_connection(
     protocol: String,
     address: String,
     timeout: Duration,
+    destinations: Arc<Destinations>,
     metrics: Arc<AgentMetrics>,
 ) {
     let started = Instant::now();
     let dialed = tokio::select! {
-        dialed = dial(&protocol, &address, timeout) => dialed,
+        dialed = destinations.dial(&protocol, &address, timeout) => dialed,
         () = incoming.abandoned() => return,
     };
     let stream = match dialed {

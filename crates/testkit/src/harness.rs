@@ -228,6 +228,8 @@ pub struct AgentOptions {
     pub sync_interval: Duration,
     /// Re-read the PKI's agent certificate, key and CA files before each connection.
     pub tls_reload: bool,
+    /// The destination policy and dial caps.
+    pub destinations: tether_agent::DestinationConfig,
 }
 
 impl Default for AgentOptions {
@@ -240,6 +242,7 @@ impl Default for AgentOptions {
             dial_timeout: Duration::from_secs(5),
             sync_interval: Duration::from_millis(100),
             tls_reload: false,
+            destinations: tether_agent::DestinationConfig::default(),
         }
     }
 }
@@ -305,6 +308,7 @@ impl TestAgent {
             }),
             legacy_keepalive: None,
             dial_timeout: opts.dial_timeout,
+            destinations: opts.destinations,
             flow,
             token_path: None,
             tls_reload,

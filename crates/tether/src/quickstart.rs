@@ -233,6 +233,7 @@ async fn start_pair(
             keepalive: ping,
             legacy_keepalive: None,
             dial_timeout: Duration::from_secs(5),
+            destinations: tether_agent::DestinationConfig::default(),
             flow: FlowConfig::default(),
             token_path: None,
             tls_reload: None,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{ArgAction, Args};
-use tether_agent::Config;
+use tether_agent::{Config, DestinationConfig};
 use tether_grpc::Keepalive;
 use tether_proto::identifiers::Identifiers;
 use tether_tls::TlsOptions;
@@ -158,6 +158,50 @@ pub(crate) struct AgentArgs {
     #[arg(long, help_heading = "Destinations", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
     dial_timeout: Duration,
 
+    /// Destination policy file: allow/deny rules by CIDR, port and DNS name, checked on
+    /// every resolved address after the built-in rules; unmatched addresses are denied.
+    /// Reloaded when it changes; a broken new version keeps the old rules. Empty: no file.
+    #[arg(
+        long,
+        help_heading = "Destinations",
+        value_name = "FILE",
+        default_value = ""
+    )]
+    destination_policy: String,
+
+    /// How often the destination policy file is checked for changes.
+    #[arg(long, help_heading = "Destinations", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
+    destination_policy_reload_interval: Duration,
+
+    /// Allow the agent node's loopback (127.0.0.0/8, ::1, 0.0.0.0, ::) as a destination.
+    /// On for compatibility with tests that dial loopback targets; set to false in
+    /// production when nodes run loopback-only services (etcd, kubelet healthz).
+    #[arg(long, help_heading = "Destinations", value_name = "BOOL", default_value = "true", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    allow_loopback_destinations: bool,
+
+    /// Allow link-local destinations (169.254.0.0/16, fe80::/10) and fd00:ec2::254, where
+    /// cloud metadata services live.
+    #[arg(long, help_heading = "Destinations", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    allow_link_local_destinations: bool,
+
+    /// Dials in progress at once; more wait within their --dial-timeout.
+    #[arg(
+        long,
+        help_heading = "Destinations",
+        value_name = "N",
+        default_value_t = 256
+    )]
+    max_concurrent_dials: usize,
+
+    /// DNS lookups in progress at once (each holds a thread until the resolver answers).
+    #[arg(
+        long,
+        help_heading = "Destinations",
+        value_name = "N",
+        default_value_t = 32
+    )]
+    max_concurrent_dns_lookups: usize,
+
     /// Host of /healthz, /readyz and /metrics; empty means all interfaces.
     #[arg(
         long,
@@ -272,6 +316,12 @@ impl AgentArgs {
                 self.server_count_source
             );
         }
+        if self.max_concurrent_dials == 0 || self.max_concurrent_dns_lookups == 0 {
+            bail!("--max-concurrent-dials and --max-concurrent-dns-lookups must be greater than 0");
+        }
+        if self.destination_policy_reload_interval.is_zero() {
+            bail!("--destination-policy-reload-interval must be greater than 0");
+        }
         Identifiers::parse_strict(&self.agent_identifiers)
             .map_err(|e| anyhow::anyhow!("--agent-identifiers: {e}"))?;
         let token_path = (!self.service_account_token_path.is_empty())
@@ -320,6 +370,15 @@ impl AgentArgs {
                 timeout: GRPC_KEEPALIVE_TIMEOUT,
             }),
             dial_timeout: self.dial_timeout,
+            destinations: DestinationConfig {
+                policy_file: (!self.destination_policy.is_empty())
+                    .then(|| PathBuf::from(&self.destination_policy)),
+                reload_interval: self.destination_policy_reload_interval,
+                allow_loopback: self.allow_loopback_destinations,
+                allow_link_local: self.allow_link_local_destinations,
+                max_dials: self.max_concurrent_dials,
+                max_lookups: self.max_concurrent_dns_lookups,
+            },
             flow: self.flow.to_config()?,
             token_path,
         })

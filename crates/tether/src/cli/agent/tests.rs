@@ -218,3 +218,36 @@ fn pings_and_tokens() {
     .unwrap();
     assert_eq!(config.token_path, Some(token));
 }
+
+#[test]
+fn destination_flags() {
+    let (_dir, files) = pki();
+    let defaults = agent(&files, "").unwrap().destinations;
+    assert_eq!(defaults.policy_file, None);
+    assert!(defaults.allow_loopback && !defaults.allow_link_local);
+    assert_eq!((defaults.max_dials, defaults.max_lookups), (256, 32));
+    assert_eq!(defaults.reload_interval, Duration::from_secs(5));
+
+    let set = agent(
+        &files,
+        "--destination-policy=/etc/tether/destinations \
+         --destination-policy-reload-interval=250ms --allow-loopback-destinations=false \
+         --allow-link-local-destinations --max-concurrent-dials=8 \
+         --max-concurrent-dns-lookups=2",
+    )
+    .unwrap()
+    .destinations;
+    assert_eq!(
+        set.policy_file.as_deref(),
+        Some(Path::new("/etc/tether/destinations"))
+    );
+    assert_eq!(set.reload_interval, Duration::from_millis(250));
+    assert!(!set.allow_loopback && set.allow_link_local);
+    assert_eq!((set.max_dials, set.max_lookups), (8, 2));
+
+    assert!(error(agent(&files, "--max-concurrent-dials=0")).contains("--max-concurrent-dials"));
+    assert!(
+        error(agent(&files, "--destination-policy-reload-interval=0s"))
+            .contains("--destination-policy-reload-interval")
+    );
+}
