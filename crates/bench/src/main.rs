@@ -1,12 +1,14 @@
-//! `tether-bench`: starts each system on loopback (direct TCP, tether and upstream
-//! Konnectivity in four frontend shapes, OpenSSH `-L`/`-R`), drives the same workloads
-//! through each, and writes a Markdown report with SVG charts. See BENCHMARKS.md.
+//! `tether-bench`: starts each system on loopback (direct TCP, two plain relays in series
+//! with and without TLS between them, tether and upstream Konnectivity in four frontend
+//! shapes, OpenSSH `-L`/`-R`), drives the same workloads through each, and writes a
+//! Markdown report with SVG charts. See BENCHMARKS.md.
 #![forbid(unsafe_code)]
 // A binary: `pub` items are the crate's internal interfaces between modules.
 #![allow(unreachable_pub)]
 
 mod procs;
 mod progress;
+mod relay;
 mod report;
 mod results;
 mod stats;
@@ -15,14 +17,12 @@ mod target;
 mod workloads;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use tokio::io::AsyncBufReadExt as _;
 
 use progress::Progress;
 use results::{Metric, Results};
@@ -73,19 +73,75 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
     },
+    /// Internal: one relay of the relay-limit anchors (prints its address, forwards each
+    /// connection to --to until killed).
+    Relay {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Where each connection goes (host:port), dialled when it arrives.
+        #[arg(long)]
+        to: String,
+        /// Mutual TLS towards --to, as a client.
+        #[arg(long, requires_all = ["ca", "cert", "key"], conflicts_with = "tls_accept")]
+        tls_connect: bool,
+        /// Mutual TLS from incoming connections, as a server.
+        #[arg(long, requires_all = ["ca", "cert", "key"])]
+        tls_accept: bool,
+        /// CA bundle that verifies the TLS peer.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// This side's certificate (PEM).
+        #[arg(long)]
+        cert: Option<PathBuf>,
+        /// This side's private key (PEM).
+        #[arg(long)]
+        key: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = match args.command {
+        // A relay is the smallest forwarder: one thread, no hand-offs between workers.
+        Some(Cmd::Relay { .. }) => tokio::runtime::Builder::new_current_thread(),
+        _ => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(2);
+            b
+        }
+    }
+    .enable_all()
+    .build()
+    .expect("tokio runtime");
     let result = rt.block_on(async {
         match args.command {
             Some(Cmd::Target { ref listen }) => {
                 target::serve(listen).await.map(|()| ExitCode::SUCCESS)
+            }
+            Some(Cmd::Relay {
+                ref listen,
+                ref to,
+                tls_connect,
+                tls_accept,
+                ref ca,
+                ref cert,
+                ref key,
+            }) => {
+                let files = || relay::TlsFiles {
+                    ca: ca.clone().unwrap_or_default(),
+                    cert: cert.clone().unwrap_or_default(),
+                    key: key.clone().unwrap_or_default(),
+                };
+                let tls = if tls_connect {
+                    relay::Tls::Connect(files())
+                } else if tls_accept {
+                    relay::Tls::Accept(files())
+                } else {
+                    relay::Tls::None
+                };
+                relay::serve(listen, to, tls)
+                    .await
+                    .map(|()| ExitCode::SUCCESS)
             }
             None => {
                 tokio::select! {
@@ -201,19 +257,8 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe()?;
     let mut cmd = tokio::process::Command::new(&exe);
     cmd.args(["target", "--listen", "127.0.0.1:0"]);
-    let mut target_proc = procs::Proc::spawn_piped("target", cmd, &work.join("target.log"))?;
-    let stdout = target_proc.stdout().context("target stdout")?;
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::io::BufReader::new(stdout).read_line(&mut line),
-    )
-    .await
-    .context("target did not start")??;
-    let target: SocketAddr = line
-        .trim()
-        .parse()
-        .with_context(|| format!("target printed {line:?}"))?;
+    let (mut target_proc, target) =
+        procs::Proc::spawn_listening("target", cmd, &work.join("target.log")).await?;
 
     let env = Env {
         dir: work.clone(),
@@ -750,7 +795,7 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
                 need.push((&b.sshd, "apt-get install -y openssh-server openssh-client"));
                 need.push((&b.ssh, "apt-get install -y openssh-client"));
             }
-            System::Direct => {}
+            System::Direct | System::RelayLimit { .. } => {}
         }
     }
     for (path, how) in need {

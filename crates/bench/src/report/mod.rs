@@ -1,6 +1,6 @@
 //! The report: a Markdown file with the goals, an overview and one table per figure
-//! (median, min–max, ratios to upstream and to direct TCP), SVG charts, and the raw samples
-//! as CSV.
+//! (median, min–max, ratios to upstream, to direct TCP and to the relay anchors), SVG
+//! charts, and the raw samples as CSV.
 
 pub mod svg;
 
@@ -160,7 +160,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
     let _ = writeln!(s, "- Machine:\n\n```\n{}\n```\n", meta.machine.trim_end());
     let _ = writeln!(
         s,
-        "Ratios: **×upstream** is tether ÷ upstream Konnectivity in the same frontend shape, **×direct** is the system ÷ direct TCP; for latency, CPU and memory lower is better, so a ratio below 1 is better there.\n"
+        "Ratios: **×upstream** is tether ÷ upstream Konnectivity in the same frontend shape, **×direct** is the system ÷ direct TCP, **×relay** and **×relay-tls** are the system ÷ two plain relays in series (`relay-limit`), and ÷ the same with mutual TLS between them (`relay-limit-tls`, the like-for-like limit of every tether shape, whose agent link is mutual TLS); for latency, CPU and memory lower is better, so a ratio below 1 is better there.\n"
     );
 
     // Goals matrix.
@@ -294,9 +294,9 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
         );
         let _ = writeln!(
             s,
-            "| system | median | min–max | runs | ×upstream | ×direct |"
+            "| system | median | min–max | runs | ×upstream | ×direct | ×relay | ×relay-tls |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
         let direct = results.summary(System::Direct, metric);
         for &sys in &meta.systems {
             let Some(sum) = results.summary(sys, metric) else {
@@ -310,16 +310,21 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
             } else {
                 ratio(Some(sum), direct)
             };
+            let [vs_relay, vs_relay_tls] = sys
+                .relay_anchors()
+                .map(|a| a.and_then(|a| ratio(Some(sum), results.summary(a, metric))));
             let _ = writeln!(
                 s,
-                "| {} | {} | {}–{} | {} | {} | {} |",
+                "| {} | {} | {}–{} | {} | {} | {} | {} | {} |",
                 sys.name(),
                 fmt_num(sum.median),
                 fmt_num(sum.min),
                 fmt_num(sum.max),
                 sum.runs,
                 fmt_ratio(vs_up),
-                fmt_ratio(vs_direct)
+                fmt_ratio(vs_direct),
+                fmt_ratio(vs_relay),
+                fmt_ratio(vs_relay_tls)
             );
         }
         s.push('\n');

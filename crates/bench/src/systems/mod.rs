@@ -2,6 +2,7 @@
 //! workload dials through it, and which processes to sample.
 
 mod konnectivity;
+mod relay;
 mod ssh;
 
 use std::net::SocketAddr;
@@ -22,8 +23,11 @@ pub use konnectivity::{Frontend, Impl};
 /// One system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum System {
-    /// Straight TCP to the target: the limit.
+    /// Straight TCP to the target: the limit of one socket.
     Direct,
+    /// Two `tether-bench relay` processes in series, the limit of a two-hop proxy chain;
+    /// with `tls`, the leg between them is mutual TLS like tether's agent link.
+    RelayLimit { tls: bool },
     /// A Konnectivity implementation (server + one agent) with one frontend shape.
     Konn(Impl, Frontend),
     /// `ssh -L`: the client listens, sshd dials the target.
@@ -35,7 +39,11 @@ pub enum System {
 impl System {
     /// Every system, in report order.
     pub fn all() -> Vec<System> {
-        let mut v = vec![System::Direct];
+        let mut v = vec![
+            System::Direct,
+            System::RelayLimit { tls: false },
+            System::RelayLimit { tls: true },
+        ];
         for f in Frontend::ALL {
             v.push(System::Konn(Impl::Tether, f));
         }
@@ -50,6 +58,8 @@ impl System {
     pub fn name(&self) -> String {
         match self {
             System::Direct => "direct".into(),
+            System::RelayLimit { tls: false } => "relay-limit".into(),
+            System::RelayLimit { tls: true } => "relay-limit-tls".into(),
             System::Konn(i, f) => format!("{} {}", i.name(), f.name()),
             System::SshL => "ssh -L".into(),
             System::SshR => "ssh -R".into(),
@@ -66,6 +76,20 @@ impl System {
         match self {
             System::Konn(Impl::Tether, f) => Some(System::Konn(Impl::Upstream, *f)),
             _ => None,
+        }
+    }
+
+    /// The relay anchors a system is compared with: both for every proxy, the plain one for
+    /// the TLS relay (what TLS on one leg costs), none for direct and the plain relay.
+    pub fn relay_anchors(&self) -> [Option<System>; 2] {
+        let (plain, tls) = (
+            System::RelayLimit { tls: false },
+            System::RelayLimit { tls: true },
+        );
+        match self {
+            System::Direct | System::RelayLimit { tls: false } => [None, None],
+            System::RelayLimit { tls: true } => [Some(plain), None],
+            _ => [Some(plain), Some(tls)],
         }
     }
 
@@ -158,9 +182,9 @@ impl Dialer {
 pub struct Running {
     pub system: System,
     pub dialer: Dialer,
-    /// The proxy server (or sshd); `None` for direct.
+    /// The proxy server (or sshd, or relay A); `None` for direct.
     pub server: Option<Proc>,
-    /// The agent (or the ssh client); `None` for direct and for a lone server.
+    /// The agent (or the ssh client, or relay B); `None` for direct and for a lone server.
     pub agent: Option<Proc>,
     /// Health port of a Konnectivity server, for its metrics.
     pub server_health: Option<u16>,
@@ -180,6 +204,7 @@ impl Running {
                 server_health: None,
                 agent_port: None,
             },
+            System::RelayLimit { tls } => relay::start(env, system, tls).await?,
             System::Konn(i, f) => konnectivity::start(env, i, f, true).await?,
             System::SshL | System::SshR => ssh::start(env, system).await?,
         };
