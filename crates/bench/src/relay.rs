@@ -48,6 +48,13 @@ pub struct TlsFiles {
 
 /// Serves until killed; prints `127.0.0.1:<port>` on stdout once listening.
 pub async fn serve(listen: &str, to: &str, tls: Tls) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(listen).await?;
+    println!("{}", listener.local_addr()?);
+    run(listener, to, tls).await
+}
+
+/// Forwards every connection accepted on `listener` to `to`.
+async fn run(listener: TcpListener, to: &str, tls: Tls) -> anyhow::Result<()> {
     let opts = TlsOptions::default();
     let (connector, acceptor) = match &tls {
         Tls::None => (None, None),
@@ -64,8 +71,6 @@ pub async fn serve(listen: &str, to: &str, tls: Tls) -> anyhow::Result<()> {
         }
     };
     let to: Arc<str> = Arc::from(to);
-    let listener = TcpListener::bind(listen).await?;
-    println!("{}", listener.local_addr()?);
     loop {
         let (socket, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -147,4 +152,142 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, COPY_BUF, COPY_BUF).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tether_tls::pki::{Pki, PkiFiles};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    /// Echoes each connection until EOF, then closes its side; counts connections.
+    async fn echo_target() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn relay(to: SocketAddr, tls: Tls) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { run(listener, &to.to_string(), tls).await });
+        addr
+    }
+
+    /// A throwaway PKI in a directory removed on drop.
+    struct TempPki {
+        _dir: tempfile::TempDir,
+        files: PkiFiles,
+    }
+
+    impl TempPki {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let files = Pki::generate().unwrap().write_to(dir.path()).unwrap();
+            Self { _dir: dir, files }
+        }
+
+        fn files(&self, cert: &std::path::Path, key: &std::path::Path) -> TlsFiles {
+            TlsFiles {
+                ca: self.files.ca_cert.clone(),
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+            }
+        }
+    }
+
+    /// Sends 1 MiB, half-closes, and expects the same bytes back followed by EOF.
+    async fn round_trip(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let sent: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        let (mut r, mut w) = s.split();
+        let write = async {
+            w.write_all(&sent).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let (_, read) = tokio::join!(write, r.read_to_end(&mut got));
+        read.unwrap();
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "bytes changed on the way");
+    }
+
+    #[tokio::test]
+    async fn plain_chain_carries_bytes_both_ways_and_passes_half_close_on() {
+        let (target, accepted) = echo_target().await;
+        let b = relay(target, Tls::None).await;
+        let a = relay(b, Tls::None).await;
+        tokio::time::timeout(LIMIT, round_trip(a)).await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn mutual_tls_chain_carries_bytes_both_ways_and_passes_half_close_on() {
+        let pki = TempPki::new();
+        let (target, accepted) = echo_target().await;
+        let p = &pki.files;
+        let b = relay(
+            target,
+            Tls::Accept(pki.files(&p.server_cert, &p.server_key)),
+        )
+        .await;
+        let a = relay(b, Tls::Connect(pki.files(&p.agent_cert, &p.agent_key))).await;
+        tokio::time::timeout(LIMIT, async {
+            round_trip(a).await;
+            round_trip(a).await;
+        })
+        .await
+        .unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn tls_relay_refuses_a_peer_without_certificate_and_dials_nothing() {
+        let pki = TempPki::new();
+        let (target, accepted) = echo_target().await;
+        let p = &pki.files;
+        let b = relay(
+            target,
+            Tls::Accept(pki.files(&p.server_cert, &p.server_key)),
+        )
+        .await;
+        let config =
+            tether_tls::client_config(&p.ca_cert, None, Vec::new(), &TlsOptions::default())
+                .unwrap();
+        let outcome = tokio::time::timeout(LIMIT, async {
+            let tcp = TcpStream::connect(b).await.unwrap();
+            let name = ServerName::try_from("127.0.0.1").unwrap();
+            // TLS 1.3 clients finish before the server rejects them: the refusal shows on
+            // the first read.
+            let mut tls = TlsConnector::from(config).connect(name, tcp).await?;
+            tls.write_all(b"hello").await?;
+            let mut buf = [0u8; 16];
+            tls.read(&mut buf).await
+        })
+        .await
+        .unwrap();
+        assert!(
+            matches!(outcome, Err(_) | Ok(0)),
+            "a peer without a certificate got {outcome:?}"
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "the target was dialled");
+    }
 }

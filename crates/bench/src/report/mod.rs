@@ -504,3 +504,43 @@ fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
     .filter(|(_, c): &(String, Chart)| c.series.iter().any(|(_, v)| v.iter().any(Option::is_some)))
     .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::systems::{Frontend, Impl};
+
+    #[test]
+    fn figures_show_ratios_to_both_relay_anchors() {
+        let tether = System::Konn(Impl::Tether, Frontend::HttpConnectUds);
+        let systems = vec![
+            System::Direct,
+            System::RelayLimit { tls: false },
+            System::RelayLimit { tls: true },
+            tether,
+        ];
+        let mut results = Results::default();
+        for (&system, value) in systems.iter().zip([3000.0, 2000.0, 1000.0, 500.0]) {
+            results.add(system, Metric::BulkUp, 1, value);
+        }
+        let meta = Meta {
+            command: "tether-bench".into(),
+            date: String::new(),
+            machine: String::new(),
+            elapsed_secs: 1.0,
+            quick: true,
+            systems,
+            notes: Vec::new(),
+        };
+        let md = markdown(&results, &meta, &Profile::quick(), &[]);
+        for row in [
+            "| system | median | min–max | runs | ×upstream | ×direct | ×relay | ×relay-tls |",
+            "| direct | 3,000 | 3,000–3,000 | 1 |  |  |  |  |",
+            "| relay-limit | 2,000 | 2,000–2,000 | 1 |  | 0.67× |  |  |",
+            "| relay-limit-tls | 1,000 | 1,000–1,000 | 1 |  | 0.33× | 0.50× |  |",
+            "| tether http-connect/uds | 500 | 500–500 | 1 |  | 0.17× | 0.25× | 0.50× |",
+        ] {
+            assert!(md.contains(row), "no row {row:?} in:\n{md}");
+        }
+    }
+}
