@@ -1,6 +1,6 @@
 //! `tether-bench`: starts each system on loopback (direct TCP, two plain relays in series
 //! with and without TLS between them, tether and upstream Konnectivity in four frontend
-//! shapes, OpenSSH `-L`/`-R`), drives the same workloads through each, and writes a
+//! shapes, OpenSSH `-L`/`-R`, rathole), drives the same workloads through each, and writes a
 //! Markdown report with SVG charts. See BENCHMARKS.md.
 #![forbid(unsafe_code)]
 // A binary: `pub` items are the crate's internal interfaces between modules.
@@ -32,7 +32,7 @@ use workloads::{Profile, Workload, bulk::Direction};
 #[derive(Parser, Debug)]
 #[command(
     name = "tether-bench",
-    about = "Benchmark tether against direct TCP, upstream Konnectivity and OpenSSH forwarding, on loopback"
+    about = "Benchmark tether against direct TCP, two plain relays in series, upstream Konnectivity, OpenSSH forwarding and rathole, on loopback"
 )]
 struct Args {
     #[command(subcommand)]
@@ -61,6 +61,10 @@ struct Args {
     /// Directory with upstream's `proxy-server` and `proxy-agent` (default: interop/bin).
     #[arg(long)]
     upstream_bin_dir: Option<PathBuf>,
+    /// The rathole binary (default: where scripts/bench.sh installs it,
+    /// `target/rathole-<version>/bin/rathole` beside this program's profile directory).
+    #[arg(long)]
+    rathole_bin: Option<PathBuf>,
     /// Keep the scratch directory (logs, configs) instead of deleting it.
     #[arg(long)]
     keep_work: bool,
@@ -204,8 +208,19 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         p.idle_conns = n.max(1);
     }
 
+    let bins = binaries(args)?;
+    let mut skipped = Vec::new();
     let systems: Vec<System> = if args.systems.is_empty() {
-        System::all()
+        let mut all = System::all();
+        // CI's quick run does not build rathole; a full run, or one naming it, needs it.
+        if args.quick && !bins.rathole.exists() {
+            all.retain(|s| *s != System::Rathole);
+            skipped.push(format!(
+                "rathole skipped: {} is not built (scripts/bench.sh without --quick installs it)",
+                bins.rathole.display()
+            ));
+        }
+        all
     } else {
         args.systems
             .iter()
@@ -242,8 +257,10 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let bins = binaries(args)?;
     check_binaries(&bins, &systems)?;
+    for note in &skipped {
+        eprintln!("tether-bench: {note}");
+    }
 
     let work = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
@@ -349,7 +366,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     let (busy0, own0) = (procs::machine_busy_seconds(), procs::own_cpu_seconds());
     let load0 = loadavg();
     let mut results = Results::default();
-    let mut notes = Vec::new();
+    let mut notes = skipped;
 
     for task in &tasks {
         target_proc.check_alive()?;
@@ -777,6 +794,13 @@ fn binaries(args: &Args) -> anyhow::Result<Binaries> {
         sshd: PathBuf::from("/usr/sbin/sshd"),
         ssh: which("ssh", "/usr/bin/ssh"),
         ssh_keygen: which("ssh-keygen", "/usr/bin/ssh-keygen"),
+        rathole: args.rathole_bin.clone().unwrap_or_else(|| {
+            // target/<profile>/tether-bench → target/rathole-<version>/bin/rathole
+            exe.parent()
+                .and_then(Path::parent)
+                .unwrap_or(Path::new("."))
+                .join(format!("rathole-{}/bin/rathole", systems::RATHOLE_VERSION))
+        }),
     })
 }
 
@@ -795,6 +819,10 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
                 need.push((&b.sshd, "apt-get install -y openssh-server openssh-client"));
                 need.push((&b.ssh, "apt-get install -y openssh-client"));
             }
+            System::Rathole => need.push((
+                &b.rathole,
+                "scripts/bench.sh installs it with cargo install",
+            )),
             System::Direct | System::RelayLimit { .. } => {}
         }
     }

@@ -2,6 +2,7 @@
 //! workload dials through it, and which processes to sample.
 
 mod konnectivity;
+mod rathole;
 mod relay;
 mod ssh;
 
@@ -19,6 +20,7 @@ use crate::procs::Proc;
 use crate::target::{self, BoxStream};
 
 pub use konnectivity::{Frontend, Impl};
+pub use rathole::VERSION as RATHOLE_VERSION;
 
 /// One system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,6 +36,8 @@ pub enum System {
     SshL,
     /// `ssh -R`: sshd listens, the client dials the target (a reverse tunnel, like an agent).
     SshR,
+    /// rathole server + client with Noise: another reverse tunnel.
+    Rathole,
 }
 
 impl System {
@@ -52,6 +56,7 @@ impl System {
         }
         v.push(System::SshL);
         v.push(System::SshR);
+        v.push(System::Rathole);
         v
     }
 
@@ -63,6 +68,7 @@ impl System {
             System::Konn(i, f) => format!("{} {}", i.name(), f.name()),
             System::SshL => "ssh -L".into(),
             System::SshR => "ssh -R".into(),
+            System::Rathole => "rathole".into(),
         }
     }
 
@@ -118,6 +124,7 @@ pub struct Binaries {
     pub sshd: PathBuf,
     pub ssh: PathBuf,
     pub ssh_keygen: PathBuf,
+    pub rathole: PathBuf,
 }
 
 /// What every system shares in one benchmark run.
@@ -207,6 +214,7 @@ impl Running {
             System::RelayLimit { tls } => relay::start(env, system, tls).await?,
             System::Konn(i, f) => konnectivity::start(env, i, f, true).await?,
             System::SshL | System::SshR => ssh::start(env, system).await?,
+            System::Rathole => rathole::start(env, system).await?,
         };
         running.check_end_to_end().await?;
         Ok(running)
@@ -358,5 +366,23 @@ pub async fn wait_http_ok(
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until 127.0.0.1:`port` accepts TCP connections, failing early if `proc` dies.
+pub async fn wait_port(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        proc.check_alive()?;
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("{} did not listen on {port}", proc.role);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
