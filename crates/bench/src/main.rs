@@ -819,10 +819,7 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
                 need.push((&b.sshd, "apt-get install -y openssh-server openssh-client"));
                 need.push((&b.ssh, "apt-get install -y openssh-client"));
             }
-            System::Rathole => need.push((
-                &b.rathole,
-                "scripts/bench.sh installs it with cargo install",
-            )),
+            System::Rathole => need.push((&b.rathole, systems::RATHOLE_INSTALL)),
             System::Direct | System::RelayLimit { .. } => {}
         }
     }

@@ -20,7 +20,7 @@ use crate::procs::Proc;
 use crate::target::{self, BoxStream};
 
 pub use konnectivity::{Frontend, Impl};
-pub use rathole::VERSION as RATHOLE_VERSION;
+pub use rathole::{INSTALL as RATHOLE_INSTALL, VERSION as RATHOLE_VERSION};
 
 /// One system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

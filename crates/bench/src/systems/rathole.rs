@@ -19,6 +19,9 @@ use crate::procs::Proc;
 /// The release scripts/bench.sh installs (into `target/rathole-<VERSION>`); keep the two equal.
 pub const VERSION: &str = "0.5.0";
 
+/// How scripts/bench.sh installs it, for the error when it is missing.
+pub const INSTALL: &str = "cargo install --root target/rathole-0.5.0 --no-default-features --features server,client,noise rathole@0.5.0";
+
 pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> {
     let dir = env.instance_dir(&system)?;
     let bin = &env.bins.rathole;
