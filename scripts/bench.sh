@@ -4,13 +4,14 @@
 # results/report.md with SVG charts. Arguments go to tether-bench:
 #
 #   scripts/bench.sh                  full run, 3 runs per figure (~20 min on 2 cores)
-#   scripts/bench.sh --quick          seconds: proves every system and workload runs (CI)
+#   scripts/bench.sh --quick          seconds: proves every system and workload runs (CI;
+#                                     rathole only if an earlier full run built it)
 #   scripts/bench.sh --help           every option (subsets of systems/workloads, --runs, --out)
 #
 # BENCH_PROFILE=debug uses debug builds (what CI already compiled); the default is release.
 # Needs Rust, Go >= 1.26 (upstream Konnectivity is built from the Go module proxy by
-# interop/build.sh) and, for the SSH baseline, Debian's openssh-server and openssh-client,
-# which this script installs when missing (as root).
+# interop/build.sh), for the SSH baseline Debian's openssh-server and openssh-client,
+# which this script installs when missing (as root), and crates.io for rathole.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 profile=${BENCH_PROFILE:-release}
@@ -34,6 +35,19 @@ if ! [ -x /usr/sbin/sshd ] || ! command -v ssh >/dev/null || ! command -v ssh-ke
 fi
 
 interop/build.sh >/dev/null
+
+# rathole, another reverse tunnel, from crates.io with Noise only (its TLS needs OpenSSL),
+# built once into target/ and reused. Not --locked: the Cargo.lock of 0.5.0 pins time 0.3.29,
+# which no longer compiles (E0282 on current Rust). --quick runs without it unless it is built.
+rathole_version=0.5.0 # = VERSION in crates/bench/src/systems/rathole.rs
+rathole_root=target/rathole-$rathole_version
+quick=
+for arg in "$@"; do [ "$arg" != --quick ] || quick=1; done
+if [ -z "$quick" ] && ! [ -x "$rathole_root/bin/rathole" ]; then
+	echo "bench.sh: building rathole $rathole_version once (into $rathole_root)"
+	cargo install --quiet --root "$rathole_root" --no-default-features --features server,client,noise \
+		"rathole@$rathole_version"
+fi
 
 flags=(--locked -p tether -p tether-bench)
 [ "$profile" = release ] && flags+=(--release)

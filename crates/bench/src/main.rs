@@ -1,12 +1,14 @@
-//! `tether-bench`: starts each system on loopback (direct TCP, tether and upstream
-//! Konnectivity in four frontend shapes, OpenSSH `-L`/`-R`), drives the same workloads
-//! through each, and writes a Markdown report with SVG charts. See BENCHMARKS.md.
+//! `tether-bench`: starts each system on loopback (direct TCP, two plain relays in series
+//! with and without TLS between them, tether and upstream Konnectivity in four frontend
+//! shapes, OpenSSH `-L`/`-R`, rathole), drives the same workloads through each, and writes a
+//! Markdown report with SVG charts. See BENCHMARKS.md.
 #![forbid(unsafe_code)]
 // A binary: `pub` items are the crate's internal interfaces between modules.
 #![allow(unreachable_pub)]
 
 mod procs;
 mod progress;
+mod relay;
 mod report;
 mod results;
 mod stats;
@@ -15,14 +17,12 @@ mod target;
 mod workloads;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use tokio::io::AsyncBufReadExt as _;
 
 use progress::Progress;
 use results::{Metric, Results};
@@ -32,7 +32,7 @@ use workloads::{Profile, Workload, bulk::Direction};
 #[derive(Parser, Debug)]
 #[command(
     name = "tether-bench",
-    about = "Benchmark tether against direct TCP, upstream Konnectivity and OpenSSH forwarding, on loopback"
+    about = "Benchmark tether against direct TCP, two plain relays in series, upstream Konnectivity, OpenSSH forwarding and rathole, on loopback"
 )]
 struct Args {
     #[command(subcommand)]
@@ -61,6 +61,10 @@ struct Args {
     /// Directory with upstream's `proxy-server` and `proxy-agent` (default: interop/bin).
     #[arg(long)]
     upstream_bin_dir: Option<PathBuf>,
+    /// The rathole binary (default: where scripts/bench.sh installs it,
+    /// `target/rathole-<version>/bin/rathole` beside this program's profile directory).
+    #[arg(long)]
+    rathole_bin: Option<PathBuf>,
     /// Keep the scratch directory (logs, configs) instead of deleting it.
     #[arg(long)]
     keep_work: bool,
@@ -73,19 +77,75 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
     },
+    /// Internal: one relay of the relay-limit anchors (prints its address, forwards each
+    /// connection to --to until killed).
+    Relay {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Where each connection goes (host:port), dialled when it arrives.
+        #[arg(long)]
+        to: String,
+        /// Mutual TLS towards --to, as a client.
+        #[arg(long, requires_all = ["ca", "cert", "key"], conflicts_with = "tls_accept")]
+        tls_connect: bool,
+        /// Mutual TLS from incoming connections, as a server.
+        #[arg(long, requires_all = ["ca", "cert", "key"])]
+        tls_accept: bool,
+        /// CA bundle that verifies the TLS peer.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// This side's certificate (PEM).
+        #[arg(long)]
+        cert: Option<PathBuf>,
+        /// This side's private key (PEM).
+        #[arg(long)]
+        key: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = match args.command {
+        // A relay is the smallest forwarder: one thread, no hand-offs between workers.
+        Some(Cmd::Relay { .. }) => tokio::runtime::Builder::new_current_thread(),
+        _ => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(2);
+            b
+        }
+    }
+    .enable_all()
+    .build()
+    .expect("tokio runtime");
     let result = rt.block_on(async {
         match args.command {
             Some(Cmd::Target { ref listen }) => {
                 target::serve(listen).await.map(|()| ExitCode::SUCCESS)
+            }
+            Some(Cmd::Relay {
+                ref listen,
+                ref to,
+                tls_connect,
+                tls_accept,
+                ref ca,
+                ref cert,
+                ref key,
+            }) => {
+                let files = || relay::TlsFiles {
+                    ca: ca.clone().unwrap_or_default(),
+                    cert: cert.clone().unwrap_or_default(),
+                    key: key.clone().unwrap_or_default(),
+                };
+                let tls = if tls_connect {
+                    relay::Tls::Connect(files())
+                } else if tls_accept {
+                    relay::Tls::Accept(files())
+                } else {
+                    relay::Tls::None
+                };
+                relay::serve(listen, to, tls)
+                    .await
+                    .map(|()| ExitCode::SUCCESS)
             }
             None => {
                 tokio::select! {
@@ -148,8 +208,19 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         p.idle_conns = n.max(1);
     }
 
+    let bins = binaries(args)?;
+    let mut skipped = Vec::new();
     let systems: Vec<System> = if args.systems.is_empty() {
-        System::all()
+        let mut all = System::all();
+        // CI's quick run does not build rathole; a full run, or one naming it, needs it.
+        if args.quick && !bins.rathole.exists() {
+            all.retain(|s| *s != System::Rathole);
+            skipped.push(format!(
+                "rathole skipped: {} is not built (scripts/bench.sh without --quick installs it)",
+                bins.rathole.display()
+            ));
+        }
+        all
     } else {
         args.systems
             .iter()
@@ -186,8 +257,10 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let bins = binaries(args)?;
     check_binaries(&bins, &systems)?;
+    for note in &skipped {
+        eprintln!("tether-bench: {note}");
+    }
 
     let work = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
@@ -201,19 +274,8 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe()?;
     let mut cmd = tokio::process::Command::new(&exe);
     cmd.args(["target", "--listen", "127.0.0.1:0"]);
-    let mut target_proc = procs::Proc::spawn_piped("target", cmd, &work.join("target.log"))?;
-    let stdout = target_proc.stdout().context("target stdout")?;
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::io::BufReader::new(stdout).read_line(&mut line),
-    )
-    .await
-    .context("target did not start")??;
-    let target: SocketAddr = line
-        .trim()
-        .parse()
-        .with_context(|| format!("target printed {line:?}"))?;
+    let (mut target_proc, target) =
+        procs::Proc::spawn_listening("target", cmd, &work.join("target.log")).await?;
 
     let env = Env {
         dir: work.clone(),
@@ -304,7 +366,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     let (busy0, own0) = (procs::machine_busy_seconds(), procs::own_cpu_seconds());
     let load0 = loadavg();
     let mut results = Results::default();
-    let mut notes = Vec::new();
+    let mut notes = skipped;
 
     for task in &tasks {
         target_proc.check_alive()?;
@@ -732,6 +794,13 @@ fn binaries(args: &Args) -> anyhow::Result<Binaries> {
         sshd: PathBuf::from("/usr/sbin/sshd"),
         ssh: which("ssh", "/usr/bin/ssh"),
         ssh_keygen: which("ssh-keygen", "/usr/bin/ssh-keygen"),
+        rathole: args.rathole_bin.clone().unwrap_or_else(|| {
+            // target/<profile>/tether-bench → target/rathole-<version>/bin/rathole
+            exe.parent()
+                .and_then(Path::parent)
+                .unwrap_or(Path::new("."))
+                .join(format!("rathole-{}/bin/rathole", systems::RATHOLE_VERSION))
+        }),
     })
 }
 
@@ -750,7 +819,8 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
                 need.push((&b.sshd, "apt-get install -y openssh-server openssh-client"));
                 need.push((&b.ssh, "apt-get install -y openssh-client"));
             }
-            System::Direct => {}
+            System::Rathole => need.push((&b.rathole, systems::RATHOLE_INSTALL)),
+            System::Direct | System::RelayLimit { .. } => {}
         }
     }
     for (path, how) in need {

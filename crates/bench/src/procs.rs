@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use rustix::process::{Pid, Resource, Rlimit, Signal};
+use tokio::io::AsyncBufReadExt as _;
 use tokio::process::{Child, Command};
 
 /// A child process of ours. Dropping it kills it and every process it started (sshd forks
@@ -49,8 +51,8 @@ impl Proc {
         })
     }
 
-    /// Like [`Proc::spawn`] but with stdout piped to us (the target prints its address).
-    pub fn spawn_piped(role: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+    /// Like [`Proc::spawn`] but with stdout piped to us.
+    fn spawn_piped(role: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
         let err = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -73,8 +75,32 @@ impl Proc {
         })
     }
 
-    pub fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
-        self.child.stdout.take()
+    /// Starts one of our own subcommands (`target`, `relay`), which prints the address it
+    /// listens on as its first line of stdout; stderr goes to `log`.
+    pub async fn spawn_listening(
+        role: &str,
+        cmd: Command,
+        log: &Path,
+    ) -> anyhow::Result<(Self, SocketAddr)> {
+        let mut proc = Self::spawn_piped(role, cmd, log)?;
+        let stdout = proc.child.stdout.take().context("no stdout pipe")?;
+        let mut line = String::new();
+        let mut stdout = tokio::io::BufReader::new(stdout);
+        match tokio::time::timeout(Duration::from_secs(10), stdout.read_line(&mut line)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e).with_context(|| format!("reading {role}'s address")),
+            Err(_) => bail!(
+                "{role} did not print its address within 10 s; log tail:\n{}",
+                log_tail(log)
+            ),
+        }
+        let addr = line.trim().parse().with_context(|| {
+            format!(
+                "{role} printed {line:?} instead of its address; log tail:\n{}",
+                log_tail(log)
+            )
+        })?;
+        Ok((proc, addr))
     }
 
     /// Fails with the tail of its log if it has exited.

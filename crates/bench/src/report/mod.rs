@@ -1,6 +1,6 @@
 //! The report: a Markdown file with the goals, an overview and one table per figure
-//! (median, min–max, ratios to upstream and to direct TCP), SVG charts, and the raw samples
-//! as CSV.
+//! (median, min–max, ratios to upstream, to direct TCP and to the relay anchors), SVG
+//! charts, and the raw samples as CSV.
 
 pub mod svg;
 
@@ -160,7 +160,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
     let _ = writeln!(s, "- Machine:\n\n```\n{}\n```\n", meta.machine.trim_end());
     let _ = writeln!(
         s,
-        "Ratios: **×upstream** is tether ÷ upstream Konnectivity in the same frontend shape, **×direct** is the system ÷ direct TCP; for latency, CPU and memory lower is better, so a ratio below 1 is better there.\n"
+        "Ratios: **×upstream** is tether ÷ upstream Konnectivity in the same frontend shape, **×direct** is the system ÷ direct TCP, **×relay** and **×relay-tls** are the system ÷ two plain relays in series (`relay-limit`), and ÷ the same with mutual TLS between them (`relay-limit-tls`, the like-for-like limit of every tether shape, whose agent link is mutual TLS); for latency, CPU and memory lower is better, so a ratio below 1 is better there.\n"
     );
 
     // Goals matrix.
@@ -294,9 +294,9 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
         );
         let _ = writeln!(
             s,
-            "| system | median | min–max | runs | ×upstream | ×direct |"
+            "| system | median | min–max | runs | ×upstream | ×direct | ×relay | ×relay-tls |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
         let direct = results.summary(System::Direct, metric);
         for &sys in &meta.systems {
             let Some(sum) = results.summary(sys, metric) else {
@@ -310,16 +310,21 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
             } else {
                 ratio(Some(sum), direct)
             };
+            let [vs_relay, vs_relay_tls] = sys
+                .relay_anchors()
+                .map(|a| a.and_then(|a| ratio(Some(sum), results.summary(a, metric))));
             let _ = writeln!(
                 s,
-                "| {} | {} | {}–{} | {} | {} | {} |",
+                "| {} | {} | {}–{} | {} | {} | {} | {} | {} |",
                 sys.name(),
                 fmt_num(sum.median),
                 fmt_num(sum.min),
                 fmt_num(sum.max),
                 sum.runs,
                 fmt_ratio(vs_up),
-                fmt_ratio(vs_direct)
+                fmt_ratio(vs_direct),
+                fmt_ratio(vs_relay),
+                fmt_ratio(vs_relay_tls)
             );
         }
         s.push('\n');
@@ -498,4 +503,44 @@ fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
     .into_iter()
     .filter(|(_, c): &(String, Chart)| c.series.iter().any(|(_, v)| v.iter().any(Option::is_some)))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::systems::{Frontend, Impl};
+
+    #[test]
+    fn figures_show_ratios_to_both_relay_anchors() {
+        let tether = System::Konn(Impl::Tether, Frontend::HttpConnectUds);
+        let systems = vec![
+            System::Direct,
+            System::RelayLimit { tls: false },
+            System::RelayLimit { tls: true },
+            tether,
+        ];
+        let mut results = Results::default();
+        for (&system, value) in systems.iter().zip([3000.0, 2000.0, 1000.0, 500.0]) {
+            results.add(system, Metric::BulkUp, 1, value);
+        }
+        let meta = Meta {
+            command: "tether-bench".into(),
+            date: String::new(),
+            machine: String::new(),
+            elapsed_secs: 1.0,
+            quick: true,
+            systems,
+            notes: Vec::new(),
+        };
+        let md = markdown(&results, &meta, &Profile::quick(), &[]);
+        for row in [
+            "| system | median | min–max | runs | ×upstream | ×direct | ×relay | ×relay-tls |",
+            "| direct | 3,000 | 3,000–3,000 | 1 |  |  |  |  |",
+            "| relay-limit | 2,000 | 2,000–2,000 | 1 |  | 0.67× |  |  |",
+            "| relay-limit-tls | 1,000 | 1,000–1,000 | 1 |  | 0.33× | 0.50× |  |",
+            "| tether http-connect/uds | 500 | 500–500 | 1 |  | 0.17× | 0.25× | 0.50× |",
+        ] {
+            assert!(md.contains(row), "no row {row:?} in:\n{md}");
+        }
+    }
 }

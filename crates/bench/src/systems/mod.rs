@@ -2,6 +2,8 @@
 //! workload dials through it, and which processes to sample.
 
 mod konnectivity;
+mod rathole;
+mod relay;
 mod ssh;
 
 use std::net::SocketAddr;
@@ -18,24 +20,34 @@ use crate::procs::Proc;
 use crate::target::{self, BoxStream};
 
 pub use konnectivity::{Frontend, Impl};
+pub use rathole::{INSTALL as RATHOLE_INSTALL, VERSION as RATHOLE_VERSION};
 
 /// One system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum System {
-    /// Straight TCP to the target: the limit.
+    /// Straight TCP to the target: the limit of one socket.
     Direct,
+    /// Two `tether-bench relay` processes in series, the limit of a two-hop proxy chain;
+    /// with `tls`, the leg between them is mutual TLS like tether's agent link.
+    RelayLimit { tls: bool },
     /// A Konnectivity implementation (server + one agent) with one frontend shape.
     Konn(Impl, Frontend),
     /// `ssh -L`: the client listens, sshd dials the target.
     SshL,
     /// `ssh -R`: sshd listens, the client dials the target (a reverse tunnel, like an agent).
     SshR,
+    /// rathole server + client with Noise: another reverse tunnel.
+    Rathole,
 }
 
 impl System {
     /// Every system, in report order.
     pub fn all() -> Vec<System> {
-        let mut v = vec![System::Direct];
+        let mut v = vec![
+            System::Direct,
+            System::RelayLimit { tls: false },
+            System::RelayLimit { tls: true },
+        ];
         for f in Frontend::ALL {
             v.push(System::Konn(Impl::Tether, f));
         }
@@ -44,15 +56,19 @@ impl System {
         }
         v.push(System::SshL);
         v.push(System::SshR);
+        v.push(System::Rathole);
         v
     }
 
     pub fn name(&self) -> String {
         match self {
             System::Direct => "direct".into(),
+            System::RelayLimit { tls: false } => "relay-limit".into(),
+            System::RelayLimit { tls: true } => "relay-limit-tls".into(),
             System::Konn(i, f) => format!("{} {}", i.name(), f.name()),
             System::SshL => "ssh -L".into(),
             System::SshR => "ssh -R".into(),
+            System::Rathole => "rathole".into(),
         }
     }
 
@@ -66,6 +82,20 @@ impl System {
         match self {
             System::Konn(Impl::Tether, f) => Some(System::Konn(Impl::Upstream, *f)),
             _ => None,
+        }
+    }
+
+    /// The relay anchors a system is compared with: both for every proxy, the plain one for
+    /// the TLS relay (what TLS on one leg costs), none for direct and the plain relay.
+    pub fn relay_anchors(&self) -> [Option<System>; 2] {
+        let (plain, tls) = (
+            System::RelayLimit { tls: false },
+            System::RelayLimit { tls: true },
+        );
+        match self {
+            System::Direct | System::RelayLimit { tls: false } => [None, None],
+            System::RelayLimit { tls: true } => [Some(plain), None],
+            _ => [Some(plain), Some(tls)],
         }
     }
 
@@ -94,6 +124,7 @@ pub struct Binaries {
     pub sshd: PathBuf,
     pub ssh: PathBuf,
     pub ssh_keygen: PathBuf,
+    pub rathole: PathBuf,
 }
 
 /// What every system shares in one benchmark run.
@@ -158,9 +189,9 @@ impl Dialer {
 pub struct Running {
     pub system: System,
     pub dialer: Dialer,
-    /// The proxy server (or sshd); `None` for direct.
+    /// The proxy server (or sshd, or relay A); `None` for direct.
     pub server: Option<Proc>,
-    /// The agent (or the ssh client); `None` for direct and for a lone server.
+    /// The agent (or the ssh client, or relay B); `None` for direct and for a lone server.
     pub agent: Option<Proc>,
     /// Health port of a Konnectivity server, for its metrics.
     pub server_health: Option<u16>,
@@ -180,8 +211,10 @@ impl Running {
                 server_health: None,
                 agent_port: None,
             },
+            System::RelayLimit { tls } => relay::start(env, system, tls).await?,
             System::Konn(i, f) => konnectivity::start(env, i, f, true).await?,
             System::SshL | System::SshR => ssh::start(env, system).await?,
+            System::Rathole => rathole::start(env, system).await?,
         };
         running.check_end_to_end().await?;
         Ok(running)
@@ -333,5 +366,23 @@ pub async fn wait_http_ok(
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until 127.0.0.1:`port` accepts TCP connections, failing early if `proc` dies.
+pub async fn wait_port(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        proc.check_alive()?;
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("{} did not listen on {port}", proc.role);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

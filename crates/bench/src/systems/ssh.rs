@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use tokio::process::Command;
 
-use super::{Dialer, Env, Running, System, free_port};
+use super::{Dialer, Env, Running, System, free_port, wait_port};
 use crate::procs::{self, Proc};
 
 pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> {
@@ -137,21 +137,4 @@ fn current_user() -> String {
     std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "root".into())
-}
-
-async fn wait_port(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        proc.check_alive()?;
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            bail!("{} did not listen on {port}", proc.role);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
