@@ -9,6 +9,7 @@ use tether_tunnel::{Abandoned, Tunnel};
 use crate::backend::registry::Registry;
 use crate::backend::session::AgentSession;
 use crate::metrics::{DialFailure, ServerMetrics};
+use crate::request::RequestContext;
 
 /// Why a dial did not produce a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,30 +82,40 @@ impl Hub {
     /// case the agent is told to stop dialing, or to close what it already opened.
     pub(crate) async fn dial(
         &self,
-        protocol: String,
-        address: String,
-        random: DialId,
+        request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
     ) -> Result<Tunnel, DialError> {
-        let Some(session) = self.registry().select(&address) else {
+        let Some(session) = self.registry().select(request) else {
             self.metrics.dial_failure(DialFailure::NoAgent);
             return Err(DialError::NoAgent);
         };
-        tracing::debug!(agent.id = %session.agent_id, dial.id = %random, %address, "dialing");
+        let random = request.dial_id;
+        tracing::debug!(
+            agent.id = %session.agent_id,
+            dial.id = %random,
+            address = %request.address,
+            frontend = request.frontend.as_str(),
+            peer = %request.peer.principal(),
+            "dialing"
+        );
         // Counted before DIAL_REQ leaves: the answer's hook may run before this returns.
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
-        let mut pending = match session.link.dial(random, protocol, address) {
-            Ok(pending) => pending,
-            Err(e) => {
-                self.metrics.pending_dials.dec();
-                session.pending_gauge.dec();
-                if let tether_tunnel::DialError::StreamLost(_) = e {
-                    self.metrics.dial_failure(DialFailure::SendRsp);
+        let mut pending =
+            match session
+                .link
+                .dial(random, request.protocol.clone(), request.address.clone())
+            {
+                Ok(pending) => pending,
+                Err(e) => {
+                    self.metrics.pending_dials.dec();
+                    session.pending_gauge.dec();
+                    if let tether_tunnel::DialError::StreamLost(_) = e {
+                        self.metrics.dial_failure(DialFailure::SendRsp);
+                    }
+                    return Err(e.into());
                 }
-                return Err(e.into());
-            }
-        };
+            };
         tokio::select! {
             answer = pending.answer() => answer.map_err(DialError::from),
             () = frontend_gone => {

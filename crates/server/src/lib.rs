@@ -17,6 +17,7 @@ mod health;
 mod limits;
 mod metrics;
 mod net;
+mod request;
 mod tls_reload;
 mod unix_socket;
 mod warn_limit;

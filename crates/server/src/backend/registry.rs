@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use tether_proto::Identifiers;
 
+use crate::request::RequestContext;
+
 /// A `--proxy-strategies` entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
@@ -126,9 +128,9 @@ impl<B: Backend> Registry<B> {
         }
     }
 
-    /// Picks a stream for a dial to `address` ("host:port"), trying each strategy in order.
-    pub(crate) fn select(&self, address: &str) -> Option<B> {
-        let host = host_of(address);
+    /// Picks a stream for `request`'s dial, trying each strategy in order.
+    pub(crate) fn select(&self, request: &RequestContext) -> Option<B> {
+        let host = host_of(&request.address);
         self.indexes.iter().find_map(|index| {
             let candidates: Vec<&B> = match index.strategy {
                 // Streams that advertised the host, oldest first.
@@ -265,16 +267,19 @@ mod tests {
         r.add(b.clone(), &ids(""));
         a.draining.set(true);
         for _ in 0..50 {
-            assert_eq!(r.select("10.0.0.1:80").unwrap().id, "b");
+            assert_eq!(
+                r.select(&RequestContext::to("10.0.0.1:80")).unwrap().id,
+                "b"
+            );
         }
         b.draining.set(true);
         assert!(
-            r.select("10.0.0.1:80").is_some(),
+            r.select(&RequestContext::to("10.0.0.1:80")).is_some(),
             "all draining: still served"
         );
         r.remove("a", 1);
         r.remove("b", 2);
-        assert!(r.select("10.0.0.1:80").is_none());
+        assert!(r.select(&RequestContext::to("10.0.0.1:80")).is_none());
         assert!(!r.is_ready());
     }
 
@@ -288,17 +293,23 @@ mod tests {
         r.add(fake("node1", 1), &ids("host=node1&ipv4=10.0.0.1"));
         r.add(fake("gw", 2), &ids("default-route=true"));
         r.add(fake("plain", 3), &ids(""));
-        assert_eq!(r.select("10.0.0.1:10250").unwrap().id, "node1");
-        assert_eq!(r.select("node1:10250").unwrap().id, "node1");
+        assert_eq!(
+            r.select(&RequestContext::to("10.0.0.1:10250")).unwrap().id,
+            "node1"
+        );
+        assert_eq!(
+            r.select(&RequestContext::to("node1:10250")).unwrap().id,
+            "node1"
+        );
         for _ in 0..20 {
             assert_eq!(
-                r.select("10.9.9.9:80").unwrap().id,
+                r.select(&RequestContext::to("10.9.9.9:80")).unwrap().id,
                 "gw",
                 "defaultRoute before default"
             );
         }
         r.remove("gw", 2);
-        let picked = r.select("10.9.9.9:80").unwrap().id;
+        let picked = r.select(&RequestContext::to("10.9.9.9:80")).unwrap().id;
         assert!(picked == "plain" || picked == "node1");
         assert!(r.is_ready(), "destHost index has node1");
     }
@@ -308,7 +319,7 @@ mod tests {
         let mut r = Registry::new(&[Strategy::DestHost, Strategy::Default]);
         r.add(fake("plain", 1), &ids(""));
         assert!(!r.is_ready(), "no agent advertises a host");
-        assert!(r.select("x:1").is_some());
+        assert!(r.select(&RequestContext::to("x:1")).is_some());
     }
 
     #[test]
@@ -316,9 +327,9 @@ mod tests {
         let mut r = Registry::new(&[Strategy::Default]);
         r.add(fake("a", 1), &ids(""));
         r.add(fake("a", 2), &ids(""));
-        assert_eq!(r.select("x:1").unwrap().stream, 1);
+        assert_eq!(r.select(&RequestContext::to("x:1")).unwrap().stream, 1);
         r.remove("a", 1);
-        assert_eq!(r.select("x:1").unwrap().stream, 2);
+        assert_eq!(r.select(&RequestContext::to("x:1")).unwrap().stream, 2);
         assert_eq!(r.agent_count(), 1);
     }
 
@@ -328,14 +339,23 @@ mod tests {
         r.add(fake("a", 1), &ids("host=old-name"));
         r.add(fake("a", 2), &ids("host=new-name"));
         // Before per-stream indexing the second stream inherited old-name and had no new-name.
-        assert_eq!(r.select("new-name:1").unwrap().stream, 2);
-        assert_eq!(r.select("old-name:1").unwrap().stream, 1);
+        assert_eq!(
+            r.select(&RequestContext::to("new-name:1")).unwrap().stream,
+            2
+        );
+        assert_eq!(
+            r.select(&RequestContext::to("old-name:1")).unwrap().stream,
+            1
+        );
         r.remove("a", 1);
         assert!(
-            r.select("old-name:1").is_none(),
+            r.select(&RequestContext::to("old-name:1")).is_none(),
             "old-name left with its stream"
         );
-        assert_eq!(r.select("new-name:1").unwrap().stream, 2);
+        assert_eq!(
+            r.select(&RequestContext::to("new-name:1")).unwrap().stream,
+            2
+        );
         r.remove("a", 2);
         assert!(!r.is_ready());
     }

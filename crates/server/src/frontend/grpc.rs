@@ -5,13 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tether_grpc::server::IncomingCall;
-use tether_grpc::{Code, GrpcError, PacketReceiver, PacketSender, Status};
+use tether_grpc::{Code, GrpcError, PacketReceiver, PacketSender, PeerIdentity, Status};
 use tether_proto::{ConnectId, Packet};
 use tether_tunnel::{ConnEvent, Tunnel, TunnelDown, TunnelUp};
 
 use crate::dial::{DialError, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
+use crate::request::{FrontendKind, RequestContext};
 
 /// How long a client may take to send its DIAL_REQ after opening the stream.
 const FIRST_PACKET_TIMEOUT: Duration = Duration::from_secs(60);
@@ -31,6 +32,7 @@ pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCal
         ));
         return;
     }
+    let call_peer = call.peer().clone();
     let (tx, rx) = match call.accept(&[]) {
         Ok(halves) => halves,
         Err(e) => {
@@ -40,7 +42,8 @@ pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCal
     };
     let gauge = hub.metrics.grpc_stream("Proxy");
     gauge.inc();
-    let status = proxy(&hub, &limits, tx, rx).await;
+    let peer = call_peer;
+    let status = proxy(&hub, &limits, peer, tx, rx).await;
     if let Err(e) = status {
         tracing::debug!(error = %e, "proxy stream ended with an error");
         hub.metrics
@@ -52,6 +55,7 @@ pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCal
 async fn proxy(
     hub: &Hub,
     limits: &LimitMetrics,
+    peer: Arc<PeerIdentity>,
     mut tx: PacketSender,
     mut rx: PacketReceiver,
 ) -> Result<(), GrpcError> {
@@ -110,7 +114,8 @@ async fn proxy(
             }
         }
     };
-    let dialed = hub.dial(protocol, address, random, frontend_gone).await;
+    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
+    let dialed = hub.dial(&request, frontend_gone).await;
     let mut tunnel = match dialed {
         Ok(tunnel) => tunnel,
         Err(DialError::FrontendGone) => return Ok(()),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
 use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -14,6 +15,7 @@ use crate::dial::{DialError, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
+use crate::request::{FrontendKind, RequestContext};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -31,16 +33,21 @@ pub(crate) async fn serve(
     hub: Arc<Hub>,
     limits: LimitMetrics,
     io: Box<dyn Io>,
-    peer: Arc<tether_grpc::PeerIdentity>,
+    peer: Arc<PeerIdentity>,
 ) {
     hub.metrics.http_connections.inc();
-    if let Err(e) = handle(&hub, &limits, io).await {
+    if let Err(e) = handle(&hub, &limits, io, peer.clone()).await {
         tracing::debug!(peer = ?peer.addr, error = %e, "http connect connection ended with an error");
     }
     hub.metrics.http_connections.dec();
 }
 
-async fn handle(hub: &Hub, limits: &LimitMetrics, mut io: Box<dyn Io>) -> std::io::Result<()> {
+async fn handle(
+    hub: &Hub,
+    limits: &LimitMetrics,
+    mut io: Box<dyn Io>,
+    peer: Arc<PeerIdentity>,
+) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(4096);
     let head = tokio::time::timeout(READ_HEADER_TIMEOUT, read_head(&mut io, &mut buf)).await;
     let target = match head {
@@ -81,9 +88,14 @@ async fn handle(hub: &Hub, limits: &LimitMetrics, mut io: Box<dyn Io>) -> std::i
                 }
             }
         };
-        let dialed = hub
-            .dial("tcp".into(), target.clone(), random, frontend_gone)
-            .await;
+        let request = RequestContext::new(
+            FrontendKind::HttpConnect,
+            peer,
+            "tcp".into(),
+            target.clone(),
+            random,
+        );
+        let dialed = hub.dial(&request, frontend_gone).await;
         (dialed, early)
     };
     let mut tunnel = match dialed {
