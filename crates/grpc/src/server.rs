@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender, PeerIdentity, Status};
 
@@ -187,8 +188,10 @@ where
         }
     };
     tokio::pin!(keepalive, shutdown, setup_deadline, idle_check);
+    // Every call's task belongs to this connection: it returns only when they have ended.
+    let calls = TaskTracker::new();
     let mut shutting_down = false;
-    loop {
+    let result = loop {
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((request, respond))) => {
@@ -213,18 +216,18 @@ where
                         respond,
                         _stream: streams.guard(),
                     };
-                    tokio::spawn(on_call(call));
+                    calls.spawn(on_call(call));
                 }
-                Some(Err(e)) => return Err(e.into()),
-                None => return Ok(()),
+                Some(Err(e)) => break Err(e.into()),
+                None => break Ok(()),
             },
             () = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
                 conn.graceful_shutdown();
             }
-            err = &mut keepalive => return Err(err),
+            err = &mut keepalive => break Err(err),
             () = &mut setup_deadline, if !setup_done.load(Ordering::Relaxed) => {
-                return Err(GrpcError::HandshakeTimeout);
+                break Err(GrpcError::HandshakeTimeout);
             }
             () = &mut idle_check, if !shutting_down => {
                 let Some(idle) = settings.idle_timeout else { continue };
@@ -238,5 +241,10 @@ where
                 }
             }
         }
-    }
+    };
+    // With the connection gone, every call's stream fails, so its task ends promptly.
+    drop(conn);
+    calls.close();
+    calls.wait().await;
+    result
 }

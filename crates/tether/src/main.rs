@@ -32,8 +32,9 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(run(cli.command));
-    // After a forced stop, tasks may still be blocked (e.g. in a DNS lookup); don't wait.
-    runtime.shutdown_background();
+    // Every task has ended with `run` (or is cancelled here after a forced stop). Only a
+    // DNS lookup on the blocking pool can outlive it; it gets a short bound, not a wait.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
         ExitCode::FAILURE
