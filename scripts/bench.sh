@@ -40,7 +40,8 @@ interop/build.sh >/dev/null
 # built once into target/ and reused. Not --locked: the Cargo.lock of 0.5.0 pins time 0.3.29,
 # which no longer compiles (E0282 on current Rust). --quick runs without it unless it is built.
 rathole_version=0.5.0 # = VERSION in crates/bench/src/systems/rathole.rs
-rathole_root=target/rathole-$rathole_version
+target_dir=${CARGO_TARGET_DIR:-target}
+rathole_root=$target_dir/rathole-$rathole_version
 quick=
 for arg in "$@"; do [ "$arg" != --quick ] || quick=1; done
 if [ -z "$quick" ] && ! [ -x "$rathole_root/bin/rathole" ]; then
@@ -52,4 +53,4 @@ fi
 flags=(--locked -p tether -p tether-bench)
 [ "$profile" = release ] && flags+=(--release)
 cargo build "${flags[@]}"
-exec "target/$profile/tether-bench" "$@"
+exec "$target_dir/$profile/tether-bench" "$@"
