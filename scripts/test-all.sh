@@ -20,6 +20,10 @@ go version
 step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"
 interop/build.sh
 
+step "pinned tools: Kubernetes binaries and promtool (cached under ~/.cache/tether; cold ~30 min)"
+interop/k8s/build.sh
+interop/build-promtool.sh
+
 step "format"
 cargo fmt --all -- --check
 
