@@ -38,7 +38,10 @@ if [ -z "${SKIP_GO_BUILD:-}" ]; then
 	interop/build.sh
 fi
 t0=$SECONDS
-k8s_bin=$(interop/k8s/build.sh | tee /dev/stderr | tail -n 1)
+# Not `tee /dev/stderr`: reopening /dev/stderr truncates it when it is a log file.
+k8s_build_out=$(interop/k8s/build.sh)
+printf '%s\n' "$k8s_build_out" >&2
+k8s_bin=$(printf '%s\n' "$k8s_build_out" | tail -n 1)
 echo "k8s/run.sh: Kubernetes binaries in $k8s_bin ($((SECONDS - t0)) s)"
 (cd interop && go build -buildvcs=false -o bin/k8s-flows ./cmd/k8s-flows)
 # kwok's node and pod lifecycle Stages come from its module (downloaded if the cache was warm
