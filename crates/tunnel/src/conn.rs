@@ -76,13 +76,15 @@ impl Tunnel {
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        let id = self.up.id;
-        let link = &self.up.link;
-        link.forget(Waiter::Read(id));
-        link.forget(Waiter::Write(id));
-        if !self.finished {
-            link.update(|s, now| s.release(now, id));
-        }
+        let (id, finished) = (self.up.id, self.finished);
+        // One lock for the whole goodbye: wakers forgotten and the connection released.
+        self.up.link.update_shared(|shared, now| {
+            shared.forget(Waiter::Read(id));
+            shared.forget(Waiter::Write(id));
+            if !finished {
+                shared.session.release(now, id);
+            }
+        });
     }
 }
 

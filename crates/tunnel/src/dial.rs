@@ -64,8 +64,10 @@ impl PendingDial {
 
     fn abandon_now(&self) -> Abandoned {
         let random = self.random;
-        self.link.forget(Waiter::Dial(random));
-        self.link.update(|s, now| s.abandon_dial(now, random))
+        self.link.update_shared(|shared, now| {
+            shared.forget(Waiter::Dial(random));
+            shared.session.abandon_dial(now, random)
+        })
     }
 }
 
@@ -138,11 +140,14 @@ impl IncomingDial {
 
 impl Drop for IncomingDial {
     fn drop(&mut self) {
-        self.link.forget(Waiter::Dial(self.random));
-        if !self.answered {
-            let random = self.random;
-            self.link
-                .update(|s, _| s.dial_failed(random, "dial abandoned by the agent".into()));
-        }
+        let (random, answered) = (self.random, self.answered);
+        self.link.update_shared(|shared, _| {
+            shared.forget(Waiter::Dial(random));
+            if !answered {
+                shared
+                    .session
+                    .dial_failed(random, "dial abandoned by the agent".into());
+            }
+        });
     }
 }

@@ -150,20 +150,7 @@ impl Link {
 
     /// Forgets the wakers of a connection whose handle is gone.
     pub(crate) fn forget(&self, waiter: Waiter) {
-        let mut shared = self.lock();
-        let w = &mut shared.wakers;
-        match waiter {
-            Waiter::Read(id) => {
-                w.read.remove(&id);
-            }
-            Waiter::Write(id) => {
-                w.write.remove(&id);
-            }
-            Waiter::Dial(random) => {
-                w.dial.remove(&random);
-            }
-            Waiter::Writer => w.writer = None,
-        }
+        self.lock().forget(waiter);
     }
 
     /// Moves queued packets into `batch`; pending (with the writer's waker kept) when none.
@@ -214,6 +201,23 @@ impl Link {
 }
 
 impl Shared {
+    /// Drops the waker registered for `waiter`, if any.
+    pub(crate) fn forget(&mut self, waiter: Waiter) {
+        let w = &mut self.wakers;
+        match waiter {
+            Waiter::Read(id) => {
+                w.read.remove(&id);
+            }
+            Waiter::Write(id) => {
+                w.write.remove(&id);
+            }
+            Waiter::Dial(random) => {
+                w.dial.remove(&random);
+            }
+            Waiter::Writer => w.writer = None,
+        }
+    }
+
     /// Registers `cx`'s waker for `waiter`, keeping the old one when it would wake the same
     /// task (a clone per poll would be wasted).
     pub(crate) fn wait(&mut self, waiter: Waiter, cx: &mut Context<'_>) {
