@@ -200,6 +200,7 @@ async fn start_pair(
             frontend_keepalive: None,
             limits: Default::default(),
             match_agent_identity_to_certificate: false,
+            audit_log: None,
             tls_reload: None,
         },
         Registry::new(),
