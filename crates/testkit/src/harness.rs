@@ -234,6 +234,8 @@ pub struct AgentOptions {
     pub tls_reload: bool,
     /// The destination policy and dial caps.
     pub destinations: tether_agent::DestinationConfig,
+    /// `--audit-log-path`.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 impl Default for AgentOptions {
@@ -247,6 +249,7 @@ impl Default for AgentOptions {
             sync_interval: Duration::from_millis(100),
             tls_reload: false,
             destinations: tether_agent::DestinationConfig::default(),
+            audit_log: None,
         }
     }
 }
@@ -316,6 +319,7 @@ impl TestAgent {
             flow,
             token_path: None,
             tls_reload,
+            audit_log: opts.audit_log,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -237,6 +237,7 @@ async fn start_pair(
             destinations: tether_agent::DestinationConfig::default(),
             flow: FlowConfig::default(),
             token_path: None,
+            audit_log: None,
             tls_reload: None,
         },
         Registry::new(),

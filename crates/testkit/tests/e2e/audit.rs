@@ -1,5 +1,6 @@
-//! The audit log of a mixed run: both frontends, a normal connection, one the destination
-//! ends, a failed dial, a refused address and a dial with no agent, each as one JSON line.
+//! The audit log of a mixed run, on the servers and their agents: both frontends, a normal
+//! connection, one the destination ends, a failed dial, a policy refusal at the agent, a
+//! refused address and a dial with no agent, each as one JSON line on each side that saw it.
 
 use std::path::Path;
 
@@ -67,15 +68,18 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
         "upstream answers 500: {head}"
     );
 
-    let agent_options = AgentOptions {
+    let agent_log = pki.dir().join("agent-audit.log");
+    let connect_agent_log = pki.dir().join("connect-agent-audit.log");
+    let agent_options = |log: &Path| AgentOptions {
         agent_id: "audit-agent".into(),
+        audit_log: Some(AuditTarget::File(log.to_owned())),
         ..Default::default()
     };
     let agents = [
-        TestAgent::start(&pki, grpc.agent_addr, agent_options.clone())
+        TestAgent::start(&pki, grpc.agent_addr, agent_options(&agent_log))
             .await
             .unwrap(),
-        TestAgent::start(&pki, connect.agent_addr, agent_options)
+        TestAgent::start(&pki, connect.agent_addr, agent_options(&connect_agent_log))
             .await
             .unwrap(),
     ];
@@ -106,6 +110,9 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
     let refused = refused_addr().to_string();
     assert!(client.dial(&refused).await.is_err());
     assert!(client.dial("no-port-here").await.is_err());
+    // The agent's own admin port: refused by its destination policy.
+    let own = agents[0].admin_addr.to_string();
+    assert!(client.dial(&own).await.is_err());
 
     // HTTP CONNECT over the Unix socket: the destination says goodbye and closes.
     let goodbye = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -169,7 +176,35 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
             .contains("invalid dial address"),
         "{invalid}"
     );
-    assert_eq!(grpc_records.len(), 3, "{grpc_records:#?}");
+    let denied = find(&grpc_records, "dial_failed", &own);
+    assert!(
+        denied["reason"].as_str().unwrap().contains("policy"),
+        "{denied}"
+    );
+    assert_eq!(grpc_records.len(), 4, "{grpc_records:#?}");
+
+    // The agent's side of the same run: the address it actually connected to, and the same
+    // dial ids as the server's records.
+    let agent_records = records(&agent_log);
+    let dialed = find(&agent_records, "connection", &echo_addr);
+    assert_eq!(dialed["side"], "agent");
+    assert_eq!(dialed["dialed"], echo_addr);
+    assert_eq!(dialed["dial_id"], normal["dial_id"]);
+    assert_eq!(dialed["connection_id"], normal["connection_id"]);
+    assert_eq!(dialed["server_id"], "audit-grpc");
+    assert_eq!(dialed["bytes_to_destination"], 1000);
+    assert_eq!(dialed["bytes_from_destination"], 1000);
+    assert_eq!(dialed["closed_by"], "server");
+    let agent_failed = find(&agent_records, "dial_failed", &refused);
+    assert_eq!(agent_failed["dial_id"], failed["dial_id"]);
+    let agent_denied = find(&agent_records, "dial_refused", &own);
+    assert!(agent_denied.get("dialed").is_none(), "{agent_denied}");
+    assert_eq!(agent_records.len(), 3, "{agent_records:#?}");
+    let goodbye_side = records(&connect_agent_log);
+    assert_eq!(
+        find(&goodbye_side, "connection", &goodbye_addr)["closed_by"],
+        "destination"
+    );
 
     let connect_records = records(&connect_log);
     let none = find(&connect_records, "dial_refused", &echo_addr);
@@ -187,7 +222,9 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
     assert_eq!(connect_records.len(), 2, "{connect_records:#?}");
 
     // Nothing secret: no key material, no certificate bodies.
-    for text in [&grpc_log, &connect_log].map(|p| std::fs::read_to_string(p).unwrap()) {
+    for text in [&grpc_log, &connect_log, &agent_log, &connect_agent_log]
+        .map(|p| std::fs::read_to_string(p).unwrap())
+    {
         assert!(
             !text.contains("PRIVATE KEY") && !text.contains("BEGIN"),
             "{text}"
