@@ -363,8 +363,14 @@ impl Server {
                     };
                     let grpc_hub = hub.clone();
                     let grpc_metrics = metrics.clone();
+                    let first_packet_timeout = limits.first_packet_timeout;
                     let on_call = move |call| {
-                        frontend::grpc::serve(grpc_hub.clone(), grpc_metrics.clone(), call)
+                        frontend::grpc::serve(
+                            grpc_hub.clone(),
+                            grpc_metrics.clone(),
+                            first_packet_timeout,
+                            call,
+                        )
                     };
                     let served = match mode {
                         // Go clients send the escaped socket path as :authority; see AuthorityRewrite.

@@ -239,3 +239,71 @@ async fn agent_listener_refuses_bad_agents_and_answers_unknown_connections() {
 
     still_serves(&server, &echo).await;
 }
+
+/// L5: stray packets before the DIAL_REQ do not buy the client time. With a 1 s first-packet
+/// deadline and junk every 200 ms, the server still ends the stream (it used to re-arm the
+/// deadline on every packet, so junk held a stream forever).
+#[tokio::test]
+async fn junk_before_the_dial_request_does_not_extend_its_deadline() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            limits: tether_server::Limits {
+                first_packet_timeout: std::time::Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let io = UnixStream::connect(server.uds.as_ref().unwrap())
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let request = http::Request::post("http://localhost/ProxyService/Proxy")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    let junk = pb::Packet {
+        r#type: 57,
+        payload: None,
+    }
+    .encode_to_vec();
+    // At most 100 packets (20 s), and it stops as soon as the server has ended the stream.
+    let sender = tokio::spawn(async move {
+        for sent in 1..=100u32 {
+            if send.send_data(grpc_frame(&junk), false).is_err() {
+                return sent;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        100
+    });
+    let started = std::time::Instant::now();
+    let mut body = tokio::time::timeout(STEP, response)
+        .await
+        .unwrap()
+        .unwrap()
+        .into_body();
+    let ended = tokio::time::timeout(STEP, async {
+        while let Some(chunk) = body.data().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived {STEP:?} of junk");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "ended only after {took:?}, long after the 1 s deadline"
+    );
+    sender.abort();
+}
