@@ -135,6 +135,7 @@ impl SecurityArgs {
             max_frontend_connections_per_address: self.max_frontend_connections_per_address,
             max_streams_per_frontend_connection: self.max_streams_per_frontend_connection,
             max_agents: self.max_agents,
+            ..Limits::default()
         })
     }
 }
