@@ -307,3 +307,80 @@ async fn junk_before_the_dial_request_does_not_extend_its_deadline() {
     );
     sender.abort();
 }
+
+/// M3: HTTP/2 windows bound what a client can make the server buffer. Each of 24 streams
+/// announces a largest (4 MiB) message and tries to send all of it: flow-control capacity
+/// comes back only as whole messages are decoded, so together they get no more than the
+/// frontend's 64 MiB connection window (it used to be released on receipt: all 96 MiB).
+#[tokio::test]
+async fn partial_messages_are_bounded_by_the_connection_window() {
+    const STREAMS: usize = 24;
+    let message = tether_proto::frame::MAX_MESSAGE_LEN;
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
+    let io = UnixStream::connect(server.uds.as_ref().unwrap())
+        .await
+        .unwrap();
+    // h2 grants send capacity from its own buffer too: keep that small, so what this side
+    // counts as sent is (up to 16 KiB a stream) what the server's windows let onto the wire.
+    const CLIENT_BUFFER: usize = 16 * 1024;
+    let (h2, conn) = h2::client::Builder::new()
+        .max_send_buffer_size(CLIENT_BUFFER)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let chunk = Bytes::from(vec![0u8; CLIENT_BUFFER]);
+    let mut senders = Vec::new();
+    let mut responses = Vec::new();
+    for _ in 0..STREAMS {
+        let mut h2 = h2.clone().ready().await.unwrap();
+        let request = http::Request::post("http://localhost/ProxyService/Proxy")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, mut send) = h2.send_request(request, false).unwrap();
+        let mut prefix = BytesMut::new();
+        prefix.put_u8(0);
+        prefix.put_u32(message as u32);
+        send.send_data(prefix.freeze(), false).unwrap();
+        senders.push(send);
+        responses.push(response);
+    }
+    // Every stream pushes its message body but the last byte, so no message ever completes,
+    // while the peer grants capacity; a stream that gets none for 2 s is blocked by the windows.
+    let mut sent = 0usize;
+    'streams: for send in &mut senders {
+        let mut left = message - 1;
+        while left > 0 {
+            send.reserve_capacity(left.min(chunk.len()));
+            let granted = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                std::future::poll_fn(|cx| send.poll_capacity(cx)),
+            )
+            .await;
+            let Ok(Some(Ok(granted))) = granted else {
+                // Blocked: the connection window is shared, so every later stream is too.
+                break 'streams;
+            };
+            let n = granted.min(left);
+            send.send_data(chunk.slice(..n), false).unwrap();
+            left -= n;
+            sent += n;
+        }
+    }
+    let connection_window = H2Settings::frontend().connection_window as usize;
+    assert!(
+        sent <= connection_window + STREAMS * (CLIENT_BUFFER + 5),
+        "{sent} bytes of partial messages accepted, more than the {connection_window}-byte connection window"
+    );
+    assert!(
+        sent >= connection_window / 2,
+        "only {sent} bytes accepted at all"
+    );
+    drop((senders, responses));
+    driver.abort();
+}
