@@ -496,3 +496,20 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The image's layout (deploy/image): /proxy-server and /proxy-agent are symbolic links to the
+/// tether binary, which picks the subcommand from the name it was started under.
+#[test]
+fn upstream_names_work_as_symlinks() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for (name, usage) in [
+        ("proxy-server", "Usage: tether server"),
+        ("proxy-agent", "Usage: tether agent"),
+    ] {
+        let link = dir.path().join(name);
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tether"), &link)?;
+        let help = run(Command::new(&link).arg("--help"), None)?;
+        ensure!(help.contains(usage), "{name} --help: {help}");
+    }
+    Ok(())
+}
