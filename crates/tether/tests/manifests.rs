@@ -1,6 +1,6 @@
 //! The deployable manifests (deploy/helm/tether, deploy/kustomize), checked for real:
-//! - every variant renders, with helm (built from the Go module proxy by
-//!   deploy/tests/build-helm.sh) and with `kubectl kustomize`;
+//! - the chart passes `helm lint --strict`, and every variant renders, with helm (built from
+//!   the Go module proxy by deploy/tests/build-helm.sh) and with `kubectl kustomize`;
 //! - a real kube-apiserver accepts every rendered object (`kubectl apply --server-side
 //!   --dry-run=server`, which runs admission and schema validation);
 //! - each kustomize overlay yields the same objects as the chart with the matching values;
@@ -418,6 +418,14 @@ fn helm_template_without_host(helm: &Path) -> anyhow::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
     let helm = helm()?;
+    run(
+        Command::new(&helm)
+            .args(["lint", "--strict"])
+            .arg(repo().join("deploy/helm/tether"))
+            .args(["--set", &format!("agent.proxyServerHost={SERVER_HOST}")]),
+        None,
+    )
+    .context("helm lint")?;
     let plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
     // The PrometheusRule kind, as prometheus-operator's CRD names it (schema left open: the
     // rule file itself is checked by promtool in observability.rs).
