@@ -369,19 +369,14 @@ impl Server {
                         )
                     };
                     let served = match mode {
-                        // Go clients send the escaped socket path as :authority; see AuthorityRewrite.
-                        Mode::Grpc if unix => {
-                            let io = tether_grpc::AuthorityRewrite::new(io);
-                            tether_grpc::server::serve_connection(
-                                io,
-                                &settings,
-                                connection,
-                                on_call,
-                                shutdown.cancelled(),
-                            )
-                            .await
-                        }
                         Mode::Grpc => {
+                            // Go clients send the escaped socket path as :authority; see
+                            // AuthorityRewrite.
+                            let io: Box<dyn net::Io> = if unix {
+                                Box::new(tether_grpc::AuthorityRewrite::new(io))
+                            } else {
+                                io
+                            };
                             tether_grpc::server::serve_connection(
                                 io,
                                 &settings,
