@@ -73,6 +73,8 @@ pub struct ServerOptions {
     pub limits: tether_server::Limits,
     pub match_agent_identity_to_certificate: bool,
     pub tls_reload: Option<tether_server::TlsReload>,
+    /// Authenticate agents by token; the agent listener then asks for no client certificate.
+    pub agent_token_auth: Option<tether_server::AgentTokenAuth>,
 }
 
 impl Default for ServerOptions {
@@ -94,6 +96,7 @@ impl Default for ServerOptions {
             limits: tether_server::Limits::default(),
             match_agent_identity_to_certificate: false,
             tls_reload: None,
+            agent_token_auth: None,
         }
     }
 }
@@ -146,7 +149,9 @@ impl TestServer {
             agent_tls: tether_tls::server_config(
                 &f.server_cert,
                 &f.server_key,
-                Some(&f.ca_cert),
+                opts.agent_token_auth
+                    .is_none()
+                    .then_some(f.ca_cert.as_path()),
                 &[b"h2"],
                 &TlsOptions::default(),
             )?,
@@ -163,6 +168,7 @@ impl TestServer {
             limits: opts.limits,
             match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
             tls_reload: opts.tls_reload,
+            agent_token_auth: opts.agent_token_auth,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -230,6 +236,8 @@ pub struct AgentOptions {
     pub tls_reload: bool,
     /// The destination policy and dial caps.
     pub destinations: tether_agent::DestinationConfig,
+    /// `--service-account-token-path`: a file whose token is sent on every connect.
+    pub token_path: Option<PathBuf>,
 }
 
 impl Default for AgentOptions {
@@ -243,6 +251,7 @@ impl Default for AgentOptions {
             sync_interval: Duration::from_millis(100),
             tls_reload: false,
             destinations: tether_agent::DestinationConfig::default(),
+            token_path: None,
         }
     }
 }
@@ -310,7 +319,7 @@ impl TestAgent {
             dial_timeout: opts.dial_timeout,
             destinations: opts.destinations,
             flow,
-            token_path: None,
+            token_path: opts.token_path,
             tls_reload,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;

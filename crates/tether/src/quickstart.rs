@@ -201,6 +201,7 @@ async fn start_pair(
             limits: Default::default(),
             match_agent_identity_to_certificate: false,
             tls_reload: None,
+            agent_token_auth: None,
         },
         Registry::new(),
     )

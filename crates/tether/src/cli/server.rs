@@ -367,6 +367,7 @@ impl ServerArgs {
                 .security
                 .match_agent_identity_to_certificate(),
             tls_reload,
+            agent_token_auth: None,
         })
     }
 
