@@ -1,6 +1,9 @@
 //! Holding streams to every proxy server: dial the server address until as many distinct
 //! server IDs are connected as the servers announce.
 
+use tether_observe::audit::AuditLog;
+
+use crate::audit::StreamAudit;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +34,7 @@ pub(crate) struct ClientSet {
     config: Config,
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
+    audit: Option<AuditLog>,
     sessions: Mutex<HashMap<String, Arc<ServerSession>>>,
     /// The last `servercount` a server announced; 0 counts as 1, as upstream.
     server_count: AtomicUsize,
@@ -72,11 +76,13 @@ impl ClientSet {
         config: Config,
         metrics: Arc<AgentMetrics>,
         destinations: Arc<Destinations>,
+        audit: Option<AuditLog>,
     ) -> Self {
         Self {
             config,
             metrics,
             destinations,
+            audit,
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
@@ -108,7 +114,7 @@ impl ClientSet {
             {
                 self.config.sync_interval
             } else {
-                match self.connect_once().await {
+                match self.connect_once(&tasks).await {
                     Ok(connected) => {
                         backoff = self.config.sync_interval;
                         if self.add(connected, &tasks, &stop) {
@@ -180,6 +186,13 @@ impl ClientSet {
             self.metrics.clone(),
             self.destinations.clone(),
             self.config.dial_timeout,
+            self.audit.clone().map(|log| {
+                Arc::new(StreamAudit::new(
+                    log,
+                    server_id.clone(),
+                    self.config.agent_id.clone(),
+                ))
+            }),
         ));
         {
             let mut sessions = self.sessions();
@@ -225,13 +238,15 @@ impl ClientSet {
         true
     }
 
-    async fn connect_once(&self) -> Result<Connected, ConnectError> {
-        tokio::time::timeout(CONNECT_TIMEOUT, self.connect())
+    /// Connects and opens `Connect`; the connection's driver runs on `tasks`, so stopping the
+    /// agent waits for it too.
+    async fn connect_once(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.connect(tasks))
             .await
             .map_err(|_| ConnectError::Timeout(CONNECT_TIMEOUT))?
     }
 
-    async fn connect(&self) -> Result<Connected, ConnectError> {
+    async fn connect(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
         let address = self.address();
         let tcp = TcpStream::connect((self.config.server_host.as_str(), self.config.server_port))
             .await
@@ -248,7 +263,9 @@ impl ClientSet {
             .connect(name, tcp)
             .await
             .map_err(|e| ConnectError::Tls(address.clone(), e))?;
-        let channel = Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
+        let (channel, driver) =
+            Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
+        tasks.spawn(driver.run());
 
         let mut metadata = vec![(metadata::AGENT_ID, self.config.agent_id.clone())];
         if !self.config.identifiers.is_empty() {

@@ -12,6 +12,7 @@
 //! - `metrics`: upstream's agent metrics.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod clientset;
 mod destination;
 mod health;
@@ -63,6 +64,8 @@ pub struct Config {
     pub flow: FlowConfig,
     /// `--service-account-token-path`: sent as `Bearer` token, re-read on every connect.
     pub token_path: Option<PathBuf>,
+    /// `--audit-log-path`: one JSON line per connection and failed or refused dial.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 /// Start-up failures.
@@ -76,6 +79,11 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Policy(#[from] PolicyFileError),
+    #[error("opening the audit log {path}: {source}")]
+    AuditLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// An agent whose health and admin listeners are bound.
@@ -87,6 +95,10 @@ pub struct Agent {
     registry: Registry,
     metrics: Arc<metrics::AgentMetrics>,
     destinations: Arc<destination::Destinations>,
+    audit: Option<(
+        tether_observe::audit::AuditLog,
+        tether_observe::audit::AuditWriter,
+    )>,
 }
 
 impl Agent {
@@ -108,6 +120,17 @@ impl Agent {
             own_listeners,
             metrics.clone(),
         )?);
+        let audit = match &config.audit_log {
+            None => None,
+            Some(target) => Some(
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                    AgentError::AuditLog {
+                        path: target.to_string(),
+                        source,
+                    }
+                })?,
+            ),
+        };
         Ok(Self {
             config,
             health,
@@ -115,6 +138,7 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            audit,
         })
     }
 
@@ -136,11 +160,22 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            audit,
         } = self;
+        // Stopped last, so the records of connections cut at shutdown are written too.
+        let audit_stop = CancellationToken::new();
+        let (audit_log, audit_writer) = match audit {
+            Some((log, writer)) => (
+                Some(log),
+                Some(tokio::spawn(writer.run(audit_stop.clone()))),
+            ),
+            None => (None, None),
+        };
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
             metrics,
             destinations.clone(),
+            audit_log,
         ));
         let health_port = health.local_addr().map_or(0, |a| a.port());
         tracing::info!(
@@ -164,6 +199,14 @@ impl Agent {
         clientset.run(drain, stop.clone()).await;
         endpoints.close();
         endpoints.wait().await;
+        if let Some(writer) = audit_writer {
+            audit_stop.cancel();
+            match writer.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
+                Err(error) => tracing::error!(%error, "the audit writer failed"),
+            }
+        }
         tracing::info!("proxy agent stopped");
     }
 }

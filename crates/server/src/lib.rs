@@ -10,6 +10,7 @@
 //! - `net`: listeners.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod backend;
 mod dial;
 pub mod frontend;
@@ -93,6 +94,8 @@ pub struct Config {
     pub tls_reload: Option<TlsReload>,
     /// Authenticate agents by bearer token (upstream's ServiceAccount token authentication).
     pub agent_token_auth: Option<AgentTokenAuth>,
+    /// `--audit-log-path`: one JSON line per connection and refused dial; `None` is off.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
@@ -115,6 +118,11 @@ pub enum ServerError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("opening the audit log {path}: {source}")]
+    AuditLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// A server whose listeners are bound; [`run`](Self::run) serves them.
@@ -126,6 +134,10 @@ pub struct Server {
     health: TcpListener,
     admin: TcpListener,
     registry: Registry,
+    audit: Option<(
+        tether_observe::audit::AuditLog,
+        tether_observe::audit::AuditWriter,
+    )>,
 }
 
 impl Server {
@@ -157,6 +169,17 @@ impl Server {
         let admin = TcpListener::bind(config.admin_addr)
             .await
             .map_err(listen_err("admin", config.admin_addr.to_string()))?;
+        let audit = match &config.audit_log {
+            None => None,
+            Some(target) => Some(
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                    ServerError::AuditLog {
+                        path: target.to_string(),
+                        source,
+                    }
+                })?,
+            ),
+        };
         Ok(Self {
             config,
             frontend,
@@ -164,6 +187,7 @@ impl Server {
             health,
             admin,
             registry,
+            audit,
         })
     }
 
@@ -198,13 +222,25 @@ impl Server {
             health,
             admin,
             registry,
+            audit,
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
         let limit_metrics = LimitMetrics::register(&registry);
         let limits = config.limits.clone();
+        // The audit writer outlives every connection (it is stopped last) so that the
+        // records of connections cut at shutdown are written too.
+        let audit_stop = CancellationToken::new();
+        let audit_writer = audit.map(|(log, writer)| {
+            let task = tokio::spawn(writer.run(audit_stop.clone()));
+            (
+                Arc::new(audit::Audit::new(log, config.server_id.clone())),
+                task,
+            )
+        });
         let hub = Arc::new(Hub::new(
             backend::registry::Registry::new(&config.strategies),
             metrics,
+            audit_writer.as_ref().map(|(audit, _)| audit.clone()),
         ));
         hub.refresh_backend_gauges();
         let agent_service = Arc::new(AgentService {
@@ -404,6 +440,14 @@ impl Server {
         .await;
         endpoints.close();
         endpoints.wait().await;
+        if let Some((_, writer)) = audit_writer {
+            audit_stop.cancel();
+            match writer.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
+                Err(error) => tracing::error!(%error, "the audit writer failed"),
+            }
+        }
         tracing::info!("proxy server stopped");
     }
 }

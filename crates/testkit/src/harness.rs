@@ -75,6 +75,8 @@ pub struct ServerOptions {
     pub tls_reload: Option<tether_server::TlsReload>,
     /// Authenticate agents by token; the agent listener then asks for no client certificate.
     pub agent_token_auth: Option<tether_server::AgentTokenAuth>,
+    /// `--audit-log-path`.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 impl Default for ServerOptions {
@@ -97,6 +99,7 @@ impl Default for ServerOptions {
             match_agent_identity_to_certificate: false,
             tls_reload: None,
             agent_token_auth: None,
+            audit_log: None,
         }
     }
 }
@@ -169,6 +172,7 @@ impl TestServer {
             match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
             tls_reload: opts.tls_reload,
             agent_token_auth: opts.agent_token_auth,
+            audit_log: opts.audit_log,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -238,6 +242,8 @@ pub struct AgentOptions {
     pub destinations: tether_agent::DestinationConfig,
     /// `--service-account-token-path`: a file whose token is sent on every connect.
     pub token_path: Option<PathBuf>,
+    /// `--audit-log-path`.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 impl Default for AgentOptions {
@@ -252,6 +258,7 @@ impl Default for AgentOptions {
             tls_reload: false,
             destinations: tether_agent::DestinationConfig::default(),
             token_path: None,
+            audit_log: None,
         }
     }
 }
@@ -321,6 +328,7 @@ impl TestAgent {
             flow,
             token_path: opts.token_path,
             tls_reload,
+            audit_log: opts.audit_log,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -95,8 +95,10 @@ async fn proxy(
         }
     };
 
-    if let Err(error) = super::address::check_dial_address(&address) {
+    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
+    if let Err(error) = super::address::check_dial_address(&request.address) {
         limits.hit(Limit::BadDialAddress);
+        hub.refused(&request, &error);
         let reply = Packet::DialResponse {
             random,
             result: Err(error),
@@ -114,7 +116,6 @@ async fn proxy(
             }
         }
     };
-    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
     let dialed = hub.dial(&request, frontend_gone).await;
     let mut tunnel = match dialed {
         Ok(tunnel) => tunnel,

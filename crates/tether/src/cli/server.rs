@@ -371,6 +371,7 @@ impl ServerArgs {
                 .security
                 .match_agent_identity_to_certificate(),
             tls_reload,
+            audit_log: self.security.audit_log(),
             // Needs the Kubernetes client, which ServerLaunch::start builds.
             agent_token_auth: None,
         };
