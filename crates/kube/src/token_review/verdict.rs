@@ -39,7 +39,7 @@ impl AgentServiceAccount {
         // The API server already checked the audience; a status that names others is not
         // an answer to this review.
         if let Some(audiences) = &status.audiences
-            && !audiences.iter().any(|a| *a == self.audience)
+            && !audiences.contains(&self.audience)
         {
             return Verdict::Refuse(format!(
                 "the token is valid for audiences {audiences:?}, not {:?}",
