@@ -118,16 +118,29 @@ impl Cluster {
             .await
     }
 
-    /// Token authentication for an in-process server, with its own metrics registry.
+    /// Token authentication for an in-process server, with its own metrics registry and
+    /// client-go's default rate limit.
     pub(crate) async fn token_auth(
         &self,
         limits: CacheLimits,
         match_host_to_node: bool,
     ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
+        self.token_auth_limited(limits, match_host_to_node, 0.0, 0)
+            .await
+    }
+
+    /// [`token_auth`](Self::token_auth) with `--kubeconfig-qps` and `--kubeconfig-burst`.
+    pub(crate) async fn token_auth_limited(
+        &self,
+        limits: CacheLimits,
+        match_host_to_node: bool,
+        qps: f32,
+        burst: u32,
+    ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
         let api = KubeApi::connect(&KubeApiOptions {
             kubeconfig: Some(self.server_kubeconfig.clone()),
-            qps: 0.0,
-            burst: 0,
+            qps,
+            burst,
         })
         .await?;
         let registry = Registry::new();

@@ -81,5 +81,43 @@ async fn a_thousand_agents_with_one_token_cost_a_handful_of_reviews() -> anyhow:
     assert_eq!(cache + shared + reviews, AGENTS as f64);
     drop(streams);
     tokio::time::timeout(Duration::from_secs(30), server.stop()).await?;
+
+    // Distinct tokens cannot share a review; --kubeconfig-qps spaces their reviews out
+    // instead of sending them all at once.
+    let (auth, _metrics) = cluster
+        .token_auth_limited(default_limits(), false, 1.0, 1)
+        .await?;
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            agent_token_auth: Some(auth),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let mut tokens = Vec::new();
+    for _ in 0..4 {
+        tokens.push(cluster.agent_token(None).await?);
+    }
+    let started = tokio::time::Instant::now();
+    let mut agents = tokio::task::JoinSet::new();
+    for (i, token) in tokens.into_iter().enumerate() {
+        let (addr, ca) = (server.agent_addr, pki.files.ca_cert.clone());
+        agents.spawn(async move {
+            connect_agent(addr, &ca, &format!("limited-{i}"), "", Some(&token)).await
+        });
+    }
+    let mut streams = Vec::new();
+    while let Some(joined) = agents.join_next().await {
+        streams.push(joined?.map_err(|s| anyhow::anyhow!("a rate-limited agent: {s}"))?);
+    }
+    // Four reviews at 1 QPS with a burst of 1: the last starts at least 3 s after the first.
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_900),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(streams);
+    tokio::time::timeout(Duration::from_secs(30), server.stop()).await?;
     Ok(())
 }
