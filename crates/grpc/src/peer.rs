@@ -100,6 +100,12 @@ impl PeerIdentity {
 pub enum Principal {
     Certificate(CertificateNames),
     UnixUser(u32),
+    /// A bearer token's reviewed identity: the user name, with the node the token is bound to
+    /// when it is bound to one (so agents of one ServiceAccount on different nodes differ).
+    Token {
+        username: String,
+        node: Option<String>,
+    },
     Anonymous,
 }
 
@@ -117,6 +123,13 @@ impl std::fmt::Display for Principal {
                 Ok(())
             }
             Self::UnixUser(uid) => write!(f, "unix uid {uid}"),
+            Self::Token { username, node } => {
+                write!(f, "token of {}", crate::LogText(username))?;
+                if let Some(node) = node {
+                    write!(f, " on node {}", crate::LogText(node))?;
+                }
+                Ok(())
+            }
             Self::Anonymous => write!(f, "no client certificate"),
         }
     }

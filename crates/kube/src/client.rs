@@ -20,5 +20,95 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
             "no --kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST unset)",
         )?,
     };
-    kube::Client::try_from(config).context("building the Kubernetes API client")
+    kube::Client::try_from(config).map_err(|e| {
+        if format!("{e:?}").contains("UnsupportedCertVersion") {
+            anyhow::anyhow!("{V1_CERTIFICATE}")
+        } else {
+            anyhow::Error::new(e).context("building the Kubernetes API client")
+        }
+    })
+}
+
+/// The kubernetes.io task's openssl recipe (`openssl x509 -req` without extensions) makes
+/// X.509 v1 certificates, which Go accepts and rustls (through webpki) refuses.
+const V1_CERTIFICATE: &str = "the kubeconfig's client certificate is an X.509 v1 certificate, \
+    which tether's TLS library refuses (Go's accepts it). Issue it again as v3: any extension \
+    makes openssl write v3, e.g. add -extfile <(printf 'extendedKeyUsage=clientAuth') to the \
+    `openssl x509 -req` command";
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    /// A kubeconfig with an X.509 v1 client certificate, made the way the kubernetes.io task
+    /// makes it (openssl without extensions), fails at start-up with the fix in the message.
+    #[tokio::test]
+    async fn a_v1_client_certificate_is_refused_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, csr, cert) = (
+            dir.path().join("k.pem"),
+            dir.path().join("c.csr"),
+            dir.path().join("c.pem"),
+        );
+        let openssl = |args: &[&std::ffi::OsStr]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        openssl(&[
+            "genrsa".as_ref(),
+            "-out".as_ref(),
+            key.as_os_str(),
+            "2048".as_ref(),
+        ]);
+        openssl(&[
+            "req".as_ref(),
+            "-new".as_ref(),
+            "-key".as_ref(),
+            key.as_os_str(),
+            "-subj".as_ref(),
+            "/CN=system:konnectivity-server".as_ref(),
+            "-out".as_ref(),
+            csr.as_os_str(),
+        ]);
+        openssl(&[
+            "x509".as_ref(),
+            "-req".as_ref(),
+            "-in".as_ref(),
+            csr.as_os_str(),
+            "-signkey".as_ref(),
+            key.as_os_str(),
+            "-days".as_ref(),
+            "1".as_ref(),
+            "-out".as_ref(),
+            cert.as_os_str(),
+        ]);
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+                 users:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\n\
+                 contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+                cert.display(),
+                key.display()
+            ),
+        )
+        .unwrap();
+        let err = super::connect(Some(&kubeconfig))
+            .await
+            .err()
+            .expect("a v1 certificate was accepted");
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("X.509 v1") && err.contains("-extfile"),
+            "{err}"
+        );
+    }
 }

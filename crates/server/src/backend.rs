@@ -4,3 +4,4 @@ pub(crate) mod admission;
 pub(crate) mod registry;
 pub(crate) mod service;
 pub(crate) mod session;
+pub(crate) mod token;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tether_observe::http::{Handler, Request, Response};
 use tether_observe::metrics::Registry;
 
+use crate::backend::token::TokenAuthenticator;
 use crate::dial::Hub;
 
 /// `/healthz`, `/readyz`, `/ready` and `/metrics` on the health port.
@@ -12,12 +13,16 @@ pub(crate) fn health_handler(
     hub: Arc<Hub>,
     registry: Registry,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    tokens: Option<Arc<dyn TokenAuthenticator>>,
 ) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/readyz" | "/ready" => {
             if shutting_down.load(std::sync::atomic::Ordering::Acquire) {
                 Response::text(500, "shutting down")
+            } else if let Some(why) = tokens.as_ref().and_then(|t| t.unready_reason()) {
+                // New agents cannot be admitted; those already connected keep working.
+                Response::text(500, why)
             } else if hub.registry().is_ready() {
                 Response::text(200, "ok")
             } else {

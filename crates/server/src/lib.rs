@@ -30,6 +30,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use backend::registry::Strategy;
+pub use backend::token::{
+    AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
+};
 pub use frontend::Mode;
 pub use limits::Limits;
 use tether_grpc::server::Connection;
@@ -89,6 +92,8 @@ pub struct Config {
     pub match_agent_identity_to_certificate: bool,
     /// Reload listener certificates and CAs from their files; `None` keeps the configs above.
     pub tls_reload: Option<TlsReload>,
+    /// Authenticate agents by bearer token (upstream's ServiceAccount token authentication).
+    pub agent_token_auth: Option<AgentTokenAuth>,
     /// `--audit-log-path`: one JSON line per connection and refused dial; `None` is off.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
@@ -247,6 +252,7 @@ impl Server {
                 limit_metrics.clone(),
             )),
             limit_metrics: limit_metrics.clone(),
+            token_auth: config.agent_token_auth.clone(),
         });
         let shutting_down = Arc::new(AtomicBool::new(false));
         // Ends every connection at once: after the grace period, or immediately without one.
@@ -264,8 +270,15 @@ impl Server {
             server.id = %config.server_id,
             "proxy server listening"
         );
-        let health_handler =
-            health::health_handler(hub.clone(), registry.clone(), shutting_down.clone());
+        let health_handler = health::health_handler(
+            hub.clone(),
+            registry.clone(),
+            shutting_down.clone(),
+            config
+                .agent_token_auth
+                .as_ref()
+                .map(|auth| auth.authenticator.clone()),
+        );
         endpoints.spawn(tether_observe::http::serve(
             health,
             health_handler,

@@ -59,6 +59,7 @@ pub(crate) enum Limit {
     Agents,
     DuplicateAgentId,
     AgentIdentity,
+    AgentToken,
     BadAgentMetadata,
     BadDialAddress,
 }
@@ -72,6 +73,7 @@ impl Limit {
             Self::Agents => "agents",
             Self::DuplicateAgentId => "duplicate_agent_id",
             Self::AgentIdentity => "agent_identity",
+            Self::AgentToken => "agent_token",
             Self::BadAgentMetadata => "bad_agent_metadata",
             Self::BadDialAddress => "bad_dial_address",
         }

@@ -73,6 +73,8 @@ pub struct ServerOptions {
     pub limits: tether_server::Limits,
     pub match_agent_identity_to_certificate: bool,
     pub tls_reload: Option<tether_server::TlsReload>,
+    /// Authenticate agents by token; the agent listener then asks for no client certificate.
+    pub agent_token_auth: Option<tether_server::AgentTokenAuth>,
     /// `--audit-log-path`.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
@@ -96,6 +98,7 @@ impl Default for ServerOptions {
             limits: tether_server::Limits::default(),
             match_agent_identity_to_certificate: false,
             tls_reload: None,
+            agent_token_auth: None,
             audit_log: None,
         }
     }
@@ -149,7 +152,9 @@ impl TestServer {
             agent_tls: tether_tls::server_config(
                 &f.server_cert,
                 &f.server_key,
-                Some(&f.ca_cert),
+                opts.agent_token_auth
+                    .is_none()
+                    .then_some(f.ca_cert.as_path()),
                 &[b"h2"],
                 &TlsOptions::default(),
             )?,
@@ -166,6 +171,7 @@ impl TestServer {
             limits: opts.limits,
             match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
             tls_reload: opts.tls_reload,
+            agent_token_auth: opts.agent_token_auth,
             audit_log: opts.audit_log,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
@@ -234,6 +240,8 @@ pub struct AgentOptions {
     pub tls_reload: bool,
     /// The destination policy and dial caps.
     pub destinations: tether_agent::DestinationConfig,
+    /// `--service-account-token-path`: a file whose token is sent on every connect.
+    pub token_path: Option<PathBuf>,
     /// `--audit-log-path`.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
@@ -249,6 +257,7 @@ impl Default for AgentOptions {
             sync_interval: Duration::from_millis(100),
             tls_reload: false,
             destinations: tether_agent::DestinationConfig::default(),
+            token_path: None,
             audit_log: None,
         }
     }
@@ -317,7 +326,7 @@ impl TestAgent {
             dial_timeout: opts.dial_timeout,
             destinations: opts.destinations,
             flow,
-            token_path: None,
+            token_path: opts.token_path,
             tls_reload,
             audit_log: opts.audit_log,
         };

@@ -8,6 +8,7 @@ pub(crate) mod agent;
 mod common;
 pub(crate) mod dial;
 pub(crate) mod klog;
+mod kube;
 pub(crate) mod quickstart;
 pub(crate) mod server;
 #[cfg(test)]

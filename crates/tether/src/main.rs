@@ -45,15 +45,16 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let registry = Registry::new();
     registry.register_process_metrics();
     match command {
-        Command::Server(args) => server(args.into_config()?, registry).await,
+        Command::Server(args) => server(args.into_launch()?, registry).await,
         Command::Agent(args) => agent(args.into_config()?, registry).await,
         Command::Dial(args) => dial::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
     }
 }
 
-async fn server(config: tether_server::Config, registry: Registry) -> anyhow::Result<ExitCode> {
+async fn server(launch: cli::server::ServerLaunch, registry: Registry) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
+    let (config, _kube) = launch.start(&registry).await?;
     let server = tether_server::Server::bind(config, registry).await?;
     tokio::select! {
         () = server.run(signals.first.clone()) => Ok(ExitCode::SUCCESS),

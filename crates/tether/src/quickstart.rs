@@ -202,6 +202,7 @@ async fn start_pair(
             match_agent_identity_to_certificate: false,
             audit_log: None,
             tls_reload: None,
+            agent_token_auth: None,
         },
         Registry::new(),
     )

@@ -24,7 +24,7 @@ fn stderr(output: &Output) -> String {
 fn invalid_flag_values_exit_1_naming_the_flag() {
     let cases: [&[&str]; 4] = [
         &["server", "--mode=socks"],
-        &["server", "--agent-namespace=kube-system"],
+        &["server", "--server-count=0"],
         &["agent", "--agent-identifiers=zone=a"],
         &["agent", "--count-server-leases=true"],
     ];

@@ -61,16 +61,19 @@ impl Admission {
     }
 
     /// Admits a stream of `agent_id` from `peer`, or returns the status to refuse it with.
+    /// `token` is the principal a bearer token proved, which then owns the agent ID in place
+    /// of the peer's (absent) certificate.
     pub(crate) fn admit(
         self: &Arc<Self>,
         agent_id: &str,
         identifiers: &Identifiers,
         peer: &PeerIdentity,
+        token: Option<Principal>,
     ) -> Result<Claim, Status> {
         if self.match_certificate {
             self.check_names(agent_id, identifiers, peer)?;
         }
-        let principal = peer.principal();
+        let principal = token.unwrap_or_else(|| peer.principal());
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         let known = owners.len();
         match owners.get_mut(agent_id) {
@@ -214,21 +217,45 @@ mod tests {
     fn same_identity_may_reconnect_another_may_not() {
         let a = admission(false, 10);
         let none = Identifiers::default();
-        let first = a.admit("n1", &none, &peer("node-1", &[], &[])).unwrap();
-        let again = a.admit("n1", &none, &peer("node-1", &[], &[])).unwrap();
-        let err = a.admit("n1", &none, &peer("node-2", &[], &[])).unwrap_err();
+        let first = a
+            .admit("n1", &none, &peer("node-1", &[], &[]), None)
+            .unwrap();
+        let again = a
+            .admit("n1", &none, &peer("node-1", &[], &[]), None)
+            .unwrap();
+        let err = a
+            .admit("n1", &none, &peer("node-2", &[], &[]), None)
+            .unwrap_err();
         assert_eq!(err.code, Code::ALREADY_EXISTS, "{err}");
         drop((first, again));
         // Once the owner is gone the ID is free again.
-        a.admit("n1", &none, &peer("node-2", &[], &[])).unwrap();
+        a.admit("n1", &none, &peer("node-2", &[], &[]), None)
+            .unwrap();
+    }
+
+    #[test]
+    fn token_principals_own_agent_ids_per_node() {
+        let a = admission(false, 10);
+        let none = Identifiers::default();
+        let anonymous = PeerIdentity::unknown();
+        let on = |node: &str| {
+            Some(Principal::Token {
+                username: "system:serviceaccount:kube-system:agent".into(),
+                node: Some(node.into()),
+            })
+        };
+        let _first = a.admit("n1", &none, &anonymous, on("node-1")).unwrap();
+        a.admit("n1", &none, &anonymous, on("node-1")).unwrap();
+        let err = a.admit("n1", &none, &anonymous, on("node-2")).unwrap_err();
+        assert_eq!(err.code, Code::ALREADY_EXISTS, "{err}");
     }
 
     #[test]
     fn agent_count_is_capped() {
         let a = admission(false, 1);
         let none = Identifiers::default();
-        let _one = a.admit("a", &none, &peer("x", &[], &[])).unwrap();
-        let err = a.admit("b", &none, &peer("x", &[], &[])).unwrap_err();
+        let _one = a.admit("a", &none, &peer("x", &[], &[]), None).unwrap();
+        let err = a.admit("b", &none, &peer("x", &[], &[]), None).unwrap_err();
         assert_eq!(err.code, Code::RESOURCE_EXHAUSTED);
     }
 
@@ -237,18 +264,23 @@ mod tests {
         let a = admission(true, 10);
         let p = peer("node-1", &["node-1.example"], &["10.0.0.1"]);
         let ids = |q| Identifiers::parse(q).unwrap();
-        a.admit("node-1", &ids("host=node-1.example&ipv4=10.0.0.1"), &p)
-            .unwrap();
+        a.admit(
+            "node-1",
+            &ids("host=node-1.example&ipv4=10.0.0.1"),
+            &p,
+            None,
+        )
+        .unwrap();
         for (id, q) in [
             ("node-2", ""),
             ("node-1", "host=node-2"),
             ("node-1", "ipv4=10.0.0.2"),
             ("node-1", "ipv6=not-an-ip"),
         ] {
-            let err = a.admit(id, &ids(q), &p).unwrap_err();
+            let err = a.admit(id, &ids(q), &p, None).unwrap_err();
             assert_eq!(err.code, Code::PERMISSION_DENIED, "{id} {q}: {err}");
         }
         let anonymous = PeerIdentity::unknown();
-        assert!(a.admit("node-1", &ids(""), &anonymous).is_err());
+        assert!(a.admit("node-1", &ids(""), &anonymous, None).is_err());
     }
 }

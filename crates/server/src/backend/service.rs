@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES};
 use super::session::AgentSession;
+use super::token::AgentTokenAuth;
 use crate::dial::Hub;
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
@@ -30,6 +31,8 @@ pub(crate) struct AgentService {
     pub(crate) next_stream_id: AtomicU64,
     pub(crate) admission: Arc<Admission>,
     pub(crate) limit_metrics: crate::limits::LimitMetrics,
+    /// Bearer-token authentication of agents, when enabled.
+    pub(crate) token_auth: Option<AgentTokenAuth>,
 }
 
 impl AgentService {
@@ -56,7 +59,30 @@ impl AgentService {
                 return;
             }
         };
-        let _claim = match self.admission.admit(&agent_id, &identifiers, call.peer()) {
+        let token = match &self.token_auth {
+            Some(auth) => match auth.check(call.metadata(), &identifiers).await {
+                Ok(principal) => Some(principal),
+                Err(status) => {
+                    self.limit_metrics.hit(crate::limits::Limit::AgentToken);
+                    if let Some(suppressed) = TOKEN_WARNINGS.allow() {
+                        tracing::warn!(
+                            agent.id = %LogText(&agent_id),
+                            peer = ?call.peer().addr,
+                            suppressed,
+                            "refusing agent stream: {}",
+                            status.message
+                        );
+                    }
+                    call.reject(&status);
+                    return;
+                }
+            },
+            None => None,
+        };
+        let _claim = match self
+            .admission
+            .admit(&agent_id, &identifiers, call.peer(), token)
+        {
             Ok(claim) => claim,
             Err(status) => {
                 call.reject(&status);
@@ -123,6 +149,10 @@ impl AgentService {
         stream_gauge.dec();
     }
 }
+
+/// Refused agent tokens are logged at most once a second, whoever sends them.
+static TOKEN_WARNINGS: crate::warn_limit::WarnLimit =
+    crate::warn_limit::WarnLimit::new(std::time::Duration::from_secs(1));
 
 /// Malformed agent metadata is logged at most once a second, whoever sends it.
 static BAD_METADATA_WARNINGS: crate::warn_limit::WarnLimit =

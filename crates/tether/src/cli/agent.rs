@@ -20,6 +20,7 @@ use super::common::{
     go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
+use super::kube::KubeconfigArgs;
 
 const DEFAULT_XFR_CHANNEL_SIZE: i64 = 150;
 const DEFAULT_SERVER_COUNT_SOURCE: &str = "default";
@@ -258,6 +259,9 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     upstream_only: UpstreamOnlyArgs,
 
+    #[command(flatten)]
+    kube: KubeconfigArgs,
+
     /// Label selector of proxy server Leases.
     #[arg(long, help_heading = NO_EFFECT, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]
     lease_label_selector: String,
@@ -450,6 +454,7 @@ impl AgentArgs {
     fn ignored(&self) -> Vec<String> {
         let mut ignored = Vec::new();
         self.upstream_only.ignored(&mut ignored);
+        self.kube.ignored(&mut ignored);
         non_default(
             &mut ignored,
             "--lease-label-selector",

@@ -18,10 +18,16 @@ use super::common::{
     check_listen_port, check_pair, go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
+use kube_client::KubeClientArgs;
+pub(crate) use launch::ServerLaunch;
 use security::SecurityArgs;
+use token_auth::TokenAuthArgs;
 
+mod kube_client;
+mod launch;
 mod reload;
 mod security;
+mod token_auth;
 
 /// What `--backend-dial-timeout=0` means in tether: the Go client's own 30 s backstop, so
 /// that no pending dial outlives every client that could still want it.
@@ -225,17 +231,11 @@ pub(crate) struct ServerArgs {
     #[command(flatten)]
     security: Box<SecurityArgs>,
 
-    /// Agent token authentication: expected ServiceAccount namespace.
-    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "NAMESPACE", default_value = "")]
-    agent_namespace: String,
+    #[command(flatten)]
+    token_auth: TokenAuthArgs,
 
-    /// Agent token authentication: expected ServiceAccount name.
-    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "NAME", default_value = "")]
-    agent_service_account: String,
-
-    /// Agent token authentication: expected token audience.
-    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "AUDIENCE", default_value = "")]
-    authentication_audience: String,
+    #[command(flatten)]
+    kube: KubeClientArgs,
 
     /// Publish and garbage-collect proxy server Leases.
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -243,14 +243,6 @@ pub(crate) struct ServerArgs {
 
     #[command(flatten)]
     upstream_only: UpstreamOnlyArgs,
-
-    /// Kubernetes client QPS.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "QPS", default_value_t = 0.0)]
-    kubeconfig_qps: f32,
-
-    /// Kubernetes client burst.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "N", default_value_t = 0)]
-    kubeconfig_burst: i64,
 
     /// Labels of proxy server Leases.
     #[arg(long, help_heading = NO_EFFECT, value_name = "LABELS", default_value = DEFAULT_LEASE_LABEL)]
@@ -270,10 +262,22 @@ pub(crate) struct ServerArgs {
 }
 
 impl ServerArgs {
-    /// Validates the flags and builds the server's configuration, loading every TLS file.
-    /// Flags that tether accepts but ignores are reported in one warning.
+    /// [`into_launch`](Self::into_launch)'s configuration alone, for flag tests.
+    #[cfg(test)]
     pub(crate) fn into_config(self) -> anyhow::Result<Config> {
+        self.into_launch().map(|launch| launch.config)
+    }
+
+    /// Validates the flags and builds the server's configuration, loading every TLS file,
+    /// plus what needs the Kubernetes API. Flags that tether accepts but ignores are
+    /// reported in one warning.
+    pub(crate) fn into_launch(self) -> anyhow::Result<ServerLaunch> {
         self.refuse_unimplemented()?;
+        let token_auth = self.token_auth.validate(&self.cluster_ca_cert)?;
+        let kube = token_auth
+            .is_some()
+            .then(|| self.kube.options())
+            .transpose()?;
         let mode: Mode = self
             .mode
             .parse()
@@ -310,10 +314,10 @@ impl ServerArgs {
             tracing::warn!("{warning}");
         }
         let frontend = self.frontend(mode, &tls)?;
-        let agent_tls = self.agent_tls(&tls)?;
+        let agent_tls = self.agent_tls(&tls, token_auth.is_some())?;
         let limits = self.security.limits()?;
         let tls_reload = self.tls_reload(mode, &tls, self.security.tls_reload_interval())?;
-        let ignored = self.ignored();
+        let ignored = self.ignored(kube.is_some());
         if !ignored.is_empty() {
             tracing::warn!(
                 "ignoring flags that have no effect in tether: {}",
@@ -321,7 +325,7 @@ impl ServerArgs {
             );
         }
 
-        Ok(Config {
+        let config = Config {
             mode,
             frontend,
             agent_addr: listen_addr(
@@ -368,24 +372,19 @@ impl ServerArgs {
                 .match_agent_identity_to_certificate(),
             tls_reload,
             audit_log: self.security.audit_log(),
+            // Needs the Kubernetes client, which ServerLaunch::start builds.
+            agent_token_auth: None,
+        };
+        Ok(ServerLaunch {
+            config,
+            kube,
+            token_auth,
         })
     }
 
     /// Fails on features tether does not implement, rather than silently running without
-    /// them: an operator relying on token authentication must not get an open agent port.
+    /// them.
     fn refuse_unimplemented(&self) -> anyhow::Result<()> {
-        for (flag, value) in [
-            ("--agent-namespace", &self.agent_namespace),
-            ("--agent-service-account", &self.agent_service_account),
-            ("--authentication-audience", &self.authentication_audience),
-        ] {
-            if !value.is_empty() {
-                bail!(
-                    "{flag}: agent ServiceAccount token authentication is not implemented by \
-                     tether; authenticate agents with client certificates (--cluster-ca-cert)"
-                );
-            }
-        }
         if self.enable_lease_controller {
             bail!(
                 "--enable-lease-controller: server Leases are not implemented by tether; \
@@ -462,7 +461,11 @@ impl ServerArgs {
         })
     }
 
-    fn agent_tls(&self, tls: &TlsOptions) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    fn agent_tls(
+        &self,
+        tls: &TlsOptions,
+        token_auth: bool,
+    ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
         check_pair(
             "--cluster-key",
             &self.cluster_key,
@@ -479,9 +482,9 @@ impl ServerArgs {
             bail!("--cluster-cert and --cluster-key are required (TLS of the agent listener)");
         }
         self.security
-            .check_agent_authentication(&self.cluster_ca_cert)?;
+            .check_agent_authentication(&self.cluster_ca_cert, token_auth)?;
         let ca = (!self.cluster_ca_cert.is_empty()).then(|| Path::new(&self.cluster_ca_cert));
-        if ca.is_none() {
+        if ca.is_none() && !token_auth {
             tracing::warn!(
                 "--allow-unauthenticated-agents: any client reaching the agent port may register as an agent"
             );
@@ -497,11 +500,12 @@ impl ServerArgs {
     }
 
     /// Accepted flags set to values that would matter upstream but do nothing here.
-    fn ignored(&self) -> Vec<String> {
+    fn ignored(&self, kube_client: bool) -> Vec<String> {
         let mut ignored = Vec::new();
         self.upstream_only.ignored(&mut ignored);
-        non_default(&mut ignored, "--kubeconfig-qps", self.kubeconfig_qps, 0.0);
-        non_default(&mut ignored, "--kubeconfig-burst", self.kubeconfig_burst, 0);
+        if !kube_client {
+            self.kube.ignored(&mut ignored);
+        }
         non_default(
             &mut ignored,
             "--lease-label",

@@ -72,15 +72,33 @@ pub(crate) struct SecurityArgs {
 }
 
 impl SecurityArgs {
-    /// Agent authentication is never silently off: without --cluster-ca-cert the server
-    /// refuses to start unless the operator asked for unauthenticated agents by name.
-    pub(crate) fn check_agent_authentication(&self, cluster_ca_cert: &str) -> anyhow::Result<()> {
-        if cluster_ca_cert.is_empty() && !self.allow_unauthenticated_agents {
+    /// Agent authentication is never silently off: without --cluster-ca-cert or token
+    /// authentication the server refuses to start unless the operator asked for
+    /// unauthenticated agents by name.
+    pub(crate) fn check_agent_authentication(
+        &self,
+        cluster_ca_cert: &str,
+        token_auth: bool,
+    ) -> anyhow::Result<()> {
+        if token_auth && self.allow_unauthenticated_agents {
+            bail!(
+                "--allow-unauthenticated-agents contradicts agent token authentication \
+                 (--agent-namespace, --agent-service-account, --authentication-audience); drop one of them"
+            );
+        }
+        if token_auth && self.match_agent_identity_to_certificate {
+            bail!(
+                "--match-agent-identity-to-certificate needs --cluster-ca-cert; with token \
+                 authentication use --match-agent-host-to-token-node"
+            );
+        }
+        if cluster_ca_cert.is_empty() && !token_auth && !self.allow_unauthenticated_agents {
             bail!(
                 "--cluster-ca-cert is not set, so agents would not be authenticated: anyone \
                  reaching the agent port could register as an agent and receive dials. Set \
-                 --cluster-ca-cert to the CA of the agents' client certificates (tether does \
-                 not implement upstream's ServiceAccount token authentication), or pass \
+                 --cluster-ca-cert to the CA of the agents' client certificates, or \
+                 authenticate them by ServiceAccount token (--agent-namespace, \
+                 --agent-service-account, --authentication-audience), or pass \
                  --allow-unauthenticated-agents for lab use"
             );
         }
@@ -90,7 +108,7 @@ impl SecurityArgs {
                  client certificates); drop one of them"
             );
         }
-        if cluster_ca_cert.is_empty() && self.match_agent_identity_to_certificate {
+        if cluster_ca_cert.is_empty() && !token_auth && self.match_agent_identity_to_certificate {
             bail!("--match-agent-identity-to-certificate needs --cluster-ca-cert");
         }
         Ok(())

@@ -258,20 +258,154 @@ fn ports_zero_and_tcp_port_range() {
     );
 }
 
+/// The agent listener without --cluster-ca-cert plus `extra`: how token authentication runs.
+fn token_launch(files: &PkiFiles, extra: &str) -> anyhow::Result<ServerLaunch> {
+    let line = format!(
+        "--cluster-cert={} --cluster-key={} --uds-name={} --server-port=0 {extra}",
+        files.server_cert.display(),
+        files.server_key.display(),
+        files.dir.join("konnectivity.sock").display()
+    );
+    server_args(&line)?.into_launch()
+}
+
+const TOKEN_AUTH: &str = "--agent-namespace=kube-system --agent-service-account=konnectivity-agent \
+                          --authentication-audience=system:konnectivity-server";
+
+#[test]
+fn token_authentication_as_the_kubernetes_io_task_configures_it() {
+    let (_dir, files) = pki();
+    let kubeconfig = files.dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+    let launch = token_launch(
+        &files,
+        &format!(
+            "{TOKEN_AUTH} --kubeconfig={} --kubeconfig-qps=50 --kubeconfig-burst=100 \
+             --kube-api-content-type=application/json",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let auth = launch.token_auth.unwrap();
+    assert_eq!(
+        auth.account,
+        tether_kube::token_review::AgentServiceAccount {
+            namespace: "kube-system".into(),
+            name: "konnectivity-agent".into(),
+            audience: "system:konnectivity-server".into(),
+        }
+    );
+    assert!(auth.match_host_to_node);
+    assert_eq!(auth.cache.ttl, Duration::from_secs(120));
+    assert_eq!(auth.cache.negative_ttl, Duration::from_secs(10));
+    assert_eq!(auth.cache.stale_ttl, Duration::from_secs(3600));
+    assert_eq!(auth.cache.max_entries, 10_000);
+    assert_eq!(
+        launch.kube.unwrap(),
+        tether_kube::KubeApiOptions {
+            kubeconfig: Some(kubeconfig),
+            qps: 50.0,
+            burst: 100,
+        }
+    );
+
+    let launch = token_launch(
+        &files,
+        &format!(
+            "{TOKEN_AUTH} --match-agent-host-to-token-node=false --token-review-cache-ttl=0 \
+             --token-review-negative-cache-ttl=1s --token-review-stale-ttl=5m \
+             --token-review-cache-size=7"
+        ),
+    )
+    .unwrap();
+    let auth = launch.token_auth.unwrap();
+    assert!(!auth.match_host_to_node);
+    assert_eq!(auth.cache.ttl, Duration::ZERO);
+    assert_eq!(auth.cache.negative_ttl, Duration::from_secs(1));
+    assert_eq!(auth.cache.stale_ttl, Duration::from_secs(300));
+    assert_eq!(auth.cache.max_entries, 7);
+    // No --kubeconfig: the in-cluster configuration, with client-go's rate defaults.
+    assert_eq!(launch.kube.unwrap(), tether_kube::KubeApiOptions::default());
+}
+
+#[test]
+fn token_authentication_follows_upstreams_validation() {
+    let (_dir, files) = pki();
+    // Any one of the three flags enables it; then all three are required.
+    for (given, missing) in [
+        ("--agent-namespace=ns", "--agent-service-account"),
+        ("--agent-service-account=sa", "--agent-namespace"),
+        ("--authentication-audience=aud", "--agent-namespace"),
+        (
+            "--agent-namespace=ns --agent-service-account=sa",
+            "--authentication-audience",
+        ),
+    ] {
+        let err = format!("{:#}", token_launch(&files, given).unwrap_err());
+        assert_eq!(
+            err,
+            format!("{missing} cannot be empty when agent authentication is enabled"),
+            "{given}"
+        );
+    }
+    let err = error(uds(&files, TOKEN_AUTH));
+    assert_eq!(
+        err,
+        "--cluster-ca-cert can not be used when agent authentication is enabled"
+    );
+    let err = format!(
+        "{:#}",
+        token_launch(
+            &files,
+            &format!("{TOKEN_AUTH} --kubeconfig=/nonexistent/kubeconfig")
+        )
+        .unwrap_err()
+    );
+    assert!(
+        err.starts_with("checking KubeconfigPath \"/nonexistent/kubeconfig\""),
+        "{err}"
+    );
+    for (flag, want) in [
+        (
+            "--kube-api-content-type=text/yaml",
+            "--kube-api-content-type must be",
+        ),
+        (
+            "--kubeconfig-burst=-1",
+            "--kubeconfig-burst must be between 0",
+        ),
+        (
+            "--allow-unauthenticated-agents",
+            "contradicts agent token authentication",
+        ),
+        (
+            "--match-agent-identity-to-certificate",
+            "--match-agent-host-to-token-node",
+        ),
+    ] {
+        let err = format!(
+            "{:#}",
+            token_launch(&files, &format!("{TOKEN_AUTH} {flag}")).unwrap_err()
+        );
+        assert!(err.contains(want), "{flag}: {err}");
+    }
+    // Without token authentication nothing Kubernetes is built, and the client flags are
+    // reported as having no effect.
+    let line = format!(
+        "--cluster-cert={} --cluster-key={} --cluster-ca-cert={} --uds-name={} --server-port=0 \
+         --kubeconfig=/nonexistent/kubeconfig",
+        files.server_cert.display(),
+        files.server_key.display(),
+        files.ca_cert.display(),
+        files.dir.join("k.sock").display()
+    );
+    let launch = server_args(&line).unwrap().into_launch().unwrap();
+    assert!(launch.kube.is_none() && launch.token_auth.is_none());
+}
+
 #[test]
 fn unimplemented_features_are_refused() {
     let (_dir, files) = pki();
-    for flag in [
-        "--agent-namespace",
-        "--agent-service-account",
-        "--authentication-audience",
-    ] {
-        let err = error(uds(&files, &format!("{flag}=x")));
-        assert!(
-            err.starts_with(flag) && err.contains("not implemented"),
-            "{err}"
-        );
-    }
     let err = error(uds(&files, "--enable-lease-controller"));
     assert!(err.starts_with("--enable-lease-controller"), "{err}");
     uds(&files, "--enable-lease-controller=false --agent-namespace=").unwrap();
@@ -285,10 +419,19 @@ fn no_op_flags_are_reported_when_set() {
     )
     .unwrap();
     assert_eq!(
-        args.ignored(),
+        args.ignored(false),
         [
             "--enable-profiling=true",
             "--kubeconfig-qps=50",
+            "--warn-on-channel-limit=false",
+            "--vmodule=x=5"
+        ]
+    );
+    // With a Kubernetes client (token authentication) the client flags take effect.
+    assert_eq!(
+        args.ignored(true),
+        [
+            "--enable-profiling=true",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"
         ]

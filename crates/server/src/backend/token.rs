@@ -1,0 +1,190 @@
+//! Agent authentication by bearer token (upstream's ServiceAccount token authentication).
+//!
+//! The server only reads the `authorization` metadata and applies the identity binding; who
+//! vouches for a token (a TokenReview against the Kubernetes API, with its cache) is a
+//! [`TokenAuthenticator`] handed in by the binary, so this crate links no Kubernetes client.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tether_grpc::{Code, LogText, Principal, Status};
+use tether_proto::{Identifiers, metadata};
+
+/// What a reviewed token proved about the agent presenting it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenIdentity {
+    /// The authenticated user, `system:serviceaccount:NS:NAME`.
+    pub username: String,
+    /// The node of the pod the token is bound to, when the token carries one.
+    pub node: Option<String>,
+}
+
+/// Why a token did not admit an agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenRefusal {
+    /// The token is not valid for this server: the agent should not retry with it.
+    Invalid(String),
+    /// The token could not be checked now (the API server is unreachable, throttled or
+    /// refused the review): the agent may retry.
+    Unavailable(String),
+}
+
+/// A boxed future, so the trait stays object-safe without an async-trait dependency.
+pub type AuthFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<TokenIdentity, TokenRefusal>> + Send + 'a>>;
+
+/// Checks bearer tokens for the agent listener.
+pub trait TokenAuthenticator: Send + Sync + fmt::Debug + 'static {
+    /// Reviews `token` (without its `Bearer ` prefix).
+    fn authenticate<'a>(&'a self, token: &'a str) -> AuthFuture<'a>;
+
+    /// Why new agents cannot be authenticated right now (shown on `/readyz`), or `None`.
+    fn unready_reason(&self) -> Option<String>;
+}
+
+/// Token authentication of agent streams.
+#[derive(Clone, Debug)]
+pub struct AgentTokenAuth {
+    pub authenticator: Arc<dyn TokenAuthenticator>,
+    /// Require every `host=` identifier of the agent to be the node its token is bound to
+    /// (`--match-agent-host-to-token-node`), so one node's token cannot claim another node.
+    pub match_host_to_node: bool,
+}
+
+impl AgentTokenAuth {
+    /// Authenticates an agent stream's metadata; the principal that then owns its agent ID.
+    pub(crate) async fn check(
+        &self,
+        headers: &http::HeaderMap,
+        identifiers: &Identifiers,
+    ) -> Result<Principal, Status> {
+        let token = bearer(headers).map_err(|e| unauthenticated(&e))?;
+        let identity =
+            self.authenticator
+                .authenticate(token)
+                .await
+                .map_err(|refusal| match refusal {
+                    TokenRefusal::Invalid(why) => unauthenticated(&why),
+                    TokenRefusal::Unavailable(why) => Status::new(
+                        Code::UNAVAILABLE,
+                        format!("agent token could not be checked: {why}"),
+                    ),
+                })?;
+        if self.match_host_to_node {
+            check_node(&identity, identifiers)?;
+        }
+        Ok(Principal::Token {
+            username: identity.username,
+            node: identity.node,
+        })
+    }
+}
+
+fn unauthenticated(why: &str) -> Status {
+    Status::new(
+        Code::UNAUTHENTICATED,
+        format!("agent token refused: {}", LogText(why)),
+    )
+}
+
+/// The one `authorization` value's token, with upstream's checks.
+fn bearer(headers: &http::HeaderMap) -> Result<&str, String> {
+    let mut values = headers.get_all(metadata::AUTHORIZATION).iter();
+    let value = match (values.next(), values.count()) {
+        (None, _) => return Err("no authorization metadata (the agent sent no token)".into()),
+        (Some(value), 0) => value,
+        (Some(_), more) => return Err(format!("too many ({}) tokens are received", more + 1)),
+    };
+    let value = value.to_str().map_err(|_| "the token is not text")?;
+    value
+        .strip_prefix("Bearer ")
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| "the authorization value does not have the \"Bearer \" prefix".into())
+}
+
+/// `--match-agent-host-to-token-node`: `host=` identifiers may only name the token's node.
+fn check_node(identity: &TokenIdentity, identifiers: &Identifiers) -> Result<(), Status> {
+    let Some(claimed) = identifiers.hosts.first() else {
+        return Ok(());
+    };
+    let denied = |what: String| {
+        Err(Status::new(
+            Code::PERMISSION_DENIED,
+            format!("{what} (--match-agent-host-to-token-node=false allows it)"),
+        ))
+    };
+    let Some(node) = &identity.node else {
+        return denied(format!(
+            "identifier host={} needs a token bound to a pod on that node, and this token \
+             names no node",
+            LogText(claimed)
+        ));
+    };
+    match identifiers.hosts.iter().find(|host| *host != node) {
+        Some(other) => denied(format!(
+            "identifier host={} is not the node the token is bound to ({})",
+            LogText(other),
+            LogText(node)
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for v in values {
+            h.append(metadata::AUTHORIZATION, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn bearer_needs_exactly_one_prefixed_value() {
+        assert_eq!(bearer(&headers(&["Bearer abc"])), Ok("abc"));
+        assert!(
+            bearer(&headers(&[]))
+                .unwrap_err()
+                .contains("no authorization")
+        );
+        assert!(
+            bearer(&headers(&["Bearer a", "Bearer b"]))
+                .unwrap_err()
+                .contains("too many (2)")
+        );
+        for bad in ["abc", "bearer abc", "Bearer "] {
+            assert!(
+                bearer(&headers(&[bad])).unwrap_err().contains("prefix"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn hosts_must_name_the_token_node() {
+        let ids = |q| Identifiers::parse(q).unwrap();
+        let on = |node: Option<&str>| TokenIdentity {
+            username: "system:serviceaccount:kube-system:konnectivity-agent".into(),
+            node: node.map(str::to_owned),
+        };
+        check_node(&on(Some("n1")), &ids("host=n1&ipv4=10.0.0.1")).unwrap();
+        check_node(&on(None), &ids("ipv4=10.0.0.1")).unwrap();
+        for (node, q) in [
+            (Some("n1"), "host=n2"),
+            (Some("n1"), "host=n1&host=n2"),
+            (None, "host=n1"),
+        ] {
+            let err = check_node(&on(node), &ids(q)).unwrap_err();
+            assert_eq!(err.code, Code::PERMISSION_DENIED, "{q}: {err}");
+            assert!(
+                err.message.contains("--match-agent-host-to-token-node"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! What `tether server` starts besides the server itself: the one Kubernetes API client,
+//! built only when a feature needs it (token authentication), and what uses it.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tether_kube::token_review::TokenReviewAuthenticator;
+use tether_kube::{KubeApi, KubeApiOptions};
+use tether_observe::metrics::Registry;
+use tether_server::{AgentTokenAuth, Config};
+
+use super::token_auth::TokenAuth;
+
+/// A validated server command line.
+#[derive(Debug)]
+pub(crate) struct ServerLaunch {
+    pub(crate) config: Config,
+    /// Set when some feature needs the Kubernetes API.
+    pub(crate) kube: Option<KubeApiOptions>,
+    pub(crate) token_auth: Option<TokenAuth>,
+}
+
+impl ServerLaunch {
+    /// Builds the Kubernetes client if one is needed and wires what uses it into the
+    /// configuration; returns the client too, for other users of the same process's client.
+    pub(crate) async fn start(
+        self,
+        registry: &Registry,
+    ) -> anyhow::Result<(Config, Option<KubeApi>)> {
+        let Self {
+            mut config,
+            kube,
+            token_auth,
+        } = self;
+        let Some(options) = kube else {
+            return Ok((config, None));
+        };
+        let api = KubeApi::connect(&options)
+            .await
+            .context("--kubeconfig: the Kubernetes API client")?;
+        if let Some(auth) = token_auth {
+            tracing::info!(
+                namespace = %auth.account.namespace,
+                service_account = %auth.account.name,
+                audience = %auth.account.audience,
+                "authenticating agents by ServiceAccount token (TokenReview)"
+            );
+            let authenticator =
+                TokenReviewAuthenticator::new(api.clone(), auth.account, auth.cache, registry);
+            config.agent_token_auth = Some(AgentTokenAuth {
+                authenticator: Arc::new(authenticator),
+                match_host_to_node: auth.match_host_to_node,
+            });
+        }
+        Ok((config, Some(api)))
+    }
+}

@@ -1,0 +1,98 @@
+//! Agent ServiceAccount token authentication flags: upstream's `--agent-namespace`,
+//! `--agent-service-account` and `--authentication-audience` (with upstream's validation),
+//! and tether's identity binding and TokenReview cache.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{ArgAction, Args};
+use tether_kube::token_review::{AgentServiceAccount, CacheLimits};
+
+use crate::cli::common::{go_bool, go_duration};
+
+const HEADING: &str = "Agent token authentication";
+
+#[derive(Args, Clone, Debug)]
+pub(crate) struct TokenAuthArgs {
+    /// Authenticate agents by ServiceAccount token (TokenReview): the namespace of the
+    /// agents' ServiceAccount. Any of the three flags enables token authentication, which
+    /// then needs all three, and replaces --cluster-ca-cert.
+    #[arg(long, help_heading = HEADING, value_name = "NAMESPACE", default_value = "")]
+    agent_namespace: String,
+
+    /// The name of the agents' ServiceAccount.
+    #[arg(long, help_heading = HEADING, value_name = "NAME", default_value = "")]
+    agent_service_account: String,
+
+    /// The audience agents' tokens must be issued for (e.g. system:konnectivity-server).
+    #[arg(long, help_heading = HEADING, value_name = "AUDIENCE", default_value = "")]
+    authentication_audience: String,
+
+    /// Refuse an agent whose host= identifiers name another node than the one its token is
+    /// bound to (the token's pod node, authentication.kubernetes.io/node-name), so one
+    /// node's token cannot draw another node's traffic. On by default: kubelet-projected
+    /// tokens carry the node, and agents without host= identifiers are not affected.
+    #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "true", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    match_agent_host_to_token_node: bool,
+
+    /// How long an admitted token is admitted again without a TokenReview (never past the
+    /// token's expiry); 0 reviews every connection, as upstream does.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "2m0s", value_parser = go_duration)]
+    token_review_cache_ttl: Duration,
+
+    /// How long a refused token is refused again without a TokenReview.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
+    token_review_negative_cache_ttl: Duration,
+
+    /// After --token-review-cache-ttl, how much longer an admitted token is still admitted
+    /// while the Kubernetes API server cannot answer (never past the token's expiry).
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "1h0m0s", value_parser = go_duration)]
+    token_review_stale_ttl: Duration,
+
+    /// Most tokens whose review result is cached.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
+    token_review_cache_size: usize,
+}
+
+/// Validated token authentication settings.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct TokenAuth {
+    pub(crate) account: AgentServiceAccount,
+    pub(crate) cache: CacheLimits,
+    pub(crate) match_host_to_node: bool,
+}
+
+impl TokenAuthArgs {
+    /// Upstream's validation: any of the three flags enables token authentication; all
+    /// three are then required, and --cluster-ca-cert is refused. `None` when disabled.
+    pub(crate) fn validate(&self, cluster_ca_cert: &str) -> anyhow::Result<Option<TokenAuth>> {
+        let flags = [
+            ("--agent-namespace", &self.agent_namespace),
+            ("--agent-service-account", &self.agent_service_account),
+            ("--authentication-audience", &self.authentication_audience),
+        ];
+        if flags.iter().all(|(_, value)| value.is_empty()) {
+            return Ok(None);
+        }
+        if !cluster_ca_cert.is_empty() {
+            bail!("--cluster-ca-cert can not be used when agent authentication is enabled");
+        }
+        if let Some((flag, _)) = flags.iter().find(|(_, value)| value.is_empty()) {
+            bail!("{flag} cannot be empty when agent authentication is enabled");
+        }
+        Ok(Some(TokenAuth {
+            account: AgentServiceAccount {
+                namespace: self.agent_namespace.clone(),
+                name: self.agent_service_account.clone(),
+                audience: self.authentication_audience.clone(),
+            },
+            cache: CacheLimits {
+                ttl: self.token_review_cache_ttl,
+                negative_ttl: self.token_review_negative_cache_ttl,
+                stale_ttl: self.token_review_stale_ttl,
+                max_entries: self.token_review_cache_size,
+            },
+            match_host_to_node: self.match_agent_host_to_token_node,
+        }))
+    }
+}
