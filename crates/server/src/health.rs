@@ -18,15 +18,27 @@ pub(crate) fn health_handler(
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/readyz" | "/ready" => {
+            // An unreachable Kubernetes API only keeps new agents out: connected ones carry
+            // traffic as before. It is reported, but fails readiness only when no agent is
+            // connected, so a Service in front of a hosted control plane's servers never
+            // drops the ones still carrying kube-apiserver's traffic.
+            let api = tokens.as_ref().and_then(|t| t.unready_reason());
             if shutting_down.load(std::sync::atomic::Ordering::Acquire) {
                 Response::text(500, "shutting down")
-            } else if let Some(why) = tokens.as_ref().and_then(|t| t.unready_reason()) {
-                // New agents cannot be admitted; those already connected keep working.
-                Response::text(500, why)
             } else if hub.registry().is_ready() {
-                Response::text(200, "ok")
+                match api {
+                    None => Response::text(200, "ok"),
+                    Some(why) => {
+                        Response::text(200, &format!("ok (new agents cannot be admitted: {why})"))
+                    }
+                }
             } else {
-                Response::text(500, "no connection to any proxy agent")
+                match api {
+                    None => Response::text(500, "no connection to any proxy agent"),
+                    Some(why) => {
+                        Response::text(500, &format!("no connection to any proxy agent; {why}"))
+                    }
+                }
             }
         }
         "/metrics" => Response::metrics(&registry),
