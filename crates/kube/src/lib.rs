@@ -2,3 +2,4 @@
 //! paths (or started) unless token authentication or Lease counting is switched on.
 
 pub mod client;
+pub mod lease;
