@@ -311,6 +311,7 @@ impl TestAgent {
             destinations: opts.destinations,
             flow,
             token_path: None,
+            lease_counting: None,
             tls_reload,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;

@@ -236,6 +236,7 @@ async fn start_pair(
             destinations: tether_agent::DestinationConfig::default(),
             flow: FlowConfig::default(),
             token_path: None,
+            lease_counting: None,
             tls_reload: None,
         },
         Registry::new(),

@@ -381,6 +381,7 @@ impl AgentArgs {
             },
             flow: self.flow.to_config()?,
             token_path,
+            lease_counting: None,
         })
     }
 
