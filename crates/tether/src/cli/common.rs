@@ -105,9 +105,9 @@ pub(crate) fn check_pair(
 /// Heading of flags accepted for compatibility only.
 pub(crate) const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
 
-/// Upstream flags both binaries share that only feed Go's pprof or Kubernetes API access
-/// (token authentication, Leases), which tether does not do: accepted, listed in the
-/// start-up warning when changed.
+/// Upstream flags both binaries share that feed Go's pprof or Kubernetes API access: accepted,
+/// listed in the start-up warning when changed (`--kubeconfig` by the commands, which know
+/// whether they use it).
 #[derive(Args, Clone, Debug)]
 pub(crate) struct UpstreamOnlyArgs {
     /// pprof on the admin port.
@@ -118,17 +118,19 @@ pub(crate) struct UpstreamOnlyArgs {
     #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) enable_contention_profiling: bool,
 
-    /// Kubeconfig, used upstream only by token authentication and Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "PATH", default_value = "")]
+    /// Kubeconfig for the Kubernetes API (token authentication, Leases); empty means the
+    /// in-cluster ServiceAccount configuration.
+    #[arg(
+        long,
+        help_heading = "Kubernetes API",
+        value_name = "PATH",
+        default_value = ""
+    )]
     pub(crate) kubeconfig: String,
 
     /// Content type of requests to the Kubernetes API.
     #[arg(long, help_heading = NO_EFFECT, value_name = "TYPE", default_value = DEFAULT_KUBE_API_CONTENT_TYPE)]
     pub(crate) kube_api_content_type: String,
-
-    /// Namespace of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "NAMESPACE", default_value = DEFAULT_LEASE_NAMESPACE)]
-    pub(crate) lease_namespace: String,
 }
 
 impl UpstreamOnlyArgs {
@@ -149,18 +151,11 @@ impl UpstreamOnlyArgs {
             self.enable_contention_profiling,
             false,
         );
-        non_default(ignored, "--kubeconfig", self.kubeconfig.as_str(), "");
         non_default(
             ignored,
             "--kube-api-content-type",
             self.kube_api_content_type.as_str(),
             DEFAULT_KUBE_API_CONTENT_TYPE,
-        );
-        non_default(
-            ignored,
-            "--lease-namespace",
-            self.lease_namespace.as_str(),
-            DEFAULT_LEASE_NAMESPACE,
         );
     }
 }

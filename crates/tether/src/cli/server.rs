@@ -14,12 +14,15 @@ use tether_server::{Config, FrontendListen, Mode, Strategy};
 use tether_tls::TlsOptions;
 
 use super::common::{
-    DEFAULT_LEASE_LABEL, FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs,
-    check_listen_port, check_pair, go_bool, go_duration, id_or_random, listen_addr, non_default,
+    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_listen_port, check_pair,
+    go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
+use lease::LeaseArgs;
+pub(crate) use lease::ServerLeases;
 use security::SecurityArgs;
 
+mod lease;
 mod reload;
 mod security;
 
@@ -237,9 +240,8 @@ pub(crate) struct ServerArgs {
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "AUDIENCE", default_value = "")]
     authentication_audience: String,
 
-    /// Publish and garbage-collect proxy server Leases.
-    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    enable_lease_controller: bool,
+    #[command(flatten)]
+    pub(crate) leases: LeaseArgs,
 
     #[command(flatten)]
     upstream_only: UpstreamOnlyArgs,
@@ -251,10 +253,6 @@ pub(crate) struct ServerArgs {
     /// Kubernetes client burst.
     #[arg(long, help_heading = NO_EFFECT, value_name = "N", default_value_t = 0)]
     kubeconfig_burst: i64,
-
-    /// Labels of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "LABELS", default_value = DEFAULT_LEASE_LABEL)]
-    lease_label: String,
 
     /// Size of upstream's per-stream channels; tether's per-connection flow control
     /// (--connection-window, --legacy-connection-buffer) replaces them. Must be > 0.
@@ -313,6 +311,13 @@ impl ServerArgs {
         let agent_tls = self.agent_tls(&tls)?;
         let limits = self.security.limits()?;
         let tls_reload = self.tls_reload(mode, &tls, self.security.tls_reload_interval())?;
+        self.leases.settings(&self.upstream_only.kubeconfig)?;
+        let server_id = id_or_random(self.server_id.clone());
+        if self.leases.enabled() {
+            tether_kube::lease::check_server_id(&server_id).map_err(|e| {
+                anyhow::anyhow!("--server-id (with --enable-lease-controller): {e}")
+            })?;
+        }
         let ignored = self.ignored();
         if !ignored.is_empty() {
             tracing::warn!(
@@ -340,7 +345,7 @@ impl ServerArgs {
                 &self.admin_bind_address,
                 self.admin_port,
             )?,
-            server_id: id_or_random(self.server_id),
+            server_id,
             server_count: self.server_count,
             strategies,
             dial_timeout: if self.backend_dial_timeout.is_zero() {
@@ -384,12 +389,6 @@ impl ServerArgs {
                      tether; authenticate agents with client certificates (--cluster-ca-cert)"
                 );
             }
-        }
-        if self.enable_lease_controller {
-            bail!(
-                "--enable-lease-controller: server Leases are not implemented by tether; \
-                 set --server-count instead"
-            );
         }
         Ok(())
     }
@@ -501,12 +500,15 @@ impl ServerArgs {
         self.upstream_only.ignored(&mut ignored);
         non_default(&mut ignored, "--kubeconfig-qps", self.kubeconfig_qps, 0.0);
         non_default(&mut ignored, "--kubeconfig-burst", self.kubeconfig_burst, 0);
-        non_default(
-            &mut ignored,
-            "--lease-label",
-            self.lease_label.as_str(),
-            DEFAULT_LEASE_LABEL,
-        );
+        self.leases.ignored(&mut ignored);
+        if !self.leases.enabled() {
+            non_default(
+                &mut ignored,
+                "--kubeconfig",
+                self.upstream_only.kubeconfig.as_str(),
+                "",
+            );
+        }
         non_default(
             &mut ignored,
             "--xfr-channel-size",
