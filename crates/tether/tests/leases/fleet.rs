@@ -202,12 +202,28 @@ impl Fleet {
     }
 
     fn update_balancer(&self) {
+        let ids: Vec<&str> = self.servers.iter().map(|(id, _)| id.as_str()).collect();
+        self.balance(&ids);
+    }
+
+    /// Puts only these servers in the balancer.
+    pub(crate) fn balance(&self, ids: &[&str]) {
         self.lb.set_backends(
             self.servers
                 .iter()
+                .filter(|(id, _)| ids.contains(&id.as_str()))
                 .filter_map(|(_, m)| m.agent_addr)
                 .collect(),
         );
+    }
+
+    pub(crate) fn server(&self, id: &str) -> &Member {
+        &self
+            .servers
+            .iter()
+            .find(|(s, _)| s == id)
+            .expect("server in the fleet")
+            .1
     }
 
     /// Starts an agent dialing the balancer and counting server Leases.
@@ -243,7 +259,7 @@ impl Fleet {
         Ok(member)
     }
 
-    /// `(name, holderIdentity, leaseDurationSeconds, labels)` of the server Leases.
+    /// The server Leases, as JSON objects.
     pub(crate) async fn leases(&self) -> anyhow::Result<Vec<serde_json::Value>> {
         let out = self
             .plane
@@ -278,7 +294,7 @@ impl Fleet {
     }
 }
 
-const OPEN: &str = "konnectivity_network_proxy_agent_open_server_connections";
+pub(crate) const OPEN: &str = "konnectivity_network_proxy_agent_open_server_connections";
 const KNOWN: &str = "konnectivity_network_proxy_agent_known_server_count";
 
 /// Waits until every agent holds `n` server streams and counts `n` servers; returns how

@@ -4,7 +4,7 @@
 
 mod fleet;
 
-use fleet::{FAST_LEASES, Fleet, Kind, converge, until};
+use fleet::{FAST_LEASES, Fleet, Kind, OPEN, converge, until};
 use tokio::sync::Mutex;
 
 /// One control plane at a time: each test starts its own, and two at once would starve a
@@ -130,3 +130,52 @@ async fn a_mixed_fleet_agrees_on_the_count() -> anyhow::Result<()> {
     drop(killed);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    fleet.add_server(Kind::Tether, "srv-1", FAST_LEASES).await?;
+    // A live server that publishes no Lease, e.g. one whose renewals fail.
+    fleet
+        .add_server(
+            Kind::Tether,
+            "unleased",
+            &["--enable-lease-controller=false"],
+        )
+        .await?;
+    until("srv-1's Lease", || async {
+        fleet.lease_holders().await == ["srv-1"]
+    })
+    .await;
+
+    // Only the unleased server is reachable: one stream, but not to the counted server.
+    fleet.balance(&["unleased"]);
+    let agent = fleet.agent(Kind::Tether, &[]).await?;
+    until(
+        "the agent holds a stream to the unleased server",
+        || async { agent.metric(OPEN).await == Some(1.0) },
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let (status, body) = tether_testkit::http::get(agent.health, "/readyz?verbose").await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("not connected to every counted server"),
+        "{body}"
+    );
+
+    // The counted server becomes reachable: the agent connects to it and lets go of the other.
+    fleet.balance(&["srv-1", "unleased"]);
+    let took = until("the agent holds only srv-1's stream", || async {
+        agent.metric(OPEN).await == Some(1.0)
+            && fleet.server("unleased").metric(CONNECTED).await == Some(0.0)
+            && fleet.server("srv-1").metric(CONNECTED).await == Some(1.0)
+    })
+    .await;
+    eprintln!("let go of the unleased server {took:.1?} after srv-1 became reachable");
+    assert_eq!(ready(&agent).await, 200);
+    Ok(())
+}
+
+const CONNECTED: &str = "konnectivity_network_proxy_server_ready_backend_connections";
