@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use std::time::Instant;
 
 use rustls_pki_types::ServerName;
 use tether_grpc::client::Channel;
@@ -19,7 +20,7 @@ use tracing::Instrument;
 use crate::Config;
 use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;
-use crate::server_count::{self, ServerLeases};
+use crate::server_count::{self, ServerLeases, Uncounted};
 use crate::session::ServerSession;
 
 /// How long connecting to a server (TCP, TLS, HTTP/2, response headers) may take.
@@ -44,6 +45,8 @@ pub(crate) struct ClientSet {
     /// The last `servercount` a server announced; 0 counts as 1, as upstream.
     server_count: AtomicUsize,
     draining: AtomicBool,
+    /// Connected servers beyond the count without a valid Lease, and since when.
+    uncounted: Mutex<Uncounted>,
 }
 
 /// A server stream, and the token that lets go of it when its server's Lease expired.
@@ -96,6 +99,7 @@ impl ClientSet {
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
+            uncounted: Mutex::new(Uncounted::default()),
         }
     }
 
@@ -130,9 +134,9 @@ impl ClientSet {
         server_count::satisfied(kept, self.target(), self.leases().as_ref())
     }
 
-    /// Lets go of servers whose Lease no longer counts while more streams than the count
-    /// are held: each is told this agent is draining, and its stream ends once its
-    /// connections did (or after [`DISMISS_GRACE`]).
+    /// Lets go of servers whose Lease has not counted for a while as long as more streams
+    /// than the count are held: each is told this agent is draining, and its stream ends
+    /// once its connections did (or after [`DISMISS_GRACE`]).
     fn dismiss_surplus(&self) {
         let Some(leases) = self.leases() else {
             return;
@@ -143,7 +147,13 @@ impl ClientSet {
             .iter()
             .filter(|(_, held)| !held.dismiss.is_cancelled())
             .map(|(id, _)| id.as_str());
-        for id in server_count::surplus(kept, target, &leases) {
+        let surplus = server_count::surplus(kept, target, &leases);
+        let due = self
+            .uncounted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(surplus, Instant::now());
+        for id in due {
             tracing::info!(server.id = %id, "letting go of a server whose Lease no longer counts");
             if let Some(held) = sessions.get(&id) {
                 held.dismiss.cancel();
@@ -165,6 +175,7 @@ impl ClientSet {
         let tasks = TaskTracker::new();
         let mut backoff = self.config.sync_interval;
         let mut duplicates = 0;
+        let mut last_target = 0;
         let mut lease_updates = self
             .config
             .lease_counting
@@ -174,9 +185,16 @@ impl ClientSet {
             self.dismiss_surplus();
             let target = self.target();
             self.metrics.known_server_count.set(target as i64);
+            if target != last_target {
+                // A server joined or left: look for it at full pace again.
+                last_target = target;
+                duplicates = 0;
+                backoff = self.config.sync_interval;
+            }
+            let satisfied = self.satisfied();
             let wait = if self.draining.load(Ordering::Acquire) {
                 Duration::MAX
-            } else if !self.config.sync_forever && self.satisfied() {
+            } else if !self.config.sync_forever && satisfied {
                 duplicates = 0;
                 self.config.sync_interval
             } else {
@@ -186,7 +204,9 @@ impl ClientSet {
                             backoff = self.config.sync_interval;
                             duplicates = 0;
                             Duration::ZERO
-                        } else if duplicates < DUPLICATES_PER_SERVER * target {
+                        } else if satisfied || duplicates < DUPLICATES_PER_SERVER * target {
+                            // Within the budget, or `--sync-forever` with every server
+                            // connected: upstream's pace.
                             duplicates += 1;
                             jitter(self.config.sync_interval)
                         } else {

@@ -4,7 +4,8 @@
 //! `aggregateServerCounter` combines them. Leases also name the servers that count, so an
 //! agent holding more streams than the count knows which ones to let go.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -80,6 +81,31 @@ pub(crate) fn surplus<'a>(
         .collect()
 }
 
+/// How long a connected server must have lacked a valid Lease before the agent lets go of
+/// it: upstream's renewal interval, so that a server whose renewal was merely late (an API
+/// server outage longer than the Lease duration expires every Lease at once) is kept.
+pub(crate) const UNCOUNTED_GRACE: Duration = Duration::from_secs(15);
+
+/// Since when each surplus server has gone without a valid Lease.
+#[derive(Debug, Default)]
+pub(crate) struct Uncounted {
+    since: HashMap<String, Instant>,
+}
+
+impl Uncounted {
+    /// Records this reading's surplus servers and returns those uncounted for at least
+    /// [`UNCOUNTED_GRACE`]; a server no longer in the surplus starts over.
+    pub(crate) fn due(&mut self, surplus: Vec<String>, now: Instant) -> Vec<String> {
+        self.since.retain(|id, _| surplus.contains(id));
+        surplus
+            .into_iter()
+            .filter(|id| {
+                now.duration_since(*self.since.entry(id.clone()).or_insert(now)) >= UNCOUNTED_GRACE
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +151,28 @@ mod tests {
         // Two gone at once; only as many as the excess are dropped.
         assert_eq!(surplus(["a", "c", "d"], 2, &leases(2, &["a", "b"])), ["c"]);
         assert_eq!(surplus(["c", "d", "a"], 1, &leases(1, &["a"])), ["c", "d"]);
+    }
+
+    #[test]
+    fn servers_are_let_go_of_only_after_the_grace() {
+        let t0 = Instant::now();
+        let mut u = Uncounted::default();
+        assert!(u.due(vec!["c".into()], t0).is_empty());
+        assert!(
+            u.due(vec!["c".into(), "d".into()], t0 + Duration::from_secs(10))
+                .is_empty()
+        );
+        assert_eq!(
+            u.due(vec!["c".into(), "d".into()], t0 + UNCOUNTED_GRACE),
+            ["c"]
+        );
+        // "d" counted again for one reading: its clock restarts.
+        assert_eq!(u.due(vec!["c".into()], t0 + Duration::from_secs(26)), ["c"]);
+        assert!(
+            u.due(vec!["d".into()], t0 + Duration::from_secs(27))
+                .is_empty()
+        );
+        assert_eq!(u.due(vec!["d".into()], t0 + Duration::from_secs(42)), ["d"]);
     }
 
     #[test]

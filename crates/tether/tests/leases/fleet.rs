@@ -295,7 +295,7 @@ impl Fleet {
 }
 
 pub(crate) const OPEN: &str = "konnectivity_network_proxy_agent_open_server_connections";
-const KNOWN: &str = "konnectivity_network_proxy_agent_known_server_count";
+pub(crate) const KNOWN: &str = "konnectivity_network_proxy_agent_known_server_count";
 
 /// Waits until every agent holds `n` server streams and counts `n` servers; returns how
 /// long that took.

@@ -4,7 +4,9 @@
 
 mod fleet;
 
-use fleet::{FAST_LEASES, Fleet, Kind, OPEN, converge, until};
+use std::time::Duration;
+
+use fleet::{FAST_LEASES, Fleet, KNOWN, Kind, OPEN, converge, until};
 use tokio::sync::Mutex;
 
 /// One control plane at a time: each test starts its own, and two at once would starve a
@@ -157,7 +159,7 @@ async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
         || async { agent.metric(OPEN).await == Some(1.0) },
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let (status, body) = tether_testkit::http::get(agent.health, "/readyz?verbose").await?;
     assert_eq!(status, 503, "{body}");
     assert!(
@@ -165,7 +167,8 @@ async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
         "{body}"
     );
 
-    // The counted server becomes reachable: the agent connects to it and lets go of the other.
+    // The counted server becomes reachable: the agent connects to it, and lets go of the
+    // other once that went without a Lease for the grace (15s).
     fleet.balance(&["srv-1", "unleased"]);
     let took = until("the agent holds only srv-1's stream", || async {
         agent.metric(OPEN).await == Some(1.0)
@@ -179,3 +182,36 @@ async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
 }
 
 const CONNECTED: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_costs_no_stream() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    for id in ["srv-1", "srv-2"] {
+        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
+    }
+    let agent = fleet.agent(Kind::Tether, &[]).await?;
+    converge(&[&agent], 2, "start").await;
+
+    // Lists fail: the agent keeps its last count, though every Lease is past its 4s now.
+    fleet.plane.stop_apiserver().await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(agent.metric(OPEN).await, Some(2.0));
+    assert_eq!(agent.metric(KNOWN).await, Some(2.0));
+    assert_eq!(ready(&agent).await, 200);
+
+    // Back: the first lists may see expired (or garbage-collected) Leases until both
+    // servers renewed; no stream is let go meanwhile.
+    fleet.plane.start_apiserver().await?;
+    until("both Leases renewed", || async {
+        fleet.lease_holders().await == ["srv-1", "srv-2"]
+    })
+    .await;
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(5) {
+        assert_eq!(agent.metric(OPEN).await, Some(2.0), "a stream was let go");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    converge(&[&agent], 2, "after the API server came back").await;
+    Ok(())
+}
