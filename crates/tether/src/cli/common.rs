@@ -216,6 +216,16 @@ impl FlowArgs {
     }
 }
 
+/// `--kubeconfig`: `None` (in-cluster configuration) when empty, else a path that must exist
+/// (upstream checks it at start-up too).
+pub(crate) fn kubeconfig_path(value: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    std::fs::metadata(value).with_context(|| format!("--kubeconfig: checking {value}"))?;
+    Ok(Some(value.into()))
+}
+
 /// `name=value` for the start-up warning about flags that have no effect in tether, when
 /// `value` differs from the default.
 pub(crate) fn non_default<T: PartialEq + std::fmt::Display>(

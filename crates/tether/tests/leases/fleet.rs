@@ -3,14 +3,13 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tether_testkit::Pki;
 use tether_testkit::balancer::LoadBalancer;
 use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
-use tether_testkit::http::{get, metric_value};
-use tokio::process::{Child, Command};
+use tether_testkit::http::metric_value;
+use tether_testkit::process::Process;
 
 /// Bound for any single step: catches hangs without asserting speed.
 pub(crate) const STEP: Duration = Duration::from_secs(90);
@@ -65,54 +64,39 @@ fn tether_testkit_random() -> u64 {
 #[derive(Debug)]
 pub(crate) struct Member {
     pub(crate) kind: Kind,
-    child: Child,
-    pub(crate) health: SocketAddr,
+    process: Process,
     /// The agent port (servers only).
     pub(crate) agent_addr: Option<SocketAddr>,
 }
 
 impl Member {
-    fn spawn(kind: Kind, bin: &Path, args: &[String], health: SocketAddr) -> anyhow::Result<Self> {
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(if std::env::var_os("RUST_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .kill_on_drop(true)
-            .spawn()?;
+    async fn spawn(
+        kind: Kind,
+        bin: &Path,
+        args: Vec<String>,
+        health: SocketAddr,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
             kind,
-            child,
-            health,
+            process: Process::spawn(bin, args, health).await?,
             agent_addr: None,
         })
     }
 
+    pub(crate) fn health(&self) -> SocketAddr {
+        self.process.health
+    }
+
     pub(crate) async fn signal(&self, name: &str) -> anyhow::Result<()> {
-        let pid = self
-            .child
-            .id()
-            .ok_or_else(|| anyhow::anyhow!("already exited"))?;
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .await?;
-        anyhow::ensure!(status.success(), "kill -{name} {pid} failed");
-        Ok(())
+        self.process.signal(name).await
     }
 
     pub(crate) async fn wait(&mut self) -> anyhow::Result<Option<i32>> {
-        Ok(tokio::time::timeout(STEP, self.child.wait()).await??.code())
+        self.process.wait(STEP).await
     }
 
     pub(crate) async fn metric(&self, sample: &str) -> Option<f64> {
-        let (_, text) = get(self.health, "/metrics").await.ok()?;
-        metric_value(&text, sample)
+        metric_value(&self.process.metrics().await.ok()?, sample)
     }
 }
 
@@ -181,7 +165,7 @@ impl Fleet {
             Kind::Upstream => upstream("proxy-server"),
         };
         let health = SocketAddr::from(([127, 0, 0, 1], health));
-        let mut member = Member::spawn(kind, &bin, &args, health)?;
+        let mut member = Member::spawn(kind, &bin, args, health).await?;
         member.agent_addr = Some(SocketAddr::from(([127, 0, 0, 1], agent)));
         tether_testkit::http::wait_for_200(health, "/healthz", STEP).await?;
         self.servers.push((id.to_owned(), member));
@@ -254,7 +238,7 @@ impl Fleet {
             Kind::Upstream => upstream("proxy-agent"),
         };
         let health = SocketAddr::from(([127, 0, 0, 1], health));
-        let member = Member::spawn(kind, &bin, &args, health)?;
+        let member = Member::spawn(kind, &bin, args, health).await?;
         tether_testkit::http::wait_for_200(health, "/healthz", STEP).await?;
         Ok(member)
     }

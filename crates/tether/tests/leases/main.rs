@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
 async fn ready(agent: &fleet::Member) -> u16 {
-    tether_testkit::http::get(agent.health, "/readyz")
+    tether_testkit::http::get(agent.health(), "/readyz")
         .await
         .map_or(0, |(status, _)| status)
 }
@@ -160,7 +160,7 @@ async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (status, body) = tether_testkit::http::get(agent.health, "/readyz?verbose").await?;
+    let (status, body) = tether_testkit::http::get(agent.health(), "/readyz?verbose").await?;
     assert_eq!(status, 503, "{body}");
     assert!(
         body.contains("not connected to every counted server"),

@@ -10,7 +10,8 @@ use clap::{ArgAction, Args};
 use tether_agent::CountSource;
 
 use crate::cli::common::{
-    DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, go_bool, go_duration, non_default,
+    DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, go_bool, go_duration, kubeconfig_path,
+    non_default,
 };
 
 const HEADING: &str = "Server count";
@@ -86,10 +87,7 @@ impl LeaseArgs {
             "max" => CountSource::Max,
             other => bail!("--server-count-source must be 'default' or 'max', got {other:?}"),
         };
-        if !kubeconfig.is_empty() {
-            std::fs::metadata(kubeconfig)
-                .map_err(|e| anyhow::anyhow!("--kubeconfig: checking {kubeconfig}: {e}"))?;
-        }
+        let kubeconfig = kubeconfig_path(kubeconfig)?;
         let selector = self.selector()?;
         if !self.count_server_leases {
             return Ok(None);
@@ -103,7 +101,7 @@ impl LeaseArgs {
             bail!("--lease-poll-interval must be greater than 0");
         }
         Ok(Some(AgentLeases {
-            kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
+            kubeconfig,
             namespace: self.lease_namespace.clone(),
             selector: selector.to_owned(),
             source,

@@ -11,7 +11,8 @@ use clap::{ArgAction, Args};
 use tether_kube::lease::labels::LeaseLabels;
 
 use crate::cli::common::{
-    DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, go_bool, go_duration, non_default,
+    DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, go_bool, go_duration, kubeconfig_path,
+    non_default,
 };
 
 const HEADING: &str = "Server Lease";
@@ -84,12 +85,8 @@ impl LeaseArgs {
                 "--lease-renew-interval must be greater than 0 and less than --lease-duration, or the Lease expires between renewals"
             );
         }
-        if !kubeconfig.is_empty() {
-            std::fs::metadata(kubeconfig)
-                .map_err(|e| anyhow::anyhow!("--kubeconfig: checking {kubeconfig}: {e}"))?;
-        }
         Ok(Some(ServerLeases {
-            kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
+            kubeconfig: kubeconfig_path(kubeconfig)?,
             namespace: self.lease_namespace.clone(),
             labels,
             duration: d,
