@@ -2,6 +2,9 @@
 //! server IDs are connected as the servers announce or their Leases count, and let go of
 //! servers whose Lease expired.
 
+use tether_observe::audit::AuditLog;
+
+use crate::audit::StreamAudit;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,6 +44,7 @@ pub(crate) struct ClientSet {
     config: Config,
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
+    audit: Option<AuditLog>,
     sessions: Mutex<HashMap<String, Held>>,
     /// The last `servercount` a server announced; 0 counts as 1, as upstream.
     server_count: AtomicUsize,
@@ -91,11 +95,13 @@ impl ClientSet {
         config: Config,
         metrics: Arc<AgentMetrics>,
         destinations: Arc<Destinations>,
+        audit: Option<AuditLog>,
     ) -> Self {
         Self {
             config,
             metrics,
             destinations,
+            audit,
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
@@ -281,6 +287,13 @@ impl ClientSet {
             self.metrics.clone(),
             self.destinations.clone(),
             self.config.dial_timeout,
+            self.audit.clone().map(|log| {
+                Arc::new(StreamAudit::new(
+                    log,
+                    server_id.clone(),
+                    self.config.agent_id.clone(),
+                ))
+            }),
         ));
         let dismiss = CancellationToken::new();
         {

@@ -13,6 +13,7 @@
 //! - `metrics`: upstream's agent metrics.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod clientset;
 mod destination;
 mod health;
@@ -69,6 +70,8 @@ pub struct Config {
     /// `--count-server-leases`: the server count from Leases, kept current by whoever
     /// lists them (the binary runs tether-kube's counter).
     pub lease_counting: Option<LeaseCounting>,
+    /// `--audit-log-path`: one JSON line per connection and failed or refused dial.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 /// Start-up failures.
@@ -82,6 +85,11 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Policy(#[from] PolicyFileError),
+    #[error("opening the audit log {path}: {source}")]
+    AuditLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// An agent whose health and admin listeners are bound.
@@ -93,6 +101,10 @@ pub struct Agent {
     registry: Registry,
     metrics: Arc<metrics::AgentMetrics>,
     destinations: Arc<destination::Destinations>,
+    audit: Option<(
+        tether_observe::audit::AuditLog,
+        tether_observe::audit::AuditWriter,
+    )>,
 }
 
 impl Agent {
@@ -114,6 +126,17 @@ impl Agent {
             own_listeners,
             metrics.clone(),
         )?);
+        let audit = match &config.audit_log {
+            None => None,
+            Some(target) => Some(
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                    AgentError::AuditLog {
+                        path: target.to_string(),
+                        source,
+                    }
+                })?,
+            ),
+        };
         Ok(Self {
             config,
             health,
@@ -121,6 +144,7 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            audit,
         })
     }
 
@@ -142,11 +166,22 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            audit,
         } = self;
+        // Stopped last, so the records of connections cut at shutdown are written too.
+        let audit_stop = CancellationToken::new();
+        let (audit_log, audit_writer) = match audit {
+            Some((log, writer)) => (
+                Some(log),
+                Some(tokio::spawn(writer.run(audit_stop.clone()))),
+            ),
+            None => (None, None),
+        };
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
             metrics,
             destinations.clone(),
+            audit_log,
         ));
         let health_port = health.local_addr().map_or(0, |a| a.port());
         tracing::info!(
@@ -170,6 +205,14 @@ impl Agent {
         clientset.run(drain, stop.clone()).await;
         endpoints.close();
         endpoints.wait().await;
+        if let Some(writer) = audit_writer {
+            audit_stop.cancel();
+            match writer.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
+                Err(error) => tracing::error!(%error, "the audit writer failed"),
+            }
+        }
         tracing::info!("proxy agent stopped");
     }
 }

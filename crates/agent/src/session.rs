@@ -16,8 +16,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
 
+use crate::audit::{DialFacts, StreamAudit};
 use crate::destination::Destinations;
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, DialFailure};
 
 /// A server stream and its connections.
 #[derive(Debug)]
@@ -35,6 +36,7 @@ impl ServerSession {
         metrics: Arc<AgentMetrics>,
         destinations: Arc<Destinations>,
         dial_timeout: Duration,
+        audit: Option<Arc<StreamAudit>>,
     ) -> Self {
         let tasks = TaskTracker::new();
         let config = SessionConfig {
@@ -50,6 +52,7 @@ impl ServerSession {
             destinations,
             tasks: tasks.clone(),
             dial_timeout,
+            audit,
         };
         Self {
             server_id,
@@ -92,6 +95,7 @@ struct AgentHooks {
     destinations: Arc<Destinations>,
     tasks: TaskTracker,
     dial_timeout: Duration,
+    audit: Option<Arc<StreamAudit>>,
 }
 
 impl Hooks for AgentHooks {
@@ -110,6 +114,7 @@ impl Hooks for AgentHooks {
                     self.dial_timeout,
                     self.destinations.clone(),
                     self.metrics.clone(),
+                    self.audit.clone(),
                 ));
             }
             Event::DialCancelled { random, why } => {
@@ -123,6 +128,9 @@ impl Hooks for AgentHooks {
                 self.metrics.open_endpoint_connections.dec();
                 if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
                     tracing::warn!(connect.id = %ended.id, "closed a connection whose destination stopped taking data");
+                }
+                if let Some(audit) = &self.audit {
+                    audit.ended(ended);
                 }
             }
             _ => {}
@@ -151,17 +159,28 @@ async fn serve_connection(
     timeout: Duration,
     destinations: Arc<Destinations>,
     metrics: Arc<AgentMetrics>,
+    audit: Option<Arc<StreamAudit>>,
 ) {
     let started = Instant::now();
+    let mut facts = DialFacts {
+        dial_id: incoming.random(),
+        requested: address,
+        dialed: None,
+        latency: None,
+    };
     let dialed = tokio::select! {
-        dialed = destinations.dial(&protocol, &address, timeout) => dialed,
+        dialed = destinations.dial(&protocol, &facts.requested, timeout) => dialed,
         () = incoming.abandoned() => return,
     };
+    facts.latency = Some(started.elapsed());
     let stream = match dialed {
         Ok(stream) => stream,
         Err((reason, error)) => {
-            tracing::debug!(%address, %error, "dial failed");
+            tracing::debug!(address = %facts.requested, %error, "dial failed");
             metrics.endpoint_dial_failure(reason);
+            if let Some(audit) = &audit {
+                audit.dial_ended(&facts, reason == DialFailure::Policy, &error);
+            }
             incoming.fail(error);
             return;
         }
@@ -173,6 +192,10 @@ async fn serve_connection(
     metrics
         .dial_duration
         .observe(started.elapsed().as_secs_f64());
+    if let Some(audit) = &audit {
+        facts.dialed = stream.peer_addr().ok().map(|a| a.to_string());
+        audit.connected(tunnel.connect_id(), facts);
+    }
     let outcome = relay(&mut tunnel, stream).await;
     tunnel.finish(outcome);
 }

@@ -95,6 +95,7 @@ impl AgentService {
                 limits: Limits::default(),
             },
             hub.metrics.clone(),
+            hub.audit.clone(),
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);

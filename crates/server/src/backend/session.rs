@@ -10,6 +10,7 @@ use tether_proto::{Identifiers, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
 use super::registry::Backend;
+use crate::audit::{Audit, StreamAudit};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
 
 /// A connected agent stream.
@@ -23,6 +24,8 @@ pub(crate) struct AgentSession {
     draining: Arc<AtomicBool>,
     /// This agent's series of `tether_server_agent_pending_dials`.
     pub(crate) pending_gauge: Arc<Gauge>,
+    /// Set when the audit log is on.
+    pub(crate) audit: Option<Arc<StreamAudit>>,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -44,8 +47,10 @@ impl AgentSession {
         identifiers: Identifiers,
         config: tether_tunnel::SessionConfig,
         metrics: Arc<ServerMetrics>,
+        audit: Option<Arc<Audit>>,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
+        let audit = audit.map(|audit| Arc::new(StreamAudit::new(audit, agent_id.clone())));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let hooks = ServerHooks {
             queued_gauge: metrics.agent_queued_bytes.with(&[&agent_id]),
@@ -53,6 +58,7 @@ impl AgentSession {
             agent_id: agent_id.clone(),
             draining: draining.clone(),
             metrics,
+            audit: audit.clone(),
         };
         Self {
             link: Link::new(config, hooks),
@@ -61,6 +67,7 @@ impl AgentSession {
             identifiers,
             draining,
             pending_gauge,
+            audit,
         }
     }
 }
@@ -73,6 +80,7 @@ struct ServerHooks {
     draining: Arc<AtomicBool>,
     queued_gauge: Arc<Gauge>,
     pending_gauge: Arc<Gauge>,
+    audit: Option<Arc<StreamAudit>>,
 }
 
 impl ServerHooks {
@@ -86,20 +94,27 @@ impl Hooks for ServerHooks {
     fn on_event(&self, _link: &Arc<Link>, event: Event) {
         let m = &self.metrics;
         match event {
-            Event::DialSettled { latency, error, .. } => {
+            Event::DialSettled {
+                random,
+                latency,
+                result,
+            } => {
                 self.dial_ended();
+                if let Some(audit) = &self.audit {
+                    audit.settled(random, latency, &result);
+                }
                 if let Some(latency) = latency {
                     m.dial_duration.observe(latency.as_secs_f64());
                 }
-                let failure = match error {
-                    None => return,
-                    Some(DialError::Endpoint(_)) => DialFailure::ErrorResponse,
-                    Some(DialError::Timeout) => DialFailure::BackendDialTimeout,
-                    Some(DialError::ClosedByPeer | DialError::StreamLost(_)) => {
+                let failure = match result {
+                    Ok(_) => return,
+                    Err(DialError::Endpoint(_)) => DialFailure::ErrorResponse,
+                    Err(DialError::Timeout) => DialFailure::BackendDialTimeout,
+                    Err(DialError::ClosedByPeer | DialError::StreamLost(_)) => {
                         DialFailure::BackendClose
                     }
                     // Refused before DIAL_REQ left; never settled through an event.
-                    Some(DialError::Duplicate(_) | DialError::TooManyPending { .. }) => return,
+                    Err(DialError::Duplicate(_) | DialError::TooManyPending { .. }) => return,
                 };
                 m.dial_failure(failure);
             }
@@ -109,6 +124,9 @@ impl Hooks for ServerHooks {
             }
             Event::Opened(_) => m.established.inc(),
             Event::Ended(ended) => {
+                if let Some(audit) = &self.audit {
+                    audit.ended(&ended);
+                }
                 m.established.dec();
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
