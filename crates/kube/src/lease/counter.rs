@@ -38,7 +38,13 @@ pub async fn run(
                 }
                 Err(e) => {
                     let kept = last.as_ref().map(|c| c.count);
-                    tracing::warn!(error = %e, ?kept, "could not list server Leases; keeping the last count");
+                    if e.status().is_some_and(|(code, _)| code == 400) {
+                        // The API server parses the selector; upstream's agent refuses a bad
+                        // one at start-up, which tether cannot do without asking.
+                        tracing::error!(error = %e, %selector, ?kept, "the API server refuses --lease-label-selector; keeping the last count");
+                    } else {
+                        tracing::warn!(error = %e, ?kept, "could not list server Leases; keeping the last count");
+                    }
                 }
             }
             tokio::time::sleep(super::jitter(poll_interval, 0.1)).await;
