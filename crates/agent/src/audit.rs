@@ -115,20 +115,15 @@ impl StreamAudit {
             (_, Initiator::Peer) => "server",
             (_, Initiator::Stream) => "stream",
         };
-        self.log.record(AuditRecord {
+        let record = AuditRecord {
             connection_id: Some(ended.id.0),
             // The agent writes what it receives from the server to the destination.
             bytes_to_destination: Some(ended.bytes_from_peer),
             bytes_from_destination: Some(ended.bytes_to_peer),
             duration_ms: Some(millis(ended.duration())),
-            closed_by: Some(closed_by),
-            outcome: if ended.outcome.error.is_none() {
-                "ok"
-            } else {
-                "error"
-            },
-            reason: ended.outcome.error.as_ref().map(ToString::to_string),
             ..self.record(facts, AuditEvent::Connection)
-        });
+        };
+        let error = ended.outcome.error.as_ref().map(ToString::to_string);
+        self.log.record(record.ended(closed_by, error));
     }
 }

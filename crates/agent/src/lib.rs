@@ -169,12 +169,8 @@ impl Agent {
             audit,
         } = self;
         // Stopped last, so the records of connections cut at shutdown are written too.
-        let audit_stop = CancellationToken::new();
         let (audit_log, audit_writer) = match audit {
-            Some((log, writer)) => (
-                Some(log),
-                Some(tokio::spawn(writer.run(audit_stop.clone()))),
-            ),
+            Some((log, writer)) => (Some(log), Some(writer.spawn())),
             None => (None, None),
         };
         let clientset = Arc::new(clientset::ClientSet::new(
@@ -206,12 +202,7 @@ impl Agent {
         endpoints.close();
         endpoints.wait().await;
         if let Some(writer) = audit_writer {
-            audit_stop.cancel();
-            match writer.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
-                Err(error) => tracing::error!(%error, "the audit writer failed"),
-            }
+            writer.finish().await;
         }
         tracing::info!("proxy agent stopped");
     }

@@ -110,6 +110,18 @@ pub struct AuditRecord {
     pub reason: Option<String>,
 }
 
+impl AuditRecord {
+    /// Sets how a connection ended: `error` is `None` for a normal close.
+    pub fn ended(self, closed_by: &'static str, error: Option<String>) -> Self {
+        Self {
+            closed_by: Some(closed_by),
+            outcome: if error.is_none() { "ok" } else { "error" },
+            reason: error,
+            ..self
+        }
+    }
+}
+
 /// Milliseconds, for the record's duration fields.
 pub fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1e6).round() / 1e3
@@ -193,7 +205,34 @@ impl AuditLog {
     }
 }
 
+/// A running [`AuditWriter`]; [`finish`](Self::finish) stops it after draining.
+#[derive(Debug)]
+pub struct AuditTask {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl AuditTask {
+    /// Stops the writer once what is queued is written (its owner calls this last, after
+    /// every connection that might still write a record has ended) and logs a write error.
+    pub async fn finish(self) {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
+            Err(error) => tracing::error!(%error, "the audit writer failed"),
+        }
+    }
+}
+
 impl AuditWriter {
+    /// Runs the writer on its own task, owned by the returned handle.
+    pub fn spawn(self) -> AuditTask {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(self.run(stop.clone()));
+        AuditTask { stop, task }
+    }
+
     /// Writes queued records until `stop`, then what is still queued (for at most a short
     /// drain period). A write error ends the writer; later records are dropped and counted.
     pub async fn run(mut self, stop: CancellationToken) -> std::io::Result<()> {

@@ -164,7 +164,7 @@ impl StreamAudit {
             (_, Initiator::Peer) => "agent",
             (_, Initiator::Stream) => "stream",
         };
-        self.audit.log.record(AuditRecord {
+        let record = AuditRecord {
             agent_id: Some(self.agent_id.clone()),
             connection_id: Some(ended.id.0),
             dial_latency_ms: latency.map(millis),
@@ -173,15 +173,10 @@ impl StreamAudit {
             bytes_to_destination: Some(ended.bytes_to_peer),
             bytes_from_destination: Some(ended.bytes_from_peer),
             duration_ms: Some(millis(ended.duration())),
-            closed_by: Some(closed_by),
-            outcome: if ended.outcome.error.is_none() {
-                "ok"
-            } else {
-                "error"
-            },
-            reason: ended.outcome.error.as_ref().map(ToString::to_string),
             ..self.audit.record(&request, AuditEvent::Connection)
-        });
+        };
+        let error = ended.outcome.error.as_ref().map(ToString::to_string);
+        self.audit.log.record(record.ended(closed_by, error));
     }
 }
 

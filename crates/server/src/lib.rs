@@ -224,13 +224,9 @@ impl Server {
         let limits = config.limits.clone();
         // The audit writer outlives every connection (it is stopped last) so that the
         // records of connections cut at shutdown are written too.
-        let audit_stop = CancellationToken::new();
         let audit_writer = audit.map(|(log, writer)| {
-            let task = tokio::spawn(writer.run(audit_stop.clone()));
-            (
-                Arc::new(audit::Audit::new(log, config.server_id.clone())),
-                task,
-            )
+            let audit = Arc::new(audit::Audit::new(log, config.server_id.clone()));
+            (audit, writer.spawn())
         });
         let hub = Arc::new(Hub::new(
             backend::registry::Registry::new(&config.strategies),
@@ -434,12 +430,7 @@ impl Server {
         endpoints.close();
         endpoints.wait().await;
         if let Some((_, writer)) = audit_writer {
-            audit_stop.cancel();
-            match writer.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
-                Err(error) => tracing::error!(%error, "the audit writer failed"),
-            }
+            writer.finish().await;
         }
         tracing::info!("proxy server stopped");
     }

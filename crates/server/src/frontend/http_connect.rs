@@ -11,6 +11,7 @@ use tether_proto::DialId;
 use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::connect_head::{self, Head, Parsed};
 use crate::dial::{DialError, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
@@ -19,8 +20,6 @@ use crate::request::{FrontendKind, RequestContext};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
-/// Go's MaxHeaderBytes (1 MiB) plus the 4 KiB slack Go's reader allows.
-const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
 /// Client bytes kept while the dial is under way; more than that waits in the socket.
 const MAX_EARLY_BYTES: usize = 64 * 1024;
 /// How long to wait for the agent's close after the client ended its side.
@@ -164,39 +163,14 @@ async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
     }
 }
 
-enum Head {
-    Connect(String),
-    OtherMethod,
-}
-
-/// Reads and parses the request head; `Err` carries the response for a bad request.
+/// Reads until the request head is complete; `Err` carries the response for a bad request
+/// (empty when the client left).
 async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec<u8>> {
     loop {
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut request = httparse::Request::new(&mut headers);
-        match request.parse(buf) {
-            // The limit holds however the head arrived: one TLS record may complete a head
-            // far larger than the limit in a single read.
-            Ok(httparse::Status::Complete(len)) if len > MAX_HEADER_BYTES => {
-                return Err(too_large());
-            }
-            Ok(httparse::Status::Complete(len)) => {
-                let head = match (request.method, request.path) {
-                    (Some("CONNECT"), Some(target)) if !target.is_empty() => {
-                        Head::Connect(target.to_owned())
-                    }
-                    (Some("CONNECT"), _) => return Err(bad_request()),
-                    _ => Head::OtherMethod,
-                };
-                let _ = buf.split_to(len);
-                return Ok(head);
-            }
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEADER_BYTES => {
-                return Err(too_large());
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => return Err(too_large()),
-            Err(_) => return Err(bad_request()),
+        match connect_head::parse(buf) {
+            Parsed::Head(head) => return Ok(head),
+            Parsed::Refuse(reply) => return Err(reply.to_vec()),
+            Parsed::Partial => {}
         }
         buf.reserve(4096);
         match io.read_buf(buf).await {
@@ -204,14 +178,6 @@ async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec
             Ok(_) => {}
         }
     }
-}
-
-fn too_large() -> Vec<u8> {
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec()
-}
-
-fn bad_request() -> Vec<u8> {
-    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request".to_vec()
 }
 
 async fn respond(io: &mut Box<dyn Io>, reply: &[u8]) -> std::io::Result<()> {

@@ -15,6 +15,19 @@ use tokio::net::{TcpStream, UnixStream};
 use crate::STEP;
 use crate::support::{echo_exact, http_connect_uds, read_head};
 
+/// Opens a raw `ProxyService.Proxy` call, for sending bytes no well-behaved client would.
+async fn proxy_call(
+    h2: &h2::client::SendRequest<Bytes>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut h2 = h2.clone().ready().await.unwrap();
+    let request = http::Request::post("http://localhost/ProxyService/Proxy")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    h2.send_request(request, false).unwrap()
+}
+
 async fn still_serves(server: &TestServer, echo: &EchoServer) {
     let (stream, head) =
         http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
@@ -102,13 +115,7 @@ async fn grpc_frontend_ignores_unknown_and_undecodable_packets() {
         .unwrap();
     let (h2, conn) = h2::client::handshake(io).await.unwrap();
     tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
-    let request = http::Request::post("http://localhost/ProxyService/Proxy")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut send) = h2.send_request(request, false).unwrap();
+    let (response, mut send) = proxy_call(&h2).await;
     // An unknown packet type, then bytes that are not protobuf at all, then a real dial.
     let unknown = pb::Packet {
         r#type: 57,
@@ -263,13 +270,7 @@ async fn junk_before_the_dial_request_does_not_extend_its_deadline() {
         .unwrap();
     let (h2, conn) = h2::client::handshake(io).await.unwrap();
     tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
-    let request = http::Request::post("http://localhost/ProxyService/Proxy")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut send) = h2.send_request(request, false).unwrap();
+    let (response, mut send) = proxy_call(&h2).await;
     let junk = pb::Packet {
         r#type: 57,
         payload: None,
@@ -336,13 +337,7 @@ async fn partial_messages_are_bounded_by_the_connection_window() {
     let mut senders = Vec::new();
     let mut responses = Vec::new();
     for _ in 0..STREAMS {
-        let mut h2 = h2.clone().ready().await.unwrap();
-        let request = http::Request::post("http://localhost/ProxyService/Proxy")
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
-        let (response, mut send) = h2.send_request(request, false).unwrap();
+        let (response, mut send) = proxy_call(&h2).await;
         let mut prefix = BytesMut::new();
         prefix.put_u8(0);
         prefix.put_u32(message as u32);
