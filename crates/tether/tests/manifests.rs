@@ -24,11 +24,7 @@ use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
 /// refuses any more fails too, so this list is emptied as those branches merge.
 /// `--agent-namespace` stands for the token flags: the server names the first it refuses
 /// (`--agent-service-account` and `--authentication-audience` come with it in every variant).
-const NOT_YET_ACCEPTED: &[&str] = &[
-    "--agent-namespace",
-    "--enable-lease-controller",
-    "--count-server-leases",
-];
+const NOT_YET_ACCEPTED: &[&str] = &["--agent-namespace"];
 
 /// The agents' server address in every rendering: a name under `.internal`, never resolved,
 /// since the agent stops at the missing CA file before it dials.
