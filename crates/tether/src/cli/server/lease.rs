@@ -29,7 +29,7 @@ pub(crate) struct LeaseArgs {
     lease_namespace: String,
 
     /// Labels of this server's Lease, comma-separated key=value pairs; the garbage
-    /// collector deletes expired Leases with exactly these labels.
+    /// collector deletes expired Leases that carry them all.
     #[arg(long, help_heading = HEADING, value_name = "LABELS", default_value = DEFAULT_LEASE_LABEL)]
     lease_label: String,
 
