@@ -512,6 +512,24 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_counter_is_one_counter_whoever_registers_first() {
+        let registry = Registry::new();
+        let first = registry.shared_counter("culled_total", "Culled.");
+        let second = registry.shared_counter("culled_total", "Culled.");
+        second.inc();
+        assert_eq!(first.get(), 1);
+        assert_eq!(registry.render().matches("# TYPE culled_total counter").count(), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "registered, but not as a counter")]
+    fn a_shared_counter_name_taken_by_another_kind_panics() {
+        let registry = Registry::new();
+        registry.gauge("culled_total", "Culled.");
+        registry.shared_counter("culled_total", "Culled.");
+    }
+
+    #[test]
     fn gauge_vec_sorts_label_pairs_and_series() {
         let registry = Registry::new();
         let gauges = registry.gauge_vec("ready", "Ready things.", &["zeta", "alpha"]);
