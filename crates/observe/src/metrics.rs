@@ -518,7 +518,13 @@ mod tests {
         let second = registry.shared_counter("culled_total", "Culled.");
         second.inc();
         assert_eq!(first.get(), 1);
-        assert_eq!(registry.render().matches("# TYPE culled_total counter").count(), 1);
+        assert_eq!(
+            registry
+                .render()
+                .matches("# TYPE culled_total counter")
+                .count(),
+            1
+        );
     }
 
     #[test]
