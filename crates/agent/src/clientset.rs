@@ -1,5 +1,6 @@
 //! Holding streams to every proxy server: dial the server address until as many distinct
-//! server IDs are connected as the servers announce.
+//! server IDs are connected as the servers announce or their Leases count, and let go of
+//! servers whose Lease expired.
 
 use tether_observe::audit::AuditLog;
 
@@ -8,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use std::time::Instant;
 
 use rustls_pki_types::ServerName;
 use tether_grpc::client::Channel;
@@ -21,12 +23,20 @@ use tracing::Instrument;
 use crate::Config;
 use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;
+use crate::server_count::{self, ServerLeases, Uncounted};
 use crate::session::ServerSession;
 
 /// How long connecting to a server (TCP, TLS, HTTP/2, response headers) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a stopping agent waits for its sessions to end.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a server whose Lease expired keeps its stream after being told this agent is
+/// draining, for the connections still on it to finish.
+const DISMISS_GRACE: Duration = Duration::from_secs(30);
+/// Duplicates in a row, per server wanted, that are retried at the sync interval; beyond
+/// them the interval backs off, so that a counted server that cannot be reached (its Lease
+/// still valid after a crash) does not keep the agent dialing the balancer at full pace.
+const DUPLICATES_PER_SERVER: usize = 3;
 
 /// The agent's server connections.
 #[derive(Debug)]
@@ -35,10 +45,19 @@ pub(crate) struct ClientSet {
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
     audit: Option<AuditLog>,
-    sessions: Mutex<HashMap<String, Arc<ServerSession>>>,
+    sessions: Mutex<HashMap<String, Held>>,
     /// The last `servercount` a server announced; 0 counts as 1, as upstream.
     server_count: AtomicUsize,
     draining: AtomicBool,
+    /// Connected servers beyond the count without a valid Lease, and since when.
+    uncounted: Mutex<Uncounted>,
+}
+
+/// A server stream, and the token that lets go of it when its server's Lease expired.
+#[derive(Debug)]
+struct Held {
+    session: Arc<ServerSession>,
+    dismiss: CancellationToken,
 }
 
 /// Why one connection attempt did not add a session.
@@ -86,11 +105,66 @@ impl ClientSet {
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
+            uncounted: Mutex::new(Uncounted::default()),
         }
     }
 
-    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<ServerSession>>> {
+    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Held>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The latest Lease reading, when counting by Lease.
+    fn leases(&self) -> Option<ServerLeases> {
+        self.config
+            .lease_counting
+            .as_ref()
+            .and_then(|c| c.leases.borrow().clone())
+    }
+
+    /// How many servers to hold streams to now.
+    pub(crate) fn target(&self) -> usize {
+        server_count::target(
+            self.config.lease_counting.as_ref().map(|c| c.source),
+            self.leases().as_ref(),
+            self.server_count.load(Ordering::Acquire),
+        )
+    }
+
+    /// Whether every counted server is connected (streams being let go of not included).
+    pub(crate) fn satisfied(&self) -> bool {
+        let sessions = self.sessions();
+        let kept = sessions
+            .iter()
+            .filter(|(_, held)| !held.dismiss.is_cancelled())
+            .map(|(id, _)| id.as_str());
+        server_count::satisfied(kept, self.target(), self.leases().as_ref())
+    }
+
+    /// Lets go of servers whose Lease has not counted for a while as long as more streams
+    /// than the count are held: each is told this agent is draining, and its stream ends
+    /// once its connections did (or after [`DISMISS_GRACE`]).
+    fn dismiss_surplus(&self) {
+        let Some(leases) = self.leases() else {
+            return;
+        };
+        let target = self.target();
+        let sessions = self.sessions();
+        let kept = sessions
+            .iter()
+            .filter(|(_, held)| !held.dismiss.is_cancelled())
+            .map(|(id, _)| id.as_str());
+        let surplus = server_count::surplus(kept, target, &leases);
+        let due = self
+            .uncounted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(surplus, Instant::now());
+        for id in due {
+            tracing::info!(server.id = %id, "letting go of a server whose Lease no longer counts");
+            if let Some(held) = sessions.get(&id) {
+                held.dismiss.cancel();
+            }
+        }
     }
 
     pub(crate) fn agent_id(&self) -> &str {
@@ -102,25 +176,49 @@ impl ClientSet {
         self.sessions().len()
     }
 
-    /// The sync loop: runs until `stop`.
+    /// The sync loop: runs until `stop`. A new Lease reading wakes it at once.
     pub(crate) async fn run(self: &Arc<Self>, drain: CancellationToken, stop: CancellationToken) {
         let tasks = TaskTracker::new();
         let mut backoff = self.config.sync_interval;
+        let mut duplicates = 0;
+        let mut last_target = 0;
+        let mut lease_updates = self
+            .config
+            .lease_counting
+            .as_ref()
+            .map(|c| c.leases.clone());
         loop {
+            self.dismiss_surplus();
+            let target = self.target();
+            self.metrics.known_server_count.set(target as i64);
+            if target != last_target {
+                // A server joined or left: look for it at full pace again.
+                last_target = target;
+                duplicates = 0;
+                backoff = self.config.sync_interval;
+            }
+            let satisfied = self.satisfied();
             let wait = if self.draining.load(Ordering::Acquire) {
                 Duration::MAX
-            } else if !self.config.sync_forever
-                && self.connected() >= self.server_count.load(Ordering::Acquire)
-            {
+            } else if !self.config.sync_forever && satisfied {
+                duplicates = 0;
                 self.config.sync_interval
             } else {
                 match self.connect_once(&tasks).await {
                     Ok(connected) => {
-                        backoff = self.config.sync_interval;
                         if self.add(connected, &tasks, &stop) {
+                            backoff = self.config.sync_interval;
+                            duplicates = 0;
                             Duration::ZERO
-                        } else {
+                        } else if satisfied || duplicates < DUPLICATES_PER_SERVER * target {
+                            // Within the budget, or `--sync-forever` with every server
+                            // connected: upstream's pace.
+                            duplicates += 1;
                             jitter(self.config.sync_interval)
+                        } else {
+                            let wait = jitter(backoff);
+                            backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
+                            wait
                         }
                     }
                     Err(e) => {
@@ -134,6 +232,11 @@ impl ClientSet {
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = drain.cancelled(), if !self.draining.load(Ordering::Acquire) => self.start_draining(),
+                changed = lease_changed(&mut lease_updates) => {
+                    if changed.is_err() {
+                        lease_updates = None;
+                    }
+                }
                 () = sleep(wait) => {}
             }
         }
@@ -149,8 +252,8 @@ impl ClientSet {
     fn start_draining(&self) {
         tracing::info!("draining: telling every server, opening no new server connections");
         self.draining.store(true, Ordering::Release);
-        for session in self.sessions().values() {
-            session.drain();
+        for held in self.sessions().values() {
+            held.session.drain();
         }
     }
 
@@ -175,9 +278,7 @@ impl ClientSet {
         } = connected;
         self.server_count
             .store(server_count.max(1), Ordering::Release);
-        self.metrics
-            .known_server_count
-            .set(server_count.max(1) as i64);
+        self.metrics.known_server_count.set(self.target() as i64);
         let flow = self.config.flow.negotiate(server_flow.as_deref());
         let credit = flow.is_credit();
         let session = Arc::new(ServerSession::new(
@@ -194,6 +295,7 @@ impl ClientSet {
                 ))
             }),
         ));
+        let dismiss = CancellationToken::new();
         {
             let mut sessions = self.sessions();
             if sessions.contains_key(&server_id) {
@@ -202,7 +304,13 @@ impl ClientSet {
                 sender.abort();
                 return false;
             }
-            sessions.insert(server_id.clone(), session.clone());
+            sessions.insert(
+                server_id.clone(),
+                Held {
+                    session: session.clone(),
+                    dismiss: dismiss.clone(),
+                },
+            );
         }
         self.metrics.open_server_connections.inc();
         let keepalive = if credit {
@@ -222,10 +330,21 @@ impl ClientSet {
         let span = tracing::info_span!("server", server.id = %server_id);
         tasks.spawn(
             async move {
+                let dismissed = async {
+                    dismiss.cancelled().await;
+                    session.drain();
+                    let idle = async {
+                        while !session.is_idle() {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    };
+                    let _ = tokio::time::timeout(DISMISS_GRACE, idle).await;
+                };
                 let ended = async {
                     tokio::select! {
                         reason = channel.closed() => reason,
                         () = stop.cancelled() => "agent stopping".to_owned(),
+                        () = dismissed => "its Lease no longer counts".to_owned(),
                     }
                 };
                 let reason = session.run(receiver, sender, ended).await;
@@ -307,6 +426,16 @@ impl ClientSet {
             sender,
             receiver,
         })
+    }
+}
+
+/// Resolves when the Lease reading changes; never without Lease counting.
+async fn lease_changed(
+    updates: &mut Option<tokio::sync::watch::Receiver<Option<ServerLeases>>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match updates {
+        Some(updates) => updates.changed().await,
+        None => std::future::pending().await,
     }
 }
 

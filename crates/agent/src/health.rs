@@ -8,7 +8,8 @@ use tether_observe::metrics::Registry;
 use crate::clientset::ClientSet;
 
 /// `/healthz`, `/readyz` (`/ready`) and `/metrics` on the health port. Ready means connected
-/// to at least one server.
+/// to every counted server (upstream: to at least one), so that an agent stuck with fewer
+/// streams than servers shows.
 pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
@@ -17,16 +18,25 @@ pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> H
                 q.split('&')
                     .any(|p| p == "verbose" || p.starts_with("verbose="))
             });
-            if clientset.connected() > 0 {
+            let connected = clientset.connected();
+            if connected > 0 && clientset.satisfied() {
                 if verbose {
                     Response::text(200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n")
                 } else {
                     Response::text(200, "ok")
                 }
-            } else {
+            } else if connected == 0 {
                 Response::text(
                     503,
                     "[+]ping ok\n[-]server-connected failed: no servers connected\nreadyz check failed\n",
+                )
+            } else {
+                Response::text(
+                    503,
+                    format!(
+                        "[+]ping ok\n[-]server-connected failed: not connected to every counted server ({connected} connected, {} counted)\nreadyz check failed\n",
+                        clientset.target()
+                    ),
                 )
             }
         }

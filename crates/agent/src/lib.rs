@@ -5,7 +5,8 @@
 //! and relays bytes.
 //!
 //! Layout:
-//! - `clientset`: connecting to servers until the announced server count is reached;
+//! - `clientset`: connecting to servers until the server count is reached;
+//! - `server_count`: the count, announced by servers or counted from their Leases;
 //! - `session`: one server stream and the connections multiplexed on it;
 //! - `destination`: resolving, checking against the destination policy, and dialing;
 //! - `health`: health, readiness and metrics endpoints;
@@ -17,6 +18,7 @@ mod clientset;
 mod destination;
 mod health;
 mod metrics;
+mod server_count;
 mod session;
 mod tls_reload;
 
@@ -26,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use destination::{DestinationConfig, PolicyFileError};
+pub use server_count::{CountSource, LeaseCounting, ServerLeases};
 use tether_grpc::Keepalive;
 use tether_observe::metrics::Registry;
 pub use tether_tunnel::FlowConfig;
@@ -64,6 +67,9 @@ pub struct Config {
     pub flow: FlowConfig,
     /// `--service-account-token-path`: sent as `Bearer` token, re-read on every connect.
     pub token_path: Option<PathBuf>,
+    /// `--count-server-leases`: the server count from Leases, kept current by whoever
+    /// lists them (the binary runs tether-kube's counter).
+    pub lease_counting: Option<LeaseCounting>,
     /// `--audit-log-path`: one JSON line per connection and failed or refused dial.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }

@@ -87,12 +87,9 @@ impl AgentMetrics {
                 &["result"],
             ),
         };
-        // Upstream registers the lease metrics; tether counts servers from responses only.
-        registry.counter_vec(
-            &name("lease_lists_total"),
-            "Count of server lease list calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
-            &["http_response_code", "reason"],
-        );
+        // Registered, never counted, as upstream's (which sends watch results to
+        // lease_lists_total). lease_lists_total and lease_list_latency_seconds belong to
+        // tether-kube's Lease counter, registered when it runs.
         registry.counter_vec(
             &name("lease_watches_total"),
             "Count of server lease watch calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",

@@ -66,6 +66,12 @@ impl ServerSession {
         self.link.update(|s, _| s.drain());
     }
 
+    /// Whether no connection or dial is left on this stream.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.link
+            .update(|s, _| s.connection_count() == 0 && s.pending_dial_count() == 0)
+    }
+
     /// Runs the stream until it ends or `stop` resolves, then waits for its connections'
     /// tasks (each ends promptly: the table ended their dials and connections). Returns why
     /// the stream ended.

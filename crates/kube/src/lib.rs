@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod client;
+pub mod lease;
 mod rate_limit;
 pub mod token_review;
 

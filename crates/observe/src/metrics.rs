@@ -276,6 +276,26 @@ impl Registry {
         counter
     }
 
+    /// The counter already registered under `name`, or a new one: for a metric that two
+    /// owners share and that either may register first (the server's placeholder for
+    /// `culled_leases_count` and the Lease garbage collector that counts it).
+    ///
+    /// # Panics
+    ///
+    /// If `name` is registered as another kind of metric.
+    pub fn shared_counter(&self, name: &str, help: &str) -> Arc<Counter> {
+        assert!(text::is_metric_name(name), "invalid metric name {name:?}");
+        let mut families = lock(&self.families);
+        let family = families.entry(name.to_owned()).or_insert_with(|| Family {
+            help: help.to_owned(),
+            metric: Metric::Counter(Arc::default()),
+        });
+        match &family.metric {
+            Metric::Counter(c) => Arc::clone(c),
+            _ => panic!("metric {name:?} is registered, but not as a counter"),
+        }
+    }
+
     pub fn gauge(&self, name: &str, help: &str) -> Arc<Gauge> {
         let gauge = Arc::new(Gauge::default());
         self.register(name, help, Metric::Gauge(Arc::clone(&gauge)));
@@ -489,6 +509,30 @@ mod tests {
         );
         failures.add(999_997);
         assert!(registry.render().ends_with("_count 1e+06\n"));
+    }
+
+    #[test]
+    fn a_shared_counter_is_one_counter_whoever_registers_first() {
+        let registry = Registry::new();
+        let first = registry.shared_counter("culled_total", "Culled.");
+        let second = registry.shared_counter("culled_total", "Culled.");
+        second.inc();
+        assert_eq!(first.get(), 1);
+        assert_eq!(
+            registry
+                .render()
+                .matches("# TYPE culled_total counter")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "registered, but not as a counter")]
+    fn a_shared_counter_name_taken_by_another_kind_panics() {
+        let registry = Registry::new();
+        registry.gauge("culled_total", "Culled.");
+        registry.shared_counter("culled_total", "Culled.");
     }
 
     #[test]

@@ -29,14 +29,14 @@ pub(crate) fn health_handler(
                 match api {
                     None => Response::text(200, "ok"),
                     Some(why) => {
-                        Response::text(200, &format!("ok (new agents cannot be admitted: {why})"))
+                        Response::text(200, format!("ok (new agents cannot be admitted: {why})"))
                     }
                 }
             } else {
                 match api {
                     None => Response::text(500, "no connection to any proxy agent"),
                     Some(why) => {
-                        Response::text(500, &format!("no connection to any proxy agent; {why}"))
+                        Response::text(500, format!("no connection to any proxy agent; {why}"))
                     }
                 }
             }

@@ -183,7 +183,8 @@ impl ServerMetrics {
             "Number of current connections blocked by a full receive channel, partitioned by service method.",
             &["service_method"],
         );
-        registry.counter(
+        // Shared with tether-kube's Lease garbage collector, which counts into it.
+        registry.shared_counter(
             &name("culled_leases_count"),
             "Count of expired leases that the lease garbage collection controller has culled.",
         );

@@ -327,6 +327,7 @@ impl TestAgent {
             destinations: opts.destinations,
             flow,
             token_path: opts.token_path,
+            lease_counting: None,
             tls_reload,
             audit_log: opts.audit_log,
         };

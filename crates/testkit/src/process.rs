@@ -28,7 +28,8 @@ pub struct Process {
 }
 
 impl Process {
-    async fn spawn(bin: &Path, args: Vec<String>, health: SocketAddr) -> anyhow::Result<Self> {
+    /// Starts `bin` with `args`; `health` is where it will serve `/healthz` and `/metrics`.
+    pub async fn spawn(bin: &Path, args: Vec<String>, health: SocketAddr) -> anyhow::Result<Self> {
         let child = Command::new(bin)
             .args(&args)
             .stdin(Stdio::null())

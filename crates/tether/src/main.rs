@@ -7,6 +7,7 @@
 
 mod cli;
 mod dial;
+mod leases;
 mod logging;
 mod quickstart;
 mod signals;
@@ -15,7 +16,9 @@ use std::process::ExitCode;
 
 use tether_observe::metrics::Registry;
 
+use crate::cli::agent::AgentLeases;
 use crate::cli::{Cli, Command};
+use crate::leases::LeaseTasks;
 use crate::signals::Signals;
 
 fn main() -> ExitCode {
@@ -46,7 +49,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     registry.register_process_metrics();
     match command {
         Command::Server(args) => server(args.into_launch()?, registry).await,
-        Command::Agent(args) => agent(args.into_config()?, registry).await,
+        Command::Agent(args) => {
+            let leases = args.lease_settings()?;
+            agent(args.into_config()?, leases, registry).await
+        }
         Command::Dial(args) => dial::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
     }
@@ -54,18 +60,43 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
 
 async fn server(launch: cli::server::ServerLaunch, registry: Registry) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
-    let (config, _kube) = launch.start(&registry).await?;
-    let server = tether_server::Server::bind(config, registry).await?;
+    let (config, leases) = launch.start(&registry).await?;
+    let server_id = config.server_id.clone();
+    let server = tether_server::Server::bind(config, registry.clone()).await?;
+    let leases =
+        leases.map(|(kube, settings)| LeaseTasks::server(&kube, &settings, &server_id, &registry));
+    let served = async {
+        server.run(signals.first.clone()).await;
+        // As upstream: the Lease goes once the server stopped serving.
+        if let Some(leases) = leases {
+            leases.stop().await;
+        }
+    };
     tokio::select! {
-        () = server.run(signals.first.clone()) => Ok(ExitCode::SUCCESS),
+        () = served => Ok(ExitCode::SUCCESS),
         // Upstream's server exits at once, with status 1, on a second signal.
         () = signals.second.cancelled() => Ok(ExitCode::FAILURE),
     }
 }
 
-async fn agent(config: tether_agent::Config, registry: Registry) -> anyhow::Result<ExitCode> {
+async fn agent(
+    mut config: tether_agent::Config,
+    leases: Option<AgentLeases>,
+    registry: Registry,
+) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
+    let leases = match leases {
+        Some(settings) => {
+            let (tasks, counting) = LeaseTasks::agent(&settings, &registry).await?;
+            config.lease_counting = Some(counting);
+            Some(tasks)
+        }
+        None => None,
+    };
     let agent = tether_agent::Agent::bind(config, registry).await?;
     agent.run(signals.first, signals.second).await;
+    if let Some(leases) = leases {
+        leases.stop().await;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -238,6 +238,7 @@ async fn start_pair(
             destinations: tether_agent::DestinationConfig::default(),
             flow: FlowConfig::default(),
             token_path: None,
+            lease_counting: None,
             audit_log: None,
             tls_reload: None,
         },

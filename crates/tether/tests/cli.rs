@@ -26,7 +26,7 @@ fn invalid_flag_values_exit_1_naming_the_flag() {
         &["server", "--mode=socks"],
         &["server", "--server-count=0"],
         &["agent", "--agent-identifiers=zone=a"],
-        &["agent", "--count-server-leases=true"],
+        &["agent", "--server-count-source=min"],
     ];
     for args in cases {
         let output = run(Path::new(TETHER), args);

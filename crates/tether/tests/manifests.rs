@@ -18,18 +18,6 @@ use anyhow::{Context as _, bail, ensure};
 use serde_json::Value;
 use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
 
-/// Flags that the chart uses but this build's start-up refuses as "not implemented by tether"
-/// (the token-authentication and Lease work lands on other branches). A container refused for
-/// one of them passes; a refusal for any other flag fails; and a flag listed here that nothing
-/// refuses any more fails too, so this list is emptied as those branches merge.
-/// `--agent-namespace` stands for the token flags: the server names the first it refuses
-/// (`--agent-service-account` and `--authentication-audience` come with it in every variant).
-const NOT_YET_ACCEPTED: &[&str] = &[
-    "--agent-namespace",
-    "--enable-lease-controller",
-    "--count-server-leases",
-];
-
 /// The agents' server address in every rendering: a name under `.internal`, never resolved,
 /// since the agent stops at the missing CA file before it dials.
 const SERVER_HOST: &str = "konnectivity.example.internal";
@@ -338,19 +326,11 @@ fn expand(arg: &str, env: &BTreeMap<String, String>) -> String {
     })
 }
 
-/// How a container's command line fared with the tether binary.
-#[derive(Debug, PartialEq)]
-enum Outcome {
-    /// Every flag parsed and passed every check up to the first file the pod would mount
-    /// (absent here): what a correct command line gets outside its pod.
-    AcceptedUpToFiles,
-    /// Start-up refused this not-yet-implemented flag.
-    NotYetAccepted(&'static str),
-}
-
 /// Runs the tether binary as the container would (argv[0] = `command[0]`, so `/proxy-server`
 /// exercises the argv[0] dispatch), with the container's environment only.
-fn check_command_line(argv: &[String], env: &BTreeMap<String, String>) -> anyhow::Result<Outcome> {
+/// Passes when every flag parsed and passed every check up to the first file the pod would
+/// mount (absent here): what a correct command line gets outside its pod.
+fn check_command_line(argv: &[String], env: &BTreeMap<String, String>) -> anyhow::Result<()> {
     let args: Vec<String> = argv[1..].iter().map(|a| expand(a, env)).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tether"));
     cmd.arg0(&argv[0]).args(&args).env_clear().envs(env);
@@ -367,16 +347,7 @@ fn check_command_line(argv: &[String], env: &BTreeMap<String, String>) -> anyhow
     let stderr = String::from_utf8_lossy(&out.stderr);
     match out.status.code() {
         Some(2) => bail!("the argument parser refused it: {stderr}"),
-        Some(1) if stderr.contains("not implemented by tether") => {
-            match NOT_YET_ACCEPTED.iter().find(|flag| {
-                stderr.contains(&format!("error: {flag}:"))
-                    && args.iter().any(|a| a.starts_with(&format!("{flag}=")))
-            }) {
-                Some(flag) => Ok(Outcome::NotYetAccepted(flag)),
-                None => bail!("refused for a flag not in NOT_YET_ACCEPTED: {stderr}"),
-            }
-        }
-        Some(1) if stderr.contains("No such file or directory") => Ok(Outcome::AcceptedUpToFiles),
+        Some(1) if stderr.contains("No such file or directory") => Ok(()),
         _ => bail!("unexpected outcome {}: {stderr}", out.status),
     }
 }
@@ -438,7 +409,6 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
         .apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: kube-system\n")
         .await?;
 
-    let mut refused: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     let mut checked = 0;
     for variant in VARIANTS {
         let objects = helm_objects(&plane, &helm, variant).await?;
@@ -484,24 +454,12 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
             variant.name
         );
         for (place, argv, env) in containers {
-            let outcome = check_command_line(&argv, &env)
+            check_command_line(&argv, &env)
                 .with_context(|| format!("{}: {place}: {argv:?}", variant.name))?;
-            if let Outcome::NotYetAccepted(flag) = outcome {
-                refused
-                    .entry(flag)
-                    .or_default()
-                    .push(format!("{}: {place}", variant.name));
-            }
             checked += 1;
         }
     }
-    eprintln!("checked {checked} tether command lines; refused at start-up for now: {refused:#?}");
-    for flag in NOT_YET_ACCEPTED {
-        ensure!(
-            refused.contains_key(flag),
-            "{flag} is accepted at start-up now: remove it from NOT_YET_ACCEPTED"
-        );
-    }
+    eprintln!("checked {checked} tether command lines");
     Ok(())
 }
 

@@ -16,16 +16,17 @@ use tether_proto::identifiers::Identifiers;
 use tether_tls::TlsOptions;
 
 use super::common::{
-    DEFAULT_LEASE_LABEL, FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_pair,
-    go_bool, go_duration, id_or_random, listen_addr, non_default,
+    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_pair, go_bool,
+    go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 use super::kube::KubeconfigArgs;
+pub(crate) use lease::AgentLeases;
+use lease::LeaseArgs;
+
+mod lease;
 
 const DEFAULT_XFR_CHANNEL_SIZE: i64 = 150;
-const DEFAULT_SERVER_COUNT_SOURCE: &str = "default";
-
-const NOT_IMPLEMENTED: &str = "Not implemented by tether (must keep their defaults)";
 
 #[derive(Args, Clone, Debug)]
 #[command(args_override_self = true)]
@@ -252,27 +253,14 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     flow: FlowArgs,
 
-    /// Count servers by their Leases instead of their announced count.
-    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    count_server_leases: bool,
+    #[command(flatten)]
+    pub(crate) leases: LeaseArgs,
 
     #[command(flatten)]
     upstream_only: UpstreamOnlyArgs,
 
     #[command(flatten)]
     kube: KubeconfigArgs,
-
-    /// Label selector of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]
-    lease_label_selector: String,
-
-    /// Deprecated upstream alias of --lease-label-selector.
-    #[arg(long, hide = true, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]
-    lease_label: String,
-
-    /// How Lease and announced server counts combine: 'default' or 'max'.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "SOURCE", default_value = DEFAULT_SERVER_COUNT_SOURCE)]
-    server_count_source: String,
 
     /// Size of upstream's per-connection channels; tether's per-connection flow control
     /// (--connection-window, --legacy-connection-buffer) replaces them. Must be > 0.
@@ -291,12 +279,6 @@ impl AgentArgs {
     /// Validates the flags and builds the agent's configuration, loading every TLS file.
     /// Flags that tether accepts but ignores are reported in one warning.
     pub(crate) fn into_config(self) -> anyhow::Result<Config> {
-        if self.count_server_leases {
-            bail!(
-                "--count-server-leases: counting servers by Lease is not implemented by \
-                 tether; servers announce their count (--server-count)"
-            );
-        }
         if self.proxy_server_port == 0 {
             bail!("--proxy-server-port must be greater than 0");
         }
@@ -324,12 +306,7 @@ impl AgentArgs {
                 "--server-ping-interval must be greater than 0 (--server-ping-timeout=0 disables PINGs)"
             );
         }
-        if !matches!(self.server_count_source.as_str(), "" | "default" | "max") {
-            bail!(
-                "--server-count-source must be 'default' or 'max', got {:?}",
-                self.server_count_source
-            );
-        }
+        self.leases.settings(self.kube.kubeconfig()?)?;
         if self.max_concurrent_dials == 0 || self.max_concurrent_dns_lookups == 0 {
             bail!("--max-concurrent-dials and --max-concurrent-dns-lookups must be greater than 0");
         }
@@ -395,6 +372,7 @@ impl AgentArgs {
             },
             flow: self.flow.to_config()?,
             token_path,
+            lease_counting: None,
             audit_log: tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path),
         })
     }
@@ -454,25 +432,7 @@ impl AgentArgs {
     fn ignored(&self) -> Vec<String> {
         let mut ignored = Vec::new();
         self.upstream_only.ignored(&mut ignored);
-        self.kube.ignored(&mut ignored);
-        non_default(
-            &mut ignored,
-            "--lease-label-selector",
-            self.lease_label_selector.as_str(),
-            DEFAULT_LEASE_LABEL,
-        );
-        non_default(
-            &mut ignored,
-            "--lease-label",
-            self.lease_label.as_str(),
-            DEFAULT_LEASE_LABEL,
-        );
-        non_default(
-            &mut ignored,
-            "--server-count-source",
-            self.server_count_source.as_str(),
-            DEFAULT_SERVER_COUNT_SOURCE,
-        );
+        self.leases.ignored(&self.kube, &mut ignored);
         non_default(
             &mut ignored,
             "--xfr-channel-size",

@@ -105,8 +105,8 @@ pub(crate) fn check_pair(
 /// Heading of flags accepted for compatibility only.
 pub(crate) const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
 
-/// Upstream flags both binaries share that only feed Go's pprof or Leases, which tether
-/// does not do: accepted, listed in the start-up warning when changed.
+/// Upstream flags both binaries share that only feed Go's pprof: accepted, listed in the
+/// start-up warning when changed.
 #[derive(Args, Clone, Debug)]
 pub(crate) struct UpstreamOnlyArgs {
     /// pprof on the admin port.
@@ -116,10 +116,6 @@ pub(crate) struct UpstreamOnlyArgs {
     /// Contention profiling; needs --enable-profiling.
     #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) enable_contention_profiling: bool,
-
-    /// Namespace of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "NAMESPACE", default_value = DEFAULT_LEASE_NAMESPACE)]
-    pub(crate) lease_namespace: String,
 }
 
 impl UpstreamOnlyArgs {
@@ -139,12 +135,6 @@ impl UpstreamOnlyArgs {
             "--enable-contention-profiling",
             self.enable_contention_profiling,
             false,
-        );
-        non_default(
-            ignored,
-            "--lease-namespace",
-            self.lease_namespace.as_str(),
-            DEFAULT_LEASE_NAMESPACE,
         );
     }
 }

@@ -14,17 +14,20 @@ use tether_server::{Config, FrontendListen, Mode, Strategy};
 use tether_tls::TlsOptions;
 
 use super::common::{
-    DEFAULT_LEASE_LABEL, FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs,
-    check_listen_port, check_pair, go_bool, go_duration, id_or_random, listen_addr, non_default,
+    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_listen_port, check_pair,
+    go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 use kube_client::KubeClientArgs;
 pub(crate) use launch::ServerLaunch;
+use lease::LeaseArgs;
+pub(crate) use lease::ServerLeases;
 use security::SecurityArgs;
 use token_auth::TokenAuthArgs;
 
 mod kube_client;
 mod launch;
+mod lease;
 mod reload;
 mod security;
 mod token_auth;
@@ -33,8 +36,6 @@ mod token_auth;
 /// that no pending dial outlives every client that could still want it.
 const DIAL_BACKSTOP: Duration = Duration::from_secs(30);
 const DEFAULT_XFR_CHANNEL_SIZE: i64 = 10;
-
-const NOT_IMPLEMENTED: &str = "Not implemented by tether (must keep their defaults)";
 
 #[derive(Args, Clone, Debug)]
 #[command(args_override_self = true)]
@@ -237,16 +238,11 @@ pub(crate) struct ServerArgs {
     #[command(flatten)]
     kube: KubeClientArgs,
 
-    /// Publish and garbage-collect proxy server Leases.
-    #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    enable_lease_controller: bool,
+    #[command(flatten)]
+    pub(crate) leases: LeaseArgs,
 
     #[command(flatten)]
     upstream_only: UpstreamOnlyArgs,
-
-    /// Labels of proxy server Leases.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "LABELS", default_value = DEFAULT_LEASE_LABEL)]
-    lease_label: String,
 
     /// Size of upstream's per-stream channels; tether's per-connection flow control
     /// (--connection-window, --legacy-connection-buffer) replaces them. Must be > 0.
@@ -272,10 +268,9 @@ impl ServerArgs {
     /// plus what needs the Kubernetes API. Flags that tether accepts but ignores are
     /// reported in one warning.
     pub(crate) fn into_launch(self) -> anyhow::Result<ServerLaunch> {
-        self.refuse_unimplemented()?;
         let token_auth = self.token_auth.validate(&self.cluster_ca_cert)?;
-        let kube = token_auth
-            .is_some()
+        let leases = self.leases.settings()?;
+        let kube = (token_auth.is_some() || leases.is_some())
             .then(|| self.kube.options())
             .transpose()?;
         let mode: Mode = self
@@ -317,6 +312,12 @@ impl ServerArgs {
         let agent_tls = self.agent_tls(&tls, token_auth.is_some())?;
         let limits = self.security.limits()?;
         let tls_reload = self.tls_reload(mode, &tls, self.security.tls_reload_interval())?;
+        let server_id = id_or_random(self.server_id.clone());
+        if self.leases.enabled() {
+            tether_kube::lease::check_server_id(&server_id).map_err(|e| {
+                anyhow::anyhow!("--server-id (with --enable-lease-controller): {e}")
+            })?;
+        }
         let ignored = self.ignored(kube.is_some());
         if !ignored.is_empty() {
             tracing::warn!(
@@ -344,7 +345,7 @@ impl ServerArgs {
                 &self.admin_bind_address,
                 self.admin_port,
             )?,
-            server_id: id_or_random(self.server_id),
+            server_id,
             server_count: self.server_count,
             strategies,
             dial_timeout: if self.backend_dial_timeout.is_zero() {
@@ -379,19 +380,8 @@ impl ServerArgs {
             config,
             kube,
             token_auth,
+            leases,
         })
-    }
-
-    /// Fails on features tether does not implement, rather than silently running without
-    /// them.
-    fn refuse_unimplemented(&self) -> anyhow::Result<()> {
-        if self.enable_lease_controller {
-            bail!(
-                "--enable-lease-controller: server Leases are not implemented by tether; \
-                 set --server-count instead"
-            );
-        }
-        Ok(())
     }
 
     fn frontend(&self, mode: Mode, tls: &TlsOptions) -> anyhow::Result<FrontendListen> {
@@ -506,12 +496,7 @@ impl ServerArgs {
         if !kube_client {
             self.kube.ignored(&mut ignored);
         }
-        non_default(
-            &mut ignored,
-            "--lease-label",
-            self.lease_label.as_str(),
-            DEFAULT_LEASE_LABEL,
-        );
+        self.leases.ignored(&mut ignored);
         non_default(
             &mut ignored,
             "--xfr-channel-size",

@@ -179,18 +179,109 @@ fn invalid_values_name_their_flag() {
     assert!(error(agent_args("").unwrap().into_config()).starts_with("--ca-cert is required"));
 }
 
+fn lease_settings(
+    files: &tether_tls::pki::PkiFiles,
+    extra: &str,
+) -> anyhow::Result<Option<AgentLeases>> {
+    let line = format!("--ca-cert={} {extra}", files.ca_cert.display());
+    let args = agent_args(&line)?;
+    args.clone().into_config()?;
+    args.lease_settings()
+}
+
 #[test]
-fn unimplemented_features_are_refused() {
+fn lease_counting_flags() {
     let (_dir, files) = pki();
-    let err = error(agent(&files, "--count-server-leases"));
-    assert!(err.starts_with("--count-server-leases"), "{err}");
-    agent(&files, "--count-server-leases=false").unwrap();
+    assert!(
+        lease_settings(&files, "--count-server-leases=false")
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        agent(&files, "").unwrap().lease_counting.is_none(),
+        "the binary fills it in"
+    );
+
+    let kubeconfig = files.dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+    let leases = lease_settings(
+        &files,
+        &format!(
+            "--count-server-leases --kubeconfig={}",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(leases.kubeconfig.as_deref(), Some(kubeconfig.as_path()));
+    assert_eq!(leases.namespace, "kube-system");
+    assert_eq!(leases.selector, "k8s-app=konnectivity-server");
+    assert_eq!(leases.source, tether_agent::CountSource::Default);
+    assert_eq!(leases.poll_interval, Duration::from_secs(10));
+
+    // An empty --kubeconfig means in-cluster; either spelling of the selector; `max`.
+    let leases = lease_settings(
+        &files,
+        "--count-server-leases --kubeconfig= --lease-namespace=proxy --lease-label=app=p \
+         --server-count-source=max --lease-poll-interval=1s",
+    )
+    .unwrap()
+    .unwrap();
+    assert!(leases.kubeconfig.is_none());
+    assert_eq!(
+        (leases.namespace.as_str(), leases.selector.as_str()),
+        ("proxy", "app=p")
+    );
+    assert_eq!(leases.source, tether_agent::CountSource::Max);
+    assert_eq!(leases.poll_interval, Duration::from_secs(1));
+    let leases = lease_settings(
+        &files,
+        "--count-server-leases --lease-label-selector=app,!legacy --lease-label=app,!legacy",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(leases.selector, "app,!legacy");
+}
+
+#[test]
+fn lease_counting_refusals_name_their_flag() {
+    let (_dir, files) = pki();
+    for (flags, want) in [
+        (
+            "--count-server-leases --lease-label-selector=",
+            "--lease-label-selector must not be empty",
+        ),
+        (
+            "--lease-label-selector=a=b --lease-label=c=d",
+            "--lease-label is the older spelling",
+        ),
+        (
+            "--server-count-source=min",
+            "--server-count-source must be 'default' or 'max'",
+        ),
+        (
+            "--kubeconfig=/nonexistent/kubeconfig",
+            "--kubeconfig: checking /nonexistent/kubeconfig",
+        ),
+        (
+            "--count-server-leases --lease-namespace=",
+            "--lease-namespace must not be empty",
+        ),
+        (
+            "--count-server-leases --lease-poll-interval=0s",
+            "--lease-poll-interval must be greater than 0",
+        ),
+    ] {
+        let err = format!("{:#}", lease_settings(&files, flags).unwrap_err());
+        assert!(err.starts_with(want), "{flags}: {err}");
+    }
 }
 
 #[test]
 fn no_op_flags_are_reported_when_set() {
     let args = agent_args(
-        "--enable-profiling --xfr-channel-size=10 --lease-label=a=b --log-file-max-size=0",
+        "--enable-profiling --xfr-channel-size=10 --lease-label=a=b --log-file-max-size=0 \
+         --kubeconfig=/k --server-count-source=max",
     )
     .unwrap();
     // --log-file-max-size has no effect upstream either while logging to stderr.
@@ -198,10 +289,18 @@ fn no_op_flags_are_reported_when_set() {
         args.ignored(),
         [
             "--enable-profiling=true",
-            "--lease-label=a=b",
+            "--kubeconfig=/k",
+            "--lease-label-selector=a=b",
+            "--server-count-source=max",
             "--xfr-channel-size=10"
         ]
     );
+    // With --count-server-leases they all matter.
+    let args = agent_args(
+        "--count-server-leases --kubeconfig=/k --lease-label=a=b --server-count-source=max",
+    )
+    .unwrap();
+    assert!(args.ignored().is_empty(), "{:?}", args.ignored());
 }
 
 #[test]

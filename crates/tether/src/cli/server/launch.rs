@@ -1,5 +1,5 @@
 //! What `tether server` starts besides the server itself: the one Kubernetes API client,
-//! built only when a feature needs it (token authentication), and what uses it.
+//! built only when a feature needs it (token authentication, Leases), and what uses it.
 
 use std::sync::Arc;
 
@@ -18,19 +18,22 @@ pub(crate) struct ServerLaunch {
     /// Set when some feature needs the Kubernetes API.
     pub(crate) kube: Option<KubeApiOptions>,
     pub(crate) token_auth: Option<TokenAuth>,
+    /// `--enable-lease-controller`: started by the caller once the server is bound.
+    pub(crate) leases: Option<super::ServerLeases>,
 }
 
 impl ServerLaunch {
-    /// Builds the Kubernetes client if one is needed and wires what uses it into the
-    /// configuration; returns the client too, for other users of the same process's client.
+    /// Builds the Kubernetes client if one is needed and wires token authentication into
+    /// the configuration; returns the client with the Lease settings, for the Lease tasks.
     pub(crate) async fn start(
         self,
         registry: &Registry,
-    ) -> anyhow::Result<(Config, Option<KubeApi>)> {
+    ) -> anyhow::Result<(Config, Option<(KubeApi, super::ServerLeases)>)> {
         let Self {
             mut config,
             kube,
             token_auth,
+            leases,
         } = self;
         let Some(options) = kube else {
             return Ok((config, None));
@@ -52,6 +55,6 @@ impl ServerLaunch {
                 match_host_to_node: auth.match_host_to_node,
             });
         }
-        Ok((config, Some(api)))
+        Ok((config, leases.map(|leases| (api, leases))))
     }
 }

@@ -403,26 +403,104 @@ fn token_authentication_follows_upstreams_validation() {
     assert!(launch.kube.is_none() && launch.token_auth.is_none());
 }
 
+fn lease_settings(files: &PkiFiles, extra: &str) -> anyhow::Result<Option<ServerLeases>> {
+    let line = format!(
+        "--uds-name={} --server-port=0 {extra}",
+        files.dir.join("s.sock").display()
+    );
+    let line = format!(
+        "{line} --cluster-cert={} --cluster-key={} --cluster-ca-cert={}",
+        files.server_cert.display(),
+        files.server_key.display(),
+        files.ca_cert.display()
+    );
+    Ok(server_args(&line)?.into_launch()?.leases)
+}
+
 #[test]
-fn unimplemented_features_are_refused() {
+fn lease_controller_flags() {
     let (_dir, files) = pki();
-    let err = error(uds(&files, "--enable-lease-controller"));
-    assert!(err.starts_with("--enable-lease-controller"), "{err}");
-    uds(&files, "--enable-lease-controller=false --agent-namespace=").unwrap();
+    assert!(lease_settings(&files, "").unwrap().is_none());
+    let leases = lease_settings(&files, "--enable-lease-controller --server-id=srv-1")
+        .unwrap()
+        .unwrap();
+    assert_eq!(leases.namespace, "kube-system");
+    assert_eq!(leases.labels.selector(), "k8s-app=konnectivity-server");
+    assert_eq!(leases.duration, Duration::from_secs(30));
+    assert_eq!(leases.renew_interval, Duration::from_secs(15));
+
+    let kubeconfig = files.dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+    let leases = lease_settings(
+        &files,
+        &format!(
+            "--enable-lease-controller --kubeconfig={} --lease-namespace=proxy \
+             --lease-label=b=2,a=1 --lease-duration=4s --lease-renew-interval=1s",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(leases.namespace, "proxy");
+    assert_eq!(leases.labels.selector(), "a=1,b=2");
+    assert_eq!(leases.duration, Duration::from_secs(4));
+    assert_eq!(leases.renew_interval, Duration::from_secs(1));
+}
+
+#[test]
+fn lease_controller_refusals_name_their_flag() {
+    let (_dir, files) = pki();
+    for (flags, want) in [
+        ("--lease-label=a", "--lease-label: invalid label format: a"),
+        ("--lease-label=", "--lease-label: empty string provided"),
+        ("--lease-namespace=", "--lease-namespace must not be empty"),
+        (
+            "--lease-duration=1500ms",
+            "--lease-duration must be a whole number of seconds",
+        ),
+        (
+            "--lease-duration=0s",
+            "--lease-duration must be a whole number of seconds",
+        ),
+        (
+            "--lease-renew-interval=30s",
+            "--lease-renew-interval must be greater than 0 and less than --lease-duration",
+        ),
+        (
+            "--lease-renew-interval=0s",
+            "--lease-renew-interval must be greater than 0",
+        ),
+        (
+            "--server-id=Srv_1",
+            "--server-id (with --enable-lease-controller): server ID \"Srv_1\" does not make a valid Lease name",
+        ),
+        (
+            "--kubeconfig=/nonexistent/kc",
+            "checking KubeconfigPath \"/nonexistent/kc\"",
+        ),
+    ] {
+        let result = lease_settings(&files, &format!("--enable-lease-controller {flags}"));
+        let err = format!("{:#}", result.unwrap_err());
+        assert!(err.starts_with(want), "{flags}: {err}");
+        // Without the controller they are not checked (as upstream), only reported.
+        lease_settings(&files, flags).unwrap();
+    }
 }
 
 #[test]
 fn no_op_flags_are_reported_when_set() {
     let args = server_args(
         "--enable-profiling --kubeconfig-qps=50 --xfr-channel-size=10 --warn-on-channel-limit=false \
-         --lease-namespace=kube-system --vmodule=x=5",
+         --lease-namespace=kube-system --vmodule=x=5 --lease-label=a=b --kubeconfig=/k",
     )
     .unwrap();
     assert_eq!(
         args.ignored(false),
         [
             "--enable-profiling=true",
+            "--kubeconfig=/k",
             "--kubeconfig-qps=50",
+            "--lease-label=a=b",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"
         ]
@@ -432,9 +510,17 @@ fn no_op_flags_are_reported_when_set() {
         args.ignored(true),
         [
             "--enable-profiling=true",
+            "--lease-label=a=b",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"
         ]
+    );
+    let args = server_args("--enable-lease-controller --lease-label=a=b --kubeconfig=/k").unwrap();
+    assert!(
+        !args
+            .ignored(true)
+            .iter()
+            .any(|f| f.contains("lease") || f.contains("--kubeconfig="))
     );
 }
 

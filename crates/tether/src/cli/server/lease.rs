@@ -1,0 +1,108 @@
+//! The server's Lease flags: upstream's `--enable-lease-controller`, `--lease-namespace` and
+//! `--lease-label`, plus tether's `--lease-duration` and `--lease-renew-interval` (constants
+//! upstream: 30s and 15s; the garbage collector runs at the renew interval, as upstream's
+//! 15s).
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{ArgAction, Args};
+use tether_kube::lease::labels::LeaseLabels;
+
+use crate::cli::common::{
+    DEFAULT_LEASE_LABEL, DEFAULT_LEASE_NAMESPACE, go_bool, go_duration, non_default,
+};
+
+const HEADING: &str = "Server Lease";
+
+#[derive(Args, Clone, Debug)]
+pub(crate) struct LeaseArgs {
+    /// Publish this server's Lease (konnectivity-proxy-server-<server-id>) and delete
+    /// expired ones, for agents that count servers by Lease (--count-server-leases).
+    #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    enable_lease_controller: bool,
+
+    /// Namespace of the proxy server Leases.
+    #[arg(long, help_heading = HEADING, value_name = "NAMESPACE", default_value = DEFAULT_LEASE_NAMESPACE)]
+    lease_namespace: String,
+
+    /// Labels of this server's Lease, comma-separated key=value pairs; the garbage
+    /// collector deletes expired Leases that carry them all.
+    #[arg(long, help_heading = HEADING, value_name = "LABELS", default_value = DEFAULT_LEASE_LABEL)]
+    lease_label: String,
+
+    /// How long the Lease stays valid after each renewal (whole seconds).
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "30s", value_parser = go_duration)]
+    lease_duration: Duration,
+
+    /// How often the Lease is renewed and expired Leases are collected; less than
+    /// --lease-duration.
+    #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "15s", value_parser = go_duration)]
+    lease_renew_interval: Duration,
+}
+
+/// The Lease controller's settings, validated. They use the server's one Kubernetes client
+/// (`--kubeconfig`, with its rate limit).
+#[derive(Clone, Debug)]
+pub(crate) struct ServerLeases {
+    pub(crate) namespace: String,
+    pub(crate) labels: LeaseLabels,
+    pub(crate) duration: Duration,
+    pub(crate) renew_interval: Duration,
+}
+
+impl LeaseArgs {
+    /// Validates the flags and returns the settings when --enable-lease-controller is on.
+    pub(crate) fn settings(&self) -> anyhow::Result<Option<ServerLeases>> {
+        if !self.enable_lease_controller {
+            return Ok(None);
+        }
+        let labels: LeaseLabels = self
+            .lease_label
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--lease-label: {e}"))?;
+        if self.lease_namespace.is_empty() {
+            bail!("--lease-namespace must not be empty with --enable-lease-controller");
+        }
+        let d = self.lease_duration;
+        if d < Duration::from_secs(1) || d.subsec_nanos() != 0 || d.as_secs() > i32::MAX as u64 {
+            bail!(
+                "--lease-duration must be a whole number of seconds, at least 1s (the Lease stores seconds)"
+            );
+        }
+        if self.lease_renew_interval.is_zero() || self.lease_renew_interval >= d {
+            bail!(
+                "--lease-renew-interval must be greater than 0 and less than --lease-duration, or the Lease expires between renewals"
+            );
+        }
+        Ok(Some(ServerLeases {
+            namespace: self.lease_namespace.clone(),
+            labels,
+            duration: d,
+            renew_interval: self.lease_renew_interval,
+        }))
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.enable_lease_controller
+    }
+
+    /// Flags changed from their defaults that do nothing without --enable-lease-controller.
+    pub(crate) fn ignored(&self, ignored: &mut Vec<String>) {
+        if self.enable_lease_controller {
+            return;
+        }
+        non_default(
+            ignored,
+            "--lease-namespace",
+            self.lease_namespace.as_str(),
+            DEFAULT_LEASE_NAMESPACE,
+        );
+        non_default(
+            ignored,
+            "--lease-label",
+            self.lease_label.as_str(),
+            DEFAULT_LEASE_LABEL,
+        );
+    }
+}

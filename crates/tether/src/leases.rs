@@ -1,0 +1,107 @@
+//! tether-kube's Lease tasks beside the server (controller and garbage collector) and the
+//! agent (counter). Built only when their flags ask, so nothing about Kubernetes starts
+//! otherwise; they run on their own tracker until told to stop, and stopping waits for them
+//! (the controller deletes its Lease then) within a deadline.
+
+use std::time::Duration;
+
+use tether_agent::{LeaseCounting, ServerLeases};
+use tether_kube::lease::api::{CALL_TIMEOUT, Leases};
+use tether_kube::lease::metrics::{CounterMetrics, GcMetrics};
+use tether_kube::lease::record::LeaseIdentity;
+use tether_kube::lease::{controller, counter, gc, lease_name};
+use tether_observe::metrics::Registry;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cli::agent::AgentLeases;
+use crate::cli::server::ServerLeases as ServerLeaseSettings;
+
+/// Running Lease tasks.
+#[derive(Debug)]
+pub(crate) struct LeaseTasks {
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl LeaseTasks {
+    /// The server's controller (its own Lease) and garbage collector (expired Leases), on
+    /// the server's one Kubernetes client.
+    pub(crate) fn server(
+        kube: &tether_kube::KubeApi,
+        settings: &ServerLeaseSettings,
+        server_id: &str,
+        registry: &Registry,
+    ) -> Self {
+        let leases = Leases::new(kube.client().clone(), &settings.namespace);
+        let identity = LeaseIdentity {
+            name: lease_name(server_id),
+            namespace: settings.namespace.clone(),
+            holder: server_id.to_owned(),
+            duration: settings.duration,
+            labels: settings.labels.clone(),
+        };
+        let this = Self::new();
+        this.tasks.spawn(controller::run(
+            leases.clone(),
+            identity,
+            settings.renew_interval,
+            this.stop.clone(),
+        ));
+        this.tasks.spawn(gc::run(
+            leases,
+            settings.labels.selector(),
+            settings.renew_interval,
+            GcMetrics::register(registry),
+            this.stop.clone(),
+        ));
+        this
+    }
+
+    /// The agent's counter, and the counting it feeds.
+    pub(crate) async fn agent(
+        settings: &AgentLeases,
+        registry: &Registry,
+    ) -> anyhow::Result<(Self, LeaseCounting)> {
+        let client = tether_kube::client::connect(settings.kubeconfig.as_deref()).await?;
+        let (sender, receiver) = tokio::sync::watch::channel(None);
+        let this = Self::new();
+        this.tasks.spawn(counter::run(
+            Leases::new(client, &settings.namespace),
+            settings.selector.clone(),
+            settings.poll_interval,
+            CounterMetrics::register(registry),
+            move |count| {
+                sender.send_replace(Some(ServerLeases {
+                    count: count.count,
+                    holders: count.holders,
+                }));
+            },
+            this.stop.clone(),
+        ));
+        let counting = LeaseCounting {
+            source: settings.source,
+            leases: receiver,
+        };
+        Ok((this, counting))
+    }
+
+    fn new() -> Self {
+        Self {
+            tasks: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Stops the tasks and waits for them: at most one API call (the Lease's deletion).
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(1), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("Lease tasks did not end in time");
+        }
+    }
+}

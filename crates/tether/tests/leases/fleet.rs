@@ -1,0 +1,321 @@
+//! A fleet of proxy servers (tether's or upstream's) behind one loopback balancer, agents
+//! dialing the balancer, and the Leases they share in a real kube-apiserver.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tether_testkit::Pki;
+use tether_testkit::balancer::LoadBalancer;
+use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
+use tether_testkit::http::metric_value;
+use tether_testkit::process::Process;
+
+/// Bound for any single step: catches hangs without asserting speed.
+pub(crate) const STEP: Duration = Duration::from_secs(90);
+
+/// Short Lease timings for tether servers, so that a killed one expires within seconds.
+pub(crate) const FAST_LEASES: &[&str] = &["--lease-duration=4s", "--lease-renew-interval=1s"];
+
+/// Which implementation a process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Tether,
+    Upstream,
+}
+
+fn tether() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tether"))
+}
+
+/// `interop/bin/proxy-server` or `proxy-agent`, built by `interop/build.sh`.
+fn upstream(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../interop/bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} missing: run interop/build.sh",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port in 20000-32767: inside upstream's allowed range (1024-49151) and
+/// below the kernel's ephemeral range, so it does not collide with outgoing connections.
+pub(crate) fn listen_port() -> u16 {
+    for _ in 0..1000 {
+        let port = 20000 + (tether_testkit_random() % 12768) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000-32767");
+}
+
+fn tether_testkit_random() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
+/// A server or agent process; killed when dropped.
+#[derive(Debug)]
+pub(crate) struct Member {
+    pub(crate) kind: Kind,
+    process: Process,
+    /// The agent port (servers only).
+    pub(crate) agent_addr: Option<SocketAddr>,
+}
+
+impl Member {
+    async fn spawn(
+        kind: Kind,
+        bin: &Path,
+        args: Vec<String>,
+        health: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            kind,
+            process: Process::spawn(bin, args, health).await?,
+            agent_addr: None,
+        })
+    }
+
+    pub(crate) fn health(&self) -> SocketAddr {
+        self.process.health
+    }
+
+    pub(crate) async fn signal(&self, name: &str) -> anyhow::Result<()> {
+        self.process.signal(name).await
+    }
+
+    pub(crate) async fn wait(&mut self) -> anyhow::Result<Option<i32>> {
+        self.process.wait(STEP).await
+    }
+
+    pub(crate) async fn metric(&self, sample: &str) -> Option<f64> {
+        metric_value(&self.process.metrics().await.ok()?, sample)
+    }
+}
+
+/// The control plane, the servers' PKI and the balancer in front of the servers.
+#[derive(Debug)]
+pub(crate) struct Fleet {
+    pub(crate) plane: ControlPlane,
+    pki: Pki,
+    pub(crate) lb: LoadBalancer,
+    /// Servers by ID, in the balancer while present.
+    pub(crate) servers: Vec<(String, Member)>,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
+        let plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
+        Ok(Self {
+            plane,
+            pki: Pki::generate()?,
+            lb: LoadBalancer::start(Vec::new()).await?,
+            servers: Vec::new(),
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    fn kubeconfig(&self) -> String {
+        format!("--kubeconfig={}", self.plane.kubeconfig.display())
+    }
+
+    /// Starts a server with the Lease controller, waits until it is healthy, and adds it to
+    /// the balancer.
+    pub(crate) async fn add_server(
+        &mut self,
+        kind: Kind,
+        id: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
+        let f = &self.pki.files;
+        let (agent, health, admin) = (listen_port(), listen_port(), listen_port());
+        let mut args = vec![
+            "--mode=grpc".to_owned(),
+            format!(
+                "--uds-name={}",
+                self.dir.path().join(format!("{id}.sock")).display()
+            ),
+            "--server-port=0".into(),
+            format!("--agent-port={agent}"),
+            "--agent-bind-address=127.0.0.1".into(),
+            format!("--cluster-cert={}", f.server_cert.display()),
+            format!("--cluster-key={}", f.server_key.display()),
+            format!("--cluster-ca-cert={}", f.ca_cert.display()),
+            format!("--health-port={health}"),
+            "--health-bind-address=127.0.0.1".into(),
+            format!("--admin-port={admin}"),
+            format!("--server-id={id}"),
+            "--enable-lease-controller".into(),
+            self.kubeconfig(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let bin = match kind {
+            Kind::Tether => {
+                args.insert(0, "server".into());
+                tether()
+            }
+            Kind::Upstream => upstream("proxy-server"),
+        };
+        let health = SocketAddr::from(([127, 0, 0, 1], health));
+        let mut member = Member::spawn(kind, &bin, args, health).await?;
+        member.agent_addr = Some(SocketAddr::from(([127, 0, 0, 1], agent)));
+        tether_testkit::http::wait_for_200(health, "/healthz", STEP).await?;
+        self.servers.push((id.to_owned(), member));
+        self.update_balancer();
+        Ok(())
+    }
+
+    /// Takes a server out of the balancer and returns it (to stop or kill).
+    pub(crate) fn remove_server(&mut self, id: &str) -> Member {
+        let i = self
+            .servers
+            .iter()
+            .position(|(s, _)| s == id)
+            .expect("server in the fleet");
+        let (_, member) = self.servers.remove(i);
+        self.update_balancer();
+        member
+    }
+
+    fn update_balancer(&self) {
+        let ids: Vec<&str> = self.servers.iter().map(|(id, _)| id.as_str()).collect();
+        self.balance(&ids);
+    }
+
+    /// Puts only these servers in the balancer.
+    pub(crate) fn balance(&self, ids: &[&str]) {
+        self.lb.set_backends(
+            self.servers
+                .iter()
+                .filter(|(id, _)| ids.contains(&id.as_str()))
+                .filter_map(|(_, m)| m.agent_addr)
+                .collect(),
+        );
+    }
+
+    pub(crate) fn server(&self, id: &str) -> &Member {
+        &self
+            .servers
+            .iter()
+            .find(|(s, _)| s == id)
+            .expect("server in the fleet")
+            .1
+    }
+
+    /// Starts an agent dialing the balancer and counting server Leases.
+    pub(crate) async fn agent(&self, kind: Kind, extra: &[&str]) -> anyhow::Result<Member> {
+        let f = &self.pki.files;
+        let (health, admin) = (listen_port(), listen_port());
+        let mut args = vec![
+            format!("--proxy-server-host={}", self.lb.addr.ip()),
+            format!("--proxy-server-port={}", self.lb.addr.port()),
+            format!("--ca-cert={}", f.ca_cert.display()),
+            format!("--agent-cert={}", f.agent_cert.display()),
+            format!("--agent-key={}", f.agent_key.display()),
+            "--health-server-host=127.0.0.1".into(),
+            format!("--health-server-port={health}"),
+            format!("--admin-server-port={admin}"),
+            "--sync-interval=100ms".into(),
+            "--sync-interval-cap=1s".into(),
+            "--count-server-leases".into(),
+            self.kubeconfig(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let bin = match kind {
+            Kind::Tether => {
+                args.insert(0, "agent".into());
+                args.push("--lease-poll-interval=500ms".into());
+                tether()
+            }
+            Kind::Upstream => upstream("proxy-agent"),
+        };
+        let health = SocketAddr::from(([127, 0, 0, 1], health));
+        let member = Member::spawn(kind, &bin, args, health).await?;
+        tether_testkit::http::wait_for_200(health, "/healthz", STEP).await?;
+        Ok(member)
+    }
+
+    /// The server Leases, as JSON objects.
+    pub(crate) async fn leases(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let out = self
+            .plane
+            .kubectl(
+                &[
+                    "get",
+                    "leases",
+                    "-n",
+                    "kube-system",
+                    "-l",
+                    "k8s-app=konnectivity-server",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
+            .await?;
+        let list: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    pub(crate) async fn lease_holders(&self) -> Vec<String> {
+        let mut holders: Vec<String> = self
+            .leases()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+            .collect();
+        holders.sort();
+        holders
+    }
+}
+
+pub(crate) const OPEN: &str = "konnectivity_network_proxy_agent_open_server_connections";
+pub(crate) const KNOWN: &str = "konnectivity_network_proxy_agent_known_server_count";
+
+/// Waits until every agent holds `n` server streams and counts `n` servers; returns how
+/// long that took.
+pub(crate) async fn converge(agents: &[&Member], n: usize, what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut all = true;
+        let mut seen = Vec::new();
+        for agent in agents {
+            let open = agent.metric(OPEN).await;
+            let known = agent.metric(KNOWN).await;
+            seen.push((agent.kind, open, known));
+            all &= open == Some(n as f64) && known == Some(n as f64);
+        }
+        if all {
+            let took = started.elapsed();
+            eprintln!("converged to {n} servers ({what}) in {took:.1?}");
+            return took;
+        }
+        assert!(
+            started.elapsed() < STEP,
+            "{what}: agents did not converge to {n}: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `check` until true, within [`STEP`]; returns how long it took.
+pub(crate) async fn until<F: Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> Duration {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < STEP, "{what}: not within {STEP:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}

@@ -1,0 +1,217 @@
+//! Lease-based server counting against a real kube-apiserver: servers publish Leases, agents
+//! count them and follow the fleet as it grows and shrinks, with tether and upstream
+//! binaries mixed.
+
+mod fleet;
+
+use std::time::Duration;
+
+use fleet::{FAST_LEASES, Fleet, KNOWN, Kind, OPEN, converge, until};
+use tokio::sync::Mutex;
+
+/// One control plane at a time: each test starts its own, and two at once would starve a
+/// small machine.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+async fn ready(agent: &fleet::Member) -> u16 {
+    tether_testkit::http::get(agent.health(), "/readyz")
+        .await
+        .map_or(0, |(status, _)| status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_agents_follow_a_tether_fleet_from_three_to_four_to_two() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    for id in ["srv-1", "srv-2", "srv-3"] {
+        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
+    }
+    until("three Leases", || async {
+        fleet.lease_holders().await.len() == 3
+    })
+    .await;
+
+    // What a Lease looks like to upstream's agents and garbage collector.
+    let leases = fleet.leases().await?;
+    let lease = leases
+        .iter()
+        .find(|l| l["spec"]["holderIdentity"] == "srv-1")
+        .expect("srv-1's Lease");
+    assert_eq!(lease["metadata"]["name"], "konnectivity-proxy-server-srv-1");
+    assert_eq!(
+        lease["metadata"]["labels"]["k8s-app"],
+        "konnectivity-server"
+    );
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 4);
+    assert!(lease["spec"]["renewTime"].is_string(), "{lease}");
+
+    let a = fleet.agent(Kind::Tether, &[]).await?;
+    let b = fleet.agent(Kind::Tether, &[]).await?;
+    converge(&[&a, &b], 3, "start").await;
+    assert_eq!(ready(&a).await, 200);
+
+    fleet.add_server(Kind::Tether, "srv-4", FAST_LEASES).await?;
+    converge(&[&a, &b], 4, "a fourth server joined").await;
+
+    // A graceful stop deletes the Lease at once.
+    let mut stopped = fleet.remove_server("srv-4");
+    stopped.signal("TERM").await?;
+    assert_eq!(stopped.wait().await?, Some(0));
+    assert!(
+        !fleet.lease_holders().await.contains(&"srv-4".to_owned()),
+        "srv-4 deleted its Lease on the way out"
+    );
+    converge(&[&a, &b], 3, "srv-4 stopped (Lease deleted)").await;
+
+    // A killed server's Lease expires (4s) and the survivors' garbage collector deletes it.
+    let killed = fleet.remove_server("srv-3");
+    killed.signal("KILL").await?;
+    converge(&[&a, &b], 2, "srv-3 killed (Lease expired)").await;
+    assert_eq!(ready(&a).await, 200);
+    let culled = until("srv-3's expired Lease is deleted", || async {
+        fleet.lease_holders().await == ["srv-1", "srv-2"]
+    })
+    .await;
+    eprintln!("srv-3's Lease culled {culled:.1?} after the agents converged");
+    let mut culled_total = 0.0;
+    for (_, server) in &fleet.servers {
+        culled_total += server
+            .metric("konnectivity_network_proxy_server_culled_leases_count")
+            .await
+            .unwrap_or(0.0);
+    }
+    assert!(culled_total >= 1.0, "a survivor counts the culled Lease");
+    drop(killed);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_fleet_agrees_on_the_count() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    fleet.add_server(Kind::Tether, "srv-1", FAST_LEASES).await?;
+    fleet.add_server(Kind::Tether, "srv-2", FAST_LEASES).await?;
+    // Upstream's Lease timings are constants (30s duration, 15s renewal).
+    fleet.add_server(Kind::Upstream, "upstream-1", &[]).await?;
+    until("three Leases", || async {
+        fleet.lease_holders().await.len() == 3
+    })
+    .await;
+
+    let ours = fleet.agent(Kind::Tether, &[]).await?;
+    let theirs = fleet.agent(Kind::Upstream, &[]).await?;
+    converge(&[&ours, &theirs], 3, "mixed start").await;
+
+    fleet.add_server(Kind::Tether, "srv-3", FAST_LEASES).await?;
+    // Upstream's agent stops syncing once it reached its count, and looks again every
+    // sync interval (capped at 1s here).
+    converge(&[&ours, &theirs], 4, "a tether server joined a mixed fleet").await;
+
+    // The upstream server's graceful stop deletes its Lease, as tether's does.
+    let mut stopped = fleet.remove_server("upstream-1");
+    stopped.signal("TERM").await?;
+    stopped.wait().await?;
+    until("upstream-1's Lease is gone", || async {
+        !fleet
+            .lease_holders()
+            .await
+            .contains(&"upstream-1".to_owned())
+    })
+    .await;
+    converge(&[&ours, &theirs], 3, "the upstream server stopped").await;
+
+    let killed = fleet.remove_server("srv-3");
+    killed.signal("KILL").await?;
+    converge(
+        &[&ours, &theirs],
+        2,
+        "a tether server killed (Lease expired)",
+    )
+    .await;
+    assert_eq!(ready(&ours).await, 200);
+    drop(killed);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    fleet.add_server(Kind::Tether, "srv-1", FAST_LEASES).await?;
+    // A live server that publishes no Lease, e.g. one whose renewals fail.
+    fleet
+        .add_server(
+            Kind::Tether,
+            "unleased",
+            &["--enable-lease-controller=false"],
+        )
+        .await?;
+    until("srv-1's Lease", || async {
+        fleet.lease_holders().await == ["srv-1"]
+    })
+    .await;
+
+    // Only the unleased server is reachable: one stream, but not to the counted server.
+    fleet.balance(&["unleased"]);
+    let agent = fleet.agent(Kind::Tether, &[]).await?;
+    until(
+        "the agent holds a stream to the unleased server",
+        || async { agent.metric(OPEN).await == Some(1.0) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (status, body) = tether_testkit::http::get(agent.health(), "/readyz?verbose").await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("not connected to every counted server"),
+        "{body}"
+    );
+
+    // The counted server becomes reachable: the agent connects to it, and lets go of the
+    // other once that went without a Lease for the grace (15s).
+    fleet.balance(&["srv-1", "unleased"]);
+    let took = until("the agent holds only srv-1's stream", || async {
+        agent.metric(OPEN).await == Some(1.0)
+            && fleet.server("unleased").metric(CONNECTED).await == Some(0.0)
+            && fleet.server("srv-1").metric(CONNECTED).await == Some(1.0)
+    })
+    .await;
+    eprintln!("let go of the unleased server {took:.1?} after srv-1 became reachable");
+    assert_eq!(ready(&agent).await, 200);
+    Ok(())
+}
+
+const CONNECTED: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_costs_no_stream() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    for id in ["srv-1", "srv-2"] {
+        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
+    }
+    let agent = fleet.agent(Kind::Tether, &[]).await?;
+    converge(&[&agent], 2, "start").await;
+
+    // Lists fail: the agent keeps its last count, though every Lease is past its 4s now.
+    fleet.plane.stop_apiserver().await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(agent.metric(OPEN).await, Some(2.0));
+    assert_eq!(agent.metric(KNOWN).await, Some(2.0));
+    assert_eq!(ready(&agent).await, 200);
+
+    // Back: the first lists may see expired (or garbage-collected) Leases until both
+    // servers renewed; no stream is let go meanwhile.
+    fleet.plane.start_apiserver().await?;
+    until("both Leases renewed", || async {
+        fleet.lease_holders().await == ["srv-1", "srv-2"]
+    })
+    .await;
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(5) {
+        assert_eq!(agent.metric(OPEN).await, Some(2.0), "a stream was let go");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    converge(&[&agent], 2, "after the API server came back").await;
+    Ok(())
+}
