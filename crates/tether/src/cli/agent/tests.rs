@@ -261,7 +261,7 @@ fn lease_counting_refusals_name_their_flag() {
         ),
         (
             "--kubeconfig=/nonexistent/kubeconfig",
-            "--kubeconfig: checking /nonexistent/kubeconfig",
+            "checking KubeconfigPath \"/nonexistent/kubeconfig\"",
         ),
         (
             "--count-server-leases --lease-namespace=",
