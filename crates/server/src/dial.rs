@@ -7,7 +7,8 @@ use tether_proto::DialId;
 use tether_tunnel::{Abandoned, Tunnel};
 
 use crate::backend::registry::Registry;
-use crate::backend::session::AgentSession;
+use crate::backend::selection_metrics::SelectionMetrics;
+use crate::backend::session::{AgentSession, Watch};
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
 
@@ -52,14 +53,25 @@ impl From<tether_tunnel::DialError> for DialError {
 pub(crate) struct Hub {
     registry: Mutex<Registry<Arc<AgentSession>>>,
     pub(crate) metrics: Arc<ServerMetrics>,
+    /// Handed to each agent stream: its ejection rules and the selection metrics.
+    pub(crate) watch: Watch,
 }
 
 impl Hub {
-    pub(crate) fn new(registry: Registry<Arc<AgentSession>>, metrics: Arc<ServerMetrics>) -> Self {
+    pub(crate) fn new(
+        registry: Registry<Arc<AgentSession>>,
+        metrics: Arc<ServerMetrics>,
+        watch: Watch,
+    ) -> Self {
         Self {
             registry: Mutex::new(registry),
             metrics,
+            watch,
         }
+    }
+
+    fn selection_metrics(&self) -> &SelectionMetrics {
+        &self.watch.metrics
     }
 
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Arc<AgentSession>>> {
@@ -85,15 +97,20 @@ impl Hub {
         request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
     ) -> Result<Tunnel, DialError> {
-        let Some(session) = self.registry().select(request) else {
+        let selected = self.registry().select(request, std::time::Instant::now());
+        let Some(selected) = selected else {
             self.metrics.dial_failure(DialFailure::NoAgent);
             return Err(DialError::NoAgent);
         };
+        self.selection_metrics()
+            .selected(selected.strategy, selected.candidates);
+        let session = selected.backend;
         let random = request.dial_id;
         tracing::debug!(
             agent.id = %session.agent_id,
             dial.id = %random,
             address = %request.address,
+            strategy = selected.strategy.as_str(),
             frontend = request.frontend.as_str(),
             peer = %request.peer.principal(),
             "dialing"
@@ -101,6 +118,7 @@ impl Hub {
         // Counted before DIAL_REQ leaves: the answer's hook may run before this returns.
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
+        session.health.dial_started();
         let mut pending =
             match session
                 .link
@@ -110,6 +128,7 @@ impl Hub {
                 Err(e) => {
                     self.metrics.pending_dials.dec();
                     session.pending_gauge.dec();
+                    session.health.dial_finished();
                     if let tether_tunnel::DialError::StreamLost(_) = e {
                         self.metrics.dial_failure(DialFailure::SendRsp);
                     }
@@ -123,6 +142,7 @@ impl Hub {
                     Abandoned::Pending => {
                         self.metrics.pending_dials.dec();
                         session.pending_gauge.dec();
+                        session.health.dial_finished();
                         self.metrics.dial_failure(DialFailure::FrontendClose);
                     }
                     Abandoned::Answered => self.metrics.dial_failure(DialFailure::FrontendClose),

@@ -18,6 +18,7 @@ mod limits;
 mod metrics;
 mod net;
 mod request;
+pub mod routing;
 mod tls_reload;
 mod unix_socket;
 mod warn_limit;
@@ -31,6 +32,7 @@ use std::time::Duration;
 pub use backend::registry::Strategy;
 pub use frontend::Mode;
 pub use limits::Limits;
+pub use routing::RoutingConfig;
 use tether_grpc::server::Connection;
 use tether_grpc::{H2Settings, Keepalive, PeerTransport};
 use tether_observe::metrics::Registry;
@@ -72,6 +74,8 @@ pub struct Config {
     pub server_id: String,
     pub server_count: u32,
     pub strategies: Vec<Strategy>,
+    /// Topology, affinity and ejection for the strategies (`--routing-config`).
+    pub routing: RoutingConfig,
     /// Deadline for an agent to answer a dial.
     pub dial_timeout: Duration,
     /// On shutdown, how long live connections may continue.
@@ -198,8 +202,14 @@ impl Server {
         let limit_metrics = LimitMetrics::register(&registry);
         let limits = config.limits.clone();
         let hub = Arc::new(Hub::new(
-            backend::registry::Registry::new(&config.strategies),
+            backend::registry::Registry::new(&config.strategies, config.routing.clone()),
             metrics,
+            backend::session::Watch {
+                ejection: config.routing.ejection,
+                metrics: Arc::new(backend::selection_metrics::SelectionMetrics::register(
+                    &registry,
+                )),
+            },
         ));
         hub.refresh_backend_gauges();
         let agent_service = Arc::new(AgentService {

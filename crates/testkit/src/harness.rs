@@ -64,6 +64,7 @@ pub struct ServerOptions {
     pub server_id: String,
     pub server_count: u32,
     pub strategies: Vec<Strategy>,
+    pub routing: tether_server::RoutingConfig,
     pub dial_timeout: Duration,
     pub graceful_shutdown_timeout: Duration,
     pub flow: FlowConfig,
@@ -83,6 +84,7 @@ impl Default for ServerOptions {
             server_id: "server-1".into(),
             server_count: 1,
             strategies: vec![Strategy::Default],
+            routing: tether_server::RoutingConfig::default(),
             dial_timeout: Duration::from_secs(30),
             graceful_shutdown_timeout: Duration::ZERO,
             flow: FlowConfig::default(),
@@ -155,6 +157,7 @@ impl TestServer {
             server_id: opts.server_id,
             server_count: opts.server_count,
             strategies: opts.strategies,
+            routing: opts.routing,
             dial_timeout: opts.dial_timeout,
             graceful_shutdown_timeout: opts.graceful_shutdown_timeout,
             flow: opts.flow,
@@ -221,6 +224,8 @@ impl Drop for TestServer {
 pub struct AgentOptions {
     pub agent_id: String,
     pub identifiers: String,
+    /// tether's `--agent-labels` (zone, region).
+    pub labels: tether_agent::Labels,
     pub flow: FlowConfig,
     /// Speak like an upstream agent: no `tether-flow` announcement, so no credit.
     pub legacy: bool,
@@ -237,6 +242,7 @@ impl Default for AgentOptions {
         Self {
             agent_id: format!("agent-{}", unique()),
             identifiers: String::new(),
+            labels: tether_agent::Labels::default(),
             flow: FlowConfig::default(),
             legacy: false,
             dial_timeout: Duration::from_secs(5),
@@ -297,6 +303,7 @@ impl TestAgent {
             )?,
             agent_id: opts.agent_id,
             identifiers: opts.identifiers,
+            labels: opts.labels,
             health_addr: LOOPBACK_ANY.parse()?,
             admin_addr: LOOPBACK_ANY.parse()?,
             sync_interval: opts.sync_interval,

@@ -12,6 +12,7 @@ mod lifecycle;
 mod metrics_names;
 mod routing;
 mod security;
+mod selection;
 mod support;
 
 use std::time::Duration;

@@ -18,9 +18,11 @@ use super::common::{
     check_listen_port, check_pair, go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
+use routing::RoutingArgs;
 use security::SecurityArgs;
 
 mod reload;
+mod routing;
 mod security;
 
 /// What `--backend-dial-timeout=0` means in tether: the Go client's own 30 s backstop, so
@@ -154,7 +156,7 @@ pub(crate) struct ServerArgs {
     server_count: u32,
 
     /// How to pick an agent for a dial, in order: comma list of default, destHost,
-    /// defaultRoute.
+    /// defaultRoute, and tether's topology, destCIDR, leastLoaded.
     #[arg(
         long,
         help_heading = "Agents",
@@ -224,6 +226,9 @@ pub(crate) struct ServerArgs {
     // Boxed: the hardening flags would make `ServerArgs` much the largest command.
     #[command(flatten)]
     security: Box<SecurityArgs>,
+
+    #[command(flatten)]
+    routing: RoutingArgs,
 
     /// Agent token authentication: expected ServiceAccount namespace.
     #[arg(long, help_heading = NOT_IMPLEMENTED, value_name = "NAMESPACE", default_value = "")]
@@ -343,6 +348,7 @@ impl ServerArgs {
             server_id: id_or_random(self.server_id),
             server_count: self.server_count,
             strategies,
+            routing: self.routing.routing()?,
             dial_timeout: if self.backend_dial_timeout.is_zero() {
                 DIAL_BACKSTOP
             } else {
