@@ -1,16 +1,18 @@
 //! Dialing through an agent: choosing one, waiting for its answer, bounding the wait.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::time::Instant;
 
 use tether_proto::DialId;
 use tether_tunnel::{Abandoned, Tunnel};
 
-use crate::backend::registry::Registry;
+use crate::backend::outlier::EjectionConfig;
 use crate::backend::selection_metrics::SelectionMetrics;
-use crate::backend::session::{AgentSession, Watch};
+use crate::backend::session::Watch;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
+use crate::tenant::{Side, Tenant, Tenants};
 
 /// Why a dial did not produce a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +34,12 @@ pub(crate) enum DialError {
     TooManyPending(usize),
     #[error("frontend went away")]
     FrontendGone,
+    /// The client's identity maps to no tenant (or to several).
+    #[error("{0}")]
+    NoTenant(String),
+    /// The client's tenant is over one of its limits.
+    #[error("{0}")]
+    TenantLimit(String),
 }
 
 impl From<tether_tunnel::DialError> for DialError {
@@ -51,41 +59,63 @@ impl From<tether_tunnel::DialError> for DialError {
 /// State shared by every frontend and agent stream of one server.
 #[derive(Debug)]
 pub(crate) struct Hub {
-    registry: Mutex<Registry<Arc<AgentSession>>>,
+    /// Each tenant owns the registry of its agents.
+    pub(crate) tenants: Tenants,
     pub(crate) metrics: Arc<ServerMetrics>,
-    /// Handed to each agent stream: its ejection rules and the selection metrics.
-    pub(crate) watch: Watch,
+    ejection: EjectionConfig,
+    selection_metrics: Arc<SelectionMetrics>,
 }
 
 impl Hub {
     pub(crate) fn new(
-        registry: Registry<Arc<AgentSession>>,
+        tenants: Tenants,
         metrics: Arc<ServerMetrics>,
-        watch: Watch,
+        ejection: EjectionConfig,
+        selection_metrics: Arc<SelectionMetrics>,
     ) -> Self {
         Self {
-            registry: Mutex::new(registry),
+            tenants,
             metrics,
-            watch,
+            ejection,
+            selection_metrics,
         }
     }
 
     fn selection_metrics(&self) -> &SelectionMetrics {
-        &self.watch.metrics
+        &self.selection_metrics
     }
 
-    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Arc<AgentSession>>> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    /// What a new agent stream of `tenant` reports its health and load to.
+    pub(crate) fn watch(&self, tenant: &Tenant) -> Watch {
+        Watch {
+            ejection: self.ejection,
+            metrics: self.selection_metrics.clone(),
+            tenant: tenant.load.clone(),
+        }
     }
 
-    /// Publishes registry-derived gauges after a change.
+    /// Readiness, as upstream, for any tenant.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.tenants.all().any(|t| t.registry().is_ready())
+    }
+
+    /// Publishes registry-derived gauges after a change, summed over tenants.
     pub(crate) fn refresh_backend_gauges(&self) {
-        let registry = self.registry();
-        self.metrics
-            .ready_backend_connections
-            .set(registry.agent_count() as i64);
-        for (strategy, keys) in registry.key_counts() {
-            self.metrics.set_ready_backends(strategy.as_str(), keys);
+        let mut agents = 0;
+        let mut keys: Vec<(crate::Strategy, usize)> = Vec::new();
+        for tenant in self.tenants.all() {
+            let registry = tenant.registry();
+            agents += registry.agent_count();
+            for (n, (strategy, count)) in registry.key_counts().enumerate() {
+                match keys.get_mut(n) {
+                    Some(slot) => slot.1 += count,
+                    None => keys.push((strategy, count)),
+                }
+            }
+        }
+        self.metrics.ready_backend_connections.set(agents as i64);
+        for (strategy, count) in keys {
+            self.metrics.set_ready_backends(strategy.as_str(), count);
         }
     }
 
@@ -97,8 +127,19 @@ impl Hub {
         request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
     ) -> Result<Tunnel, DialError> {
-        let selected = self.registry().select(request, std::time::Instant::now());
+        let tenant = self
+            .tenants
+            .resolve(Side::Client, &request.peer)
+            .map_err(DialError::NoTenant)?;
+        let now = Instant::now();
+        tenant
+            .reserve_dial(now)
+            .map_err(|(_, text)| DialError::TenantLimit(text))?;
+        // From here the tenant's pending reservation is released with the agent's pending
+        // count (`Health::dial_finished`), or right below when no agent is found.
+        let selected = tenant.registry().select(request, now);
         let Some(selected) = selected else {
+            tenant.load.release_pending();
             self.metrics.dial_failure(DialFailure::NoAgent);
             return Err(DialError::NoAgent);
         };
@@ -111,6 +152,7 @@ impl Hub {
             dial.id = %random,
             address = %request.address,
             strategy = selected.strategy.as_str(),
+            tenant = %tenant.name,
             frontend = request.frontend.as_str(),
             peer = %request.peer.principal(),
             "dialing"

@@ -18,7 +18,7 @@ pub(crate) fn health_handler(
         "/readyz" | "/ready" => {
             if shutting_down.load(std::sync::atomic::Ordering::Acquire) {
                 Response::text(500, "shutting down")
-            } else if hub.registry().is_ready() {
+            } else if hub.is_ready() {
                 Response::text(200, "ok")
             } else {
                 Response::text(500, "no connection to any proxy agent")

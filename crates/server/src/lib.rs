@@ -19,6 +19,7 @@ mod metrics;
 mod net;
 mod request;
 pub mod routing;
+mod tenant;
 mod tls_reload;
 mod unix_socket;
 mod warn_limit;
@@ -202,14 +203,12 @@ impl Server {
         let limit_metrics = LimitMetrics::register(&registry);
         let limits = config.limits.clone();
         let hub = Arc::new(Hub::new(
-            backend::registry::Registry::new(&config.strategies, config.routing.clone()),
+            tenant::Tenants::new(&config.strategies, &config.routing, &registry),
             metrics,
-            backend::session::Watch {
-                ejection: config.routing.ejection,
-                metrics: Arc::new(backend::selection_metrics::SelectionMetrics::register(
-                    &registry,
-                )),
-            },
+            config.routing.ejection,
+            Arc::new(backend::selection_metrics::SelectionMetrics::register(
+                &registry,
+            )),
         ));
         hub.refresh_backend_gauges();
         let agent_service = Arc::new(AgentService {

@@ -12,6 +12,11 @@
 //!   consecutive_failures: 5 # 0 disables ejection
 //!   base_seconds: 10
 //!   max_seconds: 300
+//! tenants:                  # absent: one implicit tenant, as upstream
+//!   - name: acme
+//!     clients: ["cert:apiserver.acme", "uid:1001"]
+//!     agents: ["cert:agent.acme"]
+//!     limits: {connections: 1000, pending_dials: 100, dials_per_second: 50}
 //! ```
 
 use std::time::Duration;
@@ -21,15 +26,18 @@ use tether_policy::Cidr;
 
 pub use crate::backend::outlier::EjectionConfig;
 pub use crate::backend::selection::ZoneRule;
+pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
 
 /// Selection settings beyond `--proxy-strategies`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RoutingConfig {
     /// CIDR → zone rules; the longest matching prefix wins.
     pub zone_rules: Vec<ZoneRule>,
     /// Keep each client (by its proven identity) on one agent while that agent stays.
     pub client_affinity: bool,
     pub ejection: EjectionConfig,
+    /// Empty: every peer is in one implicit tenant without limits.
+    pub tenants: Vec<TenantConfig>,
 }
 
 #[derive(Deserialize)]
@@ -41,6 +49,26 @@ struct File {
     affinity: Option<String>,
     #[serde(default)]
     ejection: Option<EjectionEntry>,
+    #[serde(default)]
+    tenants: Vec<TenantEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    name: String,
+    clients: Vec<String>,
+    agents: Vec<String>,
+    #[serde(default)]
+    limits: Option<LimitsEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsEntry {
+    connections: Option<u64>,
+    pending_dials: Option<u64>,
+    dials_per_second: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -127,8 +155,79 @@ impl RoutingConfig {
             zone_rules,
             client_affinity,
             ejection,
+            tenants: tenants(file.tenants)?,
         })
     }
+}
+
+/// Validates the tenant table: unique names, identities in at most one tenant per side.
+fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
+    if entries.len() > MAX_TENANTS {
+        return Err(format!(
+            "tenants: {} entries, more than the {MAX_TENANTS} allowed",
+            entries.len()
+        ));
+    }
+    let mut out: Vec<TenantConfig> = Vec::new();
+    let mut owners: std::collections::HashMap<(bool, Identity), String> = Default::default();
+    for (n, entry) in entries.into_iter().enumerate() {
+        let at = format!("tenants[{n}] ({:?})", entry.name);
+        let label_safe = !entry.name.is_empty()
+            && entry.name.len() <= 63
+            && entry
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !label_safe {
+            return Err(format!(
+                "{at}: name must be 1 to 63 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        if out.iter().any(|t| t.name == entry.name) {
+            return Err(format!("{at}: the name is used twice"));
+        }
+        let mut parse = |side: &str, is_agent: bool, list: &[String]| {
+            if list.is_empty() {
+                return Err(format!("{at}: {side} must list at least one identity"));
+            }
+            list.iter()
+                .map(|text| {
+                    let id = Identity::parse(text).map_err(|e| format!("{at}: {side}: {e}"))?;
+                    if let Some(other) = owners.insert((is_agent, id.clone()), entry.name.clone())
+                    {
+                        return Err(format!(
+                            "{at}: {side}: {text} is already in tenant {other:?}; an identity belongs to one tenant"
+                        ));
+                    }
+                    Ok(id)
+                })
+                .collect::<Result<Vec<_>, String>>()
+        };
+        let clients = parse("clients", false, &entry.clients)?;
+        let agents = parse("agents", true, &entry.agents)?;
+        let limits = match entry.limits {
+            None => TenantLimits::default(),
+            Some(l) => {
+                if l.dials_per_second
+                    .is_some_and(|r| !(r.is_finite() && r > 0.0))
+                {
+                    return Err(format!("{at}: limits.dials_per_second must be positive"));
+                }
+                TenantLimits {
+                    connections: l.connections,
+                    pending_dials: l.pending_dials,
+                    dials_per_second: l.dials_per_second,
+                }
+            }
+        };
+        out.push(TenantConfig {
+            name: entry.name,
+            clients,
+            agents,
+            limits,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -151,6 +250,20 @@ mod tests {
             RoutingConfig::from_yaml("{}").unwrap(),
             RoutingConfig::default()
         );
+        let t = RoutingConfig::from_yaml(
+            "tenants:\n  - name: acme\n    clients: [\"cert:api.acme\", \"uid:1001\"]\n    agents: [\"cert:api.acme\"]\n    limits: {connections: 5, dials_per_second: 2.5}\n",
+        )
+        .unwrap()
+        .tenants;
+        assert_eq!(
+            t[0].clients,
+            [
+                Identity::CertName("api.acme".into()),
+                Identity::UnixUid(1001)
+            ]
+        );
+        assert_eq!(t[0].limits.connections, Some(5));
+        assert_eq!(t[0].limits.pending_dials, None);
     }
 
     #[test]
@@ -175,6 +288,34 @@ mod tests {
                 "base_seconds",
             ),
             ("zonez: []\n", "zonez"),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: []}\n",
+                "agents must list",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"x\"], agents: [\"cert:y\"]}\n",
+                "expected cert:NAME",
+            ),
+            (
+                "tenants:\n  - {name: \"a b\", clients: [\"cert:x\"], agents: [\"cert:y\"]}\n",
+                "name must be",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"]}\n  - {name: b, clients: [\"cert:x\"], agents: [\"cert:z\"]}\n",
+                "cert:x is already in tenant \"a\"",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"]}\n  - {name: a, clients: [\"cert:w\"], agents: [\"cert:z\"]}\n",
+                "used twice",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"uid:x\"], agents: [\"cert:y\"]}\n",
+                "uid must be a number",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], limits: {dials_per_second: 0}}\n",
+                "dials_per_second",
+            ),
         ] {
             let err = RoutingConfig::from_yaml(text).unwrap_err();
             assert!(err.contains(expected), "{text:?}: {err}");

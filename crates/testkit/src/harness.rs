@@ -235,6 +235,9 @@ pub struct AgentOptions {
     pub tls_reload: bool,
     /// The destination policy and dial caps.
     pub destinations: tether_agent::DestinationConfig,
+    /// A client certificate and key other than the PKI's agent certificate (distinct
+    /// agent identities, e.g. tenants).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for AgentOptions {
@@ -249,6 +252,7 @@ impl Default for AgentOptions {
             sync_interval: Duration::from_millis(100),
             tls_reload: false,
             destinations: tether_agent::DestinationConfig::default(),
+            client_cert: None,
         }
     }
 }
@@ -292,12 +296,16 @@ impl TestAgent {
         } else {
             None
         };
+        let (cert, key) = opts
+            .client_cert
+            .clone()
+            .unwrap_or_else(|| (f.agent_cert.clone(), f.agent_key.clone()));
         let config = tether_agent::Config {
             server_host: server_agent_addr.ip().to_string(),
             server_port: server_agent_addr.port(),
             tls: tether_tls::client_config(
                 &f.ca_cert,
-                Some((&f.agent_cert, &f.agent_key)),
+                Some((&cert, &key)),
                 vec![b"h2".to_vec()],
                 &TlsOptions::default(),
             )?,

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tether_proto::Identifiers;
@@ -116,13 +117,14 @@ pub(crate) struct Registry<B> {
     indexes: Vec<Index<B>>,
     /// Streams per agent ID; `[0]` takes new dials, as upstream.
     agents: HashMap<String, Vec<B>>,
-    routing: RoutingConfig,
+    /// Shared by every tenant's registry: an idle tenant must not copy the table.
+    routing: Arc<RoutingConfig>,
     /// Dials handed out so far.
     picks: u64,
 }
 
 impl<B: Backend> Registry<B> {
-    pub(crate) fn new(strategies: &[Strategy], routing: RoutingConfig) -> Self {
+    pub(crate) fn new(strategies: &[Strategy], routing: Arc<RoutingConfig>) -> Self {
         Self {
             indexes: strategies
                 .iter()
@@ -359,7 +361,7 @@ mod tests {
 
     #[test]
     fn default_prefers_non_draining_and_falls_back_to_draining() {
-        let mut r = Registry::new(&[Strategy::Default], RoutingConfig::default());
+        let mut r = Registry::new(&[Strategy::Default], Arc::default());
         let a = fake("a", 1);
         let b = fake("b", 2);
         r.add(a.clone(), &ids(""));
@@ -387,7 +389,7 @@ mod tests {
                 Strategy::DefaultRoute,
                 Strategy::Default,
             ],
-            RoutingConfig::default(),
+            Arc::default(),
         );
         r.add(fake("node1", 1), &ids("host=node1&ipv4=10.0.0.1"));
         r.add(fake("gw", 2), &ids("default-route=true"));
@@ -409,10 +411,7 @@ mod tests {
 
     #[test]
     fn readiness_follows_the_first_strategy() {
-        let mut r = Registry::new(
-            &[Strategy::DestHost, Strategy::Default],
-            RoutingConfig::default(),
-        );
+        let mut r = Registry::new(&[Strategy::DestHost, Strategy::Default], Arc::default());
         r.add(fake("plain", 1), &ids(""));
         assert!(!r.is_ready(), "no agent advertises a host");
         assert!(sel(&mut r, "x:1").is_some());
@@ -420,7 +419,7 @@ mod tests {
 
     #[test]
     fn second_stream_of_an_agent_waits_behind_the_first() {
-        let mut r = Registry::new(&[Strategy::Default], RoutingConfig::default());
+        let mut r = Registry::new(&[Strategy::Default], Arc::default());
         r.add(fake("a", 1), &ids(""));
         r.add(fake("a", 2), &ids(""));
         assert_eq!(sel(&mut r, "x:1").unwrap().stream, 1);
@@ -431,7 +430,7 @@ mod tests {
 
     #[test]
     fn each_stream_is_indexed_under_its_own_identifiers() {
-        let mut r = Registry::new(&[Strategy::DestHost], RoutingConfig::default());
+        let mut r = Registry::new(&[Strategy::DestHost], Arc::default());
         r.add(fake("a", 1), &ids("host=old-name"));
         r.add(fake("a", 2), &ids("host=new-name"));
         // Before per-stream indexing the second stream inherited old-name and had no new-name.

@@ -14,6 +14,7 @@ use tracing::Instrument;
 use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES};
 use super::session::AgentSession;
 use crate::dial::Hub;
+use crate::tenant::Side;
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,6 +54,14 @@ impl AgentService {
                     tracing::warn!(message = %LogText(&message), suppressed, "refusing agent stream");
                 }
                 call.reject(&Status::new(Code::UNKNOWN, message));
+                return;
+            }
+        };
+        let tenant = match self.hub.tenants.resolve(Side::Agent, call.peer()) {
+            Ok(tenant) => tenant.clone(),
+            Err(why) => {
+                tracing::warn!(agent.id = %LogText(&agent_id), "refusing agent stream: {why}");
+                call.reject(&Status::new(Code::PERMISSION_DENIED, why));
                 return;
             }
         };
@@ -96,13 +105,13 @@ impl AgentService {
                 limits: Limits::default(),
             },
             hub.metrics.clone(),
-            hub.watch.clone(),
+            hub.watch(&tenant),
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
         async {
-            tracing::info!(credit = flow.is_credit(), "agent connected");
-            hub.registry().add(session.clone(), &session.identifiers);
+            tracing::info!(credit = flow.is_credit(), tenant = %tenant.name, "agent connected");
+            tenant.registry().add(session.clone(), &session.identifiers);
             hub.refresh_backend_gauges();
             let reason = session
                 .link
@@ -110,7 +119,7 @@ impl AgentService {
                 .await;
             tracing::info!(%reason, "agent disconnected");
             let gone = {
-                let mut registry = hub.registry();
+                let mut registry = tenant.registry();
                 registry.remove(&session.agent_id, session.stream_id);
                 !registry.contains(&session.agent_id)
             };

@@ -16,18 +16,21 @@ use super::registry::Backend;
 use super::selection::Candidate;
 use super::selection_metrics::SelectionMetrics;
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
+use crate::tenant::TenantLoad;
 
 /// Bytes queued toward frontends that weigh as much as one connection in the load figure.
 const QUEUED_BYTES_PER_LOAD_UNIT: u64 = 64 * 1024;
 
 /// An agent stream's load and dial record, read by selection without the stream's lock.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Health {
     pending: AtomicU64,
     open: AtomicU64,
     queued: AtomicU64,
     last_picked: AtomicU64,
     outlier: Mutex<Outlier>,
+    /// The tenant's totals, which its limits are checked against.
+    tenant: Arc<TenantLoad>,
 }
 
 impl Health {
@@ -35,7 +38,9 @@ impl Health {
         self.pending.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Ends a dial's pending state, the agent's and the tenant's (reserved in `Hub::dial`).
     pub(crate) fn dial_finished(&self) {
+        self.tenant.release_pending();
         // Never below zero, whatever the order of a racing abandon and answer.
         let _ = self
             .pending
@@ -108,11 +113,13 @@ impl Backend for Arc<AgentSession> {
     }
 }
 
-/// How an agent stream is watched for selection.
+/// How an agent stream is watched for selection: the ejection rules, the selection metrics
+/// and the totals of the tenant the agent belongs to.
 #[derive(Clone, Debug)]
 pub(crate) struct Watch {
     pub(crate) ejection: EjectionConfig,
     pub(crate) metrics: Arc<SelectionMetrics>,
+    pub(crate) tenant: Arc<TenantLoad>,
 }
 
 impl AgentSession {
@@ -127,7 +134,14 @@ impl AgentSession {
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
-        let health = Arc::<Health>::default();
+        let health = Arc::new(Health {
+            pending: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            last_picked: AtomicU64::new(0),
+            outlier: Mutex::default(),
+            tenant: watch.tenant.clone(),
+        });
         let cidrs = identifiers
             .cidrs
             .iter()
@@ -228,13 +242,14 @@ impl Hooks for ServerHooks {
             Event::Opened(_) => {
                 m.established.inc();
                 self.health.open.fetch_add(1, Ordering::Relaxed);
+                self.health.tenant.open.fetch_add(1, Ordering::Relaxed);
             }
             Event::Ended(ended) => {
                 m.established.dec();
-                let _ = self
-                    .health
-                    .open
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                for open in [&self.health.open, &self.health.tenant.open] {
+                    let _ = open
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                }
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
                 if let Some(CloseError::Overflow { .. }) = ended.outcome.error {

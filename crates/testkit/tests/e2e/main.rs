@@ -14,6 +14,7 @@ mod routing;
 mod security;
 mod selection;
 mod support;
+mod tenancy;
 
 use std::time::Duration;
 
