@@ -267,6 +267,20 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_example_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("# /etc/tether/routing.yaml")
+            .expect("README has the example");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").unwrap()];
+        let c = RoutingConfig::from_yaml(block).unwrap();
+        assert_eq!(c.zone_rules.len(), 3);
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants[1].clients, [Identity::UnixUid(1002)]);
+    }
+
+    #[test]
     fn errors_name_the_entry() {
         for (text, expected) in [
             (
