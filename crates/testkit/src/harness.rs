@@ -74,6 +74,8 @@ pub struct ServerOptions {
     pub limits: tether_server::Limits,
     pub match_agent_identity_to_certificate: bool,
     pub tls_reload: Option<tether_server::TlsReload>,
+    /// Listen on `[::1]` instead of 127.0.0.1 (frontend TCP, agent, health, admin).
+    pub ipv6: bool,
 }
 
 impl Default for ServerOptions {
@@ -96,6 +98,7 @@ impl Default for ServerOptions {
             limits: tether_server::Limits::default(),
             match_agent_identity_to_certificate: false,
             tls_reload: None,
+            ipv6: false,
         }
     }
 }
@@ -119,6 +122,11 @@ const LOOPBACK_ANY: &str = "127.0.0.1:0";
 impl TestServer {
     pub async fn start(pki: &Pki, opts: ServerOptions) -> anyhow::Result<Self> {
         let f = &pki.files;
+        let any: SocketAddr = if opts.ipv6 {
+            "[::1]:0".parse()?
+        } else {
+            LOOPBACK_ANY.parse()?
+        };
         let alpn: &[&[u8]] = match opts.mode {
             Mode::Grpc => &[b"h2"],
             Mode::HttpConnect => &[b"http/1.1"],
@@ -131,7 +139,7 @@ impl TestServer {
                 delete_existing: true,
             },
             Transport::Tls => FrontendListen::Tls {
-                addr: LOOPBACK_ANY.parse()?,
+                addr: any,
                 tls: tether_tls::server_config(
                     &f.server_cert,
                     &f.server_key,
@@ -144,7 +152,7 @@ impl TestServer {
         let config = tether_server::Config {
             mode: opts.mode,
             frontend,
-            agent_addr: opts.agent_addr.unwrap_or(LOOPBACK_ANY.parse()?),
+            agent_addr: opts.agent_addr.unwrap_or(any),
             agent_tls: tether_tls::server_config(
                 &f.server_cert,
                 &f.server_key,
@@ -152,8 +160,8 @@ impl TestServer {
                 &[b"h2"],
                 &TlsOptions::default(),
             )?,
-            health_addr: LOOPBACK_ANY.parse()?,
-            admin_addr: LOOPBACK_ANY.parse()?,
+            health_addr: any,
+            admin_addr: any,
             server_id: opts.server_id,
             server_count: opts.server_count,
             strategies: opts.strategies,
