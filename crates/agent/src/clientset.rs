@@ -390,6 +390,10 @@ impl ClientSet {
         if !self.config.identifiers.is_empty() {
             metadata.push((metadata::AGENT_IDENTIFIERS, self.config.identifiers.clone()));
         }
+        let labels = self.config.labels.to_header();
+        if !labels.is_empty() {
+            metadata.push((metadata::TETHER_LABELS, labels));
+        }
         if let Some(path) = &self.config.token_path {
             // A small local file, read on every connect so a rotated token is picked up.
             let token = std::fs::read_to_string(path)

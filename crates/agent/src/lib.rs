@@ -31,6 +31,7 @@ pub use destination::{DestinationConfig, PolicyFileError};
 pub use server_count::{CountSource, LeaseCounting, ServerLeases};
 use tether_grpc::Keepalive;
 use tether_observe::metrics::Registry;
+pub use tether_proto::Labels;
 pub use tether_tunnel::FlowConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,8 @@ pub struct Config {
     pub agent_id: String,
     /// `--agent-identifiers`, already validated; sent as is.
     pub identifiers: String,
+    /// tether's `--agent-labels`: sent as `tether-labels`, which upstream servers ignore.
+    pub labels: Labels,
     pub health_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub sync_interval: Duration,

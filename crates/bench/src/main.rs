@@ -49,7 +49,7 @@ struct Args {
     /// Only these systems (comma-separated names or ids, e.g. `direct,tether-grpc-uds`).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
-    /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, idle-conns, fanin.
+    /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, fairness, idle-conns, fanin.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Idle connections to hold open (default 10000; 200 with --quick).
@@ -293,6 +293,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         Workload::PingPong,
         Workload::Churn,
         Workload::Hol,
+        Workload::Fairness,
     ]
     .into_iter()
     .filter(|w| workloads.contains(w))
@@ -671,6 +672,25 @@ async fn run_instance(
                         ));
                     }
                 }
+                Workload::Fairness => {
+                    let x = tokio::time::timeout(bound, workloads::fairness::run(&r, p))
+                        .await
+                        .map_err(|_| anyhow::anyhow!("timed out"))??;
+                    results.add(system, Metric::FairP99Ratio, run, x.p99_ratio());
+                    results.add(system, Metric::FairBulkRatio, run, x.bulk_ratio());
+                    progress.note(&format!(
+                        "fairness: ping p50/p99 alone {:.0}/{:.0} µs, next to {} downloads {:.0}/{:.0} µs (p99 ×{:.2}); downloads {:.0} MiB/s alone, {:.0} MiB/s with the ping-pong (×{:.2})",
+                        x.ping_alone[0],
+                        x.ping_alone[1],
+                        workloads::fairness::BULK,
+                        x.ping_shared[0],
+                        x.ping_shared[1],
+                        x.p99_ratio(),
+                        x.bulk_alone_mib_s,
+                        x.bulk_shared_mib_s,
+                        x.bulk_ratio()
+                    ));
+                }
                 Workload::IdleConns | Workload::FanIn => {}
             }
             anyhow::Ok(())
@@ -742,6 +762,9 @@ fn missing_figures(results: &Results, tasks: &[Task]) -> Vec<String> {
                         }
                         Workload::Churn => m.extend([Metric::Churn1Rate, Metric::Churn64Rate]),
                         Workload::Hol => m.push(Metric::HolRatio),
+                        Workload::Fairness => {
+                            m.extend([Metric::FairP99Ratio, Metric::FairBulkRatio])
+                        }
                         _ => {}
                     }
                 }

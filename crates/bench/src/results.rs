@@ -23,6 +23,8 @@ pub enum Metric {
     Churn64DialP99,
     ChurnCpu,
     HolRatio,
+    FairP99Ratio,
+    FairBulkRatio,
     IdleRssServer,
     IdleRssAgent,
     IdleAnonServer,
@@ -41,7 +43,7 @@ pub enum Better {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 24] = [
+    pub const ALL: [Metric; 26] = [
         Metric::BulkUp,
         Metric::BulkDown,
         Metric::CpuUp,
@@ -57,6 +59,8 @@ impl Metric {
         Metric::Churn64DialP99,
         Metric::ChurnCpu,
         Metric::HolRatio,
+        Metric::FairP99Ratio,
+        Metric::FairBulkRatio,
         Metric::IdleRssServer,
         Metric::IdleRssAgent,
         Metric::IdleAnonServer,
@@ -86,6 +90,8 @@ impl Metric {
             Metric::Churn64DialP99 => "churn_c64_dial_p99_us",
             Metric::ChurnCpu => "churn_c64_cpu_us_per_conn",
             Metric::HolRatio => "hol_ratio",
+            Metric::FairP99Ratio => "fairness_ping_p99_ratio",
+            Metric::FairBulkRatio => "fairness_bulk_ratio",
             Metric::IdleRssServer => "idle_rss_server_mib",
             Metric::IdleRssAgent => "idle_rss_agent_mib",
             Metric::IdleAnonServer => "idle_anon_server_mib",
@@ -126,6 +132,12 @@ impl Metric {
             Metric::HolRatio => {
                 "Head-of-line isolation: throughput next to a stalled connection ÷ alone".into()
             }
+            Metric::FairP99Ratio => {
+                "Fairness: 64-byte ping-pong p99 next to 8 bulk downloads ÷ alone".into()
+            }
+            Metric::FairBulkRatio => {
+                "Fairness: 8 bulk downloads' aggregate with the ping-pong ÷ without".into()
+            }
             Metric::IdleRssServer => "Idle RSS of the server (with one agent)".into(),
             Metric::IdleRssAgent => "Idle RSS of the agent".into(),
             Metric::IdleAnonServer => {
@@ -159,7 +171,7 @@ impl Metric {
             | Metric::Churn64DialP99 => "µs",
             Metric::ChurnCpu => "CPU µs/conn",
             Metric::Churn1Rate | Metric::Churn64Rate => "conn/s",
-            Metric::HolRatio => "ratio",
+            Metric::HolRatio | Metric::FairP99Ratio | Metric::FairBulkRatio => "ratio",
             Metric::IdleRssServer
             | Metric::IdleRssAgent
             | Metric::IdleAnonServer
@@ -178,7 +190,8 @@ impl Metric {
             | Metric::BulkDown
             | Metric::Churn1Rate
             | Metric::Churn64Rate
-            | Metric::HolRatio => Better::Higher,
+            | Metric::HolRatio
+            | Metric::FairBulkRatio => Better::Higher,
             _ => Better::Lower,
         }
     }

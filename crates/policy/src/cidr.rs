@@ -44,6 +44,11 @@ impl Cidr {
         Ok(Self { network, prefix }.mapped_to_v4())
     }
 
+    /// The prefix length: longer is more specific (longest-prefix matching).
+    pub fn prefix_len(&self) -> u8 {
+        self.prefix
+    }
+
     /// Whether `ip` (any form) lies in this block.
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.contains_canonical(canonical(ip))

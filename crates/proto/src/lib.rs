@@ -8,15 +8,18 @@
 //! - [`frame`]: gRPC length-prefixed message framing, usable over any byte stream.
 //! - [`metadata`]: the gRPC header keys both ends agree on.
 //! - [`Identifiers`]: the agent identifiers that steer `destHost`/`defaultRoute` routing.
+//! - [`Labels`]: tether's agent labels (zone, region) for topology-aware routing.
 #![forbid(unsafe_code)]
 
 pub mod frame;
 pub mod identifiers;
+pub mod labels;
 pub mod metadata;
 mod packet;
 mod random;
 
 pub use identifiers::Identifiers;
+pub use labels::Labels;
 pub use packet::{ConnectId, DialId, Packet, ProtoError};
 pub use random::random_u64;
 

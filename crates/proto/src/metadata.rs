@@ -14,3 +14,6 @@ pub const SERVER_COUNT: &str = "servercount";
 /// is the initial window in bytes the sender grants for each connection. Present in a request
 /// and in its response means both ends use [`crate::Packet::Credit`] on that stream.
 pub const TETHER_FLOW: &str = "tether-flow";
+/// tether extension, agent → server: the agent's labels (`zone=..,region=..`), read by tether
+/// servers for topology-aware routing and ignored by upstream servers.
+pub const TETHER_LABELS: &str = "tether-labels";

@@ -1,7 +1,10 @@
 //! The agent side of the server: agent streams, their connections, and routing among them.
 
 pub(crate) mod admission;
+pub(crate) mod outlier;
 pub(crate) mod registry;
+pub(crate) mod selection;
+pub(crate) mod selection_metrics;
 pub(crate) mod service;
 pub(crate) mod session;
 pub(crate) mod token;

@@ -1,16 +1,19 @@
 //! Dialing through an agent: choosing one, waiting for its answer, bounding the wait.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::time::Instant;
 
 use tether_proto::DialId;
 use tether_tunnel::{Abandoned, Tunnel};
 
 use crate::audit::Audit;
-use crate::backend::registry::Registry;
-use crate::backend::session::AgentSession;
+use crate::backend::outlier::EjectionConfig;
+use crate::backend::selection_metrics::SelectionMetrics;
+use crate::backend::session::Watch;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
+use crate::tenant::{Side, Tenant, Tenants};
 
 /// Why a dial did not produce a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +35,12 @@ pub(crate) enum DialError {
     TooManyPending(usize),
     #[error("frontend went away")]
     FrontendGone,
+    /// The client's identity maps to no tenant (or to several).
+    #[error("{0}")]
+    NoTenant(String),
+    /// The client's tenant is over one of its limits.
+    #[error("{0}")]
+    TenantLimit(String),
 }
 
 impl From<tether_tunnel::DialError> for DialError {
@@ -51,21 +60,28 @@ impl From<tether_tunnel::DialError> for DialError {
 /// State shared by every frontend and agent stream of one server.
 #[derive(Debug)]
 pub(crate) struct Hub {
-    registry: Mutex<Registry<Arc<AgentSession>>>,
+    /// Each tenant owns the registry of its agents.
+    pub(crate) tenants: Tenants,
     pub(crate) metrics: Arc<ServerMetrics>,
+    ejection: EjectionConfig,
+    selection_metrics: Arc<SelectionMetrics>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
 }
 
 impl Hub {
     pub(crate) fn new(
-        registry: Registry<Arc<AgentSession>>,
+        tenants: Tenants,
         metrics: Arc<ServerMetrics>,
+        ejection: EjectionConfig,
+        selection_metrics: Arc<SelectionMetrics>,
         audit: Option<Arc<Audit>>,
     ) -> Self {
         Self {
-            registry: Mutex::new(registry),
+            tenants,
             metrics,
+            ejection,
+            selection_metrics,
             audit,
         }
     }
@@ -77,18 +93,42 @@ impl Hub {
         }
     }
 
-    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Arc<AgentSession>>> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    fn selection_metrics(&self) -> &SelectionMetrics {
+        &self.selection_metrics
     }
 
-    /// Publishes registry-derived gauges after a change.
+    /// What a new agent stream of `tenant` reports its health and load to.
+    pub(crate) fn watch(&self, tenant: &Tenant) -> Watch {
+        Watch {
+            ejection: self.ejection,
+            metrics: self.selection_metrics.clone(),
+            tenant: tenant.load.clone(),
+            audit: self.audit.clone(),
+        }
+    }
+
+    /// Readiness, as upstream, for any tenant.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.tenants.all().any(|t| t.registry().is_ready())
+    }
+
+    /// Publishes registry-derived gauges after a change, summed over tenants.
     pub(crate) fn refresh_backend_gauges(&self) {
-        let registry = self.registry();
-        self.metrics
-            .ready_backend_connections
-            .set(registry.agent_count() as i64);
-        for (strategy, keys) in registry.key_counts() {
-            self.metrics.set_ready_backends(strategy.as_str(), keys);
+        let mut agents = 0;
+        let mut keys: Vec<(crate::Strategy, usize)> = Vec::new();
+        for tenant in self.tenants.all() {
+            let registry = tenant.registry();
+            agents += registry.agent_count();
+            for (n, (strategy, count)) in registry.key_counts().enumerate() {
+                match keys.get_mut(n) {
+                    Some(slot) => slot.1 += count,
+                    None => keys.push((strategy, count)),
+                }
+            }
+        }
+        self.metrics.ready_backend_connections.set(agents as i64);
+        for (strategy, count) in keys {
+            self.metrics.set_ready_backends(strategy.as_str(), count);
         }
     }
 
@@ -100,16 +140,36 @@ impl Hub {
         request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
     ) -> Result<Tunnel, DialError> {
-        let Some(session) = self.registry().select(request) else {
-            self.metrics.dial_failure(DialFailure::NoAgent);
-            self.refused(request, &DialError::NoAgent.to_string());
-            return Err(DialError::NoAgent);
+        let refuse = |error: DialError| {
+            self.refused(request, &error.to_string());
+            error
         };
+        let tenant = self
+            .tenants
+            .resolve(Side::Client, &request.peer)
+            .map_err(|why| refuse(DialError::NoTenant(why)))?;
+        let now = Instant::now();
+        tenant
+            .reserve_dial(now)
+            .map_err(|(_, text)| refuse(DialError::TenantLimit(text)))?;
+        // From here the tenant's pending reservation is released with the agent's pending
+        // count (`Health::dial_finished`), or right below when no agent is found.
+        let selected = tenant.registry().select(request, now);
+        let Some(selected) = selected else {
+            tenant.load.release_pending();
+            self.metrics.dial_failure(DialFailure::NoAgent);
+            return Err(refuse(DialError::NoAgent));
+        };
+        self.selection_metrics()
+            .selected(selected.strategy, selected.candidates);
+        let session = selected.backend;
         let random = request.dial_id;
         tracing::debug!(
             agent.id = %session.agent_id,
             dial.id = %random,
             address = %request.address,
+            strategy = selected.strategy.as_str(),
+            tenant = %tenant.name,
             frontend = request.frontend.as_str(),
             peer = %request.peer.principal(),
             "dialing"
@@ -117,6 +177,7 @@ impl Hub {
         // Counted before DIAL_REQ leaves: the answer's hook may run before this returns.
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
+        session.health.dial_started();
         if let Some(audit) = &session.audit {
             audit.dialing(request);
         }
@@ -129,6 +190,7 @@ impl Hub {
                 Err(e) => {
                     self.metrics.pending_dials.dec();
                     session.pending_gauge.dec();
+                    session.health.dial_finished();
                     if let tether_tunnel::DialError::StreamLost(_) = e {
                         self.metrics.dial_failure(DialFailure::SendRsp);
                     }
@@ -146,6 +208,7 @@ impl Hub {
                     Abandoned::Pending => {
                         self.metrics.pending_dials.dec();
                         session.pending_gauge.dec();
+                        session.health.dial_finished();
                         self.metrics.dial_failure(DialFailure::FrontendClose);
                         if let Some(audit) = &session.audit {
                             audit.unanswered(random, &DialError::FrontendGone.to_string());

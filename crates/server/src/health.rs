@@ -25,7 +25,7 @@ pub(crate) fn health_handler(
             let api = tokens.as_ref().and_then(|t| t.unready_reason());
             if shutting_down.load(std::sync::atomic::Ordering::Acquire) {
                 Response::text(500, "shutting down")
-            } else if hub.registry().is_ready() {
+            } else if hub.is_ready() {
                 match api {
                     None => Response::text(200, "ok"),
                     Some(why) => {

@@ -19,6 +19,8 @@ mod limits;
 mod metrics;
 mod net;
 mod request;
+pub mod routing;
+mod tenant;
 mod tls_reload;
 mod unix_socket;
 mod warn_limit;
@@ -35,6 +37,7 @@ pub use backend::token::{
 };
 pub use frontend::Mode;
 pub use limits::Limits;
+pub use routing::RoutingConfig;
 use tether_grpc::server::Connection;
 use tether_grpc::{H2Settings, Keepalive, PeerTransport};
 use tether_observe::metrics::Registry;
@@ -76,6 +79,8 @@ pub struct Config {
     pub server_id: String,
     pub server_count: u32,
     pub strategies: Vec<Strategy>,
+    /// Topology, affinity and ejection for the strategies (`--routing-config`).
+    pub routing: RoutingConfig,
     /// Deadline for an agent to answer a dial.
     pub dial_timeout: Duration,
     /// On shutdown, how long live connections may continue.
@@ -234,8 +239,12 @@ impl Server {
             (audit, writer.spawn())
         });
         let hub = Arc::new(Hub::new(
-            backend::registry::Registry::new(&config.strategies),
+            tenant::Tenants::new(&config.strategies, &config.routing, &registry),
             metrics,
+            config.routing.ejection,
+            Arc::new(backend::selection_metrics::SelectionMetrics::register(
+                &registry,
+            )),
             audit_writer.as_ref().map(|(audit, _)| audit.clone()),
         ));
         hub.refresh_backend_gauges();

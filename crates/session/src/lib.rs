@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod conn;
+mod fair;
 pub mod flow;
 mod outcome;
 mod session;

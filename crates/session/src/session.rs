@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tether_proto::{ConnectId, DialId, Packet};
 
 use crate::conn::{Conn, Owner};
+use crate::fair::{self, FairQueue};
 use crate::flow::{Flow, chunk_cost};
 use crate::outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
 use crate::timers::{Timer, Timers};
@@ -140,7 +141,7 @@ pub struct Outgoing {
     /// `Some((id, cost))`: call [`Session::transmitted`] with it after the packet is written.
     pub release: Option<(ConnectId, u32)>,
     /// A reply the peer's packet asked for; counted against the reply backlog.
-    reply: bool,
+    pub(crate) reply: bool,
 }
 
 /// Where a connection is in its life.
@@ -231,7 +232,8 @@ pub struct Session {
     agent_dials: HashMap<DialId, AgentDial>,
     conns: HashMap<ConnectId, Conn>,
     next_connect_id: i64,
-    outbox: VecDeque<Outgoing>,
+    /// Packets for the writer, served by deficit round robin across connections.
+    outbox: FairQueue,
     transmit_waiting: bool,
     replies_queued: usize,
     unknown_packets: u64,
@@ -253,7 +255,7 @@ impl Session {
             agent_dials: HashMap::new(),
             conns: HashMap::new(),
             next_connect_id: 1,
-            outbox: VecDeque::new(),
+            outbox: FairQueue::default(),
             transmit_waiting: false,
             replies_queued: 0,
             unknown_packets: 0,
@@ -975,16 +977,13 @@ impl Session {
         }
         let mut bytes = 0;
         while bytes < max_bytes {
-            let Some(item) = self.outbox.pop_front() else {
+            let Some(item) = self.outbox.pop() else {
                 break;
             };
             if item.reply {
                 self.replies_queued -= 1;
             }
-            if let Packet::Data { data, .. } = &item.packet {
-                bytes += data.len();
-            }
-            bytes += 16;
+            bytes += fair::cost(&item.packet);
             batch.push(item);
         }
         true
@@ -1002,7 +1001,7 @@ impl Session {
     // ---- internals ---------------------------------------------------------------------
 
     fn queue(&mut self, packet: Packet, release: Option<(ConnectId, u32)>) {
-        self.outbox.push_back(Outgoing {
+        self.outbox.push(Outgoing {
             packet,
             release,
             reply: false,
@@ -1019,7 +1018,7 @@ impl Session {
             return;
         }
         self.replies_queued += 1;
-        self.outbox.push_back(Outgoing {
+        self.outbox.push(Outgoing {
             packet,
             release: None,
             reply: true,

@@ -64,6 +64,7 @@ pub struct ServerOptions {
     pub server_id: String,
     pub server_count: u32,
     pub strategies: Vec<Strategy>,
+    pub routing: tether_server::RoutingConfig,
     pub dial_timeout: Duration,
     pub graceful_shutdown_timeout: Duration,
     pub flow: FlowConfig,
@@ -77,6 +78,8 @@ pub struct ServerOptions {
     pub agent_token_auth: Option<tether_server::AgentTokenAuth>,
     /// `--audit-log-path`.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
+    /// Listen on `[::1]` instead of 127.0.0.1 (frontend TCP, agent, health, admin).
+    pub ipv6: bool,
 }
 
 impl Default for ServerOptions {
@@ -87,6 +90,7 @@ impl Default for ServerOptions {
             server_id: "server-1".into(),
             server_count: 1,
             strategies: vec![Strategy::Default],
+            routing: tether_server::RoutingConfig::default(),
             dial_timeout: Duration::from_secs(30),
             graceful_shutdown_timeout: Duration::ZERO,
             flow: FlowConfig::default(),
@@ -100,6 +104,7 @@ impl Default for ServerOptions {
             tls_reload: None,
             agent_token_auth: None,
             audit_log: None,
+            ipv6: false,
         }
     }
 }
@@ -123,6 +128,11 @@ const LOOPBACK_ANY: &str = "127.0.0.1:0";
 impl TestServer {
     pub async fn start(pki: &Pki, opts: ServerOptions) -> anyhow::Result<Self> {
         let f = &pki.files;
+        let any: SocketAddr = if opts.ipv6 {
+            "[::1]:0".parse()?
+        } else {
+            LOOPBACK_ANY.parse()?
+        };
         let alpn: &[&[u8]] = match opts.mode {
             Mode::Grpc => &[b"h2"],
             Mode::HttpConnect => &[b"http/1.1"],
@@ -135,7 +145,7 @@ impl TestServer {
                 delete_existing: true,
             },
             Transport::Tls => FrontendListen::Tls {
-                addr: LOOPBACK_ANY.parse()?,
+                addr: any,
                 tls: tether_tls::server_config(
                     &f.server_cert,
                     &f.server_key,
@@ -148,7 +158,7 @@ impl TestServer {
         let config = tether_server::Config {
             mode: opts.mode,
             frontend,
-            agent_addr: opts.agent_addr.unwrap_or(LOOPBACK_ANY.parse()?),
+            agent_addr: opts.agent_addr.unwrap_or(any),
             agent_tls: tether_tls::server_config(
                 &f.server_cert,
                 &f.server_key,
@@ -158,11 +168,12 @@ impl TestServer {
                 &[b"h2"],
                 &TlsOptions::default(),
             )?,
-            health_addr: LOOPBACK_ANY.parse()?,
-            admin_addr: LOOPBACK_ANY.parse()?,
+            health_addr: any,
+            admin_addr: any,
             server_id: opts.server_id,
             server_count: opts.server_count,
             strategies: opts.strategies,
+            routing: opts.routing,
             dial_timeout: opts.dial_timeout,
             graceful_shutdown_timeout: opts.graceful_shutdown_timeout,
             flow: opts.flow,
@@ -231,6 +242,8 @@ impl Drop for TestServer {
 pub struct AgentOptions {
     pub agent_id: String,
     pub identifiers: String,
+    /// tether's `--agent-labels` (zone, region).
+    pub labels: tether_agent::Labels,
     pub flow: FlowConfig,
     /// Speak like an upstream agent: no `tether-flow` announcement, so no credit.
     pub legacy: bool,
@@ -244,6 +257,9 @@ pub struct AgentOptions {
     pub token_path: Option<PathBuf>,
     /// `--audit-log-path`.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
+    /// A client certificate and key other than the PKI's agent certificate (distinct
+    /// agent identities, e.g. tenants).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for AgentOptions {
@@ -251,6 +267,7 @@ impl Default for AgentOptions {
         Self {
             agent_id: format!("agent-{}", unique()),
             identifiers: String::new(),
+            labels: tether_agent::Labels::default(),
             flow: FlowConfig::default(),
             legacy: false,
             dial_timeout: Duration::from_secs(5),
@@ -259,6 +276,7 @@ impl Default for AgentOptions {
             destinations: tether_agent::DestinationConfig::default(),
             token_path: None,
             audit_log: None,
+            client_cert: None,
         }
     }
 }
@@ -302,17 +320,22 @@ impl TestAgent {
         } else {
             None
         };
+        let (cert, key) = opts
+            .client_cert
+            .clone()
+            .unwrap_or_else(|| (f.agent_cert.clone(), f.agent_key.clone()));
         let config = tether_agent::Config {
             server_host: server_agent_addr.ip().to_string(),
             server_port: server_agent_addr.port(),
             tls: tether_tls::client_config(
                 &f.ca_cert,
-                Some((&f.agent_cert, &f.agent_key)),
+                Some((&cert, &key)),
                 vec![b"h2".to_vec()],
                 &TlsOptions::default(),
             )?,
             agent_id: opts.agent_id,
             identifiers: opts.identifiers,
+            labels: opts.labels,
             health_addr: LOOPBACK_ANY.parse()?,
             admin_addr: LOOPBACK_ANY.parse()?,
             sync_interval: opts.sync_interval,

@@ -21,7 +21,20 @@ impl LoopbackServer {
         F: Fn(TcpStream) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at("127.0.0.1:0".parse().expect("literal"), handle).await
+    }
+
+    /// Listens on `addr`, which must be a loopback address (127.0.0.0/8 or ::1).
+    async fn start_at<F, Fut>(addr: SocketAddr, handle: F) -> std::io::Result<Self>
+    where
+        F: Fn(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        assert!(
+            addr.ip().is_loopback(),
+            "test servers listen on loopback only"
+        );
+        let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             // Owned here, so aborting this task aborts the connections too.
@@ -57,7 +70,12 @@ pub struct EchoServer {
 
 impl EchoServer {
     pub async fn start() -> std::io::Result<Self> {
-        let server = LoopbackServer::start(|mut stream| async move {
+        Self::start_at("127.0.0.1:0".parse().expect("literal")).await
+    }
+
+    /// An echo server on a given loopback address, such as `127.0.2.1:0` or `[::1]:0`.
+    pub async fn start_at(addr: SocketAddr) -> std::io::Result<Self> {
+        let server = LoopbackServer::start_at(addr, |mut stream| async move {
             let (mut rd, mut wr) = stream.split();
             let _ = tokio::io::copy(&mut rd, &mut wr).await;
             let _ = wr.shutdown().await;

@@ -105,6 +105,10 @@ func (e *env) startAgent(kind string, s *server) (*agent, error) {
 		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(a.admin),
 		"--agent-id=" + a.name, "--sync-interval=200ms", "--sync-interval-cap=1s", "-v=2",
 	}
+	if kind == "tether" {
+		// tether's topology labels travel in their own header: upstream servers must ignore it.
+		args = append(args, "--agent-labels=zone=interop-a,region=interop")
+	}
 	p, err := e.ps.start(a.name, e.agentBin(kind), args...)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@
 
 pub mod bulk;
 pub mod churn;
+pub mod fairness;
 pub mod fanin;
 pub mod hol;
 pub mod idle;
@@ -85,6 +86,8 @@ pub enum Workload {
     PingPong,
     Churn,
     Hol,
+    /// A ping-pong next to 8 bulk downloads on one agent.
+    Fairness,
     /// Many idle tunnelled connections (own instance).
     IdleConns,
     /// Many fake agents on one server (own instance).
@@ -92,12 +95,13 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub const ALL: [Workload; 7] = [
+    pub const ALL: [Workload; 8] = [
         Workload::IdleRss,
         Workload::Bulk,
         Workload::PingPong,
         Workload::Churn,
         Workload::Hol,
+        Workload::Fairness,
         Workload::IdleConns,
         Workload::FanIn,
     ];
@@ -109,6 +113,7 @@ impl Workload {
             Workload::PingPong => "pingpong",
             Workload::Churn => "churn",
             Workload::Hol => "hol",
+            Workload::Fairness => "fairness",
             Workload::IdleConns => "idle-conns",
             Workload::FanIn => "fanin",
         }
@@ -127,6 +132,7 @@ impl Workload {
             Workload::PingPong => p.ping_max_secs.min(3.0),
             Workload::Churn => 2.0 * p.churn_secs,
             Workload::Hol => 2.0 * p.hol_secs + p.hol_fill_secs,
+            Workload::Fairness => 6.0 * p.hol_secs + 1.0,
             Workload::IdleConns => p.idle_conns as f64 / 600.0 + 2.0 * settle + 2.0,
             Workload::FanIn => (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 4.0 * settle + 3.0,
         }

@@ -41,6 +41,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         server_id: "client-test".into(),
         server_count: 1,
         strategies: vec![Strategy::Default],
+        routing: Default::default(),
         dial_timeout: Duration::from_secs(5),
         graceful_shutdown_timeout: Duration::ZERO,
         flow: FlowConfig::default(),

@@ -1,15 +1,21 @@
-//! Which agent gets a dial: upstream's proxy strategies, without I/O.
+//! Which agent gets a dial: upstream's proxy strategies and tether's, without I/O.
 //!
 //! One index per configured strategy, asked in the configured order; an index that has no
 //! candidate passes the dial on to the next one. Within an index, draining agents are used
-//! only when nothing else is left (upstream's rule).
+//! only when nothing else is left (upstream's rule), and agents ejected for failing dials
+//! only before those. tether's strategies (`topology`, `destCIDR`, `leastLoaded`) choose
+//! among every agent's first stream with the pure functions of `selection`.
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
 
 use tether_proto::Identifiers;
 
+use super::selection::{self, Candidate};
 use crate::request::RequestContext;
+use crate::routing::RoutingConfig;
 
 /// A `--proxy-strategies` entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,6 +26,14 @@ pub enum Strategy {
     DestHost,
     /// Any agent that advertised `default-route=true`, chosen at random.
     DefaultRoute,
+    /// tether: an agent in the destination's zone (from the routing file's CIDR rules, or
+    /// the zone of the agents whose CIDRs cover it), else in its region; least loaded.
+    Topology,
+    /// tether: the agents whose `cidr`/`ipv4`/`ipv6` identifiers cover the destination
+    /// address with the longest prefix; least loaded among them.
+    DestCidr,
+    /// tether: any agent, by the power of two choices on its load.
+    LeastLoaded,
 }
 
 impl Strategy {
@@ -29,6 +43,9 @@ impl Strategy {
             Self::Default => "default",
             Self::DestHost => "destHost",
             Self::DefaultRoute => "defaultRoute",
+            Self::Topology => "topology",
+            Self::DestCidr => "destCIDR",
+            Self::LeastLoaded => "leastLoaded",
         }
     }
 
@@ -52,8 +69,12 @@ impl FromStr for Strategy {
             "default" => Ok(Self::Default),
             "destHost" => Ok(Self::DestHost),
             "defaultRoute" => Ok(Self::DefaultRoute),
+            "topology" => Ok(Self::Topology),
+            "destCIDR" => Ok(Self::DestCidr),
+            "leastLoaded" => Ok(Self::LeastLoaded),
             other => Err(format!(
-                "unknown proxy strategy {other:?} (expected default, destHost or defaultRoute)"
+                "unknown proxy strategy {other:?} (expected default, destHost, defaultRoute, \
+                 or tether's topology, destCIDR, leastLoaded)"
             )),
         }
     }
@@ -65,6 +86,20 @@ pub(crate) trait Backend: Clone {
     /// Distinguishes several streams of the same agent ID.
     fn stream_id(&self) -> u64;
     fn is_draining(&self) -> bool;
+    /// What selection reads about this stream now: labels, CIDRs, load and health.
+    fn candidate(&self, now: Instant) -> Candidate<'_>;
+    /// Records that this stream got dial number `seq` (the tie-breaker of least-loaded).
+    fn mark_picked(&self, seq: u64);
+}
+
+/// The outcome of a selection.
+#[derive(Debug)]
+pub(crate) struct Selected<B> {
+    pub(crate) backend: B,
+    /// The strategy that found it.
+    pub(crate) strategy: Strategy,
+    /// How many streams that strategy chose among.
+    pub(crate) candidates: usize,
 }
 
 /// One index: key → the streams that advertised it, in arrival order. Each stream is indexed
@@ -82,10 +117,14 @@ pub(crate) struct Registry<B> {
     indexes: Vec<Index<B>>,
     /// Streams per agent ID; `[0]` takes new dials, as upstream.
     agents: HashMap<String, Vec<B>>,
+    /// Shared by every tenant's registry: an idle tenant must not copy the table.
+    routing: Arc<RoutingConfig>,
+    /// Dials handed out so far.
+    picks: u64,
 }
 
 impl<B: Backend> Registry<B> {
-    pub(crate) fn new(strategies: &[Strategy]) -> Self {
+    pub(crate) fn new(strategies: &[Strategy], routing: Arc<RoutingConfig>) -> Self {
         Self {
             indexes: strategies
                 .iter()
@@ -95,6 +134,8 @@ impl<B: Backend> Registry<B> {
                 })
                 .collect(),
             agents: HashMap::new(),
+            routing,
+            picks: 0,
         }
     }
 
@@ -129,12 +170,34 @@ impl<B: Backend> Registry<B> {
     }
 
     /// Picks a stream for `request`'s dial, trying each strategy in order.
-    pub(crate) fn select(&self, request: &RequestContext) -> Option<B> {
+    pub(crate) fn select(&mut self, request: &RequestContext, now: Instant) -> Option<Selected<B>> {
         let host = host_of(&request.address);
-        self.indexes.iter().find_map(|index| {
+        let affinity_key = self
+            .routing
+            .client_affinity
+            .then(|| request.peer.principal().to_string());
+        let selected = self.indexes.iter().find_map(|index| {
             let candidates: Vec<&B> = match index.strategy {
                 // Streams that advertised the host, oldest first.
                 Strategy::DestHost => index.keys.get(host)?.iter().collect(),
+                Strategy::Topology | Strategy::DestCidr | Strategy::LeastLoaded => {
+                    let streams: Vec<&B> = self.agents.values().filter_map(|s| s.first()).collect();
+                    let snapshot: Vec<Candidate<'_>> =
+                        streams.iter().map(|b| b.candidate(now)).collect();
+                    let request = selection::Request {
+                        host,
+                        affinity_key: affinity_key.as_deref(),
+                        zone_rules: &self.routing.zone_rules,
+                    };
+                    let set = selection::candidate_set(index.strategy, &snapshot, &request)?;
+                    let chosen =
+                        selection::pick(&snapshot, &set, request.affinity_key, &mut random_below)?;
+                    return Some(Selected {
+                        backend: streams[chosen].clone(),
+                        strategy: index.strategy,
+                        candidates: set.len(),
+                    });
+                }
                 Strategy::Default | Strategy::DefaultRoute => {
                     // One candidate per agent ID (its oldest stream), from a random start,
                     // as upstream: spreads load without bookkeeping.
@@ -150,8 +213,18 @@ impl<B: Backend> Registry<B> {
                         .collect()
                 }
             };
-            first_preferring_active(candidates)
-        })
+            let count = candidates.len();
+            first_preferring_active(candidates, now).map(|backend| Selected {
+                backend,
+                strategy: index.strategy,
+                candidates: count,
+            })
+        });
+        if let Some(selected) = &selected {
+            self.picks += 1;
+            selected.backend.mark_picked(self.picks);
+        }
+        selected
     }
 
     /// Readiness, as upstream: the first strategy's index has an agent.
@@ -175,22 +248,32 @@ impl<B: Backend> Registry<B> {
     }
 }
 
+/// The first usable candidate, else the first ejected one, else the first draining one.
 fn first_preferring_active<'a, B: Backend + 'a>(
     candidates: impl IntoIterator<Item = &'a B>,
+    now: Instant,
 ) -> Option<B> {
-    let mut fallback = None;
+    let mut ejected = None;
+    let mut draining = None;
     for candidate in candidates {
-        if !candidate.is_draining() {
+        if candidate.is_draining() {
+            draining.get_or_insert(candidate);
+        } else if candidate.candidate(now).ejected {
+            ejected.get_or_insert(candidate);
+        } else {
             return Some(candidate.clone());
         }
-        fallback.get_or_insert_with(|| candidate.clone());
     }
-    fallback
+    ejected.or(draining).cloned()
 }
 
 fn keys_for(strategy: Strategy, agent_id: &str, ids: &Identifiers) -> Vec<String> {
     match strategy {
-        Strategy::Default => vec![agent_id.to_owned()],
+        // tether's strategies read the agents' first streams, not an index; the key count
+        // (`ready_backends`) is then the agent count.
+        Strategy::Default | Strategy::Topology | Strategy::DestCidr | Strategy::LeastLoaded => {
+            vec![agent_id.to_owned()]
+        }
         Strategy::DefaultRoute if ids.default_route => vec![agent_id.to_owned()],
         Strategy::DefaultRoute => vec![],
         Strategy::DestHost => ids
@@ -244,6 +327,24 @@ mod tests {
         fn is_draining(&self) -> bool {
             self.draining.get()
         }
+        fn candidate(&self, _now: Instant) -> Candidate<'_> {
+            Candidate {
+                agent_id: self.id,
+                zone: None,
+                region: None,
+                cidrs: &[],
+                load: 0,
+                last_picked: 0,
+                ejected: false,
+                draining: self.draining.get(),
+            }
+        }
+        fn mark_picked(&self, _seq: u64) {}
+    }
+
+    fn sel(r: &mut Registry<Fake>, address: &str) -> Option<Fake> {
+        r.select(&RequestContext::to(address), Instant::now())
+            .map(|s| s.backend)
     }
 
     fn fake(id: &'static str, stream: u64) -> Fake {
@@ -260,102 +361,87 @@ mod tests {
 
     #[test]
     fn default_prefers_non_draining_and_falls_back_to_draining() {
-        let mut r = Registry::new(&[Strategy::Default]);
+        let mut r = Registry::new(&[Strategy::Default], Arc::default());
         let a = fake("a", 1);
         let b = fake("b", 2);
         r.add(a.clone(), &ids(""));
         r.add(b.clone(), &ids(""));
         a.draining.set(true);
         for _ in 0..50 {
-            assert_eq!(
-                r.select(&RequestContext::to("10.0.0.1:80")).unwrap().id,
-                "b"
-            );
+            assert_eq!(sel(&mut r, "10.0.0.1:80").unwrap().id, "b");
         }
         b.draining.set(true);
         assert!(
-            r.select(&RequestContext::to("10.0.0.1:80")).is_some(),
+            sel(&mut r, "10.0.0.1:80").is_some(),
             "all draining: still served"
         );
         r.remove("a", 1);
         r.remove("b", 2);
-        assert!(r.select(&RequestContext::to("10.0.0.1:80")).is_none());
+        assert!(sel(&mut r, "10.0.0.1:80").is_none());
         assert!(!r.is_ready());
     }
 
     #[test]
     fn dest_host_matches_exactly_then_falls_through_in_order() {
-        let mut r = Registry::new(&[
-            Strategy::DestHost,
-            Strategy::DefaultRoute,
-            Strategy::Default,
-        ]);
+        let mut r = Registry::new(
+            &[
+                Strategy::DestHost,
+                Strategy::DefaultRoute,
+                Strategy::Default,
+            ],
+            Arc::default(),
+        );
         r.add(fake("node1", 1), &ids("host=node1&ipv4=10.0.0.1"));
         r.add(fake("gw", 2), &ids("default-route=true"));
         r.add(fake("plain", 3), &ids(""));
-        assert_eq!(
-            r.select(&RequestContext::to("10.0.0.1:10250")).unwrap().id,
-            "node1"
-        );
-        assert_eq!(
-            r.select(&RequestContext::to("node1:10250")).unwrap().id,
-            "node1"
-        );
+        assert_eq!(sel(&mut r, "10.0.0.1:10250").unwrap().id, "node1");
+        assert_eq!(sel(&mut r, "node1:10250").unwrap().id, "node1");
         for _ in 0..20 {
             assert_eq!(
-                r.select(&RequestContext::to("10.9.9.9:80")).unwrap().id,
+                sel(&mut r, "10.9.9.9:80").unwrap().id,
                 "gw",
                 "defaultRoute before default"
             );
         }
         r.remove("gw", 2);
-        let picked = r.select(&RequestContext::to("10.9.9.9:80")).unwrap().id;
+        let picked = sel(&mut r, "10.9.9.9:80").unwrap().id;
         assert!(picked == "plain" || picked == "node1");
         assert!(r.is_ready(), "destHost index has node1");
     }
 
     #[test]
     fn readiness_follows_the_first_strategy() {
-        let mut r = Registry::new(&[Strategy::DestHost, Strategy::Default]);
+        let mut r = Registry::new(&[Strategy::DestHost, Strategy::Default], Arc::default());
         r.add(fake("plain", 1), &ids(""));
         assert!(!r.is_ready(), "no agent advertises a host");
-        assert!(r.select(&RequestContext::to("x:1")).is_some());
+        assert!(sel(&mut r, "x:1").is_some());
     }
 
     #[test]
     fn second_stream_of_an_agent_waits_behind_the_first() {
-        let mut r = Registry::new(&[Strategy::Default]);
+        let mut r = Registry::new(&[Strategy::Default], Arc::default());
         r.add(fake("a", 1), &ids(""));
         r.add(fake("a", 2), &ids(""));
-        assert_eq!(r.select(&RequestContext::to("x:1")).unwrap().stream, 1);
+        assert_eq!(sel(&mut r, "x:1").unwrap().stream, 1);
         r.remove("a", 1);
-        assert_eq!(r.select(&RequestContext::to("x:1")).unwrap().stream, 2);
+        assert_eq!(sel(&mut r, "x:1").unwrap().stream, 2);
         assert_eq!(r.agent_count(), 1);
     }
 
     #[test]
     fn each_stream_is_indexed_under_its_own_identifiers() {
-        let mut r = Registry::new(&[Strategy::DestHost]);
+        let mut r = Registry::new(&[Strategy::DestHost], Arc::default());
         r.add(fake("a", 1), &ids("host=old-name"));
         r.add(fake("a", 2), &ids("host=new-name"));
         // Before per-stream indexing the second stream inherited old-name and had no new-name.
-        assert_eq!(
-            r.select(&RequestContext::to("new-name:1")).unwrap().stream,
-            2
-        );
-        assert_eq!(
-            r.select(&RequestContext::to("old-name:1")).unwrap().stream,
-            1
-        );
+        assert_eq!(sel(&mut r, "new-name:1").unwrap().stream, 2);
+        assert_eq!(sel(&mut r, "old-name:1").unwrap().stream, 1);
         r.remove("a", 1);
         assert!(
-            r.select(&RequestContext::to("old-name:1")).is_none(),
+            sel(&mut r, "old-name:1").is_none(),
             "old-name left with its stream"
         );
-        assert_eq!(
-            r.select(&RequestContext::to("new-name:1")).unwrap().stream,
-            2
-        );
+        assert_eq!(sel(&mut r, "new-name:1").unwrap().stream, 2);
         r.remove("a", 2);
         assert!(!r.is_ready());
     }

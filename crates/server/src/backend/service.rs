@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, LogText, Status};
-use tether_proto::{Identifiers, metadata};
+use tether_proto::{Identifiers, Labels, metadata};
 
 use tether_tunnel::{FlowConfig, Limits, Role, SessionConfig};
 use tracing::Instrument;
@@ -15,6 +15,7 @@ use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENT
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
+use crate::tenant::Side;
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,7 +48,7 @@ impl AgentService {
             return;
         }
         let admitted = admit(call.metadata());
-        let (agent_id, identifiers) = match admitted {
+        let (agent_id, identifiers, labels) = match admitted {
             Ok(ok) => ok,
             Err(message) => {
                 self.limit_metrics
@@ -78,6 +79,16 @@ impl AgentService {
                 }
             },
             None => None,
+        };
+        let tenant = match self.hub.tenants.resolve(Side::Agent, call.peer()) {
+            Ok(tenant) => tenant.clone(),
+            Err(why) => {
+                if let Some(suppressed) = BAD_METADATA_WARNINGS.allow() {
+                    tracing::warn!(agent.id = %LogText(&agent_id), suppressed, "refusing agent stream: {why}");
+                }
+                call.reject(&Status::new(Code::PERMISSION_DENIED, why));
+                return;
+            }
         };
         let _claim = match self
             .admission
@@ -113,6 +124,7 @@ impl AgentService {
             agent_id,
             self.next_stream_id.fetch_add(1, Ordering::Relaxed),
             identifiers,
+            labels,
             SessionConfig {
                 role: Role::Server,
                 flow,
@@ -121,13 +133,13 @@ impl AgentService {
                 limits: Limits::default(),
             },
             hub.metrics.clone(),
-            hub.audit.clone(),
+            hub.watch(&tenant),
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
         async {
-            tracing::info!(credit = flow.is_credit(), "agent connected");
-            hub.registry().add(session.clone(), &session.identifiers);
+            tracing::info!(credit = flow.is_credit(), tenant = %tenant.name, "agent connected");
+            tenant.registry().add(session.clone(), &session.identifiers);
             hub.refresh_backend_gauges();
             let reason = session
                 .link
@@ -135,7 +147,7 @@ impl AgentService {
                 .await;
             tracing::info!(%reason, "agent disconnected");
             let gone = {
-                let mut registry = hub.registry();
+                let mut registry = tenant.registry();
                 registry.remove(&session.agent_id, session.stream_id);
                 !registry.contains(&session.agent_id)
             };
@@ -162,8 +174,9 @@ fn header<'a>(headers: &'a http::HeaderMap, key: &str) -> Option<&'a str> {
     headers.get(key).and_then(|v| v.to_str().ok())
 }
 
-/// Checks the agent's metadata: exactly one `agentid`, at most one `agentidentifiers`.
-fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers), String> {
+/// Checks the agent's metadata: exactly one `agentid`, at most one `agentidentifiers` and
+/// at most one `tether-labels`.
+fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), String> {
     let mut ids = headers.get_all(metadata::AGENT_ID).iter();
     let (Some(id), None) = (ids.next(), ids.next()) else {
         return Err("expected one agent ID in the context".into());
@@ -201,7 +214,16 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers), String> {
         }
         (Some(_), Some(_)) => return Err("expected at most one set of agent identifiers".into()),
     };
-    Ok((id.to_owned(), identifiers))
+    let mut labels = headers.get_all(metadata::TETHER_LABELS).iter();
+    let labels = match (labels.next(), labels.next()) {
+        (None, _) => Labels::default(),
+        (Some(v), None) if v.len() <= MAX_IDENTIFIERS_BYTES => {
+            Labels::parse(v.to_str().map_err(|_| "agent labels are not text")?)?
+        }
+        (Some(_), None) => return Err("agent labels are too long".into()),
+        (Some(_), Some(_)) => return Err("expected at most one set of agent labels".into()),
+    };
+    Ok((id.to_owned(), identifiers, labels))
 }
 
 #[cfg(test)]
@@ -216,6 +238,8 @@ mod tests {
         assert_eq!(admit(&h).unwrap().0, "a");
         h.append("agentidentifiers", "host=n1".parse().unwrap());
         assert_eq!(admit(&h).unwrap().1.hosts, ["n1"]);
+        h.append("tether-labels", "zone=a,region=r".parse().unwrap());
+        assert_eq!(admit(&h).unwrap().2.zone.as_deref(), Some("a"));
         h.append("agentid", "b".parse().unwrap());
         assert!(admit(&h).is_err(), "two agent ids");
 

@@ -1,17 +1,73 @@
 //! One agent stream on the server: its [`Link`] (the sans-IO table of its dials and
 //! connections) and the hooks that turn the table's events into the server's metrics.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
-use tether_proto::{Identifiers, Packet};
+use tether_policy::Cidr;
+use tether_proto::{Identifiers, Labels, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
+use super::outlier::{EjectionConfig, Outlier, Verdict};
 use super::registry::Backend;
+use super::selection::Candidate;
+use super::selection_metrics::SelectionMetrics;
 use crate::audit::{Audit, StreamAudit};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
+use crate::tenant::TenantLoad;
+
+/// Bytes queued toward frontends that weigh as much as one connection in the load figure.
+const QUEUED_BYTES_PER_LOAD_UNIT: u64 = 64 * 1024;
+
+/// An agent stream's load and dial record, read by selection without the stream's lock.
+#[derive(Debug)]
+pub(crate) struct Health {
+    pending: AtomicU64,
+    open: AtomicU64,
+    queued: AtomicU64,
+    last_picked: AtomicU64,
+    outlier: Mutex<Outlier>,
+    /// The tenant's totals, which its limits are checked against.
+    tenant: Arc<TenantLoad>,
+}
+
+impl Health {
+    pub(crate) fn dial_started(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends a dial's pending state, the agent's and the tenant's (reserved in `Hub::dial`).
+    pub(crate) fn dial_finished(&self) {
+        self.tenant.release_pending();
+        // Never below zero, whatever the order of a racing abandon and answer.
+        let _ = self
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    fn load(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+            + self.open.load(Ordering::Relaxed)
+            + self.queued.load(Ordering::Relaxed) / QUEUED_BYTES_PER_LOAD_UNIT
+    }
+
+    fn is_ejected(&self, now: Instant) -> bool {
+        self.outlier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_ejected(now)
+    }
+
+    fn record(&self, config: &EjectionConfig, ok: bool) -> Verdict {
+        self.outlier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(config, Instant::now(), ok)
+    }
+}
 
 /// A connected agent stream.
 #[derive(Debug)]
@@ -19,6 +75,11 @@ pub(crate) struct AgentSession {
     pub(crate) agent_id: String,
     pub(crate) stream_id: u64,
     pub(crate) identifiers: Identifiers,
+    pub(crate) labels: Labels,
+    /// `cidr` identifiers, and `ipv4`/`ipv6` ones as single addresses, for `destCIDR` and
+    /// `topology`. Entries that do not parse are left out (upstream ignores `cidr` anyway).
+    cidrs: Vec<Cidr>,
+    pub(crate) health: Arc<Health>,
     pub(crate) link: Arc<Link>,
     /// Set by the agent's DRAIN; read on every dial's agent selection.
     draining: Arc<AtomicBool>,
@@ -38,6 +99,32 @@ impl Backend for Arc<AgentSession> {
     fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
+    fn candidate(&self, now: Instant) -> Candidate<'_> {
+        Candidate {
+            agent_id: &self.agent_id,
+            zone: self.labels.zone.as_deref(),
+            region: self.labels.region.as_deref(),
+            cidrs: &self.cidrs,
+            load: self.health.load(),
+            last_picked: self.health.last_picked.load(Ordering::Relaxed),
+            ejected: self.health.is_ejected(now),
+            draining: self.is_draining(),
+        }
+    }
+    fn mark_picked(&self, seq: u64) {
+        self.health.last_picked.store(seq, Ordering::Relaxed);
+    }
+}
+
+/// How an agent stream is watched for selection: the ejection rules, the selection metrics
+/// and the totals of the tenant the agent belongs to.
+#[derive(Clone, Debug)]
+pub(crate) struct Watch {
+    pub(crate) ejection: EjectionConfig,
+    pub(crate) metrics: Arc<SelectionMetrics>,
+    pub(crate) tenant: Arc<TenantLoad>,
+    /// Set when the audit log is on.
+    pub(crate) audit: Option<Arc<Audit>>,
 }
 
 impl AgentSession {
@@ -45,14 +132,35 @@ impl AgentSession {
         agent_id: String,
         stream_id: u64,
         identifiers: Identifiers,
+        labels: Labels,
         config: tether_tunnel::SessionConfig,
         metrics: Arc<ServerMetrics>,
-        audit: Option<Arc<Audit>>,
+        watch: Watch,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
-        let audit = audit.map(|audit| Arc::new(StreamAudit::new(audit, agent_id.clone())));
+        let audit = watch
+            .audit
+            .clone()
+            .map(|audit| Arc::new(StreamAudit::new(audit, agent_id.clone())));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
+        let health = Arc::new(Health {
+            pending: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            last_picked: AtomicU64::new(0),
+            outlier: Mutex::default(),
+            tenant: watch.tenant.clone(),
+        });
+        let cidrs = identifiers
+            .cidrs
+            .iter()
+            .chain(&identifiers.ipv4)
+            .chain(&identifiers.ipv6)
+            .filter_map(|text| Cidr::parse(text).ok())
+            .collect();
         let hooks = ServerHooks {
+            health: health.clone(),
+            watch,
             queued_gauge: metrics.agent_queued_bytes.with(&[&agent_id]),
             pending_gauge: pending_gauge.clone(),
             agent_id: agent_id.clone(),
@@ -65,6 +173,9 @@ impl AgentSession {
             agent_id,
             stream_id,
             identifiers,
+            labels,
+            cidrs,
+            health,
             draining,
             pending_gauge,
             audit,
@@ -80,6 +191,8 @@ struct ServerHooks {
     draining: Arc<AtomicBool>,
     queued_gauge: Arc<Gauge>,
     pending_gauge: Arc<Gauge>,
+    health: Arc<Health>,
+    watch: Watch,
     audit: Option<Arc<StreamAudit>>,
 }
 
@@ -87,6 +200,28 @@ impl ServerHooks {
     fn dial_ended(&self) {
         self.metrics.pending_dials.dec();
         self.pending_gauge.dec();
+        self.health.dial_finished();
+    }
+
+    /// Feeds a settled dial to outlier ejection. The destination refusing, the agent not
+    /// answering in time, or the agent giving up all count against the agent.
+    fn judge(&self, error: Option<&DialError>) {
+        let ok = match error {
+            None => true,
+            Some(DialError::Endpoint(_) | DialError::Timeout | DialError::ClosedByPeer) => false,
+            Some(_) => return,
+        };
+        match self.health.record(&self.watch.ejection, ok) {
+            Verdict::Unchanged => {}
+            Verdict::Ejected(length) => {
+                tracing::warn!(agent.id = %self.agent_id, ?length, "ejecting agent from selection after consecutive failed dials");
+                self.watch.metrics.ejections.inc();
+            }
+            Verdict::Recovered => {
+                tracing::info!(agent.id = %self.agent_id, "agent dials succeed again");
+                self.watch.metrics.recoveries.inc();
+            }
+        }
     }
 }
 
@@ -100,6 +235,7 @@ impl Hooks for ServerHooks {
                 result,
             } => {
                 self.dial_ended();
+                self.judge(result.as_ref().err());
                 if let Some(audit) = &self.audit {
                     audit.settled(random, latency, &result);
                 }
@@ -122,12 +258,20 @@ impl Hooks for ServerHooks {
                 tracing::debug!(agent.id = %self.agent_id, dial.id = %random, "answer to a dial nobody waits for");
                 m.dial_failure(DialFailure::UnrecognizedResponse);
             }
-            Event::Opened(_) => m.established.inc(),
+            Event::Opened(_) => {
+                m.established.inc();
+                self.health.open.fetch_add(1, Ordering::Relaxed);
+                self.health.tenant.open.fetch_add(1, Ordering::Relaxed);
+            }
             Event::Ended(ended) => {
                 if let Some(audit) = &self.audit {
                     audit.ended(&ended);
                 }
                 m.established.dec();
+                for open in [&self.health.open, &self.health.tenant.open] {
+                    let _ = open
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                }
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
                 if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
@@ -147,6 +291,9 @@ impl Hooks for ServerHooks {
     }
 
     fn on_queued(&self, bytes: usize) {
+        self.health
+            .queued
+            .store(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
         self.queued_gauge
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }

@@ -44,13 +44,15 @@ async fn dial(
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-async fn frontend_round_trip(mode: Mode, transport: Transport) {
+/// `ipv6`: every server listener (frontend TCP, agent, health) on `[::1]`.
+async fn frontend_round_trip(mode: Mode, transport: Transport, ipv6: bool) {
     let pki = Pki::generate().unwrap();
     let server = TestServer::start(
         &pki,
         ServerOptions {
             mode,
             transport,
+            ipv6,
             ..Default::default()
         },
     )
@@ -74,6 +76,17 @@ async fn frontend_round_trip(mode: Mode, transport: Transport) {
     let stream = echo_exact(stream, 1, 100).await;
     // 64 MiB each way, byte for byte.
     drop(echo_exact(stream, 2, BIG).await);
+
+    // Dual stack: an IPv6 destination, and a name (localhost is in /etc/hosts, so the
+    // agent's lookup never leaves the machine).
+    let echo6 = EchoServer::start_at("[::1]:0".parse().unwrap())
+        .await
+        .unwrap();
+    let stream = dial(mode, &client, &echo6.addr.to_string()).await.unwrap();
+    drop(echo_exact(stream, 3, 4096).await);
+    let by_name = format!("localhost:{}", echo.addr.port());
+    let stream = dial(mode, &client, &by_name).await.unwrap();
+    drop(echo_exact(stream, 4, 4096).await);
 
     // A refused destination surfaces the agent's dial error text.
     let refused = refused_addr();
@@ -108,22 +121,42 @@ async fn frontend_round_trip(mode: Mode, transport: Transport) {
 
 #[tokio::test]
 async fn grpc_over_uds() {
-    frontend_round_trip(Mode::Grpc, Transport::Uds).await;
+    frontend_round_trip(Mode::Grpc, Transport::Uds, false).await;
+}
+
+#[tokio::test]
+async fn grpc_over_uds_with_listeners_on_ipv6() {
+    frontend_round_trip(Mode::Grpc, Transport::Uds, true).await;
+}
+
+#[tokio::test]
+async fn grpc_over_mtls_tcp_on_ipv6() {
+    frontend_round_trip(Mode::Grpc, Transport::Tls, true).await;
+}
+
+#[tokio::test]
+async fn http_connect_over_uds_with_listeners_on_ipv6() {
+    frontend_round_trip(Mode::HttpConnect, Transport::Uds, true).await;
+}
+
+#[tokio::test]
+async fn http_connect_over_mtls_tcp_on_ipv6() {
+    frontend_round_trip(Mode::HttpConnect, Transport::Tls, true).await;
 }
 
 #[tokio::test]
 async fn grpc_over_mtls_tcp() {
-    frontend_round_trip(Mode::Grpc, Transport::Tls).await;
+    frontend_round_trip(Mode::Grpc, Transport::Tls, false).await;
 }
 
 #[tokio::test]
 async fn http_connect_over_uds() {
-    frontend_round_trip(Mode::HttpConnect, Transport::Uds).await;
+    frontend_round_trip(Mode::HttpConnect, Transport::Uds, false).await;
 }
 
 #[tokio::test]
 async fn http_connect_over_mtls_tcp() {
-    frontend_round_trip(Mode::HttpConnect, Transport::Tls).await;
+    frontend_round_trip(Mode::HttpConnect, Transport::Tls, false).await;
 }
 
 #[tokio::test]

@@ -13,7 +13,9 @@ mod lifecycle;
 mod metrics_names;
 mod routing;
 mod security;
+mod selection;
 mod support;
+mod tenancy;
 
 use std::time::Duration;
 

@@ -12,6 +12,7 @@ use anyhow::{Context as _, bail};
 use clap::{ArgAction, Args};
 use tether_agent::{Config, DestinationConfig};
 use tether_grpc::Keepalive;
+use tether_proto::Labels;
 use tether_proto::identifiers::Identifiers;
 use tether_tls::TlsOptions;
 
@@ -100,6 +101,16 @@ pub(crate) struct AgentArgs {
         default_value = ""
     )]
     agent_identifiers: String,
+
+    /// tether: the agent's place in the topology, e.g. zone=eu-1a,region=eu-1, for the
+    /// server's topology strategy. Sent in a header of its own, which upstream servers ignore.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "LABELS",
+        default_value = ""
+    )]
+    agent_labels: String,
 
     /// File holding a ServiceAccount token, sent as a Bearer token (re-read on every
     /// connect).
@@ -315,6 +326,8 @@ impl AgentArgs {
         }
         Identifiers::parse_strict(&self.agent_identifiers)
             .map_err(|e| anyhow::anyhow!("--agent-identifiers: {e}"))?;
+        let labels = Labels::parse_strict(&self.agent_labels)
+            .map_err(|e| anyhow::anyhow!("--agent-labels: {e}"))?;
         let token_path = (!self.service_account_token_path.is_empty())
             .then(|| PathBuf::from(&self.service_account_token_path));
         if let Some(path) = &token_path {
@@ -339,6 +352,7 @@ impl AgentArgs {
             tls_reload,
             agent_id: id_or_random(self.agent_id),
             identifiers: self.agent_identifiers,
+            labels,
             health_addr: listen_addr(
                 "--health-server-host",
                 &self.health_server_host,

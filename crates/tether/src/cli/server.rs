@@ -22,6 +22,7 @@ use kube_client::KubeClientArgs;
 pub(crate) use launch::ServerLaunch;
 use lease::LeaseArgs;
 pub(crate) use lease::ServerLeases;
+use routing::RoutingArgs;
 use security::SecurityArgs;
 use token_auth::TokenAuthArgs;
 
@@ -29,6 +30,7 @@ mod kube_client;
 mod launch;
 mod lease;
 mod reload;
+mod routing;
 mod security;
 mod token_auth;
 
@@ -161,7 +163,7 @@ pub(crate) struct ServerArgs {
     server_count: u32,
 
     /// How to pick an agent for a dial, in order: comma list of default, destHost,
-    /// defaultRoute.
+    /// defaultRoute, and tether's topology, destCIDR, leastLoaded.
     #[arg(
         long,
         help_heading = "Agents",
@@ -234,6 +236,9 @@ pub(crate) struct ServerArgs {
 
     #[command(flatten)]
     token_auth: TokenAuthArgs,
+
+    #[command(flatten)]
+    routing: RoutingArgs,
 
     #[command(flatten)]
     kube: KubeClientArgs,
@@ -348,6 +353,7 @@ impl ServerArgs {
             server_id,
             server_count: self.server_count,
             strategies,
+            routing: self.routing.routing()?,
             dial_timeout: if self.backend_dial_timeout.is_zero() {
                 DIAL_BACKSTOP
             } else {

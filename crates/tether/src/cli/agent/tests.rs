@@ -52,6 +52,7 @@ fn upstream_test_runner_line_yields_a_valid_config() {
     assert_eq!(config.server_port, 18091);
     assert_eq!(config.agent_id, "5d9b8e4c-7c36-4f43-8f5e-3f1f5e0b6a11");
     assert_eq!(config.identifiers, "");
+    assert_eq!(config.labels, tether_proto::Labels::default());
     assert_eq!(config.tls.alpn_protocols, [b"h2".to_vec()]);
     assert_eq!(
         config.health_addr,
@@ -156,6 +157,7 @@ fn invalid_values_name_their_flag() {
     let (_dir, files) = pki();
     let cases = [
         ("--agent-identifiers=host=a&zone=b", "--agent-identifiers"),
+        ("--agent-labels=rack=7", "--agent-labels"),
         ("--sync-interval=20s", "--sync-interval"),
         ("--proxy-server-port=0", "--proxy-server-port"),
         ("--xfr-channel-size=0", "--xfr-channel-size"),

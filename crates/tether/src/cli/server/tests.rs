@@ -196,6 +196,49 @@ fn identity_and_strategies() {
     assert_eq!(config.server_id, "s1");
     assert_eq!(config.server_count, 3);
     assert_eq!(config.strategies, [Strategy::DestHost, Strategy::Default]);
+    let config = uds(
+        &files,
+        "--proxy-strategies=topology,destCIDR,leastLoaded,default",
+    )
+    .unwrap();
+    assert_eq!(
+        config.strategies,
+        [
+            Strategy::Topology,
+            Strategy::DestCidr,
+            Strategy::LeastLoaded,
+            Strategy::Default
+        ]
+    );
+}
+
+#[test]
+fn routing_file_is_read_and_validated_at_start_up() {
+    let (dir, files) = pki();
+    let good = dir.path().join("routing.yaml");
+    std::fs::write(
+        &good,
+        "zones:\n  - zone: a\n    cidrs: [10.0.0.0/8]\naffinity: client\n",
+    )
+    .unwrap();
+    let config = uds(&files, &format!("--routing-config={}", good.display())).unwrap();
+    assert_eq!(config.routing.zone_rules[0].zone, "a");
+    assert!(config.routing.client_affinity);
+    assert_eq!(
+        uds(&files, "").unwrap().routing,
+        tether_server::RoutingConfig::default()
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "zones:\n  - zone: a\n    cidrs: [10.0.0.1/8]\n").unwrap();
+    let err = error(uds(&files, &format!("--routing-config={}", bad.display())));
+    assert!(err.starts_with("--routing-config"), "{err}");
+    assert!(err.contains("host bits"), "{err}");
+    let err = error(uds(&files, "--routing-config=/nonexistent/routing.yaml"));
+    assert!(
+        err.starts_with("--routing-config: reading /nonexistent"),
+        "{err}"
+    );
 }
 
 #[test]

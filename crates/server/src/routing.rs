@@ -1,0 +1,338 @@
+//! The routing file (`--routing-config`): the destination topology, client affinity and
+//! outlier ejection. YAML, validated as a whole at start-up, so a typo stops the server with
+//! the field's name instead of routing silently differently.
+//!
+//! ```yaml
+//! zones:
+//!   - zone: eu-1a
+//!     region: eu-1
+//!     cidrs: ["10.1.0.0/16", "fd00:1::/64"]
+//! affinity: client          # or none (the default)
+//! ejection:
+//!   consecutive_failures: 5 # 0 disables ejection
+//!   base_seconds: 10
+//!   max_seconds: 300
+//! tenants:                  # absent: one implicit tenant, as upstream
+//!   - name: acme
+//!     clients: ["cert:apiserver.acme", "uid:1001"]
+//!     agents: ["cert:agent.acme"]
+//!     limits: {connections: 1000, pending_dials: 100, dials_per_second: 50}
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tether_policy::Cidr;
+
+pub use crate::backend::outlier::EjectionConfig;
+pub use crate::backend::selection::ZoneRule;
+pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
+
+/// Selection settings beyond `--proxy-strategies`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RoutingConfig {
+    /// CIDR → zone rules; the longest matching prefix wins.
+    pub zone_rules: Vec<ZoneRule>,
+    /// Keep each client (by its proven identity) on one agent while that agent stays.
+    pub client_affinity: bool,
+    pub ejection: EjectionConfig,
+    /// Empty: every peer is in one implicit tenant without limits.
+    pub tenants: Vec<TenantConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    zones: Vec<ZoneEntry>,
+    #[serde(default)]
+    affinity: Option<String>,
+    #[serde(default)]
+    ejection: Option<EjectionEntry>,
+    #[serde(default)]
+    tenants: Vec<TenantEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    name: String,
+    clients: Vec<String>,
+    agents: Vec<String>,
+    #[serde(default)]
+    limits: Option<LimitsEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsEntry {
+    connections: Option<u64>,
+    pending_dials: Option<u64>,
+    dials_per_second: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ZoneEntry {
+    zone: String,
+    #[serde(default)]
+    region: Option<String>,
+    cidrs: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EjectionEntry {
+    consecutive_failures: u32,
+    base_seconds: f64,
+    max_seconds: f64,
+}
+
+impl RoutingConfig {
+    /// Parses and validates a routing file's text; errors name the entry at fault.
+    pub fn from_yaml(text: &str) -> Result<Self, String> {
+        let file: File = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+        let mut zone_rules = Vec::new();
+        for (n, entry) in file.zones.into_iter().enumerate() {
+            let at = || format!("zones[{n}] ({:?})", entry.zone);
+            if entry.zone.is_empty() {
+                return Err(format!("zones[{n}]: zone must not be empty"));
+            }
+            if entry.cidrs.is_empty() {
+                return Err(format!("{}: cidrs must list at least one block", at()));
+            }
+            for text in &entry.cidrs {
+                let cidr = Cidr::parse(text).map_err(|e| format!("{}: {e}", at()))?;
+                if let Some(other) = zone_rules.iter().find(|r: &&ZoneRule| r.cidr == cidr) {
+                    return Err(format!(
+                        "{}: {cidr} is already mapped to zone {:?}",
+                        at(),
+                        other.zone
+                    ));
+                }
+                zone_rules.push(ZoneRule {
+                    cidr,
+                    zone: entry.zone.clone(),
+                    region: entry.region.clone(),
+                });
+            }
+        }
+        let client_affinity = match file.affinity.as_deref() {
+            None | Some("none") => false,
+            Some("client") => true,
+            Some(other) => {
+                return Err(format!(
+                    "affinity: expected \"client\" or \"none\", got {other:?}"
+                ));
+            }
+        };
+        let ejection = match file.ejection {
+            None => EjectionConfig::default(),
+            Some(e) => {
+                let seconds = |what: &str, s: f64| {
+                    Duration::try_from_secs_f64(s)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .ok_or_else(|| {
+                            format!(
+                                "ejection.{what}: expected a positive number of seconds, got {s}"
+                            )
+                        })
+                };
+                let base = seconds("base_seconds", e.base_seconds)?;
+                let max = seconds("max_seconds", e.max_seconds)?;
+                if max < base {
+                    return Err("ejection.max_seconds must not be less than base_seconds".into());
+                }
+                EjectionConfig {
+                    consecutive_failures: e.consecutive_failures,
+                    base_ejection: base,
+                    max_ejection: max,
+                }
+            }
+        };
+        Ok(Self {
+            zone_rules,
+            client_affinity,
+            ejection,
+            tenants: tenants(file.tenants)?,
+        })
+    }
+}
+
+/// Validates the tenant table: unique names, identities in at most one tenant per side.
+fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
+    if entries.len() > MAX_TENANTS {
+        return Err(format!(
+            "tenants: {} entries, more than the {MAX_TENANTS} allowed",
+            entries.len()
+        ));
+    }
+    let mut out: Vec<TenantConfig> = Vec::new();
+    let mut owners: std::collections::HashMap<(bool, Identity), String> = Default::default();
+    for (n, entry) in entries.into_iter().enumerate() {
+        let at = format!("tenants[{n}] ({:?})", entry.name);
+        let label_safe = !entry.name.is_empty()
+            && entry.name.len() <= 63
+            && entry
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !label_safe {
+            return Err(format!(
+                "{at}: name must be 1 to 63 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        if out.iter().any(|t| t.name == entry.name) {
+            return Err(format!("{at}: the name is used twice"));
+        }
+        let mut parse = |side: &str, is_agent: bool, list: &[String]| {
+            if list.is_empty() {
+                return Err(format!("{at}: {side} must list at least one identity"));
+            }
+            list.iter()
+                .map(|text| {
+                    let id = Identity::parse(text).map_err(|e| format!("{at}: {side}: {e}"))?;
+                    if let Some(other) = owners.insert((is_agent, id.clone()), entry.name.clone())
+                    {
+                        return Err(format!(
+                            "{at}: {side}: {text} is already in tenant {other:?}; an identity belongs to one tenant"
+                        ));
+                    }
+                    Ok(id)
+                })
+                .collect::<Result<Vec<_>, String>>()
+        };
+        let clients = parse("clients", false, &entry.clients)?;
+        let agents = parse("agents", true, &entry.agents)?;
+        let limits = match entry.limits {
+            None => TenantLimits::default(),
+            Some(l) => {
+                if l.dials_per_second
+                    .is_some_and(|r| !(r.is_finite() && r > 0.0))
+                {
+                    return Err(format!("{at}: limits.dials_per_second must be positive"));
+                }
+                TenantLimits {
+                    connections: l.connections,
+                    pending_dials: l.pending_dials,
+                    dials_per_second: l.dials_per_second,
+                }
+            }
+        };
+        out.push(TenantConfig {
+            name: entry.name,
+            clients,
+            agents,
+            limits,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_file() {
+        let c = RoutingConfig::from_yaml(
+            "zones:\n  - zone: a\n    region: r\n    cidrs: [\"10.1.0.0/16\", \"fd00:1::/64\"]\n  - zone: b\n    cidrs: [10.2.0.0/16]\naffinity: client\nejection:\n  consecutive_failures: 3\n  base_seconds: 0.5\n  max_seconds: 60\n",
+        )
+        .unwrap();
+        assert_eq!(c.zone_rules.len(), 3);
+        assert_eq!(c.zone_rules[1].zone, "a");
+        assert_eq!(c.zone_rules[1].region.as_deref(), Some("r"));
+        assert_eq!(c.zone_rules[2].region, None);
+        assert!(c.client_affinity);
+        assert_eq!(c.ejection.base_ejection, Duration::from_millis(500));
+        assert_eq!(
+            RoutingConfig::from_yaml("{}").unwrap(),
+            RoutingConfig::default()
+        );
+        let t = RoutingConfig::from_yaml(
+            "tenants:\n  - name: acme\n    clients: [\"cert:api.acme\", \"uid:1001\"]\n    agents: [\"cert:api.acme\"]\n    limits: {connections: 5, dials_per_second: 2.5}\n",
+        )
+        .unwrap()
+        .tenants;
+        assert_eq!(
+            t[0].clients,
+            [
+                Identity::CertName("api.acme".into()),
+                Identity::UnixUid(1001)
+            ]
+        );
+        assert_eq!(t[0].limits.connections, Some(5));
+        assert_eq!(t[0].limits.pending_dials, None);
+    }
+
+    #[test]
+    fn the_readme_example_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("# /etc/tether/routing.yaml")
+            .expect("README has the example");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").unwrap()];
+        let c = RoutingConfig::from_yaml(block).unwrap();
+        assert_eq!(c.zone_rules.len(), 3);
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants[1].clients, [Identity::UnixUid(1002)]);
+    }
+
+    #[test]
+    fn errors_name_the_entry() {
+        for (text, expected) in [
+            (
+                "zones:\n  - zone: a\n    cidrs: [10.0.0.1/8]\n",
+                "zones[0] (\"a\"): \"10.0.0.1/8\" has host bits set",
+            ),
+            ("zones:\n  - zone: a\n    cidrs: []\n", "cidrs must list"),
+            (
+                "zones:\n  - zone: a\n    cidrs: [10.0.0.0/8]\n  - zone: b\n    cidrs: [10.0.0.0/8]\n",
+                "already mapped to zone \"a\"",
+            ),
+            ("affinity: sticky\n", "affinity: expected"),
+            (
+                "ejection:\n  consecutive_failures: 1\n  base_seconds: 10\n  max_seconds: 1\n",
+                "max_seconds",
+            ),
+            (
+                "ejection:\n  consecutive_failures: 1\n  base_seconds: -1\n  max_seconds: 1\n",
+                "base_seconds",
+            ),
+            ("zonez: []\n", "zonez"),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: []}\n",
+                "agents must list",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"x\"], agents: [\"cert:y\"]}\n",
+                "expected cert:NAME",
+            ),
+            (
+                "tenants:\n  - {name: \"a b\", clients: [\"cert:x\"], agents: [\"cert:y\"]}\n",
+                "name must be",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"]}\n  - {name: b, clients: [\"cert:x\"], agents: [\"cert:z\"]}\n",
+                "cert:x is already in tenant \"a\"",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"]}\n  - {name: a, clients: [\"cert:w\"], agents: [\"cert:z\"]}\n",
+                "used twice",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"uid:x\"], agents: [\"cert:y\"]}\n",
+                "uid must be a number",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], limits: {dials_per_second: 0}}\n",
+                "dials_per_second",
+            ),
+        ] {
+            let err = RoutingConfig::from_yaml(text).unwrap_err();
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! Tenants: one server fleet for many clusters.
+//!
+//! A tenant is resolved from what the listener proved (certificate names, Unix uid) through
+//! the routing file's static table, for frontend clients and agents alike. Each tenant owns
+//! its own agent registry, so a dial can only ever see its tenant's agents; an identity that
+//! maps to no tenant, or to more than one, is refused (fail closed). Without a `tenants`
+//! table every peer belongs to one implicit tenant with no limits (upstream's behaviour).
+//!
+//! An idle tenant is its table entry, an empty registry and a few counters: metric series
+//! are created on first use.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use tether_grpc::PeerIdentity;
+use tether_observe::metrics::{Counter, CounterVec, Registry as Metrics};
+
+use crate::backend::registry::{Registry, Strategy};
+use crate::backend::session::AgentSession;
+use crate::routing::RoutingConfig;
+
+/// Most tenants a routing file may declare: bounds the `tenant` label's cardinality.
+pub const MAX_TENANTS: usize = 10_000;
+
+/// A proven identity in the tenant table.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// `cert:NAME`: the certificate's CN, a DNS SAN or a URI SAN.
+    CertName(String),
+    /// `uid:N`: the peer process's uid on a Unix socket frontend.
+    UnixUid(u32),
+}
+
+impl Identity {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            Some(("cert", name)) if !name.is_empty() => Ok(Self::CertName(name.to_owned())),
+            Some(("uid", uid)) => uid
+                .parse()
+                .map(Self::UnixUid)
+                .map_err(|_| format!("{text:?}: uid must be a number")),
+            _ => Err(format!(
+                "{text:?}: expected cert:NAME (a certificate's CN or SAN) or uid:N (a Unix socket peer)"
+            )),
+        }
+    }
+
+    fn matches(&self, peer: &PeerIdentity) -> bool {
+        match self {
+            Self::CertName(name) => peer.certificate.as_ref().is_some_and(|c| c.has_name(name)),
+            Self::UnixUid(uid) => peer.unix.is_some_and(|u| u.uid == *uid),
+        }
+    }
+}
+
+/// Caps on one tenant; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TenantLimits {
+    /// Established connections plus pending dials.
+    pub connections: Option<u64>,
+    pub pending_dials: Option<u64>,
+    /// New dials per second, with a burst of one second's worth.
+    pub dials_per_second: Option<f64>,
+}
+
+/// One row of the tenant table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantConfig {
+    pub name: String,
+    pub clients: Vec<Identity>,
+    pub agents: Vec<Identity>,
+    pub limits: TenantLimits,
+}
+
+/// Which cap a dial hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TenantLimit {
+    Connections,
+    PendingDials,
+    DialRate,
+}
+
+impl TenantLimit {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::PendingDials => "pending_dials",
+            Self::DialRate => "dial_rate",
+        }
+    }
+}
+
+/// Counters every agent stream of a tenant updates.
+#[derive(Debug, Default)]
+pub(crate) struct TenantLoad {
+    pub(crate) pending: AtomicU64,
+    pub(crate) open: AtomicU64,
+}
+
+impl TenantLoad {
+    pub(crate) fn release_pending(&self) {
+        let _ = self
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+/// A token bucket for the dial rate.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// A tenant at run time.
+#[derive(Debug)]
+pub(crate) struct Tenant {
+    pub(crate) name: String,
+    limits: TenantLimits,
+    pub(crate) load: Arc<TenantLoad>,
+    bucket: Mutex<Option<Bucket>>,
+    registry: Mutex<Registry<Arc<AgentSession>>>,
+    metrics: Arc<TenantMetrics>,
+    dials: OnceLock<Arc<Counter>>,
+}
+
+impl Tenant {
+    fn new(
+        name: String,
+        limits: TenantLimits,
+        strategies: &[Strategy],
+        routing: &Arc<RoutingConfig>,
+        metrics: Arc<TenantMetrics>,
+    ) -> Self {
+        Self {
+            name,
+            limits,
+            load: Arc::default(),
+            bucket: Mutex::new(None),
+            registry: Mutex::new(Registry::new(strategies, routing.clone())),
+            metrics,
+            dials: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Arc<AgentSession>>> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves a pending dial within the tenant's caps; the reservation is released with
+    /// [`TenantLoad::release_pending`] when the dial settles or is given up.
+    pub(crate) fn reserve_dial(&self, now: Instant) -> Result<(), (TenantLimit, String)> {
+        let refuse = |limit: TenantLimit, text: String| {
+            self.metrics
+                .refusals
+                .with(&[&self.name, limit.label()])
+                .inc();
+            Err((limit, text))
+        };
+        if let Some(rate) = self.limits.dials_per_second {
+            let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let burst = rate.max(1.0);
+            let b = bucket.get_or_insert(Bucket {
+                tokens: burst,
+                at: now,
+            });
+            b.tokens =
+                (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * rate).min(burst);
+            b.at = now;
+            if b.tokens < 1.0 {
+                return refuse(
+                    TenantLimit::DialRate,
+                    format!("tenant {} is over its dial rate ({rate}/s)", self.name),
+                );
+            }
+            b.tokens -= 1.0;
+        }
+        let pending = self.load.pending.fetch_add(1, Ordering::Relaxed) + 1;
+        let open = self.load.open.load(Ordering::Relaxed);
+        let over = if self.limits.pending_dials.is_some_and(|cap| pending > cap) {
+            Some((
+                TenantLimit::PendingDials,
+                pending - 1,
+                self.limits.pending_dials,
+            ))
+        } else if self
+            .limits
+            .connections
+            .is_some_and(|cap| pending + open > cap)
+        {
+            Some((
+                TenantLimit::Connections,
+                pending - 1 + open,
+                self.limits.connections,
+            ))
+        } else {
+            None
+        };
+        if let Some((limit, count, cap)) = over {
+            self.load.release_pending();
+            let what = match limit {
+                TenantLimit::PendingDials => "pending dials",
+                _ => "connections and pending dials",
+            };
+            return refuse(
+                limit,
+                format!(
+                    "tenant {} has {count} {what}, its limit is {}",
+                    self.name,
+                    cap.unwrap_or_default()
+                ),
+            );
+        }
+        self.dials
+            .get_or_init(|| self.metrics.dials.with(&[&self.name]))
+            .inc();
+        Ok(())
+    }
+}
+
+/// Per-tenant metrics: the `tenant` label takes only names from the table.
+#[derive(Debug)]
+pub(crate) struct TenantMetrics {
+    dials: Arc<CounterVec>,
+    refusals: Arc<CounterVec>,
+    unknown: Arc<CounterVec>,
+}
+
+impl TenantMetrics {
+    pub(crate) fn register(metrics: &Metrics) -> Self {
+        Self {
+            dials: metrics.counter_vec(
+                "tether_server_tenant_dials_total",
+                "Dials admitted, per tenant",
+                &["tenant"],
+            ),
+            refusals: metrics.counter_vec(
+                "tether_server_tenant_refusals_total",
+                "Dials refused because the tenant was over a limit, by tenant and limit",
+                &["tenant", "limit"],
+            ),
+            unknown: metrics.counter_vec(
+                "tether_server_tenant_unmapped_total",
+                "Frontend clients and agents refused because their identity maps to no tenant or to several, by side",
+                &["side"],
+            ),
+        }
+    }
+}
+
+/// The tenant table at run time.
+#[derive(Debug)]
+pub(crate) struct Tenants {
+    /// Empty: no table, one implicit tenant (`implicit`).
+    table: Vec<(TenantConfig, Arc<Tenant>)>,
+    implicit: Option<Arc<Tenant>>,
+    metrics: Arc<TenantMetrics>,
+}
+
+/// Which side of the server an identity came from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Side {
+    Client,
+    Agent,
+}
+
+impl Tenants {
+    pub(crate) fn new(strategies: &[Strategy], routing: &RoutingConfig, metrics: &Metrics) -> Self {
+        let shared = Arc::new(routing.clone());
+        let metrics = Arc::new(TenantMetrics::register(metrics));
+        let table: Vec<_> = routing
+            .tenants
+            .iter()
+            .map(|config| {
+                let tenant = Tenant::new(
+                    config.name.clone(),
+                    config.limits,
+                    strategies,
+                    &shared,
+                    metrics.clone(),
+                );
+                (config.clone(), Arc::new(tenant))
+            })
+            .collect();
+        let implicit = table.is_empty().then(|| {
+            Arc::new(Tenant::new(
+                String::new(),
+                TenantLimits::default(),
+                strategies,
+                &shared,
+                metrics.clone(),
+            ))
+        });
+        Self {
+            table,
+            implicit,
+            metrics,
+        }
+    }
+
+    /// The one tenant `peer` belongs to on `side`; `Err` names why there is none.
+    pub(crate) fn resolve(&self, side: Side, peer: &PeerIdentity) -> Result<&Arc<Tenant>, String> {
+        if let Some(implicit) = &self.implicit {
+            return Ok(implicit);
+        }
+        let mut found = self.table.iter().filter(|(config, _)| {
+            let list = match side {
+                Side::Client => &config.clients,
+                Side::Agent => &config.agents,
+            };
+            list.iter().any(|id| id.matches(peer))
+        });
+        let (label, what) = match side {
+            Side::Client => ("client", "client"),
+            Side::Agent => ("agent", "agent"),
+        };
+        let refuse = |why: String| {
+            self.metrics.unknown.with(&[label]).inc();
+            Err(why)
+        };
+        match (found.next(), found.next()) {
+            (Some((_, tenant)), None) => Ok(tenant),
+            (None, _) => refuse(format!(
+                "{what} identity {} belongs to no tenant",
+                peer.principal()
+            )),
+            (Some((a, _)), Some((b, _))) => refuse(format!(
+                "{what} identity {} matches tenants {} and {}; refusing rather than guessing",
+                peer.principal(),
+                a.name,
+                b.name
+            )),
+        }
+    }
+
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.implicit
+            .iter()
+            .chain(self.table.iter().map(|(_, t)| t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tether_grpc::{CertificateNames, PeerTransport, UnixCredentials};
+
+    use super::*;
+
+    fn tenant(limits: TenantLimits) -> Tenant {
+        let metrics = Arc::new(TenantMetrics::register(&Metrics::new()));
+        Tenant::new(
+            "t".into(),
+            limits,
+            &[Strategy::Default],
+            &Arc::default(),
+            metrics,
+        )
+    }
+
+    #[test]
+    fn pending_dials_and_connections_are_capped_and_released() {
+        let t = tenant(TenantLimits {
+            connections: Some(3),
+            pending_dials: Some(2),
+            dials_per_second: None,
+        });
+        let now = Instant::now();
+        t.reserve_dial(now).unwrap();
+        t.reserve_dial(now).unwrap();
+        let (limit, text) = t.reserve_dial(now).unwrap_err();
+        assert_eq!(limit, TenantLimit::PendingDials);
+        assert_eq!(text, "tenant t has 2 pending dials, its limit is 2");
+        // Both dials became connections: one more pending fits under 3, then no more.
+        t.load.release_pending();
+        t.load.release_pending();
+        t.load.open.store(2, Ordering::Relaxed);
+        t.reserve_dial(now).unwrap();
+        assert_eq!(t.reserve_dial(now).unwrap_err().0, TenantLimit::Connections);
+        assert_eq!(
+            t.load.pending.load(Ordering::Relaxed),
+            1,
+            "refusals hold nothing"
+        );
+    }
+
+    #[test]
+    fn dial_rate_refills_over_time() {
+        let t = tenant(TenantLimits {
+            dials_per_second: Some(2.0),
+            ..TenantLimits::default()
+        });
+        let t0 = Instant::now();
+        t.reserve_dial(t0).unwrap();
+        t.reserve_dial(t0).unwrap();
+        assert_eq!(t.reserve_dial(t0).unwrap_err().0, TenantLimit::DialRate);
+        t.reserve_dial(t0 + Duration::from_millis(500)).unwrap();
+        assert!(t.reserve_dial(t0 + Duration::from_millis(500)).is_err());
+    }
+
+    #[test]
+    fn identities_resolve_to_exactly_one_tenant() {
+        let routing = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:api.a\", \"uid:1001\"], agents: [\"cert:ag.a\"]}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"cert:ag.b\"]}\n",
+        )
+        .unwrap();
+        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let cert = |names: &[&str]| PeerIdentity {
+            transport: PeerTransport::Tls,
+            addr: None,
+            certificate: Some(CertificateNames {
+                common_name: Some(names[0].into()),
+                dns: names.iter().map(|n| (*n).into()).collect(),
+                ips: vec![],
+                uris: vec![],
+            }),
+            unix: None,
+        };
+        let name = |side, peer: &PeerIdentity| tenants.resolve(side, peer).map(|t| t.name.clone());
+        assert_eq!(name(Side::Client, &cert(&["api.b"])).unwrap(), "b");
+        assert_eq!(name(Side::Agent, &cert(&["ag.a"])).unwrap(), "a");
+        assert!(
+            name(Side::Agent, &cert(&["api.a"]))
+                .unwrap_err()
+                .contains("no tenant"),
+            "sides differ"
+        );
+        assert!(
+            name(Side::Client, &cert(&["api.a", "api.b"]))
+                .unwrap_err()
+                .contains("matches tenants a and b")
+        );
+        assert!(name(Side::Client, &PeerIdentity::unknown()).is_err());
+        let unix = PeerIdentity {
+            transport: PeerTransport::Unix,
+            addr: None,
+            certificate: None,
+            unix: Some(UnixCredentials {
+                uid: 1001,
+                gid: 0,
+                pid: None,
+            }),
+        };
+        assert_eq!(name(Side::Client, &unix).unwrap(), "a");
+        // No table: one implicit tenant for everyone.
+        let open = Tenants::new(
+            &[Strategy::Default],
+            &RoutingConfig::default(),
+            &Metrics::new(),
+        );
+        assert!(open.resolve(Side::Client, &PeerIdentity::unknown()).is_ok());
+    }
+}

@@ -1,0 +1,213 @@
+//! Tenants on one server: frontend clients and agents mapped by certificate names, each
+//! tenant's dials reaching only its own agents, and per-tenant limits.
+
+use std::path::PathBuf;
+
+use tether_client::{DialError, Transport as ClientTransport};
+use tether_server::{Mode, RoutingConfig};
+use tether_testkit::http::metric_value;
+use tether_testkit::targets::EchoServer;
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
+use tether_tls::pki::ClientSpec;
+
+use crate::support::{agent_dials, echo_exact, eventually};
+
+const ROUTING: &str = "tenants:
+  - name: acme
+    clients: [\"cert:api.acme\"]
+    agents: [\"cert:agent.acme\"]
+    limits: {connections: 2}
+  - name: globex
+    clients: [\"cert:api.globex\"]
+    agents: [\"cert:agent.globex\"]
+";
+
+struct Tenancy {
+    pki: Pki,
+    server: TestServer,
+    /// Certificate and key files per name: api.acme, api.globex, agent.acme, agent.globex.
+    certs: Vec<(PathBuf, PathBuf)>,
+}
+
+async fn start() -> Tenancy {
+    let names = ["api.acme", "api.globex", "agent.acme", "agent.globex"];
+    let specs: Vec<ClientSpec<'_>> = names
+        .iter()
+        .map(|n| ClientSpec {
+            common_name: n,
+            sans: &[],
+        })
+        .collect();
+    let (pki, issued) = Pki::generate_with_clients(&specs).unwrap();
+    let certs = names
+        .iter()
+        .zip(&issued)
+        .map(|(name, issued)| {
+            let cert = pki.dir().join(format!("{name}.crt"));
+            let key = pki.dir().join(format!("{name}.key"));
+            std::fs::write(&cert, &issued.cert_pem).unwrap();
+            std::fs::write(&key, &issued.key_pem).unwrap();
+            (cert, key)
+        })
+        .collect();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            transport: Transport::Tls,
+            routing: RoutingConfig::from_yaml(ROUTING).unwrap(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    Tenancy { pki, server, certs }
+}
+
+impl Tenancy {
+    fn client(&self, cert: Option<&(PathBuf, PathBuf)>) -> ClientTransport {
+        let f = &self.pki.files;
+        let cert = cert.map(|(c, k)| (c.as_path(), k.as_path()));
+        let cert = cert.or(Some((f.client_cert.as_path(), f.client_key.as_path())));
+        ClientTransport::Tls {
+            addr: self.server.frontend_tcp.unwrap().to_string(),
+            server_name: "127.0.0.1".into(),
+            tls: tether_tls::client_config(&f.ca_cert, cert, Vec::new(), &Default::default())
+                .unwrap(),
+        }
+    }
+
+    async fn agent(&self, cert: &(PathBuf, PathBuf)) -> TestAgent {
+        let agent = TestAgent::start(
+            &self.pki,
+            self.server.agent_addr,
+            AgentOptions {
+                client_cert: Some(cert.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        agent.wait_ready().await.unwrap();
+        agent
+    }
+
+    async fn metric(&self, sample: &str) -> f64 {
+        metric_value(&self.server.metrics().await.unwrap(), sample).unwrap_or(0.0)
+    }
+}
+
+async fn round_trip(client: &ClientTransport, target: &str) {
+    let stream = tether_client::dial_http_connect(client, target)
+        .await
+        .unwrap();
+    echo_exact(stream, 5, 64).await;
+}
+
+#[tokio::test]
+async fn overlapping_destinations_reach_only_the_tenants_own_agents() {
+    let t = start().await;
+    let acme_agent = t.agent(&t.certs[2]).await;
+    let globex_agent = t.agent(&t.certs[3]).await;
+    // An agent whose certificate is in no tenant is refused, fail closed.
+    let stray = TestAgent::start(&t.pki, t.server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    eventually("the stray agent is refused", || async {
+        t.metric("tether_server_tenant_unmapped_total{side=\"agent\"}")
+            .await
+            >= 1.0
+    })
+    .await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    let (acme, globex) = (t.client(Some(&t.certs[0])), t.client(Some(&t.certs[1])));
+    for _ in 0..10 {
+        round_trip(&acme, &target).await;
+        round_trip(&globex, &target).await;
+        round_trip(&globex, &target).await;
+    }
+    assert_eq!(agent_dials(&acme_agent).await, 10.0);
+    assert_eq!(agent_dials(&globex_agent).await, 20.0);
+    assert_eq!(agent_dials(&stray).await, 0.0);
+    assert_eq!(
+        t.metric("tether_server_tenant_dials_total{tenant=\"globex\"}")
+            .await,
+        20.0
+    );
+
+    // A client in no tenant is refused, with the reason.
+    let err = tether_client::dial_http_connect(&t.client(None), &target)
+        .await
+        .unwrap_err();
+    match err {
+        DialError::Rejected { status: 403, body } => {
+            assert!(body.contains("belongs to no tenant"), "{body}")
+        }
+        other => panic!("expected a 403, got {other}"),
+    }
+    // Without its agent, a tenant has no agent: the other tenant's agent is never borrowed.
+    globex_agent.stop().await;
+    eventually("globex's agent is gone", || async {
+        matches!(
+            tether_client::dial_http_connect(&globex, &target).await,
+            Err(DialError::NoAgent)
+        )
+    })
+    .await;
+    assert_eq!(agent_dials(&acme_agent).await, 10.0);
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_limit_is_refused_while_the_other_is_unaffected() {
+    let t = start().await;
+    let _acme_agent = t.agent(&t.certs[2]).await;
+    let _globex_agent = t.agent(&t.certs[3]).await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    let (acme, globex) = (t.client(Some(&t.certs[0])), t.client(Some(&t.certs[1])));
+
+    let first = tether_client::dial_http_connect(&acme, &target)
+        .await
+        .unwrap();
+    let second = tether_client::dial_http_connect(&acme, &target)
+        .await
+        .unwrap();
+    let first = echo_exact(first, 1, 64).await;
+    let err = tether_client::dial_http_connect(&acme, &target)
+        .await
+        .unwrap_err();
+    match err {
+        DialError::Rejected { status: 429, body } => assert_eq!(
+            body.trim_end(),
+            "tenant acme has 2 connections and pending dials, its limit is 2"
+        ),
+        other => panic!("expected a 429, got {other}"),
+    }
+    // globex is not limited by acme's connections.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let s = tether_client::dial_http_connect(&globex, &target)
+            .await
+            .unwrap();
+        held.push(echo_exact(s, 2, 64).await);
+    }
+    assert_eq!(
+        t.metric("tether_server_tenant_refusals_total{limit=\"connections\",tenant=\"acme\"}")
+            .await,
+        1.0
+    );
+    // The tunnels still work, and a closed one makes room again.
+    drop(echo_exact(second, 3, 1 << 16).await);
+    eventually("acme has room again", || async {
+        match tether_client::dial_http_connect(&acme, &target).await {
+            Ok(s) => {
+                drop(echo_exact(s, 4, 64).await);
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    drop(first);
+}
