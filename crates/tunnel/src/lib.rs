@@ -22,8 +22,8 @@ pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
 pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
 pub use tether_session::{
-    Abandoned, CloseError, DialCancel, DialError, Ended, Event, Flow, FlowConfig, Initiator,
-    Limits, Outcome, Role, SessionConfig,
+    Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,
+    FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Role, Session, SessionConfig,
 };
 
 /// Largest DATA payload either end sends, and the size of relay reads.
