@@ -21,6 +21,7 @@ pub struct Channel {
     ping_pong: Arc<Mutex<Option<h2::PingPong>>>,
     /// Ends the connection when keepalive gives up on the peer.
     kill: Arc<Notify>,
+    last_pong: Arc<crate::LastPong>,
 }
 
 impl Channel {
@@ -73,6 +74,7 @@ impl Channel {
             closed,
             ping_pong,
             kill,
+            last_pong: Arc::default(),
         };
         if let Some(keepalive) = settings.keepalive {
             channel.start_keepalive(keepalive);
@@ -88,12 +90,18 @@ impl Channel {
             return;
         };
         let kill = self.kill.clone();
+        let last_pong = self.last_pong.clone();
         tokio::spawn(async move {
-            let error = crate::keep_alive(ping_pong, keepalive).await;
+            let error = crate::keep_alive(ping_pong, keepalive, last_pong).await;
             tracing::debug!(%error, "keepalive ended");
             // notify_one stores a permit, so the driver sees it even if not yet waiting.
             kill.notify_one();
         });
+    }
+
+    /// When the server last answered a keepalive PING.
+    pub fn last_pong(&self) -> Arc<crate::LastPong> {
+        self.last_pong.clone()
     }
 
     /// Opens a call. Returns at once: the response headers are awaited lazily by the
