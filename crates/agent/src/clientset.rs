@@ -96,6 +96,25 @@ impl ClientSet {
         self.sessions().len()
     }
 
+    /// The current server sessions, for introspection.
+    pub(crate) fn session_list(&self) -> Vec<Arc<ServerSession>> {
+        self.sessions().values().cloned().collect()
+    }
+
+    /// `--agent-identifiers`, as sent.
+    pub(crate) fn identifiers(&self) -> &str {
+        &self.config.identifiers
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// The last server count a server announced.
+    pub(crate) fn server_count(&self) -> usize {
+        self.server_count.load(Ordering::Acquire)
+    }
+
     /// The sync loop: runs until `stop`.
     pub(crate) async fn run(self: &Arc<Self>, drain: CancellationToken, stop: CancellationToken) {
         let tasks = TaskTracker::new();
@@ -180,6 +199,7 @@ impl ClientSet {
             self.metrics.clone(),
             self.destinations.clone(),
             self.config.dial_timeout,
+            channel.last_pong(),
         ));
         {
             let mut sessions = self.sessions();

@@ -15,6 +15,7 @@
 mod clientset;
 mod destination;
 mod health;
+mod introspect;
 mod metrics;
 mod session;
 mod tls_reload;
@@ -157,7 +158,7 @@ impl Agent {
         ));
         endpoints.spawn(tether_observe::http::serve(
             admin,
-            health::admin_handler(health_port),
+            health::admin_handler(health_port, clientset.clone()),
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(destinations.watch(stop.clone()));

@@ -23,7 +23,10 @@ use crate::metrics::AgentMetrics;
 #[derive(Debug)]
 pub(crate) struct ServerSession {
     pub(crate) server_id: String,
-    link: Arc<Link>,
+    pub(crate) link: Arc<Link>,
+    pub(crate) connected_at: Instant,
+    /// The server connection's keepalive answers, for `/debug/agents`.
+    pub(crate) keepalive: Arc<tether_grpc::LastPong>,
     /// Dial-and-relay tasks; the session waits for them when it ends.
     tasks: TaskTracker,
 }
@@ -35,6 +38,7 @@ impl ServerSession {
         metrics: Arc<AgentMetrics>,
         destinations: Arc<Destinations>,
         dial_timeout: Duration,
+        keepalive: Arc<tether_grpc::LastPong>,
     ) -> Self {
         let tasks = TaskTracker::new();
         let config = SessionConfig {
@@ -54,6 +58,8 @@ impl ServerSession {
         Self {
             server_id,
             link: Link::new(config, hooks),
+            connected_at: Instant::now(),
+            keepalive,
             tasks,
         }
     }

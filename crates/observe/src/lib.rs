@@ -4,10 +4,12 @@
 //!   client_golang produces, because upstream's tests parse it and assert on names.
 //! - [`http`]: a minimal HTTP/1.1 server for the health and admin endpoints, with the
 //!   limits upstream's Go servers use.
+//! - [`introspect`]: the JSON of the admin port's live connection and agent views.
 //! - [`duration`]: Go's `time.ParseDuration` syntax and canonical `Duration.String()` form, so
 //!   flags accept and print durations exactly as upstream's do.
 #![forbid(unsafe_code)]
 
 pub mod duration;
 pub mod http;
+pub mod introspect;
 pub mod metrics;

@@ -98,9 +98,11 @@ impl Hub {
             peer = %request.peer.principal(),
             "dialing"
         );
-        // Counted before DIAL_REQ leaves: the answer's hook may run before this returns.
+        // Counted (and its client recorded) before DIAL_REQ leaves: the answer's hook may
+        // run before this returns.
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
+        let recorded = session.requests.insert(request);
         let mut pending =
             match session
                 .link
@@ -108,6 +110,9 @@ impl Hub {
             {
                 Ok(pending) => pending,
                 Err(e) => {
+                    if recorded {
+                        session.requests.remove(random);
+                    }
                     self.metrics.pending_dials.dec();
                     session.pending_gauge.dec();
                     if let tether_tunnel::DialError::StreamLost(_) = e {
@@ -121,6 +126,7 @@ impl Hub {
             () = frontend_gone => {
                 match pending.abandon() {
                     Abandoned::Pending => {
+                        session.requests.remove(random);
                         self.metrics.pending_dials.dec();
                         session.pending_gauge.dec();
                         self.metrics.dial_failure(DialFailure::FrontendClose);

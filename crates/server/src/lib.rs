@@ -14,6 +14,7 @@ mod backend;
 mod dial;
 pub mod frontend;
 mod health;
+mod introspect;
 mod limits;
 mod metrics;
 mod net;
@@ -241,7 +242,14 @@ impl Server {
         ));
         endpoints.spawn(tether_observe::http::serve(
             admin,
-            health::admin_handler(registry.clone()),
+            health::admin_handler(
+                registry.clone(),
+                hub.clone(),
+                introspect::Membership {
+                    server_id: config.server_id.clone(),
+                    server_count: config.server_count,
+                },
+            ),
             stop.clone().cancelled_owned(),
         ));
 

@@ -7,6 +7,7 @@
 
 mod cli;
 mod dial;
+mod introspect;
 mod logging;
 mod quickstart;
 mod signals;
@@ -49,6 +50,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => agent(args.into_config()?, registry).await,
         Command::Dial(args) => dial::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
+        Command::Connections(args) => introspect::connections(args).await,
+        Command::Agents(args) => introspect::agents(args).await,
+        Command::Top(args) => introspect::top(args).await,
     }
 }
 

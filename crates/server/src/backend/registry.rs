@@ -173,6 +173,11 @@ impl<B: Backend> Registry<B> {
     pub(crate) fn agent_count(&self) -> usize {
         self.agents.len()
     }
+
+    /// Every connected stream, for introspection.
+    pub(crate) fn streams(&self) -> impl Iterator<Item = &B> + '_ {
+        self.agents.values().flatten()
+    }
 }
 
 fn first_preferring_active<'a, B: Backend + 'a>(

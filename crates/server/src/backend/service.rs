@@ -73,6 +73,7 @@ impl AgentService {
         if flow.is_credit() {
             response.push(self.flow.announce());
         }
+        let keepalive = call.last_pong().clone();
         let (sender, receiver) = match call.accept(&response) {
             Ok(halves) => halves,
             Err(e) => {
@@ -95,6 +96,7 @@ impl AgentService {
                 limits: Limits::default(),
             },
             hub.metrics.clone(),
+            keepalive,
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);

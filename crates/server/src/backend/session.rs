@@ -1,16 +1,46 @@
 //! One agent stream on the server: its [`Link`] (the sans-IO table of its dials and
 //! connections) and the hooks that turn the table's events into the server's metrics.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
-use tether_proto::{Identifiers, Packet};
+use tether_proto::{DialId, Identifiers, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
 use super::registry::Backend;
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
+use crate::request::RequestContext;
+
+/// Who asked for each of a stream's dials and connections, by dial ID: what introspection
+/// shows as the client and frontend. Written once when a dial starts and once when it ends,
+/// never per packet.
+#[derive(Debug, Default)]
+pub(crate) struct Requests(Mutex<HashMap<DialId, Arc<RequestContext>>>);
+
+impl Requests {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Arc<RequestContext>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `request` unless its dial ID is taken (the table then refuses the dial).
+    pub(crate) fn insert(&self, request: &RequestContext) -> bool {
+        match self.lock().entry(request.dial_id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Arc::new(request.clone()));
+                true
+            }
+        }
+    }
+
+    pub(crate) fn remove(&self, dial_id: DialId) {
+        self.lock().remove(&dial_id);
+    }
+}
 
 /// A connected agent stream.
 #[derive(Debug)]
@@ -23,6 +53,10 @@ pub(crate) struct AgentSession {
     draining: Arc<AtomicBool>,
     /// This agent's series of `tether_server_agent_pending_dials`.
     pub(crate) pending_gauge: Arc<Gauge>,
+    pub(crate) requests: Arc<Requests>,
+    pub(crate) connected_at: Instant,
+    /// The agent connection's keepalive answers, for `/debug/agents`.
+    pub(crate) keepalive: Arc<tether_grpc::LastPong>,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -44,10 +78,13 @@ impl AgentSession {
         identifiers: Identifiers,
         config: tether_tunnel::SessionConfig,
         metrics: Arc<ServerMetrics>,
+        keepalive: Arc<tether_grpc::LastPong>,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
+        let requests = Arc::new(Requests::default());
         let hooks = ServerHooks {
+            requests: requests.clone(),
             queued_gauge: metrics.agent_queued_bytes.with(&[&agent_id]),
             pending_gauge: pending_gauge.clone(),
             agent_id: agent_id.clone(),
@@ -61,7 +98,14 @@ impl AgentSession {
             identifiers,
             draining,
             pending_gauge,
+            requests,
+            connected_at: Instant::now(),
+            keepalive,
         }
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 }
 
@@ -69,6 +113,7 @@ impl AgentSession {
 #[derive(Debug)]
 struct ServerHooks {
     agent_id: String,
+    requests: Arc<Requests>,
     metrics: Arc<ServerMetrics>,
     draining: Arc<AtomicBool>,
     queued_gauge: Arc<Gauge>,
@@ -86,8 +131,15 @@ impl Hooks for ServerHooks {
     fn on_event(&self, _link: &Arc<Link>, event: Event) {
         let m = &self.metrics;
         match event {
-            Event::DialSettled { latency, error, .. } => {
+            Event::DialSettled {
+                random,
+                latency,
+                error,
+            } => {
                 self.dial_ended();
+                if error.is_some() {
+                    self.requests.remove(random);
+                }
                 if let Some(latency) = latency {
                     m.dial_duration.observe(latency.as_secs_f64());
                 }
@@ -109,6 +161,7 @@ impl Hooks for ServerHooks {
             }
             Event::Opened(_) => m.established.inc(),
             Event::Ended(ended) => {
+                self.requests.remove(ended.dial_id);
                 m.established.dec();
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
