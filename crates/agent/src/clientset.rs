@@ -127,7 +127,7 @@ impl ClientSet {
             {
                 self.config.sync_interval
             } else {
-                match self.connect_once().await {
+                match self.connect_once(&tasks).await {
                     Ok(connected) => {
                         backoff = self.config.sync_interval;
                         if self.add(connected, &tasks, &stop) {
@@ -245,13 +245,15 @@ impl ClientSet {
         true
     }
 
-    async fn connect_once(&self) -> Result<Connected, ConnectError> {
-        tokio::time::timeout(CONNECT_TIMEOUT, self.connect())
+    /// Connects and opens `Connect`; the connection's driver runs on `tasks`, so stopping the
+    /// agent waits for it too.
+    async fn connect_once(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.connect(tasks))
             .await
             .map_err(|_| ConnectError::Timeout(CONNECT_TIMEOUT))?
     }
 
-    async fn connect(&self) -> Result<Connected, ConnectError> {
+    async fn connect(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
         let address = self.address();
         let tcp = TcpStream::connect((self.config.server_host.as_str(), self.config.server_port))
             .await
@@ -268,7 +270,9 @@ impl ClientSet {
             .connect(name, tcp)
             .await
             .map_err(|e| ConnectError::Tls(address.clone(), e))?;
-        let channel = Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
+        let (channel, driver) =
+            Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
+        tasks.spawn(driver.run());
 
         let mut metadata = vec![(metadata::AGENT_ID, self.config.agent_id.clone())];
         if !self.config.identifiers.is_empty() {

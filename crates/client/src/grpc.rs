@@ -29,13 +29,16 @@ impl GrpcClient {
     /// `tokio::time::timeout` (kube-apiserver allows 30 s).
     pub async fn connect(transport: &Transport) -> Result<Self, ClientError> {
         let socket = transport.connect(b"h2").await?;
-        let channel = Channel::handshake(
+        let (channel, driver) = Channel::handshake(
             socket,
             &H2Settings::frontend(),
             transport.authority(),
             transport.is_tls(),
         )
         .await?;
+        // A library has no task tracker to hand this to: the driver ends by itself once the
+        // last clone of this client and the last stream opened on it are dropped.
+        tokio::spawn(driver.run());
         Ok(Self { channel })
     }
 

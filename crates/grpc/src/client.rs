@@ -5,34 +5,83 @@ use http::{HeaderValue, Request, uri};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::{oneshot, watch};
 
 use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender};
 
 /// One HTTP/2 connection to a server. Cheap to clone; every clone opens calls on the same
-/// connection. The connection is driven by a task that ends when the connection does.
+/// connection. The connection makes progress only while its [`ChannelDriver`] runs.
 #[derive(Clone, Debug)]
 pub struct Channel {
     send_request: h2::client::SendRequest<Bytes>,
     scheme: uri::Scheme,
     authority: uri::Authority,
     closed: watch::Receiver<Option<String>>,
-    /// Taken by the first [`Channel::start_keepalive`].
-    ping_pong: Arc<Mutex<Option<h2::PingPong>>>,
-    /// Ends the connection when keepalive gives up on the peer.
-    kill: Arc<Notify>,
+    /// Taken by the first [`Channel::start_keepalive`], which hands the settings to the driver.
+    keepalive: Arc<Mutex<Option<oneshot::Sender<crate::Keepalive>>>>,
     last_pong: Arc<crate::LastPong>,
 }
 
+/// Drives one [`Channel`]'s HTTP/2 connection and its keepalive pings. The caller spawns
+/// [`run`](Self::run) on a task it owns (a server or agent tracks it so that shutting down
+/// waits for it); it ends when the connection does, or when keepalive gives up on the peer.
+#[must_use = "a channel makes no progress unless its driver runs"]
+pub struct ChannelDriver<IO> {
+    connection: h2::client::Connection<IO, Bytes>,
+    ping_pong: Option<h2::PingPong>,
+    keepalive: oneshot::Receiver<crate::Keepalive>,
+    closed: watch::Sender<Option<String>>,
+    last_pong: Arc<crate::LastPong>,
+}
+
+impl<IO> std::fmt::Debug for ChannelDriver<IO> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelDriver").finish_non_exhaustive()
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> ChannelDriver<IO> {
+    /// Runs the connection to its end and records why it ended for [`Channel::closed`].
+    pub async fn run(self) {
+        let Self {
+            mut connection,
+            ping_pong,
+            keepalive,
+            closed,
+            last_pong,
+        } = self;
+        let pings = async {
+            match (ping_pong, keepalive.await) {
+                (Some(ping_pong), Ok(settings)) => {
+                    crate::keep_alive(ping_pong, settings, last_pong).await
+                }
+                // No keepalive was asked for (or every channel handle is gone): only the
+                // connection can end the driver.
+                _ => std::future::pending().await,
+            }
+        };
+        let reason = tokio::select! {
+            result = &mut connection => match result {
+                Ok(()) => "connection closed".to_owned(),
+                Err(e) => e.to_string(),
+            },
+            error = pings => format!("peer stopped answering keepalive pings: {error}"),
+        };
+        tracing::debug!(%reason, "http/2 client connection ended");
+        let _ = closed.send(Some(reason));
+    }
+}
+
 impl Channel {
-    /// Performs the HTTP/2 handshake on `io` (already TLS-wrapped where needed) and spawns
-    /// the connection driver. `authority` is sent as `:authority`; `tls` picks the scheme.
+    /// Performs the HTTP/2 handshake on `io` (already TLS-wrapped where needed). `authority`
+    /// is sent as `:authority`; `tls` picks the scheme. Spawn the returned driver before
+    /// awaiting anything on the channel.
     pub async fn handshake<IO>(
         io: IO,
         settings: &H2Settings,
         authority: &str,
         tls: bool,
-    ) -> Result<Self, GrpcError>
+    ) -> Result<(Self, ChannelDriver<IO>), GrpcError>
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -40,7 +89,7 @@ impl Channel {
             .parse()
             .or_else(|_| "localhost".parse())
             .expect("static authority parses");
-        let (send_request, mut conn) = h2::client::Builder::new()
+        let (send_request, mut connection) = h2::client::Builder::new()
             .initial_window_size(settings.stream_window)
             .initial_connection_window_size(settings.connection_window)
             .max_frame_size(settings.max_frame_size)
@@ -49,20 +98,15 @@ impl Channel {
             .handshake::<_, Bytes>(io)
             .await?;
         let (closed_tx, closed) = watch::channel(None);
-        let ping_pong = Arc::new(Mutex::new(conn.ping_pong()));
-        let kill = Arc::new(Notify::new());
-        let killed = kill.clone();
-        tokio::spawn(async move {
-            let reason = tokio::select! {
-                result = &mut conn => match result {
-                    Ok(()) => "connection closed".to_owned(),
-                    Err(e) => e.to_string(),
-                },
-                () = killed.notified() => "peer stopped answering keepalive pings".to_owned(),
-            };
-            tracing::debug!(%reason, "http/2 client connection ended");
-            let _ = closed_tx.send(Some(reason));
-        });
+        let (keepalive_tx, keepalive_rx) = oneshot::channel();
+        let last_pong = Arc::new(crate::LastPong::default());
+        let driver = ChannelDriver {
+            last_pong: last_pong.clone(),
+            ping_pong: connection.ping_pong(),
+            connection,
+            keepalive: keepalive_rx,
+            closed: closed_tx,
+        };
         let channel = Self {
             send_request,
             scheme: if tls {
@@ -72,31 +116,27 @@ impl Channel {
             },
             authority,
             closed,
-            ping_pong,
-            kill,
-            last_pong: Arc::default(),
+            keepalive: Arc::new(Mutex::new(Some(keepalive_tx))),
+            last_pong,
         };
         if let Some(keepalive) = settings.keepalive {
             channel.start_keepalive(keepalive);
         }
-        Ok(channel)
+        Ok((channel, driver))
     }
 
-    /// Starts probing the peer with HTTP/2 PINGs and drops the connection when one goes
-    /// unanswered. Deferred from the handshake because the right interval depends on who
+    /// Starts probing the peer with HTTP/2 PINGs; the driver drops the connection when one
+    /// goes unanswered. Deferred from the handshake because the right interval depends on who
     /// the peer turns out to be. Only the first call has an effect.
     pub fn start_keepalive(&self, keepalive: crate::Keepalive) {
-        let Some(ping_pong) = self.ping_pong.lock().ok().and_then(|mut p| p.take()) else {
-            return;
-        };
-        let kill = self.kill.clone();
-        let last_pong = self.last_pong.clone();
-        tokio::spawn(async move {
-            let error = crate::keep_alive(ping_pong, keepalive, last_pong).await;
-            tracing::debug!(%error, "keepalive ended");
-            // notify_one stores a permit, so the driver sees it even if not yet waiting.
-            kill.notify_one();
-        });
+        let sender = self
+            .keepalive
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(sender) = sender {
+            let _ = sender.send(keepalive);
+        }
     }
 
     /// When the server last answered a keepalive PING.

@@ -36,9 +36,9 @@ pub fn handler() -> DeferredHandler {
             "/debug/pprof" | "/debug/pprof/" => {
                 Some(Box::pin(async { Response::text(200, INDEX) }))
             }
-            "/debug/pprof/heap" => Some(Box::pin(async {
-                Response::text(200, heap::statistics())
-            })),
+            "/debug/pprof/heap" => {
+                Some(Box::pin(async { Response::text(200, heap::statistics()) }))
+            }
             "/debug/pprof/profile" => {
                 let seconds = seconds(req.query.as_deref());
                 Some(Box::pin(async move {
@@ -130,7 +130,10 @@ mod tests {
         assert_eq!(decoded.sample_type.len(), 2);
         assert!(!decoded.sample.is_empty(), "a busy second has samples");
         let total: i64 = decoded.sample.iter().map(|s| s.value[0]).sum();
-        assert!(total >= 10, "about 100 samples per busy second, got {total}");
+        assert!(
+            total >= 10,
+            "about 100 samples per busy second, got {total}"
+        );
         assert!(
             decoded.string_table.iter().any(|s| s.contains("spin")),
             "the busy function is named"

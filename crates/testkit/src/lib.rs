@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod balancer;
+pub mod control_plane;
 pub mod harness;
 pub mod http;
 pub mod process;

@@ -60,7 +60,8 @@ async fn connect(
     let name = ServerName::try_from("127.0.0.1").expect("valid name");
     let tls = TlsConnector::from(tls).connect(name, tcp).await?;
     let addr = format!("127.0.0.1:{port}");
-    let channel = Channel::handshake(tls, &settings(), &addr, true).await?;
+    let (channel, driver) = Channel::handshake(tls, &settings(), &addr, true).await?;
+    tokio::spawn(driver.run());
     let metadata = [
         (tether_proto::metadata::AGENT_ID, id),
         (tether_proto::metadata::TETHER_FLOW, "1048576".to_owned()),

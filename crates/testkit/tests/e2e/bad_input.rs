@@ -160,9 +160,11 @@ async fn agent_channel(pki: &Pki, server: &TestServer) -> Channel {
         .connect(name, tcp)
         .await
         .unwrap();
-    Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
+    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
         .await
-        .unwrap()
+        .unwrap();
+    tokio::spawn(driver.run());
+    channel
 }
 
 #[tokio::test]

@@ -171,3 +171,36 @@ async fn losing_the_agent_fails_pending_dials_at_once_and_resets_connections() {
     })
     .await;
 }
+
+/// The agent's task tracker owns every session, connection and HTTP/2 connection driver, and
+/// `Agent::run` waits for all of them. Stopping with a live tunneled connection must still be
+/// prompt: each of those tasks ends by itself, none is left for the 5 s stop deadline to cut.
+#[tokio::test]
+async fn a_stopping_agent_waits_for_its_tasks_and_they_end_promptly() {
+    let pki = Pki::generate().unwrap();
+    let opts = ServerOptions {
+        mode: Mode::HttpConnect,
+        ..Default::default()
+    };
+    let server = TestServer::start(&pki, opts).await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+        .await
+        .unwrap();
+    server.wait_ready().await.unwrap();
+    let (mut stream, head) =
+        http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    let started = std::time::Instant::now();
+    agent.stop().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "the agent took {took:?} to stop: some task outlived its owner until the deadline"
+    );
+    // The tunneled connection ended with the agent.
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the client's connection was not closed");
+}

@@ -32,9 +32,11 @@ async fn channel_as(pki: &Pki, server: &TestServer, cert: &IssuedClient) -> Chan
         .connect(name, tcp)
         .await
         .unwrap();
-    Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
+    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
         .await
-        .unwrap()
+        .unwrap();
+    tokio::spawn(driver.run());
+    channel
 }
 
 /// Opens `AgentService.Connect` with `metadata` and returns the refusal status, if refused.
