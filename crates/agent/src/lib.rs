@@ -88,6 +88,8 @@ pub struct Agent {
     registry: Registry,
     metrics: Arc<metrics::AgentMetrics>,
     destinations: Arc<destination::Destinations>,
+    /// Extra admin routes answered before the built-in ones (profiling).
+    admin_routes: Option<tether_observe::http::DeferredHandler>,
 }
 
 impl Agent {
@@ -116,7 +118,15 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            admin_routes: None,
         })
+    }
+
+    /// Serves `routes` on the admin port too, asked before the built-in paths (the binary's
+    /// `--enable-profiling` adds its pprof paths this way).
+    pub fn with_admin_routes(mut self, routes: tether_observe::http::DeferredHandler) -> Self {
+        self.admin_routes = Some(routes);
+        self
     }
 
     pub fn health_addr(&self) -> Option<SocketAddr> {
@@ -137,6 +147,7 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            admin_routes,
         } = self;
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
@@ -156,9 +167,10 @@ impl Agent {
             health::health_handler(clientset.clone(), registry.clone()),
             stop.clone().cancelled_owned(),
         ));
-        endpoints.spawn(tether_observe::http::serve(
+        endpoints.spawn(tether_observe::http::serve_with(
             admin,
             health::admin_handler(health_port, clientset.clone()),
+            admin_routes,
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(destinations.watch(stop.clone()));

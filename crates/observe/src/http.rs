@@ -25,7 +25,26 @@ pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 pub type Deferred = std::pin::Pin<Box<dyn Future<Output = Response> + Send>>;
 
 /// Routes answered asynchronously, asked before the [`Handler`]: `None` passes the request on.
-pub type DeferredHandler = Arc<dyn Fn(&Request) -> Option<Deferred> + Send + Sync>;
+#[derive(Clone)]
+pub struct DeferredHandler(Arc<DeferredRoutes>);
+
+type DeferredRoutes = dyn Fn(&Request) -> Option<Deferred> + Send + Sync;
+
+impl DeferredHandler {
+    pub fn new(routes: impl Fn(&Request) -> Option<Deferred> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(routes))
+    }
+
+    fn answer(&self, request: &Request) -> Option<Deferred> {
+        (self.0)(request)
+    }
+}
+
+impl std::fmt::Debug for DeferredHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeferredHandler")
+    }
+}
 
 /// Go's `http.Server.MaxHeaderBytes` as upstream sets it.
 const MAX_HEADER_BYTES: usize = 1 << 20;
@@ -324,7 +343,7 @@ async fn handle_connection(
 ) {
     let (response, head_only) = match read_request(&mut stream).await {
         Ok(request) => {
-            let response = match deferred.as_ref().and_then(|d| d(&request)) {
+            let response = match deferred.as_ref().and_then(|d| d.answer(&request)) {
                 Some(later) => later.await,
                 None => handler(&request),
             };

@@ -13,7 +13,6 @@ mod cpu;
 mod heap;
 mod profile_proto;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use cpu::{ProfileError, profile};
@@ -31,7 +30,7 @@ const INDEX: &str = "tether profiling (--enable-profiling)\n\n\
 
 /// The profiling routes, for [`tether_observe::http::serve_with`].
 pub fn handler() -> DeferredHandler {
-    Arc::new(|req: &Request| -> Option<Deferred> {
+    DeferredHandler::new(|req: &Request| -> Option<Deferred> {
         match req.path.as_str() {
             "/debug/pprof" | "/debug/pprof/" => {
                 Some(Box::pin(async { Response::text(200, INDEX) }))

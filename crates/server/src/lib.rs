@@ -122,6 +122,8 @@ pub struct Server {
     health: TcpListener,
     admin: TcpListener,
     registry: Registry,
+    /// Extra admin routes answered before the built-in ones (profiling).
+    admin_routes: Option<tether_observe::http::DeferredHandler>,
 }
 
 impl Server {
@@ -160,7 +162,15 @@ impl Server {
             health,
             admin,
             registry,
+            admin_routes: None,
         })
+    }
+
+    /// Serves `routes` on the admin port too, asked before the built-in paths (the binary's
+    /// `--enable-profiling` adds its pprof paths this way).
+    pub fn with_admin_routes(mut self, routes: tether_observe::http::DeferredHandler) -> Self {
+        self.admin_routes = Some(routes);
+        self
     }
 
     /// The frontend's address: a socket path or `host:port`.
@@ -194,6 +204,7 @@ impl Server {
             health,
             admin,
             registry,
+            admin_routes,
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
         let limit_metrics = LimitMetrics::register(&registry);
@@ -240,7 +251,7 @@ impl Server {
             health_handler,
             stop.clone().cancelled_owned(),
         ));
-        endpoints.spawn(tether_observe::http::serve(
+        endpoints.spawn(tether_observe::http::serve_with(
             admin,
             health::admin_handler(
                 registry.clone(),
@@ -250,6 +261,7 @@ impl Server {
                     server_count: config.server_count,
                 },
             ),
+            admin_routes,
             stop.clone().cancelled_owned(),
         ));
 

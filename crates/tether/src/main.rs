@@ -46,8 +46,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let registry = Registry::new();
     registry.register_process_metrics();
     match command {
-        Command::Server(args) => server(args.into_config()?, registry).await,
-        Command::Agent(args) => agent(args.into_config()?, registry).await,
+        Command::Server(args) => {
+            let profiling = args.upstream_only.enable_profiling;
+            server(args.into_config()?, registry, profiling).await
+        }
+        Command::Agent(args) => {
+            let profiling = args.upstream_only.enable_profiling;
+            agent(args.into_config()?, registry, profiling).await
+        }
         Command::Dial(args) => dial::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
         Command::Connections(args) => introspect::connections(args).await,
@@ -56,9 +62,16 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn server(config: tether_server::Config, registry: Registry) -> anyhow::Result<ExitCode> {
+async fn server(
+    config: tether_server::Config,
+    registry: Registry,
+    profiling: bool,
+) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
-    let server = tether_server::Server::bind(config, registry).await?;
+    let mut server = tether_server::Server::bind(config, registry).await?;
+    if profiling {
+        server = server.with_admin_routes(tether_profiling::handler());
+    }
     tokio::select! {
         () = server.run(signals.first.clone()) => Ok(ExitCode::SUCCESS),
         // Upstream's server exits at once, with status 1, on a second signal.
@@ -66,9 +79,16 @@ async fn server(config: tether_server::Config, registry: Registry) -> anyhow::Re
     }
 }
 
-async fn agent(config: tether_agent::Config, registry: Registry) -> anyhow::Result<ExitCode> {
+async fn agent(
+    config: tether_agent::Config,
+    registry: Registry,
+    profiling: bool,
+) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
-    let agent = tether_agent::Agent::bind(config, registry).await?;
+    let mut agent = tether_agent::Agent::bind(config, registry).await?;
+    if profiling {
+        agent = agent.with_admin_routes(tether_profiling::handler());
+    }
     agent.run(signals.first, signals.second).await;
     Ok(ExitCode::SUCCESS)
 }

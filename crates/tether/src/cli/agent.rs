@@ -246,7 +246,7 @@ pub(crate) struct AgentArgs {
     count_server_leases: bool,
 
     #[command(flatten)]
-    upstream_only: UpstreamOnlyArgs,
+    pub(crate) upstream_only: UpstreamOnlyArgs,
 
     /// Label selector of proxy server Leases.
     #[arg(long, help_heading = NO_EFFECT, value_name = "SELECTOR", default_value = DEFAULT_LEASE_LABEL)]

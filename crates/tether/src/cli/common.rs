@@ -107,11 +107,13 @@ pub(crate) const NO_EFFECT: &str = "Accepted for compatibility (no effect in tet
 
 /// Upstream flags both binaries share that only feed Go's pprof or Kubernetes API access
 /// (token authentication, Leases), which tether does not do: accepted, listed in the
-/// start-up warning when changed.
+/// start-up warning when changed. `--enable-profiling` is the exception: it serves
+/// tether's profiles (see `tether_profiling`).
 #[derive(Args, Clone, Debug)]
 pub(crate) struct UpstreamOnlyArgs {
-    /// pprof on the admin port.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    /// CPU profiles (pprof protobuf, /debug/pprof/profile) and heap statistics
+    /// (/debug/pprof/heap) on the admin port.
+    #[arg(long, help_heading = "Endpoints", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) enable_profiling: bool,
 
     /// Contention profiling; needs --enable-profiling.
@@ -142,7 +144,6 @@ impl UpstreamOnlyArgs {
 
     /// Adds the changed ones to the start-up warning's list.
     pub(crate) fn ignored(&self, ignored: &mut Vec<String>) {
-        non_default(ignored, "--enable-profiling", self.enable_profiling, false);
         non_default(
             ignored,
             "--enable-contention-profiling",

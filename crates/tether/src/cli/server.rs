@@ -242,7 +242,7 @@ pub(crate) struct ServerArgs {
     enable_lease_controller: bool,
 
     #[command(flatten)]
-    upstream_only: UpstreamOnlyArgs,
+    pub(crate) upstream_only: UpstreamOnlyArgs,
 
     /// Kubernetes client QPS.
     #[arg(long, help_heading = NO_EFFECT, value_name = "QPS", default_value_t = 0.0)]

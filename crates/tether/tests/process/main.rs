@@ -2,6 +2,7 @@
 
 mod failures;
 mod logs;
+mod profiling;
 
 use std::path::Path;
 use std::time::Duration;

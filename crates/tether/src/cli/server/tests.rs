@@ -284,10 +284,13 @@ fn no_op_flags_are_reported_when_set() {
          --lease-namespace=kube-system --vmodule=x=5",
     )
     .unwrap();
+    assert!(
+        args.upstream_only.enable_profiling,
+        "--enable-profiling has an effect"
+    );
     assert_eq!(
         args.ignored(),
         [
-            "--enable-profiling=true",
             "--kubeconfig-qps=50",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"
