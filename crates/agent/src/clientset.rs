@@ -194,6 +194,7 @@ impl ClientSet {
         let flow = self.config.flow.negotiate(server_flow.as_deref());
         let credit = flow.is_credit();
         let session = Arc::new(ServerSession::new(
+            &self.config.agent_id,
             server_id.clone(),
             flow,
             self.metrics.clone(),

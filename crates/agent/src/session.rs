@@ -33,6 +33,7 @@ pub(crate) struct ServerSession {
 
 impl ServerSession {
     pub(crate) fn new(
+        agent_id: &str,
         server_id: String,
         flow: Flow,
         metrics: Arc<AgentMetrics>,
@@ -50,6 +51,10 @@ impl ServerSession {
             limits: Limits::default(),
         };
         let hooks = AgentHooks {
+            ids: Arc::new(StreamIds {
+                agent_id: agent_id.to_owned(),
+                server_id: server_id.clone(),
+            }),
             metrics,
             destinations,
             tasks: tasks.clone(),
@@ -85,9 +90,17 @@ impl ServerSession {
     }
 }
 
+/// Who is at each end of the stream, for every log line about its connections.
+#[derive(Debug)]
+struct StreamIds {
+    agent_id: String,
+    server_id: String,
+}
+
 /// The agent's reading of a server stream's events.
 #[derive(Debug)]
 struct AgentHooks {
+    ids: Arc<StreamIds>,
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
     tasks: TaskTracker,
@@ -105,6 +118,7 @@ impl Hooks for AgentHooks {
                 let dial = link.incoming_dial(random);
                 self.tasks.spawn(serve_connection(
                     dial,
+                    self.ids.clone(),
                     protocol,
                     address,
                     self.dial_timeout,
@@ -113,7 +127,13 @@ impl Hooks for AgentHooks {
                 ));
             }
             Event::DialCancelled { random, why } => {
-                tracing::debug!(dial.id = %random, ?why, "dial no longer wanted");
+                tracing::debug!(
+                    dial.id = %random,
+                    agent.id = %self.ids.agent_id,
+                    server.id = %self.ids.server_id,
+                    ?why,
+                    "dial no longer wanted"
+                );
                 if why == DialCancel::ByPeer {
                     self.metrics.dials_cancelled.inc();
                 }
@@ -121,9 +141,7 @@ impl Hooks for AgentHooks {
             Event::Opened(_) => self.metrics.open_endpoint_connections.inc(),
             Event::Ended(ended) => {
                 self.metrics.open_endpoint_connections.dec();
-                if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
-                    tracing::warn!(connect.id = %ended.id, "closed a connection whose destination stopped taking data");
-                }
+                tether_tunnel::log_ended(&ended, &self.ids.agent_id, &self.ids.server_id);
             }
             _ => {}
         }
@@ -146,6 +164,7 @@ impl Hooks for AgentHooks {
 /// Dials, reports the outcome, and relays until either side closes.
 async fn serve_connection(
     incoming: IncomingDial,
+    ids: Arc<StreamIds>,
     protocol: String,
     address: String,
     timeout: Duration,
@@ -160,7 +179,14 @@ async fn serve_connection(
     let stream = match dialed {
         Ok(stream) => stream,
         Err((reason, error)) => {
-            tracing::debug!(%address, %error, "dial failed");
+            tracing::info!(
+                dial.id = %incoming.random(),
+                agent.id = %ids.agent_id,
+                server.id = %ids.server_id,
+                %address,
+                %error,
+                "dial failed"
+            );
             metrics.endpoint_dial_failure(reason);
             incoming.fail(error);
             return;

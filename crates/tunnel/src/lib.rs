@@ -15,12 +15,14 @@
 mod conn;
 mod dial;
 mod link;
+mod log;
 mod stream;
 
 use bytes::{Bytes, BytesMut};
 pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
 pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
+pub use log::log_ended;
 pub use tether_session::{
     Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,
     FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Role, Session, SessionConfig,

@@ -97,6 +97,7 @@ impl AgentService {
             },
             hub.metrics.clone(),
             keepalive,
+            &self.server_id,
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);

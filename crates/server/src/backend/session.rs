@@ -79,6 +79,7 @@ impl AgentSession {
         config: tether_tunnel::SessionConfig,
         metrics: Arc<ServerMetrics>,
         keepalive: Arc<tether_grpc::LastPong>,
+        server_id: &str,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
@@ -88,6 +89,7 @@ impl AgentSession {
             queued_gauge: metrics.agent_queued_bytes.with(&[&agent_id]),
             pending_gauge: pending_gauge.clone(),
             agent_id: agent_id.clone(),
+            server_id: server_id.to_owned(),
             draining: draining.clone(),
             metrics,
         };
@@ -113,6 +115,7 @@ impl AgentSession {
 #[derive(Debug)]
 struct ServerHooks {
     agent_id: String,
+    server_id: String,
     requests: Arc<Requests>,
     metrics: Arc<ServerMetrics>,
     draining: Arc<AtomicBool>,
@@ -137,8 +140,15 @@ impl Hooks for ServerHooks {
                 error,
             } => {
                 self.dial_ended();
-                if error.is_some() {
+                if let Some(error) = &error {
                     self.requests.remove(random);
+                    tracing::info!(
+                        dial.id = %random,
+                        agent.id = %self.agent_id,
+                        server.id = %self.server_id,
+                        error = %crate::dial::DialError::from(error.clone()),
+                        "dial failed"
+                    );
                 }
                 if let Some(latency) = latency {
                     m.dial_duration.observe(latency.as_secs_f64());
@@ -166,9 +176,9 @@ impl Hooks for ServerHooks {
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
                 if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
-                    tracing::warn!(agent.id = %self.agent_id, connect.id = %ended.id, "closed a connection whose reader stopped taking data");
                     m.overflow_closes.inc();
                 }
+                tether_tunnel::log_ended(&ended, &self.agent_id, &self.server_id);
             }
             Event::PeerDraining => {
                 tracing::info!(agent.id = %self.agent_id, "agent is draining");
