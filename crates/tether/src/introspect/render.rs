@@ -84,8 +84,8 @@ pub(crate) fn connections(report: &ConnectionsReport) -> String {
         ]);
     }
     format!(
-        "{} connections ({} of them pending) on this {}\n{}",
-        report.connections.len(),
+        "{} ({} of them pending) on this {}\n{}",
+        count(report.connections.len(), "connection"),
         report
             .connections
             .iter()
@@ -100,10 +100,10 @@ pub(crate) fn connections(report: &ConnectionsReport) -> String {
 pub(crate) fn agents(report: &AgentsReport) -> String {
     let heading = if report.role == "server" {
         format!(
-            "server {} (server count {}), {} agent streams\n",
+            "server {} (server count {}), {}\n",
             report.server_id,
             report.server_count,
-            report.streams.len()
+            count(report.streams.len(), "agent stream")
         )
     } else {
         format!(
@@ -220,11 +220,20 @@ pub(crate) fn top(rows: &[TopRow], limit: usize) -> String {
         ]);
     }
     format!(
-        "{} connections, busiest first (showing {})\n{}",
-        rows.len(),
+        "{}, busiest first (showing {})\n{}",
+        count(rows.len(), "connection"),
         rows.len().min(limit),
         table.render()
     )
+}
+
+/// `1 connection`, `2 connections`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 fn or_dash(s: Option<&str>) -> String {
@@ -322,7 +331,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
             }],
         };
         let text = agents(&report);
-        assert!(text.starts_with("server server-a (server count 3), 1 agent streams\n"));
+        assert!(text.starts_with("server server-a (server count 3), 1 agent stream\n"));
         let row = text.lines().nth(2).unwrap();
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
