@@ -20,9 +20,10 @@ go version
 step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"
 interop/build.sh
 
-step "pinned tools: Kubernetes binaries and promtool (cached under ~/.cache/tether; cold ~30 min)"
+step "pinned tools: Kubernetes binaries, promtool and helm (cached under ~/.cache/tether; cold ~33 min)"
 interop/k8s/build.sh
 interop/build-promtool.sh
+deploy/tests/build-helm.sh
 
 step "format"
 cargo fmt --all -- --check

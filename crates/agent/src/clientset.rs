@@ -1,6 +1,9 @@
 //! Holding streams to every proxy server: dial the server address until as many distinct
 //! server IDs are connected as the servers announce.
 
+use tether_observe::audit::AuditLog;
+
+use crate::audit::StreamAudit;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +34,7 @@ pub(crate) struct ClientSet {
     config: Config,
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
+    audit: Option<AuditLog>,
     sessions: Mutex<HashMap<String, Arc<ServerSession>>>,
     /// The last `servercount` a server announced; 0 counts as 1, as upstream.
     server_count: AtomicUsize,
@@ -72,11 +76,13 @@ impl ClientSet {
         config: Config,
         metrics: Arc<AgentMetrics>,
         destinations: Arc<Destinations>,
+        audit: Option<AuditLog>,
     ) -> Self {
         Self {
             config,
             metrics,
             destinations,
+            audit,
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
@@ -201,6 +207,13 @@ impl ClientSet {
             self.destinations.clone(),
             self.config.dial_timeout,
             channel.last_pong(),
+            self.audit.clone().map(|log| {
+                Arc::new(StreamAudit::new(
+                    log,
+                    server_id.clone(),
+                    self.config.agent_id.clone(),
+                ))
+            }),
         ));
         {
             let mut sessions = self.sessions();

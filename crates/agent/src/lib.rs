@@ -12,6 +12,7 @@
 //! - `metrics`: upstream's agent metrics.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod clientset;
 mod destination;
 mod health;
@@ -64,6 +65,8 @@ pub struct Config {
     pub flow: FlowConfig,
     /// `--service-account-token-path`: sent as `Bearer` token, re-read on every connect.
     pub token_path: Option<PathBuf>,
+    /// `--audit-log-path`: one JSON line per connection and failed or refused dial.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 /// Start-up failures.
@@ -77,6 +80,11 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Policy(#[from] PolicyFileError),
+    #[error("opening the audit log {path}: {source}")]
+    AuditLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// An agent whose health and admin listeners are bound.
@@ -90,6 +98,10 @@ pub struct Agent {
     destinations: Arc<destination::Destinations>,
     /// Extra admin routes answered before the built-in ones (profiling).
     admin_routes: Option<tether_observe::http::DeferredHandler>,
+    audit: Option<(
+        tether_observe::audit::AuditLog,
+        tether_observe::audit::AuditWriter,
+    )>,
 }
 
 impl Agent {
@@ -111,6 +123,17 @@ impl Agent {
             own_listeners,
             metrics.clone(),
         )?);
+        let audit = match &config.audit_log {
+            None => None,
+            Some(target) => Some(
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                    AgentError::AuditLog {
+                        path: target.to_string(),
+                        source,
+                    }
+                })?,
+            ),
+        };
         Ok(Self {
             config,
             health,
@@ -119,6 +142,7 @@ impl Agent {
             metrics,
             destinations,
             admin_routes: None,
+            audit,
         })
     }
 
@@ -148,11 +172,18 @@ impl Agent {
             metrics,
             destinations,
             admin_routes,
+            audit,
         } = self;
+        // Stopped last, so the records of connections cut at shutdown are written too.
+        let (audit_log, audit_writer) = match audit {
+            Some((log, writer)) => (Some(log), Some(writer.spawn())),
+            None => (None, None),
+        };
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
             metrics,
             destinations.clone(),
+            audit_log,
         ));
         let health_port = health.local_addr().map_or(0, |a| a.port());
         tracing::info!(
@@ -177,6 +208,9 @@ impl Agent {
         clientset.run(drain, stop.clone()).await;
         endpoints.close();
         endpoints.wait().await;
+        if let Some(writer) = audit_writer {
+            writer.finish().await;
+        }
         tracing::info!("proxy agent stopped");
     }
 }

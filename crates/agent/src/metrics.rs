@@ -27,7 +27,7 @@ pub(crate) struct AgentMetrics {
 }
 
 /// Why an endpoint dial failed: upstream's `reason` label.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DialFailure {
     Timeout,
     Unknown,

@@ -16,8 +16,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
 
+use crate::audit::{DialFacts, StreamAudit};
 use crate::destination::Destinations;
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, DialFailure};
 
 /// A server stream and its connections.
 #[derive(Debug)]
@@ -32,6 +33,7 @@ pub(crate) struct ServerSession {
 }
 
 impl ServerSession {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         agent_id: &str,
         server_id: String,
@@ -40,6 +42,7 @@ impl ServerSession {
         destinations: Arc<Destinations>,
         dial_timeout: Duration,
         keepalive: Arc<tether_grpc::LastPong>,
+        audit: Option<Arc<StreamAudit>>,
     ) -> Self {
         let tasks = TaskTracker::new();
         let config = SessionConfig {
@@ -59,6 +62,7 @@ impl ServerSession {
             destinations,
             tasks: tasks.clone(),
             dial_timeout,
+            audit,
         };
         Self {
             server_id,
@@ -105,6 +109,7 @@ struct AgentHooks {
     destinations: Arc<Destinations>,
     tasks: TaskTracker,
     dial_timeout: Duration,
+    audit: Option<Arc<StreamAudit>>,
 }
 
 impl Hooks for AgentHooks {
@@ -124,6 +129,7 @@ impl Hooks for AgentHooks {
                     self.dial_timeout,
                     self.destinations.clone(),
                     self.metrics.clone(),
+                    self.audit.clone(),
                 ));
             }
             Event::DialCancelled { random, why } => {
@@ -142,6 +148,9 @@ impl Hooks for AgentHooks {
             Event::Ended(ended) => {
                 self.metrics.open_endpoint_connections.dec();
                 tether_tunnel::log_ended(&ended, &self.ids.agent_id, &self.ids.server_id);
+                if let Some(audit) = &self.audit {
+                    audit.ended(ended);
+                }
             }
             _ => {}
         }
@@ -162,6 +171,7 @@ impl Hooks for AgentHooks {
 }
 
 /// Dials, reports the outcome, and relays until either side closes.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     incoming: IncomingDial,
     ids: Arc<StreamIds>,
@@ -170,12 +180,20 @@ async fn serve_connection(
     timeout: Duration,
     destinations: Arc<Destinations>,
     metrics: Arc<AgentMetrics>,
+    audit: Option<Arc<StreamAudit>>,
 ) {
     let started = Instant::now();
+    let mut facts = DialFacts {
+        dial_id: incoming.random(),
+        requested: address,
+        dialed: None,
+        latency: None,
+    };
     let dialed = tokio::select! {
-        dialed = destinations.dial(&protocol, &address, timeout) => dialed,
+        dialed = destinations.dial(&protocol, &facts.requested, timeout) => dialed,
         () = incoming.abandoned() => return,
     };
+    facts.latency = Some(started.elapsed());
     let stream = match dialed {
         Ok(stream) => stream,
         Err((reason, error)) => {
@@ -183,11 +201,14 @@ async fn serve_connection(
                 dial.id = %incoming.random(),
                 agent.id = %ids.agent_id,
                 server.id = %ids.server_id,
-                %address,
+                address = %facts.requested,
                 %error,
                 "dial failed"
             );
             metrics.endpoint_dial_failure(reason);
+            if let Some(audit) = &audit {
+                audit.dial_ended(&facts, reason == DialFailure::Policy, &error);
+            }
             incoming.fail(error);
             return;
         }
@@ -199,6 +220,10 @@ async fn serve_connection(
     metrics
         .dial_duration
         .observe(started.elapsed().as_secs_f64());
+    if let Some(audit) = &audit {
+        facts.dialed = stream.peer_addr().ok().map(|a| a.to_string());
+        audit.connected(tunnel.connect_id(), facts);
+    }
     let outcome = relay(&mut tunnel, stream).await;
     tunnel.finish(outcome);
 }

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authority;
+pub mod connect_head;
 pub mod frame;
 pub mod identifiers;
 pub mod packet;
@@ -17,11 +18,12 @@ pub mod session;
 pub type Check = fn(&[u8]);
 
 /// Every target by the name of its fuzz binary and regression directory.
-pub const TARGETS: [(&str, Check); 6] = [
+pub const TARGETS: [(&str, Check); 7] = [
     ("frame_decoder", frame::check),
     ("packet", packet::check),
     ("authority", authority::check),
     ("identifiers", identifiers::check),
     ("policy_file", policy::check),
     ("session_table", session::check),
+    ("connect_head", connect_head::check),
 ];

@@ -90,7 +90,7 @@ impl Channel {
             .or_else(|_| "localhost".parse())
             .expect("static authority parses");
         let (send_request, mut connection) = h2::client::Builder::new()
-            .initial_window_size(settings.stream_window)
+            .initial_window_size(settings.stream_window.max(crate::MIN_STREAM_WINDOW))
             .initial_connection_window_size(settings.connection_window)
             .max_frame_size(settings.max_frame_size)
             .max_send_buffer_size(settings.max_send_buffer)

@@ -58,6 +58,12 @@ pub struct Keepalive {
 
 const MIB: u32 = 1024 * 1024;
 
+/// The smallest stream window a receiver offers: one largest message and its prefix. Flow-
+/// control capacity is released only as whole messages are decoded, so a smaller window
+/// could never let a large message complete.
+pub const MIN_STREAM_WINDOW: u32 =
+    (tether_proto::frame::MAX_MESSAGE_LEN + tether_proto::frame::PREFIX_LEN) as u32;
+
 /// Concurrent streams per frontend connection. kube-apiserver opens one connection per
 /// tunnel; a thousand streams leave room for multiplexing clients while bounding what one
 /// connection can hold (each stream may buffer up to its window).
@@ -79,11 +85,12 @@ impl H2Settings {
     }
 
     /// Frontend connections: one tunnelled connection per stream, possibly many streams per
-    /// connection. A stalled stream holds at most its stream window, so the connection window
-    /// leaves room for dozens of stalled streams before others feel it.
+    /// connection. A stalled stream holds at most its stream window (one largest message), and
+    /// all streams of a connection together at most the connection window, which leaves room
+    /// for a dozen stalled streams before others feel it.
     pub fn frontend() -> Self {
         Self {
-            stream_window: 2 * MIB,
+            stream_window: MIN_STREAM_WINDOW,
             connection_window: 64 * MIB,
             max_frame_size: 64 * 1024,
             max_send_buffer: 2 * MIB as usize,

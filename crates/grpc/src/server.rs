@@ -162,7 +162,7 @@ where
 {
     let (io, setup_done) = handshake::SetupWatch::new(io);
     let handshake = h2::server::Builder::new()
-        .initial_window_size(settings.stream_window)
+        .initial_window_size(settings.stream_window.max(crate::MIN_STREAM_WINDOW))
         .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_send_buffer_size(settings.max_send_buffer)

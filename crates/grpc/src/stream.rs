@@ -92,6 +92,11 @@ enum RecvState {
 pub struct PacketReceiver {
     state: RecvState,
     decoder: Decoder,
+    /// Bytes received whose HTTP/2 flow-control capacity is not yet released: those of a
+    /// message not yet complete. Released as messages are decoded, so a peer can make this
+    /// side buffer at most its windows (stream and connection), never a message-size worth
+    /// per stream on a length prefix's word.
+    unreleased: usize,
     headers: HeaderMap,
     /// Server side: keeps the connection counted as busy while the call is read.
     _stream: Option<crate::server::StreamGuard>,
@@ -102,6 +107,7 @@ impl PacketReceiver {
         Self {
             state: RecvState::Streaming(recv),
             decoder: Decoder::default(),
+            unreleased: 0,
             headers: HeaderMap::new(),
             _stream: Some(stream),
         }
@@ -111,6 +117,7 @@ impl PacketReceiver {
         Self {
             state: RecvState::AwaitingResponse(response),
             decoder: Decoder::default(),
+            unreleased: 0,
             headers: HeaderMap::new(),
             _stream: None,
         }
@@ -150,7 +157,10 @@ impl PacketReceiver {
             return Some(Err(e));
         }
         loop {
-            match self.decoder.next_packet() {
+            let before = self.decoder.buffered();
+            let decoded = self.decoder.next_packet();
+            self.release(before - self.decoder.buffered());
+            match decoded {
                 Ok(Some(packet)) => return Some(Ok(packet)),
                 Ok(None) => {}
                 Err(e) => return Some(Err(e.into())),
@@ -160,8 +170,7 @@ impl PacketReceiver {
             };
             match recv.data().await {
                 Some(Ok(chunk)) => {
-                    // Released at once: back-pressure comes from this reader not being polled.
-                    let _ = recv.flow_control().release_capacity(chunk.len());
+                    self.unreleased += chunk.len();
                     self.decoder.push(chunk);
                 }
                 Some(Err(e)) => {
@@ -170,6 +179,20 @@ impl PacketReceiver {
                 }
                 None => return self.finish().await.err().map(Err),
             }
+        }
+    }
+
+    /// Gives the peer back the window of `consumed` decoded bytes. The stream window is at
+    /// least one whole message ([`crate::MIN_STREAM_WINDOW`]), so a partial message can
+    /// always complete without releasing early.
+    fn release(&mut self, consumed: usize) {
+        if consumed == 0 {
+            return;
+        }
+        let consumed = consumed.min(self.unreleased);
+        self.unreleased -= consumed;
+        if let RecvState::Streaming(recv) = &mut self.state {
+            let _ = recv.flow_control().release_capacity(consumed);
         }
     }
 

@@ -7,9 +7,13 @@
 //! - [`introspect`]: the JSON of the admin port's live connection and agent views.
 //! - [`duration`]: Go's `time.ParseDuration` syntax and canonical `Duration.String()` form, so
 //!   flags accept and print durations exactly as upstream's do.
+//! - [`audit`]: the audit log's records and their off-the-data-path writer.
+//! - [`time`]: UTC calendar fields for HTTP dates and audit timestamps.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod duration;
 pub mod http;
 pub mod introspect;
 pub mod metrics;
+pub mod time;

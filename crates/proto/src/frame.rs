@@ -75,6 +75,11 @@ impl Decoder {
         Ok(Some(Packet::try_from(wire)?))
     }
 
+    /// Bytes received and not yet taken out as packets (the start of a partial message).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Call at end of stream: leftover bytes mean the peer cut a message short.
     pub fn finish(&self) -> Result<(), FrameError> {
         if self.buf.is_empty() {

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tether_proto::DialId;
 use tether_tunnel::{Abandoned, Tunnel};
 
+use crate::audit::Audit;
 use crate::backend::registry::Registry;
 use crate::backend::session::AgentSession;
 use crate::metrics::{DialFailure, ServerMetrics};
@@ -52,13 +53,27 @@ impl From<tether_tunnel::DialError> for DialError {
 pub(crate) struct Hub {
     registry: Mutex<Registry<Arc<AgentSession>>>,
     pub(crate) metrics: Arc<ServerMetrics>,
+    /// Set when the audit log is on.
+    pub(crate) audit: Option<Arc<Audit>>,
 }
 
 impl Hub {
-    pub(crate) fn new(registry: Registry<Arc<AgentSession>>, metrics: Arc<ServerMetrics>) -> Self {
+    pub(crate) fn new(
+        registry: Registry<Arc<AgentSession>>,
+        metrics: Arc<ServerMetrics>,
+        audit: Option<Arc<Audit>>,
+    ) -> Self {
         Self {
             registry: Mutex::new(registry),
             metrics,
+            audit,
+        }
+    }
+
+    /// Records a dial the frontend refused before asking any agent.
+    pub(crate) fn refused(&self, request: &RequestContext, reason: &str) {
+        if let Some(audit) = &self.audit {
+            audit.refused(request, reason);
         }
     }
 
@@ -87,6 +102,7 @@ impl Hub {
     ) -> Result<Tunnel, DialError> {
         let Some(session) = self.registry().select(request) else {
             self.metrics.dial_failure(DialFailure::NoAgent);
+            self.refused(request, &DialError::NoAgent.to_string());
             return Err(DialError::NoAgent);
         };
         let random = request.dial_id;
@@ -103,6 +119,9 @@ impl Hub {
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
         let recorded = session.requests.insert(request);
+        if let Some(audit) = &session.audit {
+            audit.dialing(request);
+        }
         let mut pending =
             match session
                 .link
@@ -118,7 +137,11 @@ impl Hub {
                     if let tether_tunnel::DialError::StreamLost(_) = e {
                         self.metrics.dial_failure(DialFailure::SendRsp);
                     }
-                    return Err(e.into());
+                    let error = DialError::from(e);
+                    if let Some(audit) = &session.audit {
+                        audit.unanswered(random, &error.to_string());
+                    }
+                    return Err(error);
                 }
             };
         tokio::select! {
@@ -130,6 +153,9 @@ impl Hub {
                         self.metrics.pending_dials.dec();
                         session.pending_gauge.dec();
                         self.metrics.dial_failure(DialFailure::FrontendClose);
+                        if let Some(audit) = &session.audit {
+                            audit.unanswered(random, &DialError::FrontendGone.to_string());
+                        }
                     }
                     Abandoned::Answered => self.metrics.dial_failure(DialFailure::FrontendClose),
                     Abandoned::Nothing => {}

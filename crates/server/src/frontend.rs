@@ -4,6 +4,7 @@
 //! Unix socket or mutual-TLS TCP.
 
 mod address;
+pub mod connect_head;
 pub(crate) mod grpc;
 pub(crate) mod http_connect;
 

@@ -10,6 +10,7 @@
 //! - `net`: listeners.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod backend;
 mod dial;
 pub mod frontend;
@@ -89,6 +90,8 @@ pub struct Config {
     pub match_agent_identity_to_certificate: bool,
     /// Reload listener certificates and CAs from their files; `None` keeps the configs above.
     pub tls_reload: Option<TlsReload>,
+    /// `--audit-log-path`: one JSON line per connection and refused dial; `None` is off.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
@@ -111,6 +114,11 @@ pub enum ServerError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("opening the audit log {path}: {source}")]
+    AuditLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// A server whose listeners are bound; [`run`](Self::run) serves them.
@@ -124,6 +132,10 @@ pub struct Server {
     registry: Registry,
     /// Extra admin routes answered before the built-in ones (profiling).
     admin_routes: Option<tether_observe::http::DeferredHandler>,
+    audit: Option<(
+        tether_observe::audit::AuditLog,
+        tether_observe::audit::AuditWriter,
+    )>,
 }
 
 impl Server {
@@ -155,6 +167,17 @@ impl Server {
         let admin = TcpListener::bind(config.admin_addr)
             .await
             .map_err(listen_err("admin", config.admin_addr.to_string()))?;
+        let audit = match &config.audit_log {
+            None => None,
+            Some(target) => Some(
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                    ServerError::AuditLog {
+                        path: target.to_string(),
+                        source,
+                    }
+                })?,
+            ),
+        };
         Ok(Self {
             config,
             frontend,
@@ -163,6 +186,7 @@ impl Server {
             admin,
             registry,
             admin_routes: None,
+            audit,
         })
     }
 
@@ -205,13 +229,21 @@ impl Server {
             admin,
             registry,
             admin_routes,
+            audit,
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
         let limit_metrics = LimitMetrics::register(&registry);
         let limits = config.limits.clone();
+        // The audit writer outlives every connection (it is stopped last) so that the
+        // records of connections cut at shutdown are written too.
+        let audit_writer = audit.map(|(log, writer)| {
+            let audit = Arc::new(audit::Audit::new(log, config.server_id.clone()));
+            (audit, writer.spawn())
+        });
         let hub = Arc::new(Hub::new(
             backend::registry::Registry::new(&config.strategies),
             metrics,
+            audit_writer.as_ref().map(|(audit, _)| audit.clone()),
         ));
         hub.refresh_backend_gauges();
         let agent_service = Arc::new(AgentService {
@@ -347,23 +379,24 @@ impl Server {
                     };
                     let grpc_hub = hub.clone();
                     let grpc_metrics = metrics.clone();
+                    let first_packet_timeout = limits.first_packet_timeout;
                     let on_call = move |call| {
-                        frontend::grpc::serve(grpc_hub.clone(), grpc_metrics.clone(), call)
+                        frontend::grpc::serve(
+                            grpc_hub.clone(),
+                            grpc_metrics.clone(),
+                            first_packet_timeout,
+                            call,
+                        )
                     };
                     let served = match mode {
-                        // Go clients send the escaped socket path as :authority; see AuthorityRewrite.
-                        Mode::Grpc if unix => {
-                            let io = tether_grpc::AuthorityRewrite::new(io);
-                            tether_grpc::server::serve_connection(
-                                io,
-                                &settings,
-                                connection,
-                                on_call,
-                                shutdown.cancelled(),
-                            )
-                            .await
-                        }
                         Mode::Grpc => {
+                            // Go clients send the escaped socket path as :authority; see
+                            // AuthorityRewrite.
+                            let io: Box<dyn net::Io> = if unix {
+                                Box::new(tether_grpc::AuthorityRewrite::new(io))
+                            } else {
+                                io
+                            };
                             tether_grpc::server::serve_connection(
                                 io,
                                 &settings,
@@ -411,6 +444,9 @@ impl Server {
         .await;
         endpoints.close();
         endpoints.wait().await;
+        if let Some((_, writer)) = audit_writer {
+            writer.finish().await;
+        }
         tracing::info!("proxy server stopped");
     }
 }

@@ -29,6 +29,9 @@ pub struct Limits {
     pub max_streams_per_frontend_connection: u32,
     /// Distinct connected agent IDs.
     pub max_agents: usize,
+    /// How long a gRPC frontend stream may take to send its DIAL_REQ; stray packets before
+    /// it do not extend the deadline.
+    pub first_packet_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -42,6 +45,7 @@ impl Default for Limits {
             max_frontend_connections_per_address: 0,
             max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
             max_agents: 10_000,
+            first_packet_timeout: Duration::from_secs(60),
         }
     }
 }

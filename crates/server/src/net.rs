@@ -26,6 +26,14 @@ pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>>;
 }
 
+/// The gRPC frontend's `:authority` rewrite, used on Unix sockets only (where a close is
+/// never abortive, so the default applies). Not a plain socket: gRPC never asks.
+impl Io for tether_grpc::AuthorityRewrite<Box<dyn Io>> {
+    fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>> {
+        Err(self)
+    }
+}
+
 impl Io for UnixStream {
     fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>> {
         Ok(*self)

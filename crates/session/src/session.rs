@@ -88,11 +88,12 @@ impl std::error::Error for Violation {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// Server: the dial's answer can be taken with [`Session::take_dial`]. `latency` is set
-    /// when the agent answered.
+    /// when the agent answered; `result` names the connection it opened (for records that
+    /// follow the connection, such as audit) or why there is none.
     DialSettled {
         random: DialId,
         latency: Option<Duration>,
-        error: Option<DialError>,
+        result: Result<ConnectId, DialError>,
     },
     /// Server: the agent answered a dial nobody waits for (any connection it opened is
     /// being closed).
@@ -825,13 +826,12 @@ impl Session {
         latency: Option<Duration>,
         result: Result<ConnectId, DialError>,
     ) {
-        let error = result.as_ref().err().cloned();
         self.server_dials
-            .insert(random, ServerDial::Settled(result));
+            .insert(random, ServerDial::Settled(result.clone()));
         self.events.push_back(Event::DialSettled {
             random,
             latency,
-            error,
+            result,
         });
     }
 

@@ -73,6 +73,8 @@ pub struct ServerOptions {
     pub limits: tether_server::Limits,
     pub match_agent_identity_to_certificate: bool,
     pub tls_reload: Option<tether_server::TlsReload>,
+    /// `--audit-log-path`.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 impl Default for ServerOptions {
@@ -94,6 +96,7 @@ impl Default for ServerOptions {
             limits: tether_server::Limits::default(),
             match_agent_identity_to_certificate: false,
             tls_reload: None,
+            audit_log: None,
         }
     }
 }
@@ -163,6 +166,7 @@ impl TestServer {
             limits: opts.limits,
             match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
             tls_reload: opts.tls_reload,
+            audit_log: opts.audit_log,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -230,6 +234,8 @@ pub struct AgentOptions {
     pub tls_reload: bool,
     /// The destination policy and dial caps.
     pub destinations: tether_agent::DestinationConfig,
+    /// `--audit-log-path`.
+    pub audit_log: Option<tether_observe::audit::AuditTarget>,
 }
 
 impl Default for AgentOptions {
@@ -243,6 +249,7 @@ impl Default for AgentOptions {
             sync_interval: Duration::from_millis(100),
             tls_reload: false,
             destinations: tether_agent::DestinationConfig::default(),
+            audit_log: None,
         }
     }
 }
@@ -312,6 +319,7 @@ impl TestAgent {
             flow,
             token_path: None,
             tls_reload,
+            audit_log: opts.audit_log,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -5,11 +5,13 @@ use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ServerSessionMemoryCache, WebPkiClientVerifier};
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{ClientConfig, InconsistentKeys, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{PemOrigin, PemProblem};
+use crate::x509_version::{subject_public_key_info, x509_version};
 use crate::{TlsError, TlsOptions, provider};
 
 /// Entries in the server's stateful session cache. TLS 1.2 clients without ticket support and
@@ -52,9 +54,10 @@ pub fn server_config(
                 &origin,
                 CertificateDer::pem_file_iter(ca),
             )?;
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|error| TlsError::ClientVerifier { ca: origin, error })?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+                    .build()
+                    .map_err(|error| TlsError::ClientVerifier { ca: origin, error })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -68,13 +71,16 @@ pub fn server_config(
         CertificateDer::pem_file_iter(cert),
     )?;
     let private_key = private_key(&key_origin, PrivateKeyDer::from_pem_file(key))?;
-    let mut config = builder
-        .with_single_cert(chain, private_key)
-        .map_err(|error| TlsError::CertifiedKey {
-            cert: cert_origin,
-            key: key_origin,
-            error,
-        })?;
+    let certified = certified_key(
+        Identity {
+            chain,
+            key: private_key,
+            cert_origin,
+            key_origin,
+        },
+        &provider,
+    )?;
+    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
 
     config.alpn_protocols = alpn.iter().map(|proto| proto.to_vec()).collect();
     config.session_storage = ServerSessionMemoryCache::new(SERVER_SESSION_CACHE_SIZE);
@@ -176,7 +182,7 @@ fn build_client(
     identity: Option<Identity>,
     alpn: Vec<Vec<u8>>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    let builder = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(opts.protocol_versions())
         .map_err(|error| TlsError::Rustls {
             what: "selecting TLS protocol versions",
@@ -184,17 +190,47 @@ fn build_client(
         })?
         .with_root_certificates(roots);
     let mut config = match identity {
-        Some(id) => builder
-            .with_client_auth_cert(id.chain, id.key)
-            .map_err(|error| TlsError::CertifiedKey {
-                cert: id.cert_origin,
-                key: id.key_origin,
-                error,
-            })?,
+        Some(id) => builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(
+            certified_key(id, &provider)?,
+        ))),
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = alpn;
     Ok(Arc::new(config))
+}
+
+/// Pairs a certificate chain with its private key, checking that they match, as rustls'
+/// `with_single_cert` does, but for X.509 v1 certificates too (see [`crate::x509_version`]):
+/// Go accepts a v1 certificate of one's own, and so does tether.
+fn certified_key(id: Identity, provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
+    let fail = |error| TlsError::CertifiedKey {
+        cert: id.cert_origin.clone(),
+        key: id.key_origin.clone(),
+        error,
+    };
+    let key = provider
+        .key_provider
+        .load_private_key(id.key)
+        .map_err(fail)?;
+    let certified = CertifiedKey::new(id.chain, key);
+    let end_entity = certified.end_entity_cert().map_err(fail)?;
+    let matched = match x509_version(end_entity) {
+        Some(1 | 2) => match (
+            certified.key.public_key(),
+            subject_public_key_info(end_entity),
+        ) {
+            (Some(key), Some(cert)) if key.as_ref() == cert => Ok(()),
+            (Some(_), _) => Err(InconsistentKeys::KeyMismatch.into()),
+            (None, _) => Ok(()),
+        },
+        // v3, or not X.509 at all: rustls' own check says what is wrong.
+        _ => certified.keys_match(),
+    };
+    match matched {
+        // As rustls: a key that cannot tell its public half is not an error.
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(certified),
+        Err(error) => Err(fail(error)),
+    }
 }
 
 /// Collects every certificate of a PEM document; an empty result is an error, since an empty

@@ -49,6 +49,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         limits: Default::default(),
         match_agent_identity_to_certificate: false,
         tls_reload: None,
+        audit_log: None,
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

@@ -98,6 +98,7 @@ impl AgentService {
             hub.metrics.clone(),
             keepalive,
             &self.server_id,
+            hub.audit.clone(),
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);

@@ -12,6 +12,7 @@ use tether_proto::{DialId, Identifiers, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
 use super::registry::Backend;
+use crate::audit::{Audit, StreamAudit};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
 use crate::request::RequestContext;
 
@@ -57,6 +58,8 @@ pub(crate) struct AgentSession {
     pub(crate) connected_at: Instant,
     /// The agent connection's keepalive answers, for `/debug/agents`.
     pub(crate) keepalive: Arc<tether_grpc::LastPong>,
+    /// Set when the audit log is on.
+    pub(crate) audit: Option<Arc<StreamAudit>>,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -72,6 +75,7 @@ impl Backend for Arc<AgentSession> {
 }
 
 impl AgentSession {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         agent_id: String,
         stream_id: u64,
@@ -80,8 +84,10 @@ impl AgentSession {
         metrics: Arc<ServerMetrics>,
         keepalive: Arc<tether_grpc::LastPong>,
         server_id: &str,
+        audit: Option<Arc<Audit>>,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
+        let audit = audit.map(|audit| Arc::new(StreamAudit::new(audit, agent_id.clone())));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let requests = Arc::new(Requests::default());
         let hooks = ServerHooks {
@@ -92,6 +98,7 @@ impl AgentSession {
             server_id: server_id.to_owned(),
             draining: draining.clone(),
             metrics,
+            audit: audit.clone(),
         };
         Self {
             link: Link::new(config, hooks),
@@ -103,6 +110,7 @@ impl AgentSession {
             requests,
             connected_at: Instant::now(),
             keepalive,
+            audit,
         }
     }
 
@@ -121,6 +129,7 @@ struct ServerHooks {
     draining: Arc<AtomicBool>,
     queued_gauge: Arc<Gauge>,
     pending_gauge: Arc<Gauge>,
+    audit: Option<Arc<StreamAudit>>,
 }
 
 impl ServerHooks {
@@ -137,10 +146,13 @@ impl Hooks for ServerHooks {
             Event::DialSettled {
                 random,
                 latency,
-                error,
+                result,
             } => {
                 self.dial_ended();
-                if let Some(error) = &error {
+                if let Some(audit) = &self.audit {
+                    audit.settled(random, latency, &result);
+                }
+                if let Err(error) = &result {
                     self.requests.remove(random);
                     tracing::info!(
                         dial.id = %random,
@@ -153,15 +165,15 @@ impl Hooks for ServerHooks {
                 if let Some(latency) = latency {
                     m.dial_duration.observe(latency.as_secs_f64());
                 }
-                let failure = match error {
-                    None => return,
-                    Some(DialError::Endpoint(_)) => DialFailure::ErrorResponse,
-                    Some(DialError::Timeout) => DialFailure::BackendDialTimeout,
-                    Some(DialError::ClosedByPeer | DialError::StreamLost(_)) => {
+                let failure = match result {
+                    Ok(_) => return,
+                    Err(DialError::Endpoint(_)) => DialFailure::ErrorResponse,
+                    Err(DialError::Timeout) => DialFailure::BackendDialTimeout,
+                    Err(DialError::ClosedByPeer | DialError::StreamLost(_)) => {
                         DialFailure::BackendClose
                     }
                     // Refused before DIAL_REQ left; never settled through an event.
-                    Some(DialError::Duplicate(_) | DialError::TooManyPending { .. }) => return,
+                    Err(DialError::Duplicate(_) | DialError::TooManyPending { .. }) => return,
                 };
                 m.dial_failure(failure);
             }
@@ -172,6 +184,9 @@ impl Hooks for ServerHooks {
             Event::Opened(_) => m.established.inc(),
             Event::Ended(ended) => {
                 self.requests.remove(ended.dial_id);
+                if let Some(audit) = &self.audit {
+                    audit.ended(&ended);
+                }
                 m.established.dec();
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());

@@ -14,8 +14,6 @@ use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
 use crate::request::{FrontendKind, RequestContext};
 
-/// How long a client may take to send its DIAL_REQ after opening the stream.
-const FIRST_PACKET_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long to wait, after the last packet, for the client to end the stream. Go clients
 /// act on the last packet and then close; ending the call first would race with that.
 const LINGER: Duration = Duration::from_secs(10);
@@ -23,7 +21,13 @@ const LINGER: Duration = Duration::from_secs(10);
 const BATCH_BYTES: usize = 256 * 1024;
 
 /// Serves one call on the frontend listener.
-pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCall) {
+/// `first_packet_timeout` bounds the wait for the DIAL_REQ.
+pub(crate) async fn serve(
+    hub: Arc<Hub>,
+    limits: LimitMetrics,
+    first_packet_timeout: Duration,
+    call: IncomingCall,
+) {
     if call.path() != tether_proto::path::PROXY {
         let path = call.path().to_owned();
         call.reject(&Status::new(
@@ -43,7 +47,7 @@ pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCal
     let gauge = hub.metrics.grpc_stream("Proxy");
     gauge.inc();
     let peer = call_peer;
-    let status = proxy(&hub, &limits, peer, tx, rx).await;
+    let status = proxy(&hub, &limits, first_packet_timeout, peer, tx, rx).await;
     if let Err(e) = status {
         tracing::debug!(error = %e, "proxy stream ended with an error");
         hub.metrics
@@ -55,13 +59,14 @@ pub(crate) async fn serve(hub: Arc<Hub>, limits: LimitMetrics, call: IncomingCal
 async fn proxy(
     hub: &Hub,
     limits: &LimitMetrics,
+    first_packet_timeout: Duration,
     peer: Arc<PeerIdentity>,
     mut tx: PacketSender,
     mut rx: PacketReceiver,
 ) -> Result<(), GrpcError> {
     // Wait for the dial request. Upstream answers stray packets before it this way too. One
     // deadline for all of them: stray packets do not buy the client more time.
-    let first_packet_deadline = tokio::time::Instant::now() + FIRST_PACKET_TIMEOUT;
+    let first_packet_deadline = tokio::time::Instant::now() + first_packet_timeout;
     let (protocol, address, random) = loop {
         let next = tokio::time::timeout_at(first_packet_deadline, rx.next()).await;
         let Ok(Some(next)) = next else {
@@ -95,8 +100,10 @@ async fn proxy(
         }
     };
 
-    if let Err(error) = super::address::check_dial_address(&address) {
+    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
+    if let Err(error) = super::address::check_dial_address(&request.address) {
         limits.hit(Limit::BadDialAddress);
+        hub.refused(&request, &error);
         let reply = Packet::DialResponse {
             random,
             result: Err(error),
@@ -114,7 +121,6 @@ async fn proxy(
             }
         }
     };
-    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
     let dialed = hub.dial(&request, frontend_gone).await;
     let mut tunnel = match dialed {
         Ok(tunnel) => tunnel,

@@ -11,6 +11,7 @@ use tether_proto::DialId;
 use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::connect_head::{self, Head, Parsed};
 use crate::dial::{DialError, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
@@ -19,8 +20,6 @@ use crate::request::{FrontendKind, RequestContext};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
-/// Go's MaxHeaderBytes (1 MiB) plus the 4 KiB slack Go's reader allows.
-const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
 /// Client bytes kept while the dial is under way; more than that waits in the socket.
 const MAX_EARLY_BYTES: usize = 64 * 1024;
 /// How long to wait for the agent's close after the client ended its side.
@@ -58,15 +57,26 @@ async fn handle(
             let body = "this proxy only supports CONNECT passthrough\n";
             let reply = format!(
                 "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nDate: {}\r\nContent-Length: {}\r\n\r\n{body}",
-                http_date(std::time::SystemTime::now()),
+                // An RFC 7231 IMF-fixdate, as Go's `http.TimeFormat`.
+                tether_observe::time::Civil::from_system_time(std::time::SystemTime::now())
+                    .http_date(),
                 body.len()
             );
             return respond(&mut io, reply.as_bytes()).await;
         }
     };
 
+    let random = DialId::random();
+    let request = RequestContext::new(
+        FrontendKind::HttpConnect,
+        peer,
+        "tcp".into(),
+        target.clone(),
+        random,
+    );
     if let Err(error) = super::address::check_dial_address(&target) {
         limits.hit(Limit::BadDialAddress);
+        hub.refused(&request, &error);
         let reply = format!(
             "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{error}\n"
         );
@@ -74,7 +84,6 @@ async fn handle(
     }
 
     // Dial, keeping bytes the client sends early and noticing if it leaves.
-    let random = DialId::random();
     let (dialed, early) = {
         let mut early = buf;
         let frontend_gone = async {
@@ -88,13 +97,6 @@ async fn handle(
                 }
             }
         };
-        let request = RequestContext::new(
-            FrontendKind::HttpConnect,
-            peer,
-            "tcp".into(),
-            target.clone(),
-            random,
-        );
         let dialed = hub.dial(&request, frontend_gone).await;
         (dialed, early)
     };
@@ -161,39 +163,14 @@ async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
     }
 }
 
-enum Head {
-    Connect(String),
-    OtherMethod,
-}
-
-/// Reads and parses the request head; `Err` carries the response for a bad request.
+/// Reads until the request head is complete; `Err` carries the response for a bad request
+/// (empty when the client left).
 async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec<u8>> {
     loop {
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut request = httparse::Request::new(&mut headers);
-        match request.parse(buf) {
-            // The limit holds however the head arrived: one TLS record may complete a head
-            // far larger than the limit in a single read.
-            Ok(httparse::Status::Complete(len)) if len > MAX_HEADER_BYTES => {
-                return Err(too_large());
-            }
-            Ok(httparse::Status::Complete(len)) => {
-                let head = match (request.method, request.path) {
-                    (Some("CONNECT"), Some(target)) if !target.is_empty() => {
-                        Head::Connect(target.to_owned())
-                    }
-                    (Some("CONNECT"), _) => return Err(bad_request()),
-                    _ => Head::OtherMethod,
-                };
-                let _ = buf.split_to(len);
-                return Ok(head);
-            }
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEADER_BYTES => {
-                return Err(too_large());
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => return Err(too_large()),
-            Err(_) => return Err(bad_request()),
+        match connect_head::parse(buf) {
+            Parsed::Head(head) => return Ok(head),
+            Parsed::Refuse(reply) => return Err(reply.to_vec()),
+            Parsed::Partial => {}
         }
         buf.reserve(4096);
         match io.read_buf(buf).await {
@@ -201,14 +178,6 @@ async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec
             Ok(_) => {}
         }
     }
-}
-
-fn too_large() -> Vec<u8> {
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large".to_vec()
-}
-
-fn bad_request() -> Vec<u8> {
-    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request".to_vec()
 }
 
 async fn respond(io: &mut Box<dyn Io>, reply: &[u8]) -> std::io::Result<()> {
@@ -297,34 +266,6 @@ async fn agent_to_client<W: AsyncWrite + Unpin>(
     }
 }
 
-/// An RFC 7231 IMF-fixdate, as Go's `http.TimeFormat`.
-fn http_date(now: std::time::SystemTime) -> String {
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    format!(
-        "{}, {day:02} {} {year} {h:02}:{m:02}:{s:02} GMT",
-        WEEKDAYS[days.rem_euclid(7) as usize],
-        MONTHS[(month - 1) as usize]
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,20 +289,6 @@ mod tests {
         assert_eq!(
             dial_error_response(&DialError::NoAgent),
             b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available"
-        );
-    }
-
-    #[test]
-    fn http_dates() {
-        use std::time::{Duration, UNIX_EPOCH};
-        assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
-        assert_eq!(
-            http_date(UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
-            "Wed, 18 Nov 2026 11:06:40 GMT"
-        );
-        assert_eq!(
-            http_date(UNIX_EPOCH + Duration::from_secs(1_709_208_000)),
-            "Thu, 29 Feb 2024 12:00:00 GMT"
         );
     }
 }

@@ -15,6 +15,19 @@ use tokio::net::{TcpStream, UnixStream};
 use crate::STEP;
 use crate::support::{echo_exact, http_connect_uds, read_head};
 
+/// Opens a raw `ProxyService.Proxy` call, for sending bytes no well-behaved client would.
+async fn proxy_call(
+    h2: &h2::client::SendRequest<Bytes>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut h2 = h2.clone().ready().await.unwrap();
+    let request = http::Request::post("http://localhost/ProxyService/Proxy")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    h2.send_request(request, false).unwrap()
+}
+
 async fn still_serves(server: &TestServer, echo: &EchoServer) {
     let (stream, head) =
         http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
@@ -102,13 +115,7 @@ async fn grpc_frontend_ignores_unknown_and_undecodable_packets() {
         .unwrap();
     let (h2, conn) = h2::client::handshake(io).await.unwrap();
     tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
-    let request = http::Request::post("http://localhost/ProxyService/Proxy")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut send) = h2.send_request(request, false).unwrap();
+    let (response, mut send) = proxy_call(&h2).await;
     // An unknown packet type, then bytes that are not protobuf at all, then a real dial.
     let unknown = pb::Packet {
         r#type: 57,
@@ -238,4 +245,137 @@ async fn agent_listener_refuses_bad_agents_and_answers_unknown_connections() {
         .unwrap();
 
     still_serves(&server, &echo).await;
+}
+
+/// L5: stray packets before the DIAL_REQ do not buy the client time. With a 1 s first-packet
+/// deadline and junk every 200 ms, the server still ends the stream (it used to re-arm the
+/// deadline on every packet, so junk held a stream forever).
+#[tokio::test]
+async fn junk_before_the_dial_request_does_not_extend_its_deadline() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            limits: tether_server::Limits {
+                first_packet_timeout: std::time::Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let io = UnixStream::connect(server.uds.as_ref().unwrap())
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let (response, mut send) = proxy_call(&h2).await;
+    let junk = pb::Packet {
+        r#type: 57,
+        payload: None,
+    }
+    .encode_to_vec();
+    // At most 100 packets (20 s), and it stops as soon as the server has ended the stream.
+    let sender = tokio::spawn(async move {
+        for sent in 1..=100u32 {
+            if send.send_data(grpc_frame(&junk), false).is_err() {
+                return sent;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        100
+    });
+    let started = std::time::Instant::now();
+    let mut body = tokio::time::timeout(STEP, response)
+        .await
+        .unwrap()
+        .unwrap()
+        .into_body();
+    let ended = tokio::time::timeout(STEP, async {
+        while let Some(chunk) = body.data().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived {STEP:?} of junk");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "ended only after {took:?}, long after the 1 s deadline"
+    );
+    sender.abort();
+}
+
+/// M3: HTTP/2 windows bound what a client can make the server buffer. Each of 24 streams
+/// announces a largest (4 MiB) message and tries to send all of it: flow-control capacity
+/// comes back only as whole messages are decoded, so together they get no more than the
+/// frontend's 64 MiB connection window (it used to be released on receipt: all 96 MiB).
+#[tokio::test]
+async fn partial_messages_are_bounded_by_the_connection_window() {
+    const STREAMS: usize = 24;
+    let message = tether_proto::frame::MAX_MESSAGE_LEN;
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(&pki, ServerOptions::default())
+        .await
+        .unwrap();
+    let io = UnixStream::connect(server.uds.as_ref().unwrap())
+        .await
+        .unwrap();
+    // h2 grants send capacity from its own buffer too: keep that small, so what this side
+    // counts as sent is (up to 16 KiB a stream) what the server's windows let onto the wire.
+    const CLIENT_BUFFER: usize = 16 * 1024;
+    let (h2, conn) = h2::client::Builder::new()
+        .max_send_buffer_size(CLIENT_BUFFER)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let chunk = Bytes::from(vec![0u8; CLIENT_BUFFER]);
+    let mut senders = Vec::new();
+    let mut responses = Vec::new();
+    for _ in 0..STREAMS {
+        let (response, mut send) = proxy_call(&h2).await;
+        let mut prefix = BytesMut::new();
+        prefix.put_u8(0);
+        prefix.put_u32(message as u32);
+        send.send_data(prefix.freeze(), false).unwrap();
+        senders.push(send);
+        responses.push(response);
+    }
+    // Every stream pushes its message body but the last byte, so no message ever completes,
+    // while the peer grants capacity; a stream that gets none for 2 s is blocked by the windows.
+    let mut sent = 0usize;
+    'streams: for send in &mut senders {
+        let mut left = message - 1;
+        while left > 0 {
+            send.reserve_capacity(left.min(chunk.len()));
+            let granted = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                std::future::poll_fn(|cx| send.poll_capacity(cx)),
+            )
+            .await;
+            let Ok(Some(Ok(granted))) = granted else {
+                // Blocked: the connection window is shared, so every later stream is too.
+                break 'streams;
+            };
+            let n = granted.min(left);
+            send.send_data(chunk.slice(..n), false).unwrap();
+            left -= n;
+            sent += n;
+        }
+    }
+    let connection_window = H2Settings::frontend().connection_window as usize;
+    assert!(
+        sent <= connection_window + STREAMS * (CLIENT_BUFFER + 5),
+        "{sent} bytes of partial messages accepted, more than the {connection_window}-byte connection window"
+    );
+    assert!(
+        sent >= connection_window / 2,
+        "only {sent} bytes accepted at all"
+    );
+    drop((senders, responses));
+    driver.abort();
 }

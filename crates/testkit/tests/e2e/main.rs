@@ -1,6 +1,7 @@
 //! End-to-end tests: real servers, agents, sockets and TLS on loopback, in one test binary.
 
 mod agent_protocol;
+mod audit;
 mod bad_input;
 mod destination_policy;
 mod dial_lifecycle;

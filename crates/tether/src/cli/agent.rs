@@ -109,6 +109,16 @@ pub(crate) struct AgentArgs {
     )]
     service_account_token_path: String,
 
+    /// Write one JSON line per tunneled connection (with the address actually dialed) and per
+    /// failed or refused dial to this file (appended; `-` is standard output). Empty: off.
+    #[arg(
+        long,
+        help_heading = "Audit (tether)",
+        value_name = "PATH",
+        default_value = ""
+    )]
+    audit_log_path: String,
+
     /// Re-read --ca-cert, --agent-cert and --agent-key before each new server connection
     /// when they changed (certificate rotation without a restart); a file that does not load
     /// keeps the previous ones.
@@ -381,6 +391,7 @@ impl AgentArgs {
             },
             flow: self.flow.to_config()?,
             token_path,
+            audit_log: tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path),
         })
     }
 

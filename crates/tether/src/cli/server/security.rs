@@ -26,6 +26,11 @@ pub(crate) struct SecurityArgs {
     #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     match_agent_identity_to_certificate: bool,
 
+    /// Write one JSON line per tunneled connection and per refused or failed dial to this
+    /// file (appended; `-` is standard output, as kube-apiserver's flag). Empty: off.
+    #[arg(long, help_heading = HEADING, value_name = "PATH", default_value = "")]
+    audit_log_path: String,
+
     /// Deadline from TCP accept through TLS, the HTTP/2 preface and the client's first
     /// SETTINGS, on every listener; a connection that misses it is closed.
     #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
@@ -91,6 +96,10 @@ impl SecurityArgs {
         Ok(())
     }
 
+    pub(crate) fn audit_log(&self) -> Option<tether_observe::audit::AuditTarget> {
+        tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path)
+    }
+
     pub(crate) fn match_agent_identity_to_certificate(&self) -> bool {
         self.match_agent_identity_to_certificate
     }
@@ -126,6 +135,7 @@ impl SecurityArgs {
             max_frontend_connections_per_address: self.max_frontend_connections_per_address,
             max_streams_per_frontend_connection: self.max_streams_per_frontend_connection,
             max_agents: self.max_agents,
+            ..Limits::default()
         })
     }
 }

@@ -358,3 +358,20 @@ fn hardening_defaults_and_overrides() {
         assert!(error(uds(&files, flag)).starts_with(flag.split('=').next().unwrap()));
     }
 }
+
+#[test]
+fn the_audit_log_is_off_by_default_and_takes_a_path_or_stdout() {
+    use tether_observe::audit::AuditTarget;
+    let (_dir, files) = pki();
+    assert_eq!(uds(&files, "").unwrap().audit_log, None);
+    assert_eq!(
+        uds(&files, "--audit-log-path=-").unwrap().audit_log,
+        Some(AuditTarget::Stdout)
+    );
+    assert_eq!(
+        uds(&files, "--audit-log-path=/var/log/tether/audit.log")
+            .unwrap()
+            .audit_log,
+        Some(AuditTarget::File("/var/log/tether/audit.log".into()))
+    );
+}

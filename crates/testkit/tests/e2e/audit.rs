@@ -1,0 +1,260 @@
+//! The audit log of a mixed run, on the servers and their agents: both frontends, a normal
+//! connection, one the destination ends, a failed dial, a policy refusal at the agent, a
+//! refused address and a dial with no agent, each as one JSON line on each side that saw it.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tether_observe::audit::AuditTarget;
+use tether_server::Mode;
+use tether_testkit::targets::{EchoServer, refused_addr};
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::STEP;
+use crate::support::{echo_exact, http_connect_uds};
+
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+fn find<'a>(records: &'a [Value], event: &str, requested: &str) -> &'a Value {
+    records
+        .iter()
+        .find(|r| r["event"] == event && r["requested"] == requested)
+        .unwrap_or_else(|| panic!("no {event} record for {requested} in {records:#?}"))
+}
+
+#[tokio::test]
+async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
+    let pki = Pki::generate().unwrap();
+    let grpc_log = pki.dir().join("grpc-audit.log");
+    let connect_log = pki.dir().join("connect-audit.log");
+    let grpc = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::Grpc,
+            transport: Transport::Tls,
+            server_id: "audit-grpc".into(),
+            audit_log: Some(AuditTarget::File(grpc_log.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let connect = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            server_id: "audit-connect".into(),
+            audit_log: Some(AuditTarget::File(connect_log.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let uds = connect.uds.clone().unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let echo_addr = echo.addr.to_string();
+
+    // No agent yet: refused before anything is dialed.
+    let (_, head) = http_connect_uds(&uds, &echo_addr).await;
+    assert!(
+        head.starts_with("HTTP/1.1 500"),
+        "upstream answers 500: {head}"
+    );
+
+    let agent_log = pki.dir().join("agent-audit.log");
+    let connect_agent_log = pki.dir().join("connect-agent-audit.log");
+    let agent_options = |log: &Path| AgentOptions {
+        agent_id: "audit-agent".into(),
+        audit_log: Some(AuditTarget::File(log.to_owned())),
+        ..Default::default()
+    };
+    let agents = [
+        TestAgent::start(&pki, grpc.agent_addr, agent_options(&agent_log))
+            .await
+            .unwrap(),
+        TestAgent::start(&pki, connect.agent_addr, agent_options(&connect_agent_log))
+            .await
+            .unwrap(),
+    ];
+    grpc.wait_ready().await.unwrap();
+    connect.wait_ready().await.unwrap();
+
+    // gRPC over mTLS: a normal connection the client closes.
+    let f = &pki.files;
+    let transport = tether_client::Transport::Tls {
+        addr: grpc.frontend_tcp.unwrap().to_string(),
+        server_name: "127.0.0.1".into(),
+        tls: tether_tls::client_config(
+            &f.ca_cert,
+            Some((f.client_cert.as_path(), f.client_key.as_path())),
+            Vec::new(),
+            &Default::default(),
+        )
+        .unwrap(),
+    };
+    let client = tether_client::GrpcClient::connect(&transport)
+        .await
+        .unwrap();
+    let stream = client.dial(&echo_addr).await.unwrap();
+    let mut stream = echo_exact(stream, 7, 1000).await;
+    stream.shutdown().await.unwrap();
+    drop(stream);
+    // A destination that refuses, and an address no agent is ever asked about.
+    let refused = refused_addr().to_string();
+    assert!(client.dial(&refused).await.is_err());
+    assert!(client.dial("no-port-here").await.is_err());
+    // The agent's own admin port: refused by its destination policy.
+    let own = agents[0].admin_addr.to_string();
+    assert!(client.dial(&own).await.is_err());
+
+    // HTTP CONNECT over the Unix socket: the destination says goodbye and closes.
+    let goodbye = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let goodbye_addr = goodbye.local_addr().unwrap().to_string();
+    let destination = tokio::spawn(async move {
+        let (mut socket, _) = goodbye.accept().await.unwrap();
+        socket.write_all(b"bye").await.unwrap();
+    });
+    let (mut stream, head) = http_connect_uds(&uds, &goodbye_addr).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut got = Vec::new();
+    tokio::time::timeout(STEP, stream.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, b"bye");
+    destination.await.unwrap();
+
+    // Stopping flushes the writers; every record is then on disk.
+    for agent in agents {
+        agent.stop().await;
+    }
+    grpc.stop().await;
+    connect.stop().await;
+
+    let grpc_records = records(&grpc_log);
+    let normal = find(&grpc_records, "connection", &echo_addr);
+    assert_eq!(normal["side"], "server");
+    assert_eq!(normal["server_id"], "audit-grpc");
+    assert_eq!(normal["agent_id"], "audit-agent");
+    assert_eq!(normal["frontend"], "grpc");
+    assert_eq!(normal["transport"], "tls");
+    assert!(
+        normal["client"].as_str().unwrap().contains("proxy-client"),
+        "the client certificate's names: {normal}"
+    );
+    assert_eq!(normal["bytes_to_destination"], 1000);
+    assert_eq!(normal["bytes_from_destination"], 1000);
+    assert_eq!(normal["closed_by"], "client");
+    assert_eq!(normal["outcome"], "ok");
+    assert!(normal["dial_latency_ms"].as_f64().unwrap() >= 0.0);
+    assert!(normal["duration_ms"].as_f64().unwrap() >= 0.0);
+    assert!(normal["time"].as_str().unwrap().ends_with('Z'));
+    assert!(normal.get("reason").is_none());
+
+    let failed = find(&grpc_records, "dial_failed", &refused);
+    assert_eq!(failed["agent_id"], "audit-agent");
+    assert!(
+        failed["reason"].as_str().unwrap().contains("refused"),
+        "{failed}"
+    );
+    let invalid = find(&grpc_records, "dial_refused", "no-port-here");
+    assert!(
+        invalid.get("agent_id").is_none(),
+        "no agent was asked: {invalid}"
+    );
+    assert!(
+        invalid["reason"]
+            .as_str()
+            .unwrap()
+            .contains("invalid dial address"),
+        "{invalid}"
+    );
+    let denied = find(&grpc_records, "dial_failed", &own);
+    assert!(
+        denied["reason"].as_str().unwrap().contains("policy"),
+        "{denied}"
+    );
+    assert_eq!(grpc_records.len(), 4, "{grpc_records:#?}");
+
+    // The agent's side of the same run: the address it actually connected to, and the same
+    // dial ids as the server's records.
+    let agent_records = records(&agent_log);
+    let dialed = find(&agent_records, "connection", &echo_addr);
+    assert_eq!(dialed["side"], "agent");
+    assert_eq!(dialed["dialed"], echo_addr);
+    assert_eq!(dialed["dial_id"], normal["dial_id"]);
+    assert_eq!(dialed["connection_id"], normal["connection_id"]);
+    assert_eq!(dialed["server_id"], "audit-grpc");
+    assert_eq!(dialed["bytes_to_destination"], 1000);
+    assert_eq!(dialed["bytes_from_destination"], 1000);
+    assert_eq!(dialed["closed_by"], "server");
+    let agent_failed = find(&agent_records, "dial_failed", &refused);
+    assert_eq!(agent_failed["dial_id"], failed["dial_id"]);
+    let agent_denied = find(&agent_records, "dial_refused", &own);
+    assert!(agent_denied.get("dialed").is_none(), "{agent_denied}");
+    assert_eq!(agent_records.len(), 3, "{agent_records:#?}");
+    let goodbye_side = records(&connect_agent_log);
+    assert_eq!(
+        find(&goodbye_side, "connection", &goodbye_addr)["closed_by"],
+        "destination"
+    );
+
+    let connect_records = records(&connect_log);
+    let none = find(&connect_records, "dial_refused", &echo_addr);
+    assert_eq!(none["reason"], "No agent available");
+    assert_eq!(none["frontend"], "http-connect");
+    assert_eq!(none["transport"], "uds");
+    assert!(
+        none["client"] == format!("unix uid {}", current_uid()),
+        "the Unix peer's uid: {none}"
+    );
+    assert!(none["client_pid"].as_i64().unwrap() > 0);
+    let ended = find(&connect_records, "connection", &goodbye_addr);
+    assert_eq!(ended["closed_by"], "agent");
+    assert_eq!(ended["bytes_from_destination"], 3);
+    assert_eq!(connect_records.len(), 2, "{connect_records:#?}");
+
+    // Nothing secret: no key material, no certificate bodies.
+    for text in [&grpc_log, &connect_log, &agent_log, &connect_agent_log]
+        .map(|p| std::fs::read_to_string(p).unwrap())
+    {
+        assert!(
+            !text.contains("PRIVATE KEY") && !text.contains("BEGIN"),
+            "{text}"
+        );
+    }
+}
+
+/// This process's uid as the Unix peer credentials report it.
+fn current_uid() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn an_audit_log_that_cannot_be_opened_is_a_start_up_error() {
+    let pki = Pki::generate().unwrap();
+    let path = pki.dir().join("missing-dir/audit.log");
+    let err = TestServer::start(
+        &pki,
+        ServerOptions {
+            audit_log: Some(AuditTarget::File(path)),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("opening the audit log") && text.contains("missing-dir"),
+        "{text}"
+    );
+}

@@ -1,0 +1,206 @@
+{{/* Labels every object carries. */}}
+{{- define "tether.labels" -}}
+app.kubernetes.io/name: tether
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "tether.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end }}
+
+{{/* Fails early on combinations that cannot work. */}}
+{{- define "tether.validate" -}}
+{{- if not (has .Values.server.kind (list "staticPod" "sidecar" "deployment" "none")) }}
+{{- fail (printf "server.kind must be staticPod, sidecar, deployment or none, got %q" .Values.server.kind) }}
+{{- end }}
+{{- if not (has .Values.auth.mode (list "token" "mtls")) }}
+{{- fail (printf "auth.mode must be token or mtls, got %q" .Values.auth.mode) }}
+{{- end }}
+{{- if and .Values.agent.enabled (not .Values.agent.proxyServerHost) }}
+{{- fail "agent.proxyServerHost is required: the address (load balancer or Service) where agents reach the proxy servers" }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the server runs on the control-plane node's network, next to kube-apiserver. */}}
+{{- define "tether.onNode" -}}
+{{- if has .Values.server.kind (list "staticPod" "sidecar") }}true{{ end }}
+{{- end }}
+
+{{/* The server's kubeconfig path, or "" for the in-cluster ServiceAccount. */}}
+{{- define "tether.serverKubeconfig" -}}
+{{- if include "tether.onNode" . }}{{ .Values.server.hostFiles.kubeconfig }}
+{{- else if .Values.server.kubeconfigSecretName }}/etc/tether/kubeconfig/kubeconfig
+{{- end }}
+{{- end }}
+
+{{/* Whether the server talks to the Kubernetes API at all. */}}
+{{- define "tether.serverUsesApi" -}}
+{{- if or (eq .Values.auth.mode "token") .Values.leases.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "tether.serverArgs" -}}
+- --logtostderr=true
+{{- if include "tether.onNode" . }}
+- --mode=grpc
+- --uds-name={{ .Values.server.udsDir }}/{{ .Values.server.udsName }}
+- --delete-existing-uds-file=true
+- --server-port=0
+- --cluster-cert={{ .Values.server.hostFiles.clusterCert }}
+- --cluster-key={{ .Values.server.hostFiles.clusterKey }}
+- --health-bind-address=127.0.0.1
+{{- else }}
+- --mode=http-connect
+- --server-port={{ .Values.server.frontendPort }}
+- --server-cert=/etc/tether/tls/frontend.crt
+- --server-key=/etc/tether/tls/frontend.key
+- --server-ca-cert=/etc/tether/tls/frontend-ca.crt
+- --cluster-cert=/etc/tether/tls/cluster.crt
+- --cluster-key=/etc/tether/tls/cluster.key
+{{- end }}
+- --agent-port={{ .Values.server.agentPort }}
+- --admin-port={{ .Values.server.adminPort }}
+- --health-port={{ .Values.server.healthPort }}
+- --server-count={{ .Values.server.count }}
+- --proxy-strategies={{ .Values.server.proxyStrategies }}
+{{- if eq .Values.auth.mode "token" }}
+- --agent-namespace={{ .Release.Namespace }}
+- --agent-service-account={{ .Values.agent.serviceAccountName }}
+- --authentication-audience={{ .Values.auth.token.audience }}
+{{- else }}
+- --cluster-ca-cert={{ if include "tether.onNode" . }}{{ .Values.server.hostFiles.clusterCaCert }}{{ else }}/etc/tether/tls/agent-ca.crt{{ end }}
+{{- end }}
+{{- if include "tether.serverUsesApi" . }}
+- --kubeconfig={{ include "tether.serverKubeconfig" . }}
+{{- end }}
+{{- if .Values.leases.enabled }}
+- --enable-lease-controller=true
+- --lease-namespace={{ .Values.leases.namespace }}
+- --lease-label={{ .Values.leases.label }}
+{{- end }}
+{{- with .Values.server.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The server container, shared by the static Pod, the sidecar patch and the Deployment. */}}
+{{- define "tether.serverContainer" -}}
+name: konnectivity-server
+image: {{ include "tether.image" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+command: [/proxy-server]
+args:
+{{- include "tether.serverArgs" . | nindent 2 }}
+env:
+  # Leases are named after the server ID: the pod's name is stable across container restarts.
+  - name: PROXY_SERVER_ID
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
+ports:
+  - name: agentport
+    containerPort: {{ .Values.server.agentPort }}
+  - name: healthport
+    containerPort: {{ .Values.server.healthPort }}
+  {{- if not (include "tether.onNode" .) }}
+  - name: frontend
+    containerPort: {{ .Values.server.frontendPort }}
+  {{- end }}
+livenessProbe:
+  httpGet:
+    {{- if include "tether.onNode" . }}
+    host: 127.0.0.1
+    {{- end }}
+    path: /healthz
+    port: {{ .Values.server.healthPort }}
+  initialDelaySeconds: 10
+  timeoutSeconds: 5
+readinessProbe:
+  httpGet:
+    {{- if include "tether.onNode" . }}
+    host: 127.0.0.1
+    {{- end }}
+    path: /readyz
+    port: {{ .Values.server.healthPort }}
+  periodSeconds: 5
+  timeoutSeconds: 5
+resources:
+  {{- toYaml .Values.server.resources | nindent 2 }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+volumeMounts:
+{{- if include "tether.onNode" . }}
+  - name: konnectivity-uds
+    mountPath: {{ .Values.server.udsDir }}
+  - name: cluster-cert
+    mountPath: {{ .Values.server.hostFiles.clusterCert }}
+    readOnly: true
+  - name: cluster-key
+    mountPath: {{ .Values.server.hostFiles.clusterKey }}
+    readOnly: true
+  {{- if eq .Values.auth.mode "mtls" }}
+  - name: cluster-ca-cert
+    mountPath: {{ .Values.server.hostFiles.clusterCaCert }}
+    readOnly: true
+  {{- end }}
+  {{- if include "tether.serverUsesApi" . }}
+  - name: kubeconfig
+    mountPath: {{ .Values.server.hostFiles.kubeconfig }}
+    readOnly: true
+  {{- end }}
+{{- else }}
+  - name: tls
+    mountPath: /etc/tether/tls
+    readOnly: true
+  {{- if and (include "tether.serverUsesApi" .) .Values.server.kubeconfigSecretName }}
+  - name: kubeconfig
+    mountPath: /etc/tether/kubeconfig
+    readOnly: true
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* hostPath volumes of the server on a control-plane node. */}}
+{{- define "tether.serverHostVolumes" -}}
+# Prepared on the node, owned by securityContext.runAsUser (README): a directory created
+# here would belong to root, where a non-root server cannot create its socket.
+- name: konnectivity-uds
+  hostPath:
+    path: {{ .Values.server.udsDir }}
+    type: Directory
+- name: cluster-cert
+  hostPath:
+    path: {{ .Values.server.hostFiles.clusterCert }}
+    type: File
+- name: cluster-key
+  hostPath:
+    path: {{ .Values.server.hostFiles.clusterKey }}
+    type: File
+{{- if eq .Values.auth.mode "mtls" }}
+- name: cluster-ca-cert
+  hostPath:
+    path: {{ .Values.server.hostFiles.clusterCaCert }}
+    type: File
+{{- end }}
+{{- if include "tether.serverUsesApi" . }}
+- name: kubeconfig
+  hostPath:
+    path: {{ .Values.server.hostFiles.kubeconfig }}
+    type: File
+{{- end }}
+{{- end }}
+
+{{/* Who the server is to the API: its ServiceAccount in-cluster, else its kubeconfig's user. */}}
+{{- define "tether.serverSubject" -}}
+{{- if .inCluster }}
+- kind: ServiceAccount
+  name: konnectivity-server
+  namespace: {{ .root.Release.Namespace }}
+{{- else }}
+- apiGroup: rbac.authorization.k8s.io
+  kind: User
+  name: {{ .root.Values.server.rbacUser }}
+{{- end }}
+{{- end }}
