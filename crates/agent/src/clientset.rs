@@ -176,6 +176,25 @@ impl ClientSet {
         self.sessions().len()
     }
 
+    /// The current server sessions, for introspection.
+    pub(crate) fn session_list(&self) -> Vec<Arc<ServerSession>> {
+        self.sessions().values().map(|held| held.session.clone()).collect()
+    }
+
+    /// `--agent-identifiers`, as sent.
+    pub(crate) fn identifiers(&self) -> &str {
+        &self.config.identifiers
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// The last server count a server announced.
+    pub(crate) fn server_count(&self) -> usize {
+        self.server_count.load(Ordering::Acquire)
+    }
+
     /// The sync loop: runs until `stop`. A new Lease reading wakes it at once.
     pub(crate) async fn run(self: &Arc<Self>, drain: CancellationToken, stop: CancellationToken) {
         let tasks = TaskTracker::new();
@@ -282,11 +301,13 @@ impl ClientSet {
         let flow = self.config.flow.negotiate(server_flow.as_deref());
         let credit = flow.is_credit();
         let session = Arc::new(ServerSession::new(
+            &self.config.agent_id,
             server_id.clone(),
             flow,
             self.metrics.clone(),
             self.destinations.clone(),
             self.config.dial_timeout,
+            channel.last_pong(),
             self.audit.clone().map(|log| {
                 Arc::new(StreamAudit::new(
                     log,

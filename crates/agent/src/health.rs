@@ -45,13 +45,14 @@ pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> H
     })
 }
 
-/// The admin port's `/metrics` redirects to the health port, as upstream does.
-pub(crate) fn admin_handler(health_port: u16) -> Handler {
+/// The admin port's `/metrics` redirects to the health port, as upstream does; the live
+/// views `/debug/connections` and `/debug/agents` are served here.
+pub(crate) fn admin_handler(health_port: u16, clientset: Arc<ClientSet>) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/metrics" => Response::redirect(
             301,
             format!("http://{}/metrics", req.host_with_port(health_port)),
         ),
-        _ => Response::not_found(),
+        _ => crate::introspect::route(&clientset, req).unwrap_or_else(Response::not_found),
     })
 }

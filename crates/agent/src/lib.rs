@@ -17,6 +17,7 @@ mod audit;
 mod clientset;
 mod destination;
 mod health;
+mod introspect;
 mod metrics;
 mod server_count;
 mod session;
@@ -104,6 +105,8 @@ pub struct Agent {
     registry: Registry,
     metrics: Arc<metrics::AgentMetrics>,
     destinations: Arc<destination::Destinations>,
+    /// Extra admin routes answered before the built-in ones (profiling).
+    admin_routes: Option<tether_observe::http::DeferredHandler>,
     audit: Option<(
         tether_observe::audit::AuditLog,
         tether_observe::audit::AuditWriter,
@@ -147,8 +150,16 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            admin_routes: None,
             audit,
         })
+    }
+
+    /// Serves `routes` on the admin port too, asked before the built-in paths (the binary's
+    /// `--enable-profiling` adds its pprof paths this way).
+    pub fn with_admin_routes(mut self, routes: tether_observe::http::DeferredHandler) -> Self {
+        self.admin_routes = Some(routes);
+        self
     }
 
     pub fn health_addr(&self) -> Option<SocketAddr> {
@@ -169,6 +180,7 @@ impl Agent {
             registry,
             metrics,
             destinations,
+            admin_routes,
             audit,
         } = self;
         // Stopped last, so the records of connections cut at shutdown are written too.
@@ -195,9 +207,10 @@ impl Agent {
             health::health_handler(clientset.clone(), registry.clone()),
             stop.clone().cancelled_owned(),
         ));
-        endpoints.spawn(tether_observe::http::serve(
+        endpoints.spawn(tether_observe::http::serve_with(
             admin,
-            health::admin_handler(health_port),
+            health::admin_handler(health_port, clientset.clone()),
+            admin_routes,
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(destinations.watch(stop.clone()));

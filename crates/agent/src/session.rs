@@ -24,18 +24,24 @@ use crate::metrics::{AgentMetrics, DialFailure};
 #[derive(Debug)]
 pub(crate) struct ServerSession {
     pub(crate) server_id: String,
-    link: Arc<Link>,
+    pub(crate) link: Arc<Link>,
+    pub(crate) connected_at: Instant,
+    /// The server connection's keepalive answers, for `/debug/agents`.
+    pub(crate) keepalive: Arc<tether_grpc::LastPong>,
     /// Dial-and-relay tasks; the session waits for them when it ends.
     tasks: TaskTracker,
 }
 
 impl ServerSession {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        agent_id: &str,
         server_id: String,
         flow: Flow,
         metrics: Arc<AgentMetrics>,
         destinations: Arc<Destinations>,
         dial_timeout: Duration,
+        keepalive: Arc<tether_grpc::LastPong>,
         audit: Option<Arc<StreamAudit>>,
     ) -> Self {
         let tasks = TaskTracker::new();
@@ -48,6 +54,10 @@ impl ServerSession {
             limits: Limits::default(),
         };
         let hooks = AgentHooks {
+            ids: Arc::new(StreamIds {
+                agent_id: agent_id.to_owned(),
+                server_id: server_id.clone(),
+            }),
             metrics,
             destinations,
             tasks: tasks.clone(),
@@ -57,6 +67,8 @@ impl ServerSession {
         Self {
             server_id,
             link: Link::new(config, hooks),
+            connected_at: Instant::now(),
+            keepalive,
             tasks,
         }
     }
@@ -88,9 +100,17 @@ impl ServerSession {
     }
 }
 
+/// Who is at each end of the stream, for every log line about its connections.
+#[derive(Debug)]
+struct StreamIds {
+    agent_id: String,
+    server_id: String,
+}
+
 /// The agent's reading of a server stream's events.
 #[derive(Debug)]
 struct AgentHooks {
+    ids: Arc<StreamIds>,
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
     tasks: TaskTracker,
@@ -109,6 +129,7 @@ impl Hooks for AgentHooks {
                 let dial = link.incoming_dial(random);
                 self.tasks.spawn(serve_connection(
                     dial,
+                    self.ids.clone(),
                     protocol,
                     address,
                     self.dial_timeout,
@@ -118,7 +139,13 @@ impl Hooks for AgentHooks {
                 ));
             }
             Event::DialCancelled { random, why } => {
-                tracing::debug!(dial.id = %random, ?why, "dial no longer wanted");
+                tracing::debug!(
+                    dial.id = %random,
+                    agent.id = %self.ids.agent_id,
+                    server.id = %self.ids.server_id,
+                    ?why,
+                    "dial no longer wanted"
+                );
                 if why == DialCancel::ByPeer {
                     self.metrics.dials_cancelled.inc();
                 }
@@ -126,9 +153,7 @@ impl Hooks for AgentHooks {
             Event::Opened(_) => self.metrics.open_endpoint_connections.inc(),
             Event::Ended(ended) => {
                 self.metrics.open_endpoint_connections.dec();
-                if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
-                    tracing::warn!(connect.id = %ended.id, "closed a connection whose destination stopped taking data");
-                }
+                tether_tunnel::log_ended(&ended, &self.ids.agent_id, &self.ids.server_id);
                 if let Some(audit) = &self.audit {
                     audit.ended(ended);
                 }
@@ -152,8 +177,10 @@ impl Hooks for AgentHooks {
 }
 
 /// Dials, reports the outcome, and relays until either side closes.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     incoming: IncomingDial,
+    ids: Arc<StreamIds>,
     protocol: String,
     address: String,
     timeout: Duration,
@@ -176,7 +203,14 @@ async fn serve_connection(
     let stream = match dialed {
         Ok(stream) => stream,
         Err((reason, error)) => {
-            tracing::debug!(address = %facts.requested, %error, "dial failed");
+            tracing::info!(
+                dial.id = %incoming.random(),
+                agent.id = %ids.agent_id,
+                server.id = %ids.server_id,
+                address = %facts.requested,
+                %error,
+                "dial failed"
+            );
             metrics.endpoint_dial_failure(reason);
             if let Some(audit) = &audit {
                 audit.dial_ended(&facts, reason == DialFailure::Policy, &error);

@@ -19,6 +19,7 @@ pub struct Channel {
     closed: watch::Receiver<Option<String>>,
     /// Taken by the first [`Channel::start_keepalive`], which hands the settings to the driver.
     keepalive: Arc<Mutex<Option<oneshot::Sender<crate::Keepalive>>>>,
+    last_pong: Arc<crate::LastPong>,
 }
 
 /// Drives one [`Channel`]'s HTTP/2 connection and its keepalive pings. The caller spawns
@@ -30,6 +31,7 @@ pub struct ChannelDriver<IO> {
     ping_pong: Option<h2::PingPong>,
     keepalive: oneshot::Receiver<crate::Keepalive>,
     closed: watch::Sender<Option<String>>,
+    last_pong: Arc<crate::LastPong>,
 }
 
 impl<IO> std::fmt::Debug for ChannelDriver<IO> {
@@ -46,10 +48,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ChannelDriver<IO> {
             ping_pong,
             keepalive,
             closed,
+            last_pong,
         } = self;
         let pings = async {
             match (ping_pong, keepalive.await) {
-                (Some(ping_pong), Ok(settings)) => crate::keep_alive(ping_pong, settings).await,
+                (Some(ping_pong), Ok(settings)) => {
+                    crate::keep_alive(ping_pong, settings, last_pong).await
+                }
                 // No keepalive was asked for (or every channel handle is gone): only the
                 // connection can end the driver.
                 _ => std::future::pending().await,
@@ -94,7 +99,9 @@ impl Channel {
             .await?;
         let (closed_tx, closed) = watch::channel(None);
         let (keepalive_tx, keepalive_rx) = oneshot::channel();
+        let last_pong = Arc::new(crate::LastPong::default());
         let driver = ChannelDriver {
+            last_pong: last_pong.clone(),
             ping_pong: connection.ping_pong(),
             connection,
             keepalive: keepalive_rx,
@@ -110,6 +117,7 @@ impl Channel {
             authority,
             closed,
             keepalive: Arc::new(Mutex::new(Some(keepalive_tx))),
+            last_pong,
         };
         if let Some(keepalive) = settings.keepalive {
             channel.start_keepalive(keepalive);
@@ -129,6 +137,11 @@ impl Channel {
         if let Some(sender) = sender {
             let _ = sender.send(keepalive);
         }
+    }
+
+    /// When the server last answered a keepalive PING.
+    pub fn last_pong(&self) -> Arc<crate::LastPong> {
+        self.last_pong.clone()
     }
 
     /// Opens a call. Returns at once: the response headers are awaited lazily by the

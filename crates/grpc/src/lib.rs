@@ -147,12 +147,31 @@ impl GrpcError {
     }
 }
 
+/// When a connection's keepalive PING was last answered: written once per PING, read by
+/// introspection (`/debug/agents`).
+#[derive(Debug, Default)]
+pub struct LastPong(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl LastPong {
+    pub fn get(&self) -> Option<std::time::Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, at: std::time::Instant) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+    }
+}
+
 /// Drives pings on `ping_pong` until one goes unanswered; used by both ends.
-pub(crate) async fn keep_alive(mut ping_pong: h2::PingPong, keepalive: Keepalive) -> GrpcError {
+pub(crate) async fn keep_alive(
+    mut ping_pong: h2::PingPong,
+    keepalive: Keepalive,
+    last_pong: std::sync::Arc<LastPong>,
+) -> GrpcError {
     loop {
         tokio::time::sleep(keepalive.interval).await;
         match tokio::time::timeout(keepalive.timeout, ping_pong.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_pong)) => {}
+            Ok(Ok(_pong)) => last_pong.set(std::time::Instant::now()),
             Ok(Err(e)) => return GrpcError::H2(e),
             Err(_) => return GrpcError::PeerUnresponsive(keepalive.timeout),
         }

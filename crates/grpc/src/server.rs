@@ -20,6 +20,7 @@ pub struct IncomingCall {
     path: String,
     metadata: HeaderMap,
     peer: Arc<PeerIdentity>,
+    last_pong: Arc<crate::LastPong>,
     recv: h2::RecvStream,
     respond: h2::server::SendResponse<Bytes>,
     _stream: StreamGuard,
@@ -39,6 +40,11 @@ impl IncomingCall {
     /// Who opened the call, as the listener verified it.
     pub fn peer(&self) -> &Arc<PeerIdentity> {
         &self.peer
+    }
+
+    /// When the peer last answered the connection's keepalive PING.
+    pub fn last_pong(&self) -> &Arc<crate::LastPong> {
+        &self.last_pong
     }
 
     /// Accepts the call, sending response headers with `metadata` at once (upstream agents
@@ -181,9 +187,11 @@ where
             .map_or(far_future, |idle| Instant::now() + idle),
     );
     let ping_pong = settings.keepalive.zip(conn.ping_pong());
+    let last_pong = Arc::new(crate::LastPong::default());
+    let pongs = last_pong.clone();
     let keepalive = async move {
         match ping_pong {
-            Some((k, pp)) => crate::keep_alive(pp, k).await,
+            Some((k, pp)) => crate::keep_alive(pp, k, pongs).await,
             None => std::future::pending().await,
         }
     };
@@ -212,6 +220,7 @@ where
                         path: parts.uri.path().to_owned(),
                         metadata: parts.headers,
                         peer: connection.peer.clone(),
+                        last_pong: last_pong.clone(),
                         recv,
                         respond,
                         _stream: streams.guard(),

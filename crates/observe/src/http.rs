@@ -20,6 +20,32 @@ use crate::metrics::{self, Registry};
 /// read in-memory state.
 pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 
+/// A response that takes time to produce (a CPU profile over N seconds), computed on the
+/// request's own task.
+pub type Deferred = std::pin::Pin<Box<dyn Future<Output = Response> + Send>>;
+
+/// Routes answered asynchronously, asked before the [`Handler`]: `None` passes the request on.
+#[derive(Clone)]
+pub struct DeferredHandler(Arc<DeferredRoutes>);
+
+type DeferredRoutes = dyn Fn(&Request) -> Option<Deferred> + Send + Sync;
+
+impl DeferredHandler {
+    pub fn new(routes: impl Fn(&Request) -> Option<Deferred> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(routes))
+    }
+
+    fn answer(&self, request: &Request) -> Option<Deferred> {
+        (self.0)(request)
+    }
+}
+
+impl std::fmt::Debug for DeferredHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeferredHandler")
+    }
+}
+
 /// Go's `http.Server.MaxHeaderBytes` as upstream sets it.
 const MAX_HEADER_BYTES: usize = 1 << 20;
 /// Go's `ReadHeaderTimeout` as upstream sets it.
@@ -103,6 +129,26 @@ impl Response {
             content_type: "text/html; charset=utf-8",
             headers: vec![("Location".to_owned(), location)],
             body: body.into_bytes(),
+        }
+    }
+
+    /// A JSON body (the admin port's `/debug/` views).
+    pub fn json(status: u16, body: Vec<u8>) -> Self {
+        Response {
+            status,
+            content_type: "application/json",
+            headers: Vec::new(),
+            body,
+        }
+    }
+
+    /// Binary data (a pprof profile).
+    pub fn bytes(status: u16, content_type: &'static str, body: Vec<u8>) -> Self {
+        Response {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body,
         }
     }
 
@@ -231,6 +277,16 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// task. Returns once every connection has finished, or 1 s after shutdown, when
 /// the stragglers are aborted.
 pub async fn serve(listener: TcpListener, handler: Handler, shutdown: impl Future<Output = ()>) {
+    serve_with(listener, handler, None, shutdown).await;
+}
+
+/// As [`serve`], with `deferred` asked first for each request.
+pub async fn serve_with(
+    listener: TcpListener,
+    handler: Handler,
+    deferred: Option<DeferredHandler>,
+    shutdown: impl Future<Output = ()>,
+) {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut connections = JoinSet::new();
     let mut backoff: Option<Duration> = None;
@@ -249,7 +305,11 @@ pub async fn serve(listener: TcpListener, handler: Handler, shutdown: impl Futur
             accepted = accept => match accepted {
                 Ok((stream, _)) => {
                     backoff = None;
-                    connections.spawn(handle_connection(stream, Arc::clone(&handler)));
+                    connections.spawn(handle_connection(
+                        stream,
+                        Arc::clone(&handler),
+                        deferred.clone(),
+                    ));
                 }
                 Err(error) => {
                     // Like Go's server: back off on errors such as EMFILE instead of spinning.
@@ -276,9 +336,19 @@ pub async fn serve(listener: TcpListener, handler: Handler, shutdown: impl Futur
     connections.shutdown().await;
 }
 
-async fn handle_connection(mut stream: TcpStream, handler: Handler) {
+async fn handle_connection(
+    mut stream: TcpStream,
+    handler: Handler,
+    deferred: Option<DeferredHandler>,
+) {
     let (response, head_only) = match read_request(&mut stream).await {
-        Ok(request) => (handler(&request), request.method == "HEAD"),
+        Ok(request) => {
+            let response = match deferred.as_ref().and_then(|d| d.answer(&request)) {
+                Some(later) => later.await,
+                None => handler(&request),
+            };
+            (response, request.method == "HEAD")
+        }
         Err(HeadError::Malformed) => (Response::server_error(400), false),
         Err(HeadError::TooLarge) => (Response::server_error(431), false),
         Err(HeadError::Gone) => return,

@@ -4,6 +4,7 @@
 //!   client_golang produces, because upstream's tests parse it and assert on names.
 //! - [`http`]: a minimal HTTP/1.1 server for the health and admin endpoints, with the
 //!   limits upstream's Go servers use.
+//! - [`introspect`]: the JSON of the admin port's live connection and agent views.
 //! - [`duration`]: Go's `time.ParseDuration` syntax and canonical `Duration.String()` form, so
 //!   flags accept and print durations exactly as upstream's do.
 //! - [`audit`]: the audit log's records and their off-the-data-path writer.
@@ -13,5 +14,6 @@
 pub mod audit;
 pub mod duration;
 pub mod http;
+pub mod introspect;
 pub mod metrics;
 pub mod time;

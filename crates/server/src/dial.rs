@@ -174,10 +174,12 @@ impl Hub {
             peer = %request.peer.principal(),
             "dialing"
         );
-        // Counted before DIAL_REQ leaves: the answer's hook may run before this returns.
+        // Counted (and its client recorded) before DIAL_REQ leaves: the answer's hook may
+        // run before this returns.
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
         session.health.dial_started();
+        let recorded = session.requests.insert(request);
         if let Some(audit) = &session.audit {
             audit.dialing(request);
         }
@@ -188,6 +190,9 @@ impl Hub {
             {
                 Ok(pending) => pending,
                 Err(e) => {
+                    if recorded {
+                        session.requests.remove(random);
+                    }
                     self.metrics.pending_dials.dec();
                     session.pending_gauge.dec();
                     session.health.dial_finished();
@@ -206,6 +211,7 @@ impl Hub {
             () = frontend_gone => {
                 match pending.abandon() {
                     Abandoned::Pending => {
+                        session.requests.remove(random);
                         self.metrics.pending_dials.dec();
                         session.pending_gauge.dec();
                         session.health.dial_finished();

@@ -46,10 +46,15 @@ pub(crate) fn health_handler(
     })
 }
 
-/// `/metrics` on the admin port (kept by upstream for backward compatibility).
-pub(crate) fn admin_handler(registry: Registry) -> Handler {
+/// `/metrics` on the admin port (kept by upstream for backward compatibility), and the live
+/// views `/debug/connections` and `/debug/agents`.
+pub(crate) fn admin_handler(
+    registry: Registry,
+    hub: Arc<Hub>,
+    membership: crate::introspect::Membership,
+) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/metrics" => Response::metrics(&registry),
-        _ => Response::not_found(),
+        _ => crate::introspect::route(&hub, &membership, req).unwrap_or_else(Response::not_found),
     })
 }

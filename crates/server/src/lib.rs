@@ -15,6 +15,7 @@ mod backend;
 mod dial;
 pub mod frontend;
 mod health;
+mod introspect;
 mod limits;
 mod metrics;
 mod net;
@@ -139,6 +140,8 @@ pub struct Server {
     health: TcpListener,
     admin: TcpListener,
     registry: Registry,
+    /// Extra admin routes answered before the built-in ones (profiling).
+    admin_routes: Option<tether_observe::http::DeferredHandler>,
     audit: Option<(
         tether_observe::audit::AuditLog,
         tether_observe::audit::AuditWriter,
@@ -192,8 +195,16 @@ impl Server {
             health,
             admin,
             registry,
+            admin_routes: None,
             audit,
         })
+    }
+
+    /// Serves `routes` on the admin port too, asked before the built-in paths (the binary's
+    /// `--enable-profiling` adds its pprof paths this way).
+    pub fn with_admin_routes(mut self, routes: tether_observe::http::DeferredHandler) -> Self {
+        self.admin_routes = Some(routes);
+        self
     }
 
     /// The frontend's address: a socket path or `host:port`.
@@ -227,6 +238,7 @@ impl Server {
             health,
             admin,
             registry,
+            admin_routes,
             audit,
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
@@ -293,9 +305,17 @@ impl Server {
             health_handler,
             stop.clone().cancelled_owned(),
         ));
-        endpoints.spawn(tether_observe::http::serve(
+        endpoints.spawn(tether_observe::http::serve_with(
             admin,
-            health::admin_handler(registry.clone()),
+            health::admin_handler(
+                registry.clone(),
+                hub.clone(),
+                introspect::Membership {
+                    server_id: config.server_id.clone(),
+                    server_count: config.server_count,
+                },
+            ),
+            admin_routes,
             stop.clone().cancelled_owned(),
         ));
 

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
+use tether_proto::DialId;
 
 use crate::flow::{Flow, chunk_cost};
 use crate::outcome::CloseError;
@@ -20,6 +21,9 @@ pub(crate) enum Owner {
 
 #[derive(Debug)]
 pub(crate) struct Conn {
+    /// The dial that opened it, and what it dialed: kept for introspection and logs.
+    pub(crate) dial_id: DialId,
+    pub(crate) address: String,
     pub(crate) owner: Owner,
     /// Server role: CLOSE_REQ sent, CLOSE_RSP awaited until this deadline.
     pub(crate) closing: Option<Instant>,
@@ -49,8 +53,16 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(flow: Flow, owner: Owner, now: Instant) -> Self {
+    pub(crate) fn new(
+        flow: Flow,
+        owner: Owner,
+        now: Instant,
+        dial_id: DialId,
+        address: String,
+    ) -> Self {
         Self {
+            dial_id,
+            address,
             owner,
             closing: None,
             close_requested: false,

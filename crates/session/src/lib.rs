@@ -27,6 +27,6 @@ mod timers;
 pub use flow::{Flow, FlowConfig, MIN_WINDOW, chunk_cost};
 pub use outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
 pub use session::{
-    Abandoned, ConnInfo, ConnState, Event, Limits, Outgoing, Recv, Role, SendError, Session,
-    SessionConfig, Violation,
+    Abandoned, ConnInfo, ConnState, Event, Limits, Outgoing, PendingDialInfo, Recv, Role,
+    SendError, Session, SessionConfig, Violation,
 };

@@ -69,6 +69,8 @@ pub struct Outcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ended {
     pub id: ConnectId,
+    /// The dial that opened it, so a log line names both ids.
+    pub dial_id: DialId,
     pub outcome: Outcome,
     /// Payload bytes received from the peer.
     pub bytes_from_peer: u64,

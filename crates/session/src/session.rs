@@ -154,10 +154,25 @@ pub enum ConnState {
     Ended,
 }
 
+impl ConnState {
+    /// The name introspection shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closing => "closing",
+            Self::Ended => "ended",
+        }
+    }
+}
+
 /// One connection as [`Session::connections`] sees it.
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     pub id: ConnectId,
+    /// The dial that opened it (the DIAL_REQ's `random`).
+    pub dial_id: DialId,
+    /// The `host:port` it was dialed to.
+    pub address: String,
     pub state: ConnState,
     /// A local owner holds it.
     pub attached: bool,
@@ -169,6 +184,14 @@ pub struct ConnInfo {
     pub bytes_from_peer: u64,
     pub bytes_to_peer: u64,
     pub opened_at: Instant,
+}
+
+/// One dial as [`Session::pending_dials`] sees it.
+#[derive(Clone, Debug)]
+pub struct PendingDialInfo {
+    pub dial_id: DialId,
+    pub address: String,
+    pub started: Instant,
 }
 
 /// What [`Session::recv`] found.
@@ -203,12 +226,17 @@ pub enum Abandoned {
 
 #[derive(Debug)]
 enum ServerDial {
-    Pending { started: Instant, deadline: Instant },
+    Pending {
+        started: Instant,
+        deadline: Instant,
+        address: String,
+    },
     Settled(Result<ConnectId, DialError>),
 }
 
 #[derive(Debug)]
 struct AgentDial {
+    started: Instant,
     deadline: Instant,
     address: String,
 }
@@ -326,6 +354,8 @@ impl Session {
     pub fn connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
         self.conns.iter().map(|(id, c)| ConnInfo {
             id: *id,
+            dial_id: c.dial_id,
+            address: c.address.clone(),
             state: if c.ended {
                 ConnState::Ended
             } else if c.closing.is_some() || c.close_requested {
@@ -341,6 +371,35 @@ impl Session {
             bytes_to_peer: c.bytes_to_peer,
             opened_at: c.opened_at,
         })
+    }
+
+    /// A snapshot of the dials not answered yet (server) or still being dialed (agent).
+    pub fn pending_dials(&self) -> Vec<PendingDialInfo> {
+        match self.cfg.role {
+            Role::Server => self
+                .server_dials
+                .iter()
+                .filter_map(|(random, d)| match d {
+                    ServerDial::Pending {
+                        started, address, ..
+                    } => Some(PendingDialInfo {
+                        dial_id: *random,
+                        address: address.clone(),
+                        started: *started,
+                    }),
+                    ServerDial::Settled(_) => None,
+                })
+                .collect(),
+            Role::Agent => self
+                .agent_dials
+                .iter()
+                .map(|(random, d)| PendingDialInfo {
+                    dial_id: *random,
+                    address: d.address.clone(),
+                    started: d.started,
+                })
+                .collect(),
+        }
     }
 
     /// Packets waiting for the writer.
@@ -446,13 +505,15 @@ impl Session {
         random: DialId,
         result: Result<ConnectId, String>,
     ) {
-        let started = match self.server_dials.get(&random) {
-            Some(ServerDial::Pending { started, .. }) => *started,
+        let (started, address) = match self.server_dials.get_mut(&random) {
+            Some(ServerDial::Pending {
+                started, address, ..
+            }) => (*started, std::mem::take(address)),
             _ => {
                 self.unknown();
                 self.events.push_back(Event::StrayDialResponse { random });
                 if let Ok(id) = result {
-                    self.close_orphan(now, id);
+                    self.close_orphan(now, random, id);
                 }
                 return;
             }
@@ -466,7 +527,7 @@ impl Session {
                 )))
             }
             Ok(id) => {
-                let conn = Conn::new(self.cfg.flow, Owner::Unclaimed, now);
+                let conn = Conn::new(self.cfg.flow, Owner::Unclaimed, now, random, address);
                 self.conns.insert(id, conn);
                 self.events.push_back(Event::Opened(id));
                 Ok(id)
@@ -478,11 +539,11 @@ impl Session {
 
     /// The agent opened a connection for a dial nobody waits for: close it, and absorb what
     /// it sends until it confirms. Never reported as a connection: it was never handed out.
-    fn close_orphan(&mut self, now: Instant, id: ConnectId) {
+    fn close_orphan(&mut self, now: Instant, random: DialId, id: ConnectId) {
         if self.conns.contains_key(&id) {
             return;
         }
-        let mut conn = Conn::new(self.cfg.flow, Owner::Released, now);
+        let mut conn = Conn::new(self.cfg.flow, Owner::Released, now, random, String::new());
         conn.ended = true;
         let deadline = now + self.cfg.close_timeout;
         conn.closing = Some(deadline);
@@ -543,6 +604,7 @@ impl Session {
         self.agent_dials.insert(
             random,
             AgentDial {
+                started: now,
                 deadline,
                 address: address.clone(),
             },
@@ -710,6 +772,7 @@ impl Session {
             ServerDial::Pending {
                 started: now,
                 deadline,
+                address: address.clone(),
             },
         );
         self.arm(deadline, Timer::Dial(random));
@@ -782,11 +845,13 @@ impl Session {
         if self.closed.is_some() {
             return None;
         }
-        self.agent_dials.remove(&random)?;
+        let dial = self.agent_dials.remove(&random)?;
         let id = ConnectId(self.next_connect_id);
         self.next_connect_id += 1;
-        self.conns
-            .insert(id, Conn::new(self.cfg.flow, Owner::Attached, now));
+        self.conns.insert(
+            id,
+            Conn::new(self.cfg.flow, Owner::Attached, now, random, dial.address),
+        );
         self.events.push_back(Event::Opened(id));
         self.queue(
             Packet::DialResponse {
@@ -1134,6 +1199,7 @@ impl Session {
         }
         self.events.push_back(Event::Ended(Ended {
             id,
+            dial_id: c.dial_id,
             outcome: Outcome { initiator, error },
             bytes_from_peer: c.bytes_from_peer,
             bytes_to_peer: c.bytes_to_peer,

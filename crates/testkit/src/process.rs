@@ -89,6 +89,8 @@ pub struct ServerProcess {
     pub agent_addr: SocketAddr,
     /// Set for [`Frontend::HttpConnectTls`].
     pub frontend_tcp: Option<SocketAddr>,
+    /// The admin port (`/metrics`, `/debug/...`), on loopback.
+    pub admin_addr: SocketAddr,
 }
 
 /// Starts `tether server` on free ports with the given frontend, plus `extra` flags.
@@ -139,6 +141,7 @@ pub async fn spawn_server(
         process: Process::spawn(bin, args, health_addr).await?,
         agent_addr: SocketAddr::from(([127, 0, 0, 1], agent)),
         frontend_tcp,
+        admin_addr: SocketAddr::from(([127, 0, 0, 1], admin)),
     })
 }
 

@@ -7,6 +7,7 @@
 pub(crate) mod agent;
 mod common;
 pub(crate) mod dial;
+pub(crate) mod introspect;
 pub(crate) mod klog;
 mod kube;
 pub(crate) mod quickstart;
@@ -39,6 +40,12 @@ pub(crate) enum Command {
     Dial(dial::DialArgs),
     /// Start a server, an agent and a demo backend on loopback, and tunnel through them.
     Quickstart(quickstart::QuickstartArgs),
+    /// List the live and pending connections of a server or agent (its admin endpoint).
+    Connections(introspect::ConnectionsArgs),
+    /// List a server's agent streams (or an agent's server streams) with load and health.
+    Agents(introspect::AgentsArgs),
+    /// Connections sorted by throughput between two snapshots.
+    Top(introspect::TopArgs),
 }
 
 impl Command {
@@ -47,7 +54,11 @@ impl Command {
         match self {
             Self::Server(args) => Some(&args.klog),
             Self::Agent(args) => Some(&args.klog),
-            Self::Dial(_) | Self::Quickstart(_) => None,
+            Self::Dial(_)
+            | Self::Quickstart(_)
+            | Self::Connections(_)
+            | Self::Agents(_)
+            | Self::Top(_) => None,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 mod cli;
 mod dial;
+mod introspect;
 mod leases;
 mod logging;
 mod quickstart;
@@ -48,21 +49,35 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let registry = Registry::new();
     registry.register_process_metrics();
     match command {
-        Command::Server(args) => server(args.into_launch()?, registry).await,
+        Command::Server(args) => {
+            let profiling = args.upstream_only.enable_profiling;
+            server(args.into_launch()?, registry, profiling).await
+        }
         Command::Agent(args) => {
             let leases = args.lease_settings()?;
-            agent(args.into_config()?, leases, registry).await
+            let profiling = args.upstream_only.enable_profiling;
+            agent(args.into_config()?, leases, registry, profiling).await
         }
         Command::Dial(args) => dial::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
+        Command::Connections(args) => introspect::connections(args).await,
+        Command::Agents(args) => introspect::agents(args).await,
+        Command::Top(args) => introspect::top(args).await,
     }
 }
 
-async fn server(launch: cli::server::ServerLaunch, registry: Registry) -> anyhow::Result<ExitCode> {
+async fn server(
+    launch: cli::server::ServerLaunch,
+    registry: Registry,
+    profiling: bool,
+) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
     let (config, leases) = launch.start(&registry).await?;
     let server_id = config.server_id.clone();
-    let server = tether_server::Server::bind(config, registry.clone()).await?;
+    let mut server = tether_server::Server::bind(config, registry.clone()).await?;
+    if profiling {
+        server = server.with_admin_routes(tether_profiling::handler());
+    }
     let leases =
         leases.map(|(kube, settings)| LeaseTasks::server(&kube, &settings, &server_id, &registry));
     let served = async {
@@ -83,6 +98,7 @@ async fn agent(
     mut config: tether_agent::Config,
     leases: Option<AgentLeases>,
     registry: Registry,
+    profiling: bool,
 ) -> anyhow::Result<ExitCode> {
     let signals = Signals::install()?;
     let leases = match leases {
@@ -93,7 +109,10 @@ async fn agent(
         }
         None => None,
     };
-    let agent = tether_agent::Agent::bind(config, registry).await?;
+    let mut agent = tether_agent::Agent::bind(config, registry).await?;
+    if profiling {
+        agent = agent.with_admin_routes(tether_profiling::handler());
+    }
     agent.run(signals.first, signals.second).await;
     if let Some(leases) = leases {
         leases.stop().await;

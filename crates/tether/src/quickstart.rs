@@ -118,6 +118,12 @@ pub(crate) async fn run(args: QuickstartArgs) -> anyhow::Result<ExitCode> {
         pki.client_key.display()
     );
     println!("  curl http://{}/metrics   (server metrics)", grpc.health);
+    for pair in [&grpc, &connect] {
+        println!(
+            "  {me} connections --admin-address {}   (or agents, top; agent: --admin-address {})",
+            pair.admin, pair.agent_admin
+        );
+    }
 
     if !args.once {
         println!();
@@ -141,6 +147,9 @@ struct Pair {
     frontend: String,
     agent_port: u16,
     health: SocketAddr,
+    /// The server's and the agent's admin ports (`tether connections`, `tether agents`).
+    admin: SocketAddr,
+    agent_admin: SocketAddr,
 }
 
 async fn start_pair(
@@ -213,6 +222,8 @@ async fn start_pair(
         frontend: server.frontend_addr(),
         agent_port: agent_addr.port(),
         health: server.health_addr().context("health listener address")?,
+        admin: server.admin_addr().context("admin listener address")?,
+        agent_admin: loopback,
     };
     tasks.spawn(server.run(stop.clone()));
 
@@ -247,6 +258,10 @@ async fn start_pair(
         Registry::new(),
     )
     .await?;
+    let pair = Pair {
+        agent_admin: agent.admin_addr().context("agent admin listener address")?,
+        ..pair
+    };
     let (drain, agent_stop) = (stop.child_token(), stop.child_token());
     tasks.spawn(agent.run(drain, agent_stop));
     Ok(pair)

@@ -15,15 +15,17 @@
 mod conn;
 mod dial;
 mod link;
+mod log;
 mod stream;
 
 use bytes::{Bytes, BytesMut};
 pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
 pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
+pub use log::log_ended;
 pub use tether_session::{
-    Abandoned, CloseError, DialCancel, DialError, Ended, Event, Flow, FlowConfig, Initiator,
-    Limits, Outcome, Role, SessionConfig,
+    Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,
+    FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Role, Session, SessionConfig,
 };
 
 /// Largest DATA payload either end sends, and the size of relay reads.

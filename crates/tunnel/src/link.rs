@@ -114,6 +114,12 @@ impl Link {
         self.shared.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Reads the table under its lock, for introspection: no event, no wake-up, and nothing
+    /// on the data path pays for it unless someone asks.
+    pub fn inspect<R>(&self, f: impl FnOnce(&Session) -> R) -> R {
+        f(&self.lock().session)
+    }
+
     /// Runs `f` on the table at the current time, then wakes whoever its events concern.
     pub fn update<R>(self: &Arc<Self>, f: impl FnOnce(&mut Session, Instant) -> R) -> R {
         self.update_shared(|shared, now| f(&mut shared.session, now))

@@ -246,6 +246,11 @@ impl<B: Backend> Registry<B> {
     pub(crate) fn agent_count(&self) -> usize {
         self.agents.len()
     }
+
+    /// Every connected stream, for introspection.
+    pub(crate) fn streams(&self) -> impl Iterator<Item = &B> + '_ {
+        self.agents.values().flatten()
+    }
 }
 
 /// The first usable candidate, else the first ejected one, else the first draining one.

@@ -110,6 +110,7 @@ impl AgentService {
         if flow.is_credit() {
             response.push(self.flow.announce());
         }
+        let keepalive = call.last_pong().clone();
         let (sender, receiver) = match call.accept(&response) {
             Ok(halves) => halves,
             Err(e) => {
@@ -134,6 +135,8 @@ impl AgentService {
             },
             hub.metrics.clone(),
             hub.watch(&tenant),
+            keepalive,
+            &self.server_id,
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);

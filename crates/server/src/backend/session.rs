@@ -1,14 +1,15 @@
 //! One agent stream on the server: its [`Link`] (the sans-IO table of its dials and
 //! connections) and the hooks that turn the table's events into the server's metrics.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
-use tether_proto::{Identifiers, Labels, Packet};
+use tether_proto::{DialId, Identifiers, Labels, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
 use super::outlier::{EjectionConfig, Outlier, Verdict};
@@ -17,6 +18,7 @@ use super::selection::Candidate;
 use super::selection_metrics::SelectionMetrics;
 use crate::audit::{Audit, StreamAudit};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
+use crate::request::RequestContext;
 use crate::tenant::TenantLoad;
 
 /// Bytes queued toward frontends that weigh as much as one connection in the load figure.
@@ -69,6 +71,33 @@ impl Health {
     }
 }
 
+/// Who asked for each of a stream's dials and connections, by dial ID: what introspection
+/// shows as the client and frontend. Written once when a dial starts and once when it ends,
+/// never per packet.
+#[derive(Debug, Default)]
+pub(crate) struct Requests(Mutex<HashMap<DialId, Arc<RequestContext>>>);
+
+impl Requests {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Arc<RequestContext>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `request` unless its dial ID is taken (the table then refuses the dial).
+    pub(crate) fn insert(&self, request: &RequestContext) -> bool {
+        match self.lock().entry(request.dial_id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Arc::new(request.clone()));
+                true
+            }
+        }
+    }
+
+    pub(crate) fn remove(&self, dial_id: DialId) {
+        self.lock().remove(&dial_id);
+    }
+}
+
 /// A connected agent stream.
 #[derive(Debug)]
 pub(crate) struct AgentSession {
@@ -85,6 +114,10 @@ pub(crate) struct AgentSession {
     draining: Arc<AtomicBool>,
     /// This agent's series of `tether_server_agent_pending_dials`.
     pub(crate) pending_gauge: Arc<Gauge>,
+    pub(crate) requests: Arc<Requests>,
+    pub(crate) connected_at: Instant,
+    /// The agent connection's keepalive answers, for `/debug/agents`.
+    pub(crate) keepalive: Arc<tether_grpc::LastPong>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<StreamAudit>>,
 }
@@ -128,6 +161,7 @@ pub(crate) struct Watch {
 }
 
 impl AgentSession {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         agent_id: String,
         stream_id: u64,
@@ -136,6 +170,8 @@ impl AgentSession {
         config: tether_tunnel::SessionConfig,
         metrics: Arc<ServerMetrics>,
         watch: Watch,
+        keepalive: Arc<tether_grpc::LastPong>,
+        server_id: &str,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let audit = watch
@@ -143,6 +179,7 @@ impl AgentSession {
             .clone()
             .map(|audit| Arc::new(StreamAudit::new(audit, agent_id.clone())));
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
+        let requests = Arc::new(Requests::default());
         let health = Arc::new(Health {
             pending: AtomicU64::new(0),
             open: AtomicU64::new(0),
@@ -159,11 +196,13 @@ impl AgentSession {
             .filter_map(|text| Cidr::parse(text).ok())
             .collect();
         let hooks = ServerHooks {
+            requests: requests.clone(),
             health: health.clone(),
             watch,
             queued_gauge: metrics.agent_queued_bytes.with(&[&agent_id]),
             pending_gauge: pending_gauge.clone(),
             agent_id: agent_id.clone(),
+            server_id: server_id.to_owned(),
             draining: draining.clone(),
             metrics,
             audit: audit.clone(),
@@ -178,8 +217,15 @@ impl AgentSession {
             health,
             draining,
             pending_gauge,
+            requests,
+            connected_at: Instant::now(),
+            keepalive,
             audit,
         }
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 }
 
@@ -187,6 +233,8 @@ impl AgentSession {
 #[derive(Debug)]
 struct ServerHooks {
     agent_id: String,
+    server_id: String,
+    requests: Arc<Requests>,
     metrics: Arc<ServerMetrics>,
     draining: Arc<AtomicBool>,
     queued_gauge: Arc<Gauge>,
@@ -239,6 +287,16 @@ impl Hooks for ServerHooks {
                 if let Some(audit) = &self.audit {
                     audit.settled(random, latency, &result);
                 }
+                if let Err(error) = &result {
+                    self.requests.remove(random);
+                    tracing::info!(
+                        dial.id = %random,
+                        agent.id = %self.agent_id,
+                        server.id = %self.server_id,
+                        error = %crate::dial::DialError::from(error.clone()),
+                        "dial failed"
+                    );
+                }
                 if let Some(latency) = latency {
                     m.dial_duration.observe(latency.as_secs_f64());
                 }
@@ -264,6 +322,7 @@ impl Hooks for ServerHooks {
                 self.health.tenant.open.fetch_add(1, Ordering::Relaxed);
             }
             Event::Ended(ended) => {
+                self.requests.remove(ended.dial_id);
                 if let Some(audit) = &self.audit {
                     audit.ended(&ended);
                 }
@@ -275,9 +334,9 @@ impl Hooks for ServerHooks {
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
                 if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
-                    tracing::warn!(agent.id = %self.agent_id, connect.id = %ended.id, "closed a connection whose reader stopped taking data");
                     m.overflow_closes.inc();
                 }
+                tether_tunnel::log_ended(&ended, &self.agent_id, &self.server_id);
             }
             Event::PeerDraining => {
                 tracing::info!(agent.id = %self.agent_id, "agent is draining");

@@ -104,7 +104,7 @@ async fn handle(
         Ok(tunnel) => tunnel,
         Err(DialError::FrontendGone) => return Ok(()),
         Err(e) => {
-            tracing::debug!(%target, error = %e, "dial failed");
+            tracing::debug!(dial.id = %random, %target, error = %e, "dial failed");
             return respond(&mut io, &dial_error_response(&e)).await;
         }
     };
@@ -134,7 +134,7 @@ async fn handle(
         }
         // The agent, its connection or the destination failed: make the client see it.
         Err(error) => {
-            tracing::debug!(connect.id = %connect_id, ?error, "closing connection abortively");
+            tracing::debug!(connect.id = %connect_id, dial.id = %random, ?error, "closing connection abortively");
             io.abort_on_close();
         }
     }

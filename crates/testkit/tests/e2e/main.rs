@@ -8,6 +8,7 @@ mod dial_lifecycle;
 mod frontends;
 mod go_client;
 mod http_connect;
+mod introspection;
 mod isolation;
 mod lifecycle;
 mod metrics_names;

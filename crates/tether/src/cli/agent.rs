@@ -268,7 +268,7 @@ pub(crate) struct AgentArgs {
     pub(crate) leases: LeaseArgs,
 
     #[command(flatten)]
-    upstream_only: UpstreamOnlyArgs,
+    pub(crate) upstream_only: UpstreamOnlyArgs,
 
     #[command(flatten)]
     kube: KubeconfigArgs,

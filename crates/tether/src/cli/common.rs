@@ -105,12 +105,14 @@ pub(crate) fn check_pair(
 /// Heading of flags accepted for compatibility only.
 pub(crate) const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
 
-/// Upstream flags both binaries share that only feed Go's pprof: accepted, listed in the
-/// start-up warning when changed.
+/// Upstream's profiling flags, which both binaries share. `--enable-profiling` serves
+/// tether's profiles (see `tether_profiling`); `--enable-contention-profiling` has no effect
+/// and is listed in the start-up warning when changed.
 #[derive(Args, Clone, Debug)]
 pub(crate) struct UpstreamOnlyArgs {
-    /// pprof on the admin port.
-    #[arg(long, help_heading = NO_EFFECT, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    /// CPU profiles (pprof protobuf, /debug/pprof/profile) and heap statistics
+    /// (/debug/pprof/heap) on the admin port.
+    #[arg(long, help_heading = "Endpoints", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) enable_profiling: bool,
 
     /// Contention profiling; needs --enable-profiling.
@@ -129,7 +131,6 @@ impl UpstreamOnlyArgs {
 
     /// Adds the changed ones to the start-up warning's list.
     pub(crate) fn ignored(&self, ignored: &mut Vec<String>) {
-        non_default(ignored, "--enable-profiling", self.enable_profiling, false);
         non_default(
             ignored,
             "--enable-contention-profiling",

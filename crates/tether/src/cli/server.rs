@@ -247,7 +247,7 @@ pub(crate) struct ServerArgs {
     pub(crate) leases: LeaseArgs,
 
     #[command(flatten)]
-    upstream_only: UpstreamOnlyArgs,
+    pub(crate) upstream_only: UpstreamOnlyArgs,
 
     /// Size of upstream's per-stream channels; tether's per-connection flow control
     /// (--connection-window, --legacy-connection-buffer) replaces them. Must be > 0.

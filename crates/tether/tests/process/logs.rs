@@ -4,8 +4,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use tether_client::{GrpcClient, Transport};
 use tether_testkit::Pki;
+use tether_testkit::http::get;
 use tether_testkit::process::{Frontend, Process, spawn_agent, spawn_server};
+use tether_testkit::targets::EchoServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{STEP, bin};
 
@@ -86,4 +90,142 @@ async fn json_logs_of_server_and_agent() {
     );
     let agent_lines = json_lines(&agent_log);
     assert!(some_span_has(&agent_lines, "server.id"), "{agent_lines:#?}");
+}
+
+/// A destination that resets every connection after its first byte.
+async fn resetting_target() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut byte = [0u8; 1];
+            let _ = tokio::time::timeout(STEP, stream.read(&mut byte)).await;
+            #[allow(deprecated)]
+            let _ = stream.set_linger(Some(Duration::ZERO));
+        }
+    });
+    (addr, task)
+}
+
+/// Lines of `lines` at `level` whose `field` equals `value`.
+fn at_level<'a>(
+    lines: &'a [serde_json::Value],
+    level: &str,
+    field: &str,
+    value: &str,
+) -> Vec<&'a serde_json::Value> {
+    lines
+        .iter()
+        .filter(|l| l["level"] == level && l[field].as_str() == Some(value))
+        .collect()
+}
+
+#[tokio::test]
+async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides() {
+    let pki = Pki::generate().unwrap();
+    let server_log = pki.dir().join("server.log");
+    let agent_log = pki.dir().join("agent.log");
+    let flags = |log: &Path, extra: &str| {
+        vec![
+            "-v=5".to_owned(),
+            "--log-format=json".to_owned(),
+            "--logtostderr=false".to_owned(),
+            format!("--log-file={}", log.display()),
+            extra.to_owned(),
+        ]
+    };
+    let server_flags = flags(&server_log, "--server-id=server-logs");
+    let agent_flags = flags(&agent_log, "--agent-id=agent-logs");
+    let uds = pki.dir().join("frontend.sock");
+    let server = spawn_server(
+        bin(),
+        &pki,
+        Frontend::GrpcUds(uds.clone()),
+        &as_str(&server_flags),
+    )
+    .await
+    .expect("server");
+    let agent = spawn_agent(bin(), &pki, server.agent_addr, &as_str(&agent_flags))
+        .await
+        .expect("agent");
+    server
+        .process
+        .wait_ready()
+        .await
+        .expect("server has the agent");
+    let client = GrpcClient::connect(&Transport::Unix(uds)).await.unwrap();
+    let open_dial_ids = || async {
+        let (status, body) = get(server.admin_addr, "/debug/connections").await.unwrap();
+        assert_eq!(status, 200);
+        let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+        report["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["dial_id"].as_i64().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let wait_closed = || async {
+        let until = std::time::Instant::now() + STEP;
+        while !open_dial_ids().await.is_empty() {
+            assert!(std::time::Instant::now() < until, "connection still listed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    // A normal close: the client ends a connection that echoed.
+    let echo = EchoServer::start().await.unwrap();
+    let mut normal = client.dial(&echo.addr.to_string()).await.unwrap();
+    normal.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    normal.read_exact(&mut back).await.unwrap();
+    let normal_dial = open_dial_ids().await.pop().expect("listed while open");
+    drop(normal);
+    wait_closed().await;
+
+    // An abnormal close: the destination resets the connection.
+    let (target, _reset) = resetting_target().await;
+    let mut broken = client.dial(&target.to_string()).await.unwrap();
+    let broken_dial = open_dial_ids().await.pop().expect("listed while open");
+    broken.write_all(b"x").await.unwrap();
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(STEP, broken.read_to_end(&mut sink)).await;
+    drop(broken);
+    wait_closed().await;
+    // The agent logs its side when it answers; give it a moment before stopping.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop(agent, 2).await;
+    stop(server.process, 1).await;
+
+    let server_lines = json_lines(&server_log);
+    let agent_lines = json_lines(&agent_log);
+    for (side, lines) in [("server", &server_lines), ("agent", &agent_lines)] {
+        assert!(
+            at_level(lines, "INFO", "dial.id", &normal_dial).is_empty(),
+            "{side}: a normal close is not logged at INFO: {lines:#?}"
+        );
+        let info = at_level(lines, "INFO", "dial.id", &broken_dial);
+        assert_eq!(info.len(), 1, "{side}: one INFO line: {info:#?}");
+        let line = info[0];
+        assert_eq!(line["message"], "connection ended abnormally", "{line}");
+        assert_eq!(line["agent.id"], "agent-logs", "{side}: {line}");
+        assert_eq!(line["server.id"], "server-logs", "{side}: {line}");
+        assert!(line["connect.id"].is_string(), "{side}: {line}");
+        // -v=5 turns DEBUG on: the normal close is there, once, with the same IDs.
+        let closed: Vec<_> = at_level(lines, "DEBUG", "dial.id", &normal_dial)
+            .into_iter()
+            .filter(|l| l["message"] == "connection closed")
+            .collect();
+        assert_eq!(closed.len(), 1, "{side}: {closed:#?}");
+        assert_eq!(closed[0]["agent.id"], "agent-logs");
+        assert_eq!(closed[0]["server.id"], "server-logs");
+    }
+    let connect_id = |lines: &[serde_json::Value]| {
+        at_level(lines, "INFO", "dial.id", &broken_dial)[0]["connect.id"].clone()
+    };
+    assert_eq!(
+        connect_id(&server_lines),
+        connect_id(&agent_lines),
+        "one connection ID on both sides"
+    );
 }

@@ -1,7 +1,9 @@
 //! Failure handling with real processes: agents killed, frozen, drained; servers shut down.
 
 mod failures;
+mod introspect;
 mod logs;
+mod profiling;
 
 use std::path::Path;
 use std::time::Duration;

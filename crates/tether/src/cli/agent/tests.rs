@@ -286,11 +286,14 @@ fn no_op_flags_are_reported_when_set() {
          --kubeconfig=/k --server-count-source=max",
     )
     .unwrap();
+    assert!(
+        args.upstream_only.enable_profiling,
+        "--enable-profiling has an effect"
+    );
     // --log-file-max-size has no effect upstream either while logging to stderr.
     assert_eq!(
         args.ignored(),
         [
-            "--enable-profiling=true",
             "--kubeconfig=/k",
             "--lease-label-selector=a=b",
             "--server-count-source=max",

@@ -537,10 +537,13 @@ fn no_op_flags_are_reported_when_set() {
          --lease-namespace=kube-system --vmodule=x=5 --lease-label=a=b --kubeconfig=/k",
     )
     .unwrap();
+    assert!(
+        args.upstream_only.enable_profiling,
+        "--enable-profiling has an effect"
+    );
     assert_eq!(
         args.ignored(false),
         [
-            "--enable-profiling=true",
             "--kubeconfig=/k",
             "--kubeconfig-qps=50",
             "--lease-label=a=b",
@@ -552,7 +555,6 @@ fn no_op_flags_are_reported_when_set() {
     assert_eq!(
         args.ignored(true),
         [
-            "--enable-profiling=true",
             "--lease-label=a=b",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"

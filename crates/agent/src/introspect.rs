@@ -1,0 +1,126 @@
+//! `/debug/connections` and `/debug/agents` on the agent's admin port: this agent's server
+//! streams and the connections it opened for them.
+//!
+//! Built only on request, from one brief look at each stream's table.
+
+use std::time::Instant;
+
+use tether_observe::http::{Request, Response};
+use tether_observe::introspect::{
+    AgentsReport, ConnectionView, ConnectionsReport, Filter, StreamView,
+};
+
+use crate::clientset::ClientSet;
+
+/// Answers `/debug/connections` and `/debug/agents`; `None` for other paths.
+pub(crate) fn route(clientset: &ClientSet, req: &Request) -> Option<Response> {
+    match req.path.as_str() {
+        "/debug/connections" => Some(match Filter::from_query(req.query.as_deref()) {
+            Ok(filter) => json(&connections(clientset, &filter)),
+            Err(e) => Response::text(400, format!("{e}\n")),
+        }),
+        "/debug/agents" => Some(json(&agents(clientset))),
+        _ => None,
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec_pretty(value) {
+        Ok(body) => Response::json(200, body),
+        Err(e) => Response::text(500, format!("encoding the report: {e}\n")),
+    }
+}
+
+fn connections(clientset: &ClientSet, filter: &Filter) -> ConnectionsReport {
+    let agent_id = clientset.agent_id();
+    let mut out = Vec::new();
+    for session in clientset.session_list() {
+        let now = Instant::now();
+        let (conns, pending) = session.link.inspect(|table| {
+            (
+                table.connections().collect::<Vec<_>>(),
+                table.pending_dials(),
+            )
+        });
+        let base =
+            |dial_id: tether_proto::DialId, destination: String, opened: Instant| ConnectionView {
+                dial_id: dial_id.0,
+                destination,
+                agent_id: agent_id.to_owned(),
+                server_id: session.server_id.clone(),
+                age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
+                ..Default::default()
+            };
+        for dial in pending {
+            out.push(ConnectionView {
+                state: "pending".into(),
+                ..base(dial.dial_id, dial.address, dial.started)
+            });
+        }
+        for conn in conns {
+            out.push(ConnectionView {
+                connect_id: Some(conn.id.0),
+                state: conn.state.as_str().into(),
+                bytes_received: conn.bytes_from_peer,
+                bytes_sent: conn.bytes_to_peer,
+                credit: conn.window,
+                queued_bytes: conn.queued as u64,
+                queue_limit: conn.limit as u64,
+                ..base(conn.dial_id, conn.address, conn.opened_at)
+            });
+        }
+    }
+    out.retain(|c| filter.matches(c));
+    out.sort_by(|a, b| {
+        b.age_seconds
+            .total_cmp(&a.age_seconds)
+            .then(a.dial_id.cmp(&b.dial_id))
+    });
+    ConnectionsReport {
+        role: "agent".into(),
+        connections: out,
+    }
+}
+
+fn agents(clientset: &ClientSet) -> AgentsReport {
+    let now = Instant::now();
+    let mut streams: Vec<StreamView> = clientset
+        .session_list()
+        .into_iter()
+        .map(|session| {
+            let (pending_dials, connections, queued) = session.link.inspect(|t| {
+                (
+                    t.pending_dial_count(),
+                    t.connection_count(),
+                    t.queued_bytes(),
+                )
+            });
+            StreamView {
+                agent_id: clientset.agent_id().to_owned(),
+                server_id: session.server_id.clone(),
+                stream_id: 0,
+                identifiers: clientset.identifiers().to_owned(),
+                draining: clientset.is_draining(),
+                credit_flow: session.link.flow().is_credit(),
+                age_seconds: now
+                    .saturating_duration_since(session.connected_at)
+                    .as_secs_f64(),
+                last_ping_seconds: session
+                    .keepalive
+                    .get()
+                    .map(|at| now.saturating_duration_since(at).as_secs_f64()),
+                pending_dials: pending_dials as u64,
+                connections: connections as u64,
+                queued_bytes: queued as u64,
+            }
+        })
+        .collect();
+    streams.sort_by(|a, b| a.server_id.cmp(&b.server_id));
+    AgentsReport {
+        role: "agent".into(),
+        server_id: String::new(),
+        server_count: u32::try_from(clientset.server_count()).unwrap_or(u32::MAX),
+        agent_id: clientset.agent_id().to_owned(),
+        streams,
+    }
+}

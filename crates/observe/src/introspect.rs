@@ -1,0 +1,274 @@
+//! The live view of a server or an agent that `/debug/connections` and `/debug/agents` on
+//! the admin port serve, and that `tether connections`, `tether agents` and `tether top`
+//! read back: one set of JSON types for both ends and both sides of the wire.
+//!
+//! A report is built only when requested, from a brief look at each stream's table; nothing
+//! here is kept up to date on the data path.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /debug/connections`: the live and pending connections of one process.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionsReport {
+    /// `server` or `agent`: which end answered.
+    pub role: String,
+    pub connections: Vec<ConnectionView>,
+}
+
+/// One connection, or one dial still waiting for its answer (`state` = `pending`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionView {
+    /// The connection ID the agent assigned; `None` while the dial is pending.
+    pub connect_id: Option<i64>,
+    /// The dial's `random`, shared by the frontend's, the server's and the agent's logs.
+    pub dial_id: i64,
+    /// `pending`, `open`, `closing` or `ended` (its outcome is decided, the last data or
+    /// close is still being handed over).
+    pub state: String,
+    /// Server: the frontend it came through (`grpc`, `http-connect`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<String>,
+    /// Server: the client as its listener proved it (certificate names, Unix uid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// The dialed `host:port`.
+    pub destination: String,
+    pub agent_id: String,
+    pub server_id: String,
+    pub age_seconds: f64,
+    /// Payload bytes received over the tunnel stream (server: from the agent; agent: from
+    /// the server).
+    pub bytes_received: u64,
+    /// Payload bytes sent over the tunnel stream.
+    pub bytes_sent: u64,
+    /// Bytes this end may still send: the peer's credit, or the local window with an
+    /// upstream peer.
+    pub credit: u64,
+    /// Received bytes queued for the local end (by chunk cost) and that queue's limit.
+    pub queued_bytes: u64,
+    pub queue_limit: u64,
+}
+
+/// `GET /debug/agents`: the tunnel streams of one process and the server membership.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentsReport {
+    /// `server` or `agent`: which end answered.
+    pub role: String,
+    /// Server: its own ID. Agent: empty (each stream names its server).
+    pub server_id: String,
+    /// Server: `--server-count`. Agent: the last count a server announced.
+    pub server_count: u32,
+    /// Agent: its own ID. Server: empty (each stream names its agent).
+    pub agent_id: String,
+    pub streams: Vec<StreamView>,
+}
+
+/// One agent stream (`AgentService.Connect`), seen from either end.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamView {
+    pub agent_id: String,
+    pub server_id: String,
+    /// Server: distinguishes several streams of one agent ID.
+    pub stream_id: u64,
+    /// Server: the identifiers the agent advertised, in `--agent-identifiers` syntax.
+    pub identifiers: String,
+    /// The agent announced DRAIN.
+    pub draining: bool,
+    /// Per-connection credit was negotiated (tether peers); `false` with upstream peers.
+    pub credit_flow: bool,
+    /// How long the stream has been up.
+    pub age_seconds: f64,
+    /// Seconds since the last answered HTTP/2 keepalive PING; `None` before the first one or
+    /// without keepalive.
+    #[serde(default)]
+    pub last_ping_seconds: Option<f64>,
+    pub pending_dials: u64,
+    pub connections: u64,
+    pub queued_bytes: u64,
+}
+
+/// The query parameters `/debug/connections` filters on; an absent one matches everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// The agent ID, exactly.
+    pub agent: Option<String>,
+    /// The destination `host:port` exactly, or its host alone.
+    pub destination: Option<String>,
+    /// Part of the client identity (`CN=kube-apiserver`, `unix uid 0`).
+    pub client: Option<String>,
+    /// The state, exactly.
+    pub state: Option<String>,
+}
+
+impl Filter {
+    /// Reads `agent`, `destination`, `client` and `state` from a raw query string; unknown
+    /// keys are an error, so a misspelt filter does not silently match everything.
+    pub fn from_query(query: Option<&str>) -> Result<Self, String> {
+        let mut filter = Self::default();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode(value)?;
+            let slot = match key {
+                "agent" => &mut filter.agent,
+                "destination" => &mut filter.destination,
+                "client" => &mut filter.client,
+                "state" => &mut filter.state,
+                other => {
+                    return Err(format!(
+                        "unknown filter {other:?} (expected agent, destination, client or state)"
+                    ));
+                }
+            };
+            *slot = Some(value);
+        }
+        Ok(filter)
+    }
+
+    /// The query string for this filter, percent-encoded.
+    pub fn to_query(&self) -> String {
+        [
+            ("agent", &self.agent),
+            ("destination", &self.destination),
+            ("client", &self.client),
+            ("state", &self.state),
+        ]
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", percent_encode(v))))
+        .collect::<Vec<_>>()
+        .join("&")
+    }
+
+    pub fn matches(&self, c: &ConnectionView) -> bool {
+        let host = destination_host(&c.destination);
+        self.agent.as_ref().is_none_or(|a| *a == c.agent_id)
+            && self
+                .destination
+                .as_ref()
+                .is_none_or(|d| *d == c.destination || d == host)
+            && self.client.as_ref().is_none_or(|w| {
+                c.client
+                    .as_ref()
+                    .is_some_and(|have| have.contains(w.as_str()))
+            })
+            && self.state.as_ref().is_none_or(|s| *s == c.state)
+    }
+}
+
+/// `host` of `host:port` or `[v6]:port`.
+fn destination_host(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match address.rsplit_once(':') {
+        Some((host, _)) if !host.contains(':') => host,
+        _ => address,
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| format!("bad percent escape in {s:?}"))?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("filter value {s:?} is not UTF-8"))
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:[]".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(agent: &str, destination: &str, client: Option<&str>, state: &str) -> ConnectionView {
+        ConnectionView {
+            agent_id: agent.into(),
+            destination: destination.into(),
+            client: client.map(Into::into),
+            state: state.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn filters_round_trip_and_select() {
+        let filter = Filter {
+            agent: Some("node 1".into()),
+            destination: Some("10.0.0.1".into()),
+            client: Some("CN=kube-apiserver".into()),
+            state: None,
+        };
+        let query = filter.to_query();
+        assert_eq!(
+            query,
+            "agent=node%201&destination=10.0.0.1&client=CN%3Dkube-apiserver"
+        );
+        assert_eq!(Filter::from_query(Some(&query)).unwrap(), filter);
+
+        let c = conn(
+            "node 1",
+            "10.0.0.1:10250",
+            Some("certificate CN=kube-apiserver"),
+            "open",
+        );
+        assert!(filter.matches(&c), "host alone matches host:port");
+        assert!(!filter.matches(&conn(
+            "node 2",
+            "10.0.0.1:10250",
+            Some("CN=kube-apiserver"),
+            "open"
+        )));
+        assert!(!filter.matches(&conn(
+            "node 1",
+            "10.0.0.10:1",
+            Some("CN=kube-apiserver"),
+            "open"
+        )));
+        assert!(
+            !filter.matches(&conn("node 1", "10.0.0.1:1", None, "open")),
+            "no client known"
+        );
+        assert!(Filter::default().matches(&c));
+        let pending = Filter::from_query(Some("state=pending")).unwrap();
+        assert!(!pending.matches(&c));
+    }
+
+    #[test]
+    fn bad_queries_are_errors() {
+        assert!(
+            Filter::from_query(Some("agnet=a"))
+                .unwrap_err()
+                .contains("agnet")
+        );
+        assert!(Filter::from_query(Some("agent=%zz")).is_err());
+        assert_eq!(Filter::from_query(None).unwrap(), Filter::default());
+    }
+}

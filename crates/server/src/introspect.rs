@@ -1,0 +1,178 @@
+//! `/debug/connections` and `/debug/agents` on the admin port: what every agent stream's
+//! table holds right now, with the client behind each dial.
+//!
+//! Built only on request: the registry is locked long enough to copy its list of streams,
+//! then each stream's table for one pass over its entries. The data path keeps no extra
+//! state for this beyond the request recorded per dial ([`Requests`](crate::backend::session::Requests)).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tether_observe::http::{Request, Response};
+use tether_observe::introspect::{
+    AgentsReport, ConnectionView, ConnectionsReport, Filter, StreamView,
+};
+use tether_proto::Identifiers;
+
+use crate::backend::session::AgentSession;
+use crate::dial::Hub;
+
+/// Who this server is, for the reports.
+#[derive(Clone, Debug)]
+pub(crate) struct Membership {
+    pub(crate) server_id: String,
+    pub(crate) server_count: u32,
+}
+
+/// Answers `/debug/connections` and `/debug/agents`; `None` for other paths.
+pub(crate) fn route(hub: &Hub, membership: &Membership, req: &Request) -> Option<Response> {
+    match req.path.as_str() {
+        "/debug/connections" => Some(match Filter::from_query(req.query.as_deref()) {
+            Ok(filter) => json(&connections(hub, membership, &filter)),
+            Err(e) => Response::text(400, format!("{e}\n")),
+        }),
+        "/debug/agents" => Some(json(&agents(hub, membership))),
+        _ => None,
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec_pretty(value) {
+        Ok(body) => Response::json(200, body),
+        Err(e) => Response::text(500, format!("encoding the report: {e}\n")),
+    }
+}
+
+/// Every agent stream, of every tenant.
+fn streams(hub: &Hub) -> Vec<Arc<AgentSession>> {
+    hub.tenants
+        .all()
+        .flat_map(|tenant| tenant.registry().streams().cloned().collect::<Vec<_>>())
+        .collect()
+}
+
+pub(crate) fn connections(
+    hub: &Hub,
+    membership: &Membership,
+    filter: &Filter,
+) -> ConnectionsReport {
+    let mut out = Vec::new();
+    for session in streams(hub) {
+        if filter
+            .agent
+            .as_ref()
+            .is_some_and(|a| *a != session.agent_id)
+        {
+            continue;
+        }
+        let now = Instant::now();
+        let (conns, pending) = session.link.inspect(|table| {
+            (
+                table.connections().collect::<Vec<_>>(),
+                table.pending_dials(),
+            )
+        });
+        let requests = session.requests.lock();
+        let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
+            let request = requests.get(&dial_id);
+            ConnectionView {
+                dial_id: dial_id.0,
+                frontend: request.map(|r| r.frontend.as_str().to_owned()),
+                client: request.map(|r| r.peer.principal().to_string()),
+                destination: request.map_or(destination, |r| r.address.clone()),
+                agent_id: session.agent_id.clone(),
+                server_id: membership.server_id.clone(),
+                age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
+                ..Default::default()
+            }
+        };
+        for dial in pending {
+            out.push(ConnectionView {
+                state: "pending".into(),
+                ..base(dial.dial_id, dial.address, dial.started)
+            });
+        }
+        for conn in conns {
+            out.push(ConnectionView {
+                connect_id: Some(conn.id.0),
+                state: conn.state.as_str().into(),
+                bytes_received: conn.bytes_from_peer,
+                bytes_sent: conn.bytes_to_peer,
+                credit: conn.window,
+                queued_bytes: conn.queued as u64,
+                queue_limit: conn.limit as u64,
+                ..base(conn.dial_id, conn.address, conn.opened_at)
+            });
+        }
+    }
+    out.retain(|c| filter.matches(c));
+    // Oldest first: a stable order keeps `--watch` readable.
+    out.sort_by(|a, b| {
+        b.age_seconds
+            .total_cmp(&a.age_seconds)
+            .then(a.dial_id.cmp(&b.dial_id))
+    });
+    ConnectionsReport {
+        role: "server".into(),
+        connections: out,
+    }
+}
+
+pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
+    let now = Instant::now();
+    let mut streams: Vec<StreamView> = streams(hub)
+        .into_iter()
+        .map(|session| {
+            let (pending_dials, connections, queued) = session.link.inspect(|t| {
+                (
+                    t.pending_dial_count(),
+                    t.connection_count(),
+                    t.queued_bytes(),
+                )
+            });
+            StreamView {
+                agent_id: session.agent_id.clone(),
+                server_id: membership.server_id.clone(),
+                stream_id: session.stream_id,
+                identifiers: identifiers_query(&session.identifiers),
+                draining: session.is_draining(),
+                credit_flow: session.link.flow().is_credit(),
+                age_seconds: now
+                    .saturating_duration_since(session.connected_at)
+                    .as_secs_f64(),
+                last_ping_seconds: session
+                    .keepalive
+                    .get()
+                    .map(|at| now.saturating_duration_since(at).as_secs_f64()),
+                pending_dials: pending_dials as u64,
+                connections: connections as u64,
+                queued_bytes: queued as u64,
+            }
+        })
+        .collect();
+    streams.sort_by(|a, b| (&a.agent_id, a.stream_id).cmp(&(&b.agent_id, b.stream_id)));
+    AgentsReport {
+        role: "server".into(),
+        server_id: membership.server_id.clone(),
+        server_count: membership.server_count,
+        agent_id: String::new(),
+        streams,
+    }
+}
+
+/// The identifiers in `--agent-identifiers` syntax.
+fn identifiers_query(ids: &Identifiers) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for (key, values) in [
+        ("host", &ids.hosts),
+        ("ipv4", &ids.ipv4),
+        ("ipv6", &ids.ipv6),
+        ("cidr", &ids.cidrs),
+    ] {
+        parts.extend(values.iter().map(|v| format!("{key}={v}")));
+    }
+    if ids.default_route {
+        parts.push("default-route=true".into());
+    }
+    parts.join("&")
+}

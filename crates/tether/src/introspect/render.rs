@@ -1,0 +1,393 @@
+//! Tables like `ss` prints them: a header row, columns padded to their widest cell.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use tether_observe::introspect::{AgentsReport, ConnectionView, ConnectionsReport};
+
+/// A table of left-aligned cells; the last column is not padded.
+struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Self {
+        Self {
+            rows: vec![header.iter().map(|h| (*h).to_owned()).collect()],
+        }
+    }
+
+    fn push(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    fn render(&self) -> String {
+        let columns = self.rows[0].len();
+        let widths: Vec<usize> = (0..columns)
+            .map(|i| {
+                self.rows
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for row in &self.rows {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i + 1 == columns {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `tether connections`.
+pub(crate) fn connections(report: &ConnectionsReport) -> String {
+    let mut table = Table::new(&[
+        "STATE",
+        "CONN",
+        "DIAL",
+        "FRONTEND",
+        "CLIENT",
+        "DESTINATION",
+        "AGENT",
+        "SERVER",
+        "AGE",
+        "RX",
+        "TX",
+        "CREDIT",
+        "QUEUED",
+    ]);
+    for c in &report.connections {
+        table.push(vec![
+            c.state.clone(),
+            c.connect_id.map_or("-".into(), |id| id.to_string()),
+            c.dial_id.to_string(),
+            or_dash(c.frontend.as_deref()),
+            or_dash(c.client.as_deref()),
+            c.destination.clone(),
+            c.agent_id.clone(),
+            c.server_id.clone(),
+            age(c.age_seconds),
+            bytes(c.bytes_received),
+            bytes(c.bytes_sent),
+            bytes(c.credit),
+            format!("{}/{}", bytes(c.queued_bytes), bytes(c.queue_limit)),
+        ]);
+    }
+    format!(
+        "{} ({} of them pending) on this {}\n{}",
+        count(report.connections.len(), "connection"),
+        report
+            .connections
+            .iter()
+            .filter(|c| c.state == "pending")
+            .count(),
+        report.role,
+        table.render()
+    )
+}
+
+/// `tether agents`.
+pub(crate) fn agents(report: &AgentsReport) -> String {
+    let heading = if report.role == "server" {
+        format!(
+            "server {} (server count {}), {}\n",
+            report.server_id,
+            report.server_count,
+            count(report.streams.len(), "agent stream")
+        )
+    } else {
+        format!(
+            "agent {}, connected to {} of {} servers\n",
+            report.agent_id,
+            report.streams.len(),
+            report.server_count
+        )
+    };
+    let mut table = Table::new(&[
+        "AGENT",
+        "SERVER",
+        "STREAM",
+        "AGE",
+        "LAST-PING",
+        "PENDING",
+        "CONNS",
+        "QUEUED",
+        "FLOW",
+        "STATE",
+        "IDENTIFIERS",
+    ]);
+    for s in &report.streams {
+        table.push(vec![
+            s.agent_id.clone(),
+            s.server_id.clone(),
+            s.stream_id.to_string(),
+            age(s.age_seconds),
+            s.last_ping_seconds
+                .map_or("-".into(), |ago| format!("{} ago", age(ago))),
+            s.pending_dials.to_string(),
+            s.connections.to_string(),
+            bytes(s.queued_bytes),
+            if s.credit_flow { "credit" } else { "legacy" }.into(),
+            if s.draining { "draining" } else { "active" }.into(),
+            or_dash(Some(s.identifiers.as_str()).filter(|i| !i.is_empty())),
+        ]);
+    }
+    heading + &table.render()
+}
+
+/// One line of `tether top`: a connection and its throughput between two snapshots.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct TopRow {
+    #[serde(flatten)]
+    pub(crate) connection: ConnectionView,
+    pub(crate) received_per_second: f64,
+    pub(crate) sent_per_second: f64,
+}
+
+/// The connections present in `after`, with their rates since `before` (a connection new
+/// since then counts from zero), busiest first.
+pub(crate) fn top_rows(
+    before: &ConnectionsReport,
+    after: &ConnectionsReport,
+    seconds: f64,
+) -> Vec<TopRow> {
+    let key = |c: &ConnectionView| (c.server_id.clone(), c.agent_id.clone(), c.dial_id);
+    let earlier: HashMap<_, &ConnectionView> =
+        before.connections.iter().map(|c| (key(c), c)).collect();
+    let seconds = seconds.max(1e-3);
+    let mut rows: Vec<TopRow> = after
+        .connections
+        .iter()
+        .filter(|c| c.connect_id.is_some())
+        .map(|c| {
+            let (rx, tx) = earlier
+                .get(&key(c))
+                .map_or((0, 0), |b| (b.bytes_received, b.bytes_sent));
+            TopRow {
+                connection: c.clone(),
+                received_per_second: c.bytes_received.saturating_sub(rx) as f64 / seconds,
+                sent_per_second: c.bytes_sent.saturating_sub(tx) as f64 / seconds,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        (b.received_per_second + b.sent_per_second)
+            .total_cmp(&(a.received_per_second + a.sent_per_second))
+            .then(a.connection.dial_id.cmp(&b.connection.dial_id))
+    });
+    rows
+}
+
+/// `tether top`.
+pub(crate) fn top(rows: &[TopRow], limit: usize) -> String {
+    let mut table = Table::new(&[
+        "RX/s",
+        "TX/s",
+        "CONN",
+        "DIAL",
+        "CLIENT",
+        "DESTINATION",
+        "AGENT",
+        "AGE",
+        "RX",
+        "TX",
+        "QUEUED",
+    ]);
+    for r in rows.iter().take(limit) {
+        let c = &r.connection;
+        table.push(vec![
+            bytes(r.received_per_second as u64),
+            bytes(r.sent_per_second as u64),
+            c.connect_id.map_or("-".into(), |id| id.to_string()),
+            c.dial_id.to_string(),
+            or_dash(c.client.as_deref()),
+            c.destination.clone(),
+            c.agent_id.clone(),
+            age(c.age_seconds),
+            bytes(c.bytes_received),
+            bytes(c.bytes_sent),
+            bytes(c.queued_bytes),
+        ]);
+    }
+    format!(
+        "{}, busiest first (showing {})\n{}",
+        count(rows.len(), "connection"),
+        rows.len().min(limit),
+        table.render()
+    )
+}
+
+/// `1 connection`, `2 connections`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+fn or_dash(s: Option<&str>) -> String {
+    s.unwrap_or("-").to_owned()
+}
+
+/// `512B`, `1.5KiB`, `3.0MiB`.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1}{}", UNITS[unit])
+}
+
+/// `850ms`, `12s`, `3m04s`, `2h05m`.
+fn age(seconds: f64) -> String {
+    if seconds < 1.0 {
+        return format!("{}ms", (seconds * 1000.0) as u64);
+    }
+    let s = seconds as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tether_observe::introspect::StreamView;
+
+    use super::*;
+
+    fn view(dial: i64, state: &str, rx: u64, tx: u64) -> ConnectionView {
+        ConnectionView {
+            connect_id: (state != "pending").then_some(dial),
+            dial_id: dial,
+            state: state.into(),
+            frontend: Some("http-connect".into()),
+            client: Some("certificate CN=kube-apiserver".into()),
+            destination: "10.0.0.1:10250".into(),
+            agent_id: "node-1".into(),
+            server_id: "server-a".into(),
+            age_seconds: 65.2,
+            bytes_received: rx,
+            bytes_sent: tx,
+            credit: 262_144,
+            queued_bytes: 0,
+            queue_limit: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn connections_table_aligns_columns() {
+        let report = ConnectionsReport {
+            role: "server".into(),
+            connections: vec![view(7, "open", 1536, 12), view(42, "pending", 0, 0)],
+        };
+        let text = connections(&report);
+        let expected = "\
+2 connections (1 of them pending) on this server
+STATE    CONN  DIAL  FRONTEND      CLIENT                         DESTINATION     AGENT   SERVER    AGE    RX      TX   CREDIT    QUEUED
+open     7     7     http-connect  certificate CN=kube-apiserver  10.0.0.1:10250  node-1  server-a  1m05s  1.5KiB  12B  256.0KiB  0B/1.0MiB
+pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250  node-1  server-a  1m05s  0B      0B   256.0KiB  0B/1.0MiB
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn agents_table_shows_identifiers_health_and_membership() {
+        let report = AgentsReport {
+            role: "server".into(),
+            server_id: "server-a".into(),
+            server_count: 3,
+            agent_id: String::new(),
+            streams: vec![StreamView {
+                agent_id: "node-1".into(),
+                server_id: "server-a".into(),
+                stream_id: 1,
+                identifiers: "host=node-1&ipv4=10.0.0.1".into(),
+                draining: false,
+                credit_flow: true,
+                age_seconds: 7300.0,
+                last_ping_seconds: Some(4.0),
+                pending_dials: 1,
+                connections: 2,
+                queued_bytes: 0,
+            }],
+        };
+        let text = agents(&report);
+        assert!(text.starts_with("server server-a (server count 3), 1 agent stream\n"));
+        let row = text.lines().nth(2).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "node-1",
+                "server-a",
+                "1",
+                "2h01m",
+                "4s",
+                "ago",
+                "1",
+                "2",
+                "0B",
+                "credit",
+                "active",
+                "host=node-1&ipv4=10.0.0.1"
+            ]
+        );
+    }
+
+    #[test]
+    fn top_sorts_by_throughput_and_counts_new_connections_from_zero() {
+        let before = ConnectionsReport {
+            role: "server".into(),
+            connections: vec![view(1, "open", 1000, 0), view(2, "open", 0, 0)],
+        };
+        let after = ConnectionsReport {
+            role: "server".into(),
+            connections: vec![
+                view(1, "open", 3000, 0),
+                view(2, "open", 0, 10_000),
+                view(3, "open", 500, 0),
+                view(4, "pending", 0, 0),
+            ],
+        };
+        let rows = top_rows(&before, &after, 2.0);
+        let order: Vec<i64> = rows.iter().map(|r| r.connection.dial_id).collect();
+        assert_eq!(order, [2, 1, 3], "pending dials have no throughput");
+        assert_eq!(rows[0].sent_per_second, 5000.0);
+        assert_eq!(rows[1].received_per_second, 1000.0);
+        assert_eq!(rows[2].received_per_second, 250.0);
+        let text = top(&rows, 2);
+        assert!(text.starts_with("3 connections, busiest first (showing 2)\n"));
+        assert_eq!(text.lines().count(), 4);
+        let busiest: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(busiest[..3], ["0B", "4.9KiB", "2"]);
+    }
+
+    #[test]
+    fn units() {
+        assert_eq!(bytes(0), "0B");
+        assert_eq!(bytes(1023), "1023B");
+        assert_eq!(bytes(3 << 20), "3.0MiB");
+        assert_eq!(age(0.25), "250ms");
+        assert_eq!(age(59.9), "59s");
+        assert_eq!(age(3600.0), "1h00m");
+    }
+}

@@ -1,0 +1,137 @@
+//! `tether connections`, `tether agents` and `tether top` against a real server and agent:
+//! the tables, `--watch --count`, JSON output and filter errors.
+
+use std::process::Output;
+
+use tether_client::{GrpcClient, Transport};
+use tether_testkit::Pki;
+use tether_testkit::process::{Frontend, spawn_agent, spawn_server};
+use tether_testkit::targets::EchoServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{STEP, bin};
+
+async fn tether(args: &[&str]) -> Output {
+    tokio::time::timeout(
+        STEP,
+        tokio::process::Command::new(bin())
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the command ends by itself")
+    .expect("runs")
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_cli_renders_a_live_server() {
+    let pki = Pki::generate().unwrap();
+    let uds = pki.dir().join("frontend.sock");
+    let server = spawn_server(
+        bin(),
+        &pki,
+        Frontend::GrpcUds(uds.clone()),
+        &["--server-id=cli-server"],
+    )
+    .await
+    .expect("server");
+    let _agent = spawn_agent(bin(), &pki, server.agent_addr, &["--agent-id=cli-agent"])
+        .await
+        .expect("agent");
+    server
+        .process
+        .wait_ready()
+        .await
+        .expect("server has the agent");
+    let echo = EchoServer::start().await.unwrap();
+    let client = GrpcClient::connect(&Transport::Unix(uds)).await.unwrap();
+    let mut stream = client.dial(&echo.addr.to_string()).await.unwrap();
+    stream.write_all(&[1u8; 3000]).await.unwrap();
+    let mut back = vec![0u8; 3000];
+    stream.read_exact(&mut back).await.unwrap();
+    let admin = server.admin_addr.to_string();
+
+    let table = stdout(&tether(&["connections", "--admin-address", &admin]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0], "1 connection (0 of them pending) on this server",
+        "{table}"
+    );
+    assert!(lines[1].starts_with("STATE  CONN  DIAL"), "{table}");
+    let row: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(row[0], "open", "{table}");
+    assert_eq!(row[3], "grpc");
+    assert!(lines[2].contains(&echo.addr.to_string()) && lines[2].contains("cli-agent"));
+    assert!(lines[2].contains("2.9KiB"), "3000 bytes each way: {table}");
+
+    // --watch --count 2: two frames, each starting by clearing the screen.
+    let watched = stdout(
+        &tether(&[
+            "connections",
+            "--admin-address",
+            &admin,
+            "--watch",
+            "--count",
+            "2",
+            "--interval",
+            "100ms",
+        ])
+        .await,
+    );
+    assert_eq!(watched.matches("\x1b[H\x1b[2J").count(), 2, "{watched:?}");
+    assert_eq!(watched.matches("1 connection (").count(), 2);
+
+    let filtered = stdout(
+        &tether(&[
+            "connections",
+            "--admin-address",
+            &admin,
+            "--agent",
+            "someone-else",
+        ])
+        .await,
+    );
+    assert!(filtered.starts_with("0 connections"), "{filtered}");
+
+    let json =
+        stdout(&tether(&["connections", "--admin-address", &admin, "--output", "json"]).await);
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(report["connections"][0]["agent_id"], "cli-agent");
+
+    let agents = stdout(&tether(&["agents", "--admin-address", &admin]).await);
+    assert!(
+        agents.starts_with("server cli-server (server count 1), 1 agent stream\n"),
+        "{agents}"
+    );
+    assert!(
+        agents
+            .lines()
+            .nth(2)
+            .unwrap()
+            .starts_with("cli-agent  cli-server")
+    );
+
+    let top = stdout(&tether(&["top", "--admin-address", &admin, "--interval", "200ms"]).await);
+    assert!(top.starts_with("1 connection, busiest first"), "{top}");
+
+    let refused = tether(&["connections", "--admin-address", &admin, "--state", "bogus"]).await;
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "clap refuses an unknown state"
+    );
+    let unreachable = tether(&["agents", "--admin-address", "127.0.0.1:1"]).await;
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unreachable.stderr).contains("127.0.0.1:1"));
+    drop(stream);
+}
