@@ -178,7 +178,10 @@ impl ClientSet {
 
     /// The current server sessions, for introspection.
     pub(crate) fn session_list(&self) -> Vec<Arc<ServerSession>> {
-        self.sessions().values().map(|held| held.session.clone()).collect()
+        self.sessions()
+            .values()
+            .map(|held| held.session.clone())
+            .collect()
     }
 
     /// `--agent-identifiers`, as sent.

@@ -126,7 +126,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
         .expect("a token bound to no node claimed a host");
     assert_eq!(refused.code, Code::PERMISSION_DENIED, "{refused}");
     let node2 = cluster.agent_token(Some("node-2")).await?;
-    let _second = connect_agent(server.agent_addr, ca, "node-2", "host=node-2", Some(&node2))
+    let second = connect_agent(server.agent_addr, ca, "node-2", "host=node-2", Some(&node2))
         .await
         .map_err(|s| anyhow::anyhow!("node-2's own token: {s}"))?;
     // The node-1 agent's ID cannot be taken over with node-2's token.
@@ -135,6 +135,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
         .err()
         .expect("node-2 took node-1's agent ID");
     assert_eq!(refused.code, Code::ALREADY_EXISTS, "{refused}");
+    drop(second);
 
     // Reconnects with a known token are answered from the cache.
     let reviews = cluster.token_reviews().await?;
@@ -173,6 +174,17 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
     connect_agent(server.agent_addr, ca, "node-1", "host=node-1", Some(&node1))
         .await
         .map_err(|s| anyhow::anyhow!("a cached token during the outage: {s}"))?;
+    // Dials go to the real agent once the bare streams above (which never answer a dial)
+    // have been unregistered.
+    eventually("only the tether agent's stream is left", || async {
+        server.metrics().await.ok().and_then(|text| {
+            tether_testkit::http::metric_value(
+                &text,
+                "konnectivity_network_proxy_server_grpc_connections{service_method=\"Connect\"}",
+            )
+        }) == Some(1.0)
+    })
+    .await?;
     echo_through(server.uds.as_ref().unwrap(), echo.addr).await?;
 
     // And /readyz is plain again by itself once the API server is back.
