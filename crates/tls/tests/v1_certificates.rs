@@ -302,7 +302,9 @@ async fn a_v1_serving_certificate_is_served() {
                 "-CAfile",
                 "ca.crt",
             ])
-            .args(["-verify_return_error"])
+            // Read until tether closes: with stdin at EOF, s_client would otherwise quit as
+            // soon as the handshake is done, sometimes before the server's line arrives.
+            .args(["-verify_return_error", "-ign_eof"])
             .current_dir(dir)
             .stdin(Stdio::null())
             .output()

