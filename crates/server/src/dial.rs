@@ -180,9 +180,6 @@ impl Hub {
         session.pending_gauge.inc();
         session.health.dial_started();
         let recorded = session.requests.insert(request);
-        if let Some(audit) = &session.audit {
-            audit.dialing(request);
-        }
         let mut pending =
             match session
                 .link
@@ -201,7 +198,7 @@ impl Hub {
                     }
                     let error = DialError::from(e);
                     if let Some(audit) = &session.audit {
-                        audit.unanswered(random, &error.to_string());
+                        audit.failed(request, &session.agent_id, None, &error);
                     }
                     return Err(error);
                 }
@@ -217,7 +214,7 @@ impl Hub {
                         session.health.dial_finished();
                         self.metrics.dial_failure(DialFailure::FrontendClose);
                         if let Some(audit) = &session.audit {
-                            audit.unanswered(random, &DialError::FrontendGone.to_string());
+                            audit.failed(request, &session.agent_id, None, &DialError::FrontendGone);
                         }
                     }
                     Abandoned::Answered => self.metrics.dial_failure(DialFailure::FrontendClose),

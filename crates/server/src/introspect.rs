@@ -74,7 +74,7 @@ pub(crate) fn connections(
         });
         let requests = session.requests.lock();
         let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
-            let request = requests.get(&dial_id);
+            let request = requests.get(&dial_id).map(|followed| &followed.request);
             ConnectionView {
                 dial_id: dial_id.0,
                 frontend: request.map(|r| r.frontend.as_str().to_owned()),

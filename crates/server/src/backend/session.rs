@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
@@ -16,7 +16,7 @@ use super::outlier::{EjectionConfig, Outlier, Verdict};
 use super::registry::Backend;
 use super::selection::Candidate;
 use super::selection_metrics::SelectionMetrics;
-use crate::audit::{Audit, StreamAudit};
+use crate::audit::Audit;
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
 use crate::request::RequestContext;
 use crate::tenant::TenantLoad;
@@ -71,14 +71,22 @@ impl Health {
     }
 }
 
-/// Who asked for each of a stream's dials and connections, by dial ID: what introspection
-/// shows as the client and frontend. Written once when a dial starts and once when it ends,
+/// Who asked for each of a stream's dials and connections, by dial ID: the client and
+/// frontend introspection shows, and the request and dial latency an audit record carries.
+/// Written when a dial starts, when it is answered (only while auditing) and when it ends,
 /// never per packet.
 #[derive(Debug, Default)]
-pub(crate) struct Requests(Mutex<HashMap<DialId, Arc<RequestContext>>>);
+pub(crate) struct Requests(Mutex<HashMap<DialId, Followed>>);
+
+/// One dial's request, and once answered, how long the agent took.
+#[derive(Debug)]
+pub(crate) struct Followed {
+    pub(crate) request: Arc<RequestContext>,
+    pub(crate) latency: Option<Duration>,
+}
 
 impl Requests {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Arc<RequestContext>>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Followed>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -87,14 +95,23 @@ impl Requests {
         match self.lock().entry(request.dial_id) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(Arc::new(request.clone()));
+                slot.insert(Followed {
+                    request: Arc::new(request.clone()),
+                    latency: None,
+                });
                 true
             }
         }
     }
 
-    pub(crate) fn remove(&self, dial_id: DialId) {
-        self.lock().remove(&dial_id);
+    fn answered(&self, dial_id: DialId, latency: Option<Duration>) {
+        if let Some(followed) = self.lock().get_mut(&dial_id) {
+            followed.latency = latency;
+        }
+    }
+
+    pub(crate) fn remove(&self, dial_id: DialId) -> Option<Followed> {
+        self.lock().remove(&dial_id)
     }
 }
 
@@ -119,7 +136,7 @@ pub(crate) struct AgentSession {
     /// The agent connection's keepalive answers, for `/debug/agents`.
     pub(crate) keepalive: Arc<tether_grpc::LastPong>,
     /// Set when the audit log is on.
-    pub(crate) audit: Option<Arc<StreamAudit>>,
+    pub(crate) audit: Option<Arc<Audit>>,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -174,10 +191,7 @@ impl AgentSession {
         server_id: &str,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
-        let audit = watch
-            .audit
-            .clone()
-            .map(|audit| Arc::new(StreamAudit::new(audit, agent_id.clone())));
+        let audit = watch.audit.clone();
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let requests = Arc::new(Requests::default());
         let health = Arc::new(Health {
@@ -241,7 +255,7 @@ struct ServerHooks {
     pending_gauge: Arc<Gauge>,
     health: Arc<Health>,
     watch: Watch,
-    audit: Option<Arc<StreamAudit>>,
+    audit: Option<Arc<Audit>>,
 }
 
 impl ServerHooks {
@@ -284,11 +298,19 @@ impl Hooks for ServerHooks {
             } => {
                 self.dial_ended();
                 self.judge(result.as_ref().err());
-                if let Some(audit) = &self.audit {
-                    audit.settled(random, latency, &result);
+                match &result {
+                    // The connection's audit record, written at its end, carries the latency.
+                    Ok(_) if self.audit.is_some() => self.requests.answered(random, latency),
+                    Ok(_) => {}
+                    Err(error) => {
+                        let followed = self.requests.remove(random);
+                        if let (Some(audit), Some(followed)) = (&self.audit, followed) {
+                            let error = crate::dial::DialError::from(error.clone());
+                            audit.failed(&followed.request, &self.agent_id, latency, &error);
+                        }
+                    }
                 }
                 if let Err(error) = &result {
-                    self.requests.remove(random);
                     tracing::info!(
                         dial.id = %random,
                         agent.id = %self.agent_id,
@@ -322,9 +344,9 @@ impl Hooks for ServerHooks {
                 self.health.tenant.open.fetch_add(1, Ordering::Relaxed);
             }
             Event::Ended(ended) => {
-                self.requests.remove(ended.dial_id);
-                if let Some(audit) = &self.audit {
-                    audit.ended(&ended);
+                let followed = self.requests.remove(ended.dial_id);
+                if let (Some(audit), Some(followed)) = (&self.audit, followed) {
+                    audit.connection(&followed, &self.agent_id, &ended);
                 }
                 m.established.dec();
                 for open in [&self.health.open, &self.health.tenant.open] {
