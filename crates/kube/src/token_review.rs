@@ -9,7 +9,7 @@ mod metrics;
 mod verdict;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -17,6 +17,7 @@ use kube::api::{Api, PostParams};
 use tether_observe::metrics::Registry;
 use tether_server::{AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal};
 use tokio::sync::OnceCell;
+use tokio_util::task::AbortOnDropHandle;
 
 pub use cache::CacheLimits;
 use cache::{Lookup, TokenCache, TokenKey};
@@ -38,6 +39,8 @@ const PROBE_TOKEN: &str = "tether-api-probe";
 #[derive(Clone, Debug)]
 pub struct TokenReviewAuthenticator {
     inner: Arc<Inner>,
+    /// The API probe belongs to the authenticator: it is aborted when the last clone drops.
+    _probe: Arc<AbortOnDropHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -62,8 +65,8 @@ enum Answer {
 
 impl TokenReviewAuthenticator {
     /// Starts checking tokens against `account`; spawns the API probe, which asks once at
-    /// once and then again every few seconds while the API server fails (and ends with the
-    /// authenticator).
+    /// once and then again every few seconds while the API server fails (and is aborted with
+    /// the authenticator).
     pub fn new(
         api: KubeApi,
         account: AgentServiceAccount,
@@ -78,8 +81,11 @@ impl TokenReviewAuthenticator {
             api_problem: Mutex::default(),
             metrics: TokenMetrics::register(registry),
         });
-        tokio::spawn(probe(Arc::downgrade(&inner)));
-        Self { inner }
+        let probe = AbortOnDropHandle::new(tokio::spawn(probe(inner.clone())));
+        Self {
+            inner,
+            _probe: Arc::new(probe),
+        }
     }
 }
 
@@ -266,15 +272,12 @@ fn describe(e: &kube::Error) -> String {
 }
 
 /// Asks the API server at start-up, then every [`PROBE_INTERVAL`] while it fails.
-async fn probe(inner: Weak<Inner>) {
+async fn probe(inner: Arc<Inner>) {
     let mut first = true;
     loop {
         if !first {
             tokio::time::sleep(PROBE_INTERVAL).await;
         }
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
         if first || inner.problem().is_some() {
             let _ = inner.ask(PROBE_TOKEN).await;
         }
