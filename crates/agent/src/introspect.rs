@@ -16,18 +16,11 @@ use crate::clientset::ClientSet;
 pub(crate) fn route(clientset: &ClientSet, req: &Request) -> Option<Response> {
     match req.path.as_str() {
         "/debug/connections" => Some(match Filter::from_query(req.query.as_deref()) {
-            Ok(filter) => json(&connections(clientset, &filter)),
+            Ok(filter) => Response::json_of(&connections(clientset, &filter)),
             Err(e) => Response::text(400, format!("{e}\n")),
         }),
-        "/debug/agents" => Some(json(&agents(clientset))),
+        "/debug/agents" => Some(Response::json_of(&agents(clientset))),
         _ => None,
-    }
-}
-
-fn json<T: serde::Serialize>(value: &T) -> Response {
-    match serde_json::to_vec_pretty(value) {
-        Ok(body) => Response::json(200, body),
-        Err(e) => Response::text(500, format!("encoding the report: {e}\n")),
     }
 }
 
@@ -36,50 +29,20 @@ fn connections(clientset: &ClientSet, filter: &Filter) -> ConnectionsReport {
     let mut out = Vec::new();
     for session in clientset.session_list() {
         let now = Instant::now();
-        let (conns, pending) = session.link.inspect(|table| {
-            (
-                table.connections().collect::<Vec<_>>(),
-                table.pending_dials(),
-            )
-        });
-        let base =
-            |dial_id: tether_proto::DialId, destination: String, opened: Instant| ConnectionView {
-                dial_id: dial_id.0,
-                destination,
-                agent_id: agent_id.to_owned(),
-                server_id: session.server_id.clone(),
-                age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
-                ..Default::default()
-            };
-        for dial in pending {
-            out.push(ConnectionView {
-                state: "pending".into(),
-                ..base(dial.dial_id, dial.address, dial.started)
-            });
-        }
-        for conn in conns {
-            out.push(ConnectionView {
-                connect_id: Some(conn.id.0),
-                state: conn.state.as_str().into(),
-                bytes_received: conn.bytes_from_peer,
-                bytes_sent: conn.bytes_to_peer,
-                credit: conn.window,
-                queued_bytes: conn.queued as u64,
-                queue_limit: conn.limit as u64,
-                ..base(conn.dial_id, conn.address, conn.opened_at)
-            });
-        }
+        out.extend(
+            session
+                .link
+                .connection_views(|dial_id, destination, opened| ConnectionView {
+                    dial_id: dial_id.0,
+                    destination,
+                    agent_id: agent_id.to_owned(),
+                    server_id: session.server_id.clone(),
+                    age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
+                    ..Default::default()
+                }),
+        );
     }
-    out.retain(|c| filter.matches(c));
-    out.sort_by(|a, b| {
-        b.age_seconds
-            .total_cmp(&a.age_seconds)
-            .then(a.dial_id.cmp(&b.dial_id))
-    });
-    ConnectionsReport {
-        role: "agent".into(),
-        connections: out,
-    }
+    ConnectionsReport::new("agent", out, filter)
 }
 
 fn agents(clientset: &ClientSet) -> AgentsReport {

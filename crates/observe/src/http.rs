@@ -142,6 +142,14 @@ impl Response {
         }
     }
 
+    /// `value` as pretty JSON with status 200 (500 if it cannot be encoded).
+    pub fn json_of<T: serde::Serialize>(value: &T) -> Self {
+        match serde_json::to_vec_pretty(value) {
+            Ok(body) => Self::json(200, body),
+            Err(e) => Self::text(500, format!("encoding the report: {e}\n")),
+        }
+    }
+
     /// Binary data (a pprof profile).
     pub fn bytes(status: u16, content_type: &'static str, body: Vec<u8>) -> Self {
         Response {

@@ -100,6 +100,23 @@ pub struct Filter {
     pub state: Option<String>,
 }
 
+impl ConnectionsReport {
+    /// The connections `filter` selects, oldest first (a stable order keeps `--watch`
+    /// readable).
+    pub fn new(role: &str, mut connections: Vec<ConnectionView>, filter: &Filter) -> Self {
+        connections.retain(|c| filter.matches(c));
+        connections.sort_by(|a, b| {
+            b.age_seconds
+                .total_cmp(&a.age_seconds)
+                .then(a.dial_id.cmp(&b.dial_id))
+        });
+        Self {
+            role: role.into(),
+            connections,
+        }
+    }
+}
+
 impl Filter {
     /// Reads `agent`, `destination`, `client` and `state` from a raw query string; unknown
     /// keys are an error, so a misspelt filter does not silently match everything.

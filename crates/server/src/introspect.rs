@@ -28,18 +28,11 @@ pub(crate) struct Membership {
 pub(crate) fn route(hub: &Hub, membership: &Membership, req: &Request) -> Option<Response> {
     match req.path.as_str() {
         "/debug/connections" => Some(match Filter::from_query(req.query.as_deref()) {
-            Ok(filter) => json(&connections(hub, membership, &filter)),
+            Ok(filter) => Response::json_of(&connections(hub, membership, &filter)),
             Err(e) => Response::text(400, format!("{e}\n")),
         }),
-        "/debug/agents" => Some(json(&agents(hub, membership))),
+        "/debug/agents" => Some(Response::json_of(&agents(hub, membership))),
         _ => None,
-    }
-}
-
-fn json<T: serde::Serialize>(value: &T) -> Response {
-    match serde_json::to_vec_pretty(value) {
-        Ok(body) => Response::json(200, body),
-        Err(e) => Response::text(500, format!("encoding the report: {e}\n")),
     }
 }
 
@@ -66,15 +59,14 @@ pub(crate) fn connections(
             continue;
         }
         let now = Instant::now();
-        let (conns, pending) = session.link.inspect(|table| {
-            (
-                table.connections().collect::<Vec<_>>(),
-                table.pending_dials(),
-            )
-        });
-        let requests = session.requests.lock();
+        // Called after the table's lock is released, so the two locks are never nested.
         let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
-            let request = requests.get(&dial_id).map(|followed| &followed.request);
+            let request = session
+                .requests
+                .lock()
+                .get(&dial_id)
+                .map(|followed| followed.request.clone());
+            let request = request.as_deref();
             ConnectionView {
                 dial_id: dial_id.0,
                 frontend: request.map(|r| r.frontend.as_str().to_owned()),
@@ -86,36 +78,9 @@ pub(crate) fn connections(
                 ..Default::default()
             }
         };
-        for dial in pending {
-            out.push(ConnectionView {
-                state: "pending".into(),
-                ..base(dial.dial_id, dial.address, dial.started)
-            });
-        }
-        for conn in conns {
-            out.push(ConnectionView {
-                connect_id: Some(conn.id.0),
-                state: conn.state.as_str().into(),
-                bytes_received: conn.bytes_from_peer,
-                bytes_sent: conn.bytes_to_peer,
-                credit: conn.window,
-                queued_bytes: conn.queued as u64,
-                queue_limit: conn.limit as u64,
-                ..base(conn.dial_id, conn.address, conn.opened_at)
-            });
-        }
+        out.extend(session.link.connection_views(base));
     }
-    out.retain(|c| filter.matches(c));
-    // Oldest first: a stable order keeps `--watch` readable.
-    out.sort_by(|a, b| {
-        b.age_seconds
-            .total_cmp(&a.age_seconds)
-            .then(a.dial_id.cmp(&b.dial_id))
-    });
-    ConnectionsReport {
-        role: "server".into(),
-        connections: out,
-    }
+    ConnectionsReport::new("server", out, filter)
 }
 
 pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {

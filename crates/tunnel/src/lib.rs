@@ -14,6 +14,7 @@
 
 mod conn;
 mod dial;
+mod introspect;
 mod link;
 mod log;
 mod stream;
