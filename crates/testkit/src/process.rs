@@ -100,14 +100,42 @@ pub async fn spawn_server(
     frontend: Frontend,
     extra: &[&str],
 ) -> anyhow::Result<ServerProcess> {
-    let f = &pki.files;
     let (agent, health, admin) = (free_port(), free_port(), free_port());
+    let frontend_tcp = match &frontend {
+        Frontend::HttpConnectTls => Some(SocketAddr::from(([127, 0, 0, 1], free_port()))),
+        Frontend::GrpcUds(_) => None,
+    };
     let mut args: Vec<String> = vec!["server".into()];
-    let mut frontend_tcp = None;
+    args.extend(server_flags(
+        pki,
+        &frontend,
+        frontend_tcp,
+        [agent, health, admin],
+    ));
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let health_addr = SocketAddr::from(([127, 0, 0, 1], health));
+    Ok(ServerProcess {
+        process: Process::spawn(bin, args, health_addr).await?,
+        agent_addr: SocketAddr::from(([127, 0, 0, 1], agent)),
+        frontend_tcp,
+        admin_addr: SocketAddr::from(([127, 0, 0, 1], admin)),
+    })
+}
+
+/// The flags of a proxy server (tether's or upstream's: they are the same) on loopback with
+/// the PKI's certificates: `frontend` (on `frontend_tcp` for HTTP CONNECT over TLS) and the
+/// agent, health and admin `ports`.
+pub fn server_flags(
+    pki: &Pki,
+    frontend: &Frontend,
+    frontend_tcp: Option<SocketAddr>,
+    [agent, health, admin]: [u16; 3],
+) -> Vec<String> {
+    let f = &pki.files;
+    let mut args = Vec::new();
     match frontend {
         Frontend::HttpConnectTls => {
-            let port = free_port();
-            frontend_tcp = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+            let port = frontend_tcp.map_or(0, |a| a.port());
             args.extend([
                 "--mode=http-connect".to_owned(),
                 format!("--server-port={port}"),
@@ -135,14 +163,7 @@ pub async fn spawn_server(
         "--health-bind-address=127.0.0.1".into(),
         format!("--admin-port={admin}"),
     ]);
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    let health_addr = SocketAddr::from(([127, 0, 0, 1], health));
-    Ok(ServerProcess {
-        process: Process::spawn(bin, args, health_addr).await?,
-        agent_addr: SocketAddr::from(([127, 0, 0, 1], agent)),
-        frontend_tcp,
-        admin_addr: SocketAddr::from(([127, 0, 0, 1], admin)),
-    })
+    args
 }
 
 /// Starts `tether agent` against `server_agent_addr`, plus `extra` flags, and waits until

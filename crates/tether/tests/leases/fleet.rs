@@ -9,7 +9,7 @@ use tether_testkit::Pki;
 use tether_testkit::balancer::LoadBalancer;
 use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
 use tether_testkit::http::metric_value;
-use tether_testkit::process::Process;
+use tether_testkit::process::{Frontend, Process, server_flags};
 
 /// Bound for any single step: catches hangs without asserting speed.
 pub(crate) const STEP: Duration = Duration::from_secs(90);
@@ -135,27 +135,19 @@ impl Fleet {
         id: &str,
         extra: &[&str],
     ) -> anyhow::Result<()> {
-        let f = &self.pki.files;
         let (agent, health, admin) = (listen_port(), listen_port(), listen_port());
-        let mut args = vec![
-            "--mode=grpc".to_owned(),
-            format!(
-                "--uds-name={}",
-                self.dir.path().join(format!("{id}.sock")).display()
-            ),
-            "--server-port=0".into(),
-            format!("--agent-port={agent}"),
-            "--agent-bind-address=127.0.0.1".into(),
-            format!("--cluster-cert={}", f.server_cert.display()),
-            format!("--cluster-key={}", f.server_key.display()),
-            format!("--cluster-ca-cert={}", f.ca_cert.display()),
-            format!("--health-port={health}"),
-            "--health-bind-address=127.0.0.1".into(),
-            format!("--admin-port={admin}"),
+        let socket = self.dir.path().join(format!("{id}.sock"));
+        let mut args = server_flags(
+            &self.pki,
+            &Frontend::GrpcUds(socket),
+            None,
+            [agent, health, admin],
+        );
+        args.extend([
             format!("--server-id={id}"),
             "--enable-lease-controller".into(),
             self.kubeconfig(),
-        ];
+        ]);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let bin = match kind {
             Kind::Tether => {
