@@ -58,6 +58,10 @@ struct Args {
     /// The tether binary (default: `tether` next to this program).
     #[arg(long)]
     tether_bin: Option<PathBuf>,
+    /// An earlier tether binary: adds the `tether-before` systems (every frontend shape), so a
+    /// change is measured before and after in one run.
+    #[arg(long)]
+    before_tether_bin: Option<PathBuf>,
     /// Directory with upstream's `proxy-server` and `proxy-agent` (default: interop/bin).
     #[arg(long)]
     upstream_bin_dir: Option<PathBuf>,
@@ -212,6 +216,9 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     let mut skipped = Vec::new();
     let systems: Vec<System> = if args.systems.is_empty() {
         let mut all = System::all();
+        if bins.tether_before.is_none() {
+            all.retain(|s| !matches!(s, System::Konn(Impl::TetherBefore, _)));
+        }
         // CI's quick run does not build rathole; a full run, or one naming it, needs it.
         if args.quick && !bins.rathole.exists() {
             all.retain(|s| *s != System::Rathole);
@@ -323,7 +330,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
             }
         }
         if workloads.contains(&Workload::FanIn) {
-            for imp in [Impl::Tether, Impl::Upstream] {
+            for imp in [Impl::Tether, Impl::TetherBefore, Impl::Upstream] {
                 if systems
                     .iter()
                     .any(|s| matches!(s, System::Konn(i, _) if *i == imp))
@@ -810,8 +817,21 @@ fn binaries(args: &Args) -> anyhow::Result<Binaries> {
             })
             .unwrap_or_else(|| PathBuf::from(fallback))
     };
+    // A build from before the connection caps existed refuses their flags.
+    let before_has_caps = match &args.before_tether_bin {
+        Some(bin) => std::process::Command::new(bin)
+            .args(["server", "--help"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout).contains("--max-streams-per-frontend-connection")
+            })
+            .with_context(|| format!("running {} server --help", bin.display()))?,
+        None => false,
+    };
     Ok(Binaries {
         tether,
+        tether_before: args.before_tether_bin.clone(),
+        before_has_caps,
         upstream_server: up.join("proxy-server"),
         upstream_agent: up.join("proxy-agent"),
         sshd: PathBuf::from("/usr/sbin/sshd"),
@@ -834,6 +854,10 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
             System::Konn(Impl::Tether, _) => {
                 need.push((&b.tether, "cargo build --release -p tether"))
             }
+            System::Konn(Impl::TetherBefore, _) => match &b.tether_before {
+                Some(path) => need.push((path, "build the earlier commit's tether")),
+                None => anyhow::bail!("the tether-before systems need --before-tether-bin"),
+            },
             System::Konn(Impl::Upstream, _) => {
                 need.push((&b.upstream_server, "interop/build.sh"));
                 need.push((&b.upstream_agent, "interop/build.sh"));

@@ -121,6 +121,66 @@ fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
+/// With `tether-before` systems in the run: each figure of every tether shape next to the
+/// earlier build's, as before → after and after ÷ before, so a change is judged in one run.
+fn before_and_after(s: &mut String, meta: &Meta, results: &Results, p: &Profile) {
+    let pairs: Vec<(System, System)> = meta
+        .systems
+        .iter()
+        .filter_map(|t| Some((*t, t.before_peer()?)))
+        .filter(|(_, b)| meta.systems.contains(b))
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Before and after (`tether-before` → tether, medians; the ratio is after ÷ before)\n"
+    );
+    let _ = write!(s, "| figure |");
+    for (t, _) in &pairs {
+        let _ = write!(s, " {} |", t.name());
+    }
+    let _ = write!(s, "\n|---|");
+    for _ in &pairs {
+        let _ = write!(s, "---:|");
+    }
+    s.push('\n');
+    for metric in Metric::ALL {
+        let cells: Vec<String> = pairs
+            .iter()
+            .map(|&(after, before)| {
+                match (
+                    results.summary(before, metric),
+                    results.summary(after, metric),
+                ) {
+                    (Some(b), Some(a)) => format!(
+                        "{} → {} ({})",
+                        fmt_num(b.median),
+                        fmt_num(a.median),
+                        fmt_ratio(ratio(Some(a), Some(b)))
+                    ),
+                    _ => String::new(),
+                }
+            })
+            .collect();
+        if cells.iter().all(String::is_empty) {
+            continue;
+        }
+        let _ = write!(
+            s,
+            "| {} ({}) |",
+            metric.title(p.idle_conns, p.fanin),
+            metric.unit()
+        );
+        for c in cells {
+            let _ = write!(s, " {c} |");
+        }
+        s.push('\n');
+    }
+    s.push('\n');
+}
+
 /// Writes report.md, results.csv and the charts into `out`; returns the Markdown.
 pub fn write(out: &Path, results: &Results, meta: &Meta, p: &Profile) -> anyhow::Result<String> {
     fs::create_dir_all(out)?;
@@ -269,6 +329,8 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
         }
         s.push('\n');
     }
+
+    before_and_after(&mut s, meta, results, p);
 
     if !charts.is_empty() {
         let _ = writeln!(s, "## Charts\n");

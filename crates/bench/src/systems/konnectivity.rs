@@ -16,6 +16,8 @@ use crate::procs::Proc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Impl {
     Tether,
+    /// An earlier tether build (`--before-tether-bin`), for before/after figures in one run.
+    TetherBefore,
     Upstream,
 }
 
@@ -23,6 +25,7 @@ impl Impl {
     pub fn name(&self) -> &'static str {
         match self {
             Impl::Tether => "tether",
+            Impl::TetherBefore => "tether-before",
             Impl::Upstream => "upstream",
         }
     }
@@ -72,8 +75,12 @@ impl Frontend {
 
 fn command(env: &Env, imp: Impl, role: &str) -> Command {
     match imp {
-        Impl::Tether => {
-            let mut c = Command::new(&env.bins.tether);
+        Impl::Tether | Impl::TetherBefore => {
+            let bin = match imp {
+                Impl::TetherBefore => env.bins.tether_before.as_ref(),
+                _ => None,
+            };
+            let mut c = Command::new(bin.unwrap_or(&env.bins.tether));
             c.arg(role);
             c
         }
@@ -129,7 +136,7 @@ pub(super) async fn start(
         .arg(flag("cluster-key", &pki.server_key))
         .arg(flag("cluster-ca-cert", &pki.ca_cert))
         .arg("--server-count=1");
-    if matches!(imp, Impl::Tether) {
+    if imp == Impl::Tether || (imp == Impl::TetherBefore && env.bins.before_has_caps) {
         // The workloads are one client multiplexing thousands of tunnels on one gRPC
         // connection (idle-conns) and thousands of agents from one address (fanin): lift
         // tether's per-connection and per-address caps, which upstream does not have.

@@ -48,11 +48,10 @@ impl System {
             System::RelayLimit { tls: false },
             System::RelayLimit { tls: true },
         ];
-        for f in Frontend::ALL {
-            v.push(System::Konn(Impl::Tether, f));
-        }
-        for f in Frontend::ALL {
-            v.push(System::Konn(Impl::Upstream, f));
+        for imp in [Impl::Tether, Impl::TetherBefore, Impl::Upstream] {
+            for f in Frontend::ALL {
+                v.push(System::Konn(imp, f));
+            }
         }
         v.push(System::SshL);
         v.push(System::SshR);
@@ -80,7 +79,17 @@ impl System {
     /// The same shape on upstream, for tether's ratios.
     pub fn upstream_peer(&self) -> Option<System> {
         match self {
-            System::Konn(Impl::Tether, f) => Some(System::Konn(Impl::Upstream, *f)),
+            System::Konn(Impl::Tether | Impl::TetherBefore, f) => {
+                Some(System::Konn(Impl::Upstream, *f))
+            }
+            _ => None,
+        }
+    }
+
+    /// The same shape on the earlier tether build, for before/after ratios.
+    pub fn before_peer(&self) -> Option<System> {
+        match self {
+            System::Konn(Impl::Tether, f) => Some(System::Konn(Impl::TetherBefore, *f)),
             _ => None,
         }
     }
@@ -119,6 +128,10 @@ impl System {
 #[derive(Clone, Debug)]
 pub struct Binaries {
     pub tether: PathBuf,
+    /// The earlier tether build of the `tether-before` systems, when given.
+    pub tether_before: Option<PathBuf>,
+    /// Whether that build has tether's connection caps (so the bench lifts them as for tether).
+    pub before_has_caps: bool,
     pub upstream_server: PathBuf,
     pub upstream_agent: PathBuf,
     pub sshd: PathBuf,
