@@ -20,16 +20,23 @@ pub(crate) const QUANTUM: usize = 64 * 1024 + PACKET_OVERHEAD;
 /// What a packet costs beyond its payload (the same figure the batch limit counts).
 pub(crate) const PACKET_OVERHEAD: usize = 16;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Backlog {
     queue: VecDeque<Outgoing>,
     deficit: usize,
 }
 
+/// Emptied per-connection queues kept for the next burst, so an interactive connection,
+/// which empties its queue after every message, does not allocate one per message.
+const SPARE_QUEUES: usize = 64;
+/// A spare queue larger than this is dropped rather than kept (a bulk burst's backlog).
+const SPARE_CAPACITY: usize = 64;
+
 #[derive(Debug, Default)]
 pub(crate) struct FairQueue {
     control: VecDeque<Outgoing>,
     backlogs: HashMap<ConnectId, Backlog>,
+    spare: Vec<VecDeque<Outgoing>>,
     /// Connections with queued packets, in turn order; the front one is being served.
     rotation: VecDeque<ConnectId>,
     /// The front connection already received its quantum for this turn.
@@ -70,7 +77,11 @@ impl FairQueue {
             self.control.push_back(item);
             return;
         };
-        let backlog = self.backlogs.entry(id).or_default();
+        let spare = &mut self.spare;
+        let backlog = self.backlogs.entry(id).or_insert_with(|| Backlog {
+            queue: spare.pop().unwrap_or_default(),
+            deficit: 0,
+        });
         if backlog.queue.is_empty() {
             self.rotation.push_back(id);
         }
@@ -100,7 +111,12 @@ impl FairQueue {
             backlog.deficit -= head;
             let item = backlog.queue.pop_front();
             if backlog.queue.is_empty() {
-                self.backlogs.remove(&id);
+                if let Some(Backlog { queue, .. }) = self.backlogs.remove(&id)
+                    && self.spare.len() < SPARE_QUEUES
+                    && queue.capacity() <= SPARE_CAPACITY
+                {
+                    self.spare.push(queue);
+                }
                 self.rotation.pop_front();
                 self.in_turn = false;
             }
@@ -147,6 +163,28 @@ mod tests {
             prop_oneof![Just(None), (1i64..6).prop_map(Some)],
             0usize..70_000,
         )
+    }
+
+    #[test]
+    fn emptied_queues_are_reused_up_to_a_bound() {
+        let mut q = FairQueue::default();
+        q.push(data(1, 64));
+        q.pop().unwrap();
+        assert_eq!(q.spare.len(), 1);
+        q.push(data(2, 64));
+        assert!(q.spare.is_empty(), "the next burst takes the spare queue");
+        q.pop().unwrap();
+        for id in 0..2 * SPARE_QUEUES as i64 {
+            q.push(data(id, 1));
+        }
+        while q.pop().is_some() {}
+        assert_eq!(q.spare.len(), SPARE_QUEUES);
+        q.spare.clear();
+        for _ in 0..2 * SPARE_CAPACITY {
+            q.push(data(7, 1));
+        }
+        while q.pop().is_some() {}
+        assert!(q.spare.is_empty(), "a bulk burst's large queue is not kept");
     }
 
     proptest! {
