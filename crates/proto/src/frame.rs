@@ -11,6 +11,13 @@ pub const PREFIX_LEN: usize = 5;
 /// Largest message accepted, the grpc-go default receive limit every upstream peer uses.
 pub const MAX_MESSAGE_LEN: usize = 4 * 1024 * 1024;
 
+/// How much the decoder reserves ahead for a message whose start has arrived: more than a
+/// DATA packet of the largest chunk tether or upstream sends (64 KiB + framing), so such a
+/// message is assembled in one allocation instead of regrowing (and copying) with every
+/// HTTP/2 frame; and no more, so a bare length prefix, which may claim 4 MiB, cannot make
+/// the decoder hold memory for bytes that never arrive.
+const EAGER_RESERVE: usize = 128 * 1024;
+
 /// Appends `packet`, framed, to `buf`.
 pub fn encode(packet: &Packet, buf: &mut BytesMut) {
     let wire = pb::Packet::from(packet);
@@ -65,8 +72,10 @@ impl Decoder {
             return Err(FrameError::TooLarge(len));
         }
         if self.buf.len() < PREFIX_LEN + len {
-            // No reserve for the announced length: memory grows with bytes that arrived,
-            // not with what a length prefix claims (up to 4 MiB for five bytes).
+            let want = (PREFIX_LEN + len).min(EAGER_RESERVE);
+            if self.buf.capacity() < want {
+                self.buf.reserve(want - self.buf.len());
+            }
             return Ok(None);
         }
         self.buf.advance(PREFIX_LEN);
@@ -94,6 +103,36 @@ impl Decoder {
 mod tests {
     use super::*;
     use crate::{ConnectId, DialId};
+
+    #[test]
+    fn a_partial_message_reserves_its_size_up_to_a_bound() {
+        let data = Packet::Data {
+            connect_id: ConnectId(1),
+            data: Bytes::from(vec![7u8; 64 * 1024]),
+        };
+        let mut framed = BytesMut::new();
+        encode(&data, &mut framed);
+        let framed = framed.freeze();
+        let mut d = Decoder::default();
+        // Two chunks, as HTTP/2 frames of 64 KiB deliver it: one reservation holds it all.
+        d.push(framed.slice(..100));
+        assert!(d.next_packet().unwrap().is_none());
+        assert!(d.buf.capacity() >= framed.len());
+        d.push(framed.slice(100..));
+        assert_eq!(d.next_packet().unwrap(), Some(data));
+
+        // A prefix that claims the largest message reserves only the bound.
+        let mut d = Decoder::default();
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&(MAX_MESSAGE_LEN as u32).to_be_bytes());
+        d.push(Bytes::from(prefix));
+        assert!(d.next_packet().unwrap().is_none());
+        assert!(
+            d.buf.capacity() <= 2 * EAGER_RESERVE,
+            "{}",
+            d.buf.capacity()
+        );
+    }
 
     fn sample() -> Vec<Packet> {
         vec![
