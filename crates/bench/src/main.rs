@@ -55,6 +55,9 @@ struct Args {
     /// Idle connections to hold open (default 10000; 200 with --quick).
     #[arg(long)]
     idle_conns: Option<usize>,
+    /// The two fan-in sizes, small and large (default 1000,5000; 20,50 with --quick).
+    #[arg(long, value_delimiter = ',', num_args = 2)]
+    fanin: Vec<usize>,
     /// The tether binary (default: `tether` next to this program).
     #[arg(long)]
     tether_bin: Option<PathBuf>,
@@ -76,6 +79,13 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Write the report again from a finished run's directory (its run.txt and results.csv),
+    /// with this build's report code, without measuring anything.
+    Report {
+        /// The run's output directory.
+        #[arg(default_value = "results")]
+        dir: PathBuf,
+    },
     /// Internal: the sink/source/echo target (prints its address, serves until killed).
     Target {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -123,6 +133,7 @@ fn main() -> ExitCode {
     .expect("tokio runtime");
     let result = rt.block_on(async {
         match args.command {
+            Some(Cmd::Report { ref dir }) => rewrite_report(dir),
             Some(Cmd::Target { ref listen }) => {
                 target::serve(listen).await.map(|()| ExitCode::SUCCESS)
             }
@@ -193,6 +204,16 @@ enum Task {
     },
 }
 
+fn rewrite_report(dir: &Path) -> anyhow::Result<ExitCode> {
+    let (results, meta, p) = report::saved::load(dir)?;
+    report::write(dir, &results, &meta, &p)?;
+    eprintln!(
+        "tether-bench: report {} written again",
+        dir.join("report.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -210,6 +231,9 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(n) = args.idle_conns {
         p.idle_conns = n.max(1);
+    }
+    if let [small, large] = args.fanin[..] {
+        p.fanin = [small.max(1), large.max(1)];
     }
 
     let bins = binaries(args)?;
@@ -359,7 +383,11 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 + workloads.iter().map(|w| w.weight(&p)).sum::<f64>()
         }
         Task::IdleConns { .. } => 2.0 + Workload::IdleConns.weight(&p),
-        Task::FanIn { agents, .. } => 1.0 + *agents as f64 / 800.0 + 2.0 * p.settle.as_secs_f64(),
+        Task::FanIn { agents, large, .. } => {
+            1.0 + *agents as f64 / 800.0
+                + 4.0 * p.settle.as_secs_f64()
+                + if *large { p.idle_cpu_secs } else { 0.0 }
+        }
     };
     let total: f64 = tasks.iter().map(weight).sum();
     eprintln!(
@@ -435,9 +463,10 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                         results.add(*system, Metric::ConnServer, *run, x.server_kib);
                         results.add(*system, Metric::ConnAgent, *run, x.agent_kib);
                         results.add(*system, Metric::ConnTotal, *run, x.server_kib + x.agent_kib);
+                        results.add(*system, Metric::ConnRssAfter, *run, x.rss_after_ratio);
                         progress.note(&format!(
-                            "{} open: server {:.1} KiB + agent {:.1} KiB per connection",
-                            x.open, x.server_kib, x.agent_kib
+                            "{} open: server {:.1} KiB + agent {:.1} KiB per connection; RSS after they closed ×{:.2} of before",
+                            x.open, x.server_kib, x.agent_kib, x.rss_after_ratio
                         ));
                     }
                     Err(e) => fail(&progress, &mut results, *system, "idle-conns", &e),
@@ -462,7 +491,14 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                     let r = Running::start_lone_server(&env, *imp).await?;
                     let res = tokio::time::timeout(
                         Duration::from_secs(300),
-                        workloads::fanin::run(&r, &p, *agents, fanin_tls.clone(), &progress),
+                        workloads::fanin::run(
+                            &r,
+                            &p,
+                            *agents,
+                            *large,
+                            fanin_tls.clone(),
+                            &progress,
+                        ),
                     )
                     .await;
                     r.stop().await;
@@ -477,10 +513,18 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                             Metric::AgentSmall
                         };
                         results.add(system, m, *run, x.kib_per_agent);
+                        if let Some(cpu) = x.idle_cpu_ms_per_agent_min {
+                            results.add(system, Metric::AgentIdleCpu, *run, cpu);
+                        }
+                        if *large {
+                            results.add(system, Metric::AgentRssAfter, *run, x.rss_after_ratio);
+                        }
                         progress.note(&format!(
-                            "server +{:.1} KiB per agent (server counts {})",
+                            "server +{:.1} KiB per agent (server counts {}); idle CPU {} ms per agent per minute; RSS after they left ×{:.2} of before",
                             x.kib_per_agent,
-                            x.server_counted.map_or("?".into(), |c| format!("{c}"))
+                            x.server_counted.map_or("?".into(), |c| format!("{c}")),
+                            x.idle_cpu_ms_per_agent_min.map_or("–".into(), |c| format!("{c:.2}")),
+                            x.rss_after_ratio
                         ));
                     }
                     Err(e) => fail(&progress, &mut results, system, "fanin", &e),

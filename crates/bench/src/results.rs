@@ -34,6 +34,9 @@ pub enum Metric {
     ConnTotal,
     AgentSmall,
     AgentLarge,
+    AgentIdleCpu,
+    AgentRssAfter,
+    ConnRssAfter,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +46,7 @@ pub enum Better {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 26] = [
+    pub const ALL: [Metric; 29] = [
         Metric::BulkUp,
         Metric::BulkDown,
         Metric::CpuUp,
@@ -70,6 +73,9 @@ impl Metric {
         Metric::ConnTotal,
         Metric::AgentSmall,
         Metric::AgentLarge,
+        Metric::AgentIdleCpu,
+        Metric::AgentRssAfter,
+        Metric::ConnRssAfter,
     ];
 
     /// Stable key for CSV.
@@ -101,7 +107,15 @@ impl Metric {
             Metric::ConnTotal => "idle_conn_total_kib",
             Metric::AgentSmall => "fanin_small_kib_per_agent",
             Metric::AgentLarge => "fanin_large_kib_per_agent",
+            Metric::AgentIdleCpu => "fanin_large_idle_cpu_ms_per_agent_min",
+            Metric::AgentRssAfter => "fanin_large_rss_after_ratio",
+            Metric::ConnRssAfter => "idle_conn_rss_after_ratio",
         }
+    }
+
+    /// The metric of a CSV key.
+    pub fn from_key(key: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.key() == key)
     }
 
     /// Heading in the report; `fanin` fills in the agent counts.
@@ -155,6 +169,17 @@ impl Metric {
             }
             Metric::AgentSmall => format!("Server RSS per connected agent ({} agents)", fanin[0]),
             Metric::AgentLarge => format!("Server RSS per connected agent ({} agents)", fanin[1]),
+            Metric::AgentIdleCpu => format!(
+                "Server CPU per idle connected agent ({} agents connected)",
+                fanin[1]
+            ),
+            Metric::AgentRssAfter => format!(
+                "Server RSS after {} agents connected and left ÷ before they came",
+                fanin[1]
+            ),
+            Metric::ConnRssAfter => {
+                format!("Server + agent RSS after {conns} connections opened and closed ÷ before")
+            }
         }
     }
 
@@ -171,7 +196,12 @@ impl Metric {
             | Metric::Churn64DialP99 => "µs",
             Metric::ChurnCpu => "CPU µs/conn",
             Metric::Churn1Rate | Metric::Churn64Rate => "conn/s",
-            Metric::HolRatio | Metric::FairP99Ratio | Metric::FairBulkRatio => "ratio",
+            Metric::HolRatio
+            | Metric::FairP99Ratio
+            | Metric::FairBulkRatio
+            | Metric::AgentRssAfter
+            | Metric::ConnRssAfter => "ratio",
+            Metric::AgentIdleCpu => "CPU ms per agent per minute",
             Metric::IdleRssServer
             | Metric::IdleRssAgent
             | Metric::IdleAnonServer

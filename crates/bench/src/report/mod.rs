@@ -2,6 +2,7 @@
 //! (median, min–max, ratios to upstream, to direct TCP and to the relay anchors), SVG
 //! charts, and the raw samples as CSV.
 
+pub mod saved;
 pub mod svg;
 
 use std::fmt::Write as _;
@@ -28,7 +29,10 @@ pub struct Meta {
 
 enum Kind {
     VsUpstream(f64),
-    VsDirect(f64),
+    /// ÷ `relay-limit-tls`, the like-for-like limit of every tether shape.
+    VsRelayTls(f64),
+    /// ÷ rathole, the Rust reverse tunnel users pick instead.
+    VsRathole(f64),
     Absolute(f64),
 }
 
@@ -38,39 +42,75 @@ struct Goal {
     kind: Kind,
 }
 
+/// The goals of issue 13 (with the head-of-line goal of issue 5 and the fairness goals of
+/// issue 11), as ratios from the same run or absolute figures.
 fn goals() -> Vec<Goal> {
     use Kind::*;
     use Metric::*;
     let g = |text, metric, kind| Goal { text, metric, kind };
     vec![
-        g("bulk upload ≥ 5× upstream", BulkUp, VsUpstream(5.0)),
-        g("bulk upload ≥ 0.35× direct", BulkUp, VsDirect(0.35)),
-        g("bulk download ≥ 5× upstream", BulkDown, VsUpstream(5.0)),
-        g("bulk download ≥ 0.35× direct", BulkDown, VsDirect(0.35)),
+        g("bulk upload ≥ 0.8× relay-tls", BulkUp, VsRelayTls(0.8)),
+        g("bulk upload ≥ 4× upstream", BulkUp, VsUpstream(4.0)),
+        g("bulk upload ≥ rathole", BulkUp, VsRathole(1.0)),
+        g("bulk download ≥ 0.8× relay-tls", BulkDown, VsRelayTls(0.8)),
+        g("bulk download ≥ 4× upstream", BulkDown, VsUpstream(4.0)),
+        g("bulk download ≥ rathole", BulkDown, VsRathole(1.0)),
         g("CPU/GiB upload ≤ 0.2× upstream", CpuUp, VsUpstream(0.2)),
+        g("CPU/GiB upload ≤ 1.5× relay-tls", CpuUp, VsRelayTls(1.5)),
         g("CPU/GiB download ≤ 0.2× upstream", CpuDown, VsUpstream(0.2)),
-        g("ping-pong p50 ≤ 2× direct", PingP50, VsDirect(2.0)),
-        g("ping-pong p99 ≤ 3× direct", PingP99, VsDirect(3.0)),
+        g(
+            "CPU/GiB download ≤ 1.5× relay-tls",
+            CpuDown,
+            VsRelayTls(1.5),
+        ),
+        g("ping-pong p50 ≤ 1.25× relay-tls", PingP50, VsRelayTls(1.25)),
+        g("ping-pong p50 ≤ rathole", PingP50, VsRathole(1.0)),
+        g("ping-pong p99 ≤ 1.5× relay-tls", PingP99, VsRelayTls(1.5)),
+        g("ping-pong p99 ≤ rathole", PingP99, VsRathole(1.0)),
+        g("churn c=1 ≥ 1× relay-tls", Churn1Rate, VsRelayTls(1.0)),
         g("churn c=1 ≥ 3× upstream", Churn1Rate, VsUpstream(3.0)),
+        g("churn c=1 ≥ rathole", Churn1Rate, VsRathole(1.0)),
+        g("churn c=64 ≥ 1× relay-tls", Churn64Rate, VsRelayTls(1.0)),
         g("churn c=64 ≥ 3× upstream", Churn64Rate, VsUpstream(3.0)),
+        g("churn c=64 ≥ rathole", Churn64Rate, VsRathole(1.0)),
         g(
-            "RSS per idle connection ≤ 0.25× upstream",
-            ConnTotal,
-            VsUpstream(0.25),
-        ),
-        g(
-            "RSS per agent (small) ≤ 0.3× upstream",
+            "server RSS per agent (small) ≤ 16 KiB",
             AgentSmall,
-            VsUpstream(0.3),
+            Absolute(16.0),
         ),
         g(
-            "RSS per agent (large) ≤ 0.3× upstream",
+            "server RSS per agent (large) ≤ 16 KiB",
             AgentLarge,
-            VsUpstream(0.3),
+            Absolute(16.0),
         ),
-        g("idle RSS agent ≤ 8 MiB", IdleRssAgent, Absolute(8.0)),
-        g("idle RSS server ≤ 12 MiB", IdleRssServer, Absolute(12.0)),
+        g(
+            "RSS per idle connection, server + agent ≤ 4 KiB",
+            ConnTotal,
+            Absolute(4.0),
+        ),
+        g(
+            "server RSS after the agents left ≤ 2× before",
+            AgentRssAfter,
+            Absolute(2.0),
+        ),
+        g(
+            "RSS after the connections closed ≤ 2× before",
+            ConnRssAfter,
+            Absolute(2.0),
+        ),
+        g("idle RSS server ≤ 8 MiB", IdleRssServer, Absolute(8.0)),
+        g("idle RSS agent ≤ 6 MiB", IdleRssAgent, Absolute(6.0)),
         g("head-of-line ratio ≥ 0.9", HolRatio, Absolute(0.9)),
+        g(
+            "fairness: ping p99 next to downloads ≤ 2× alone",
+            FairP99Ratio,
+            Absolute(2.0),
+        ),
+        g(
+            "fairness: downloads with ping-pong ≥ 0.9× without",
+            FairBulkRatio,
+            Absolute(0.9),
+        ),
     ]
 }
 
@@ -193,6 +233,7 @@ pub fn write(out: &Path, results: &Results, meta: &Meta, p: &Profile) -> anyhow:
         }
     }
     fs::write(out.join("results.csv"), results.csv())?;
+    fs::write(out.join(saved::RUN_FILE), saved::run_file(results, meta, p))?;
     let md = markdown(results, meta, p, &written);
     fs::write(out.join("report.md"), &md)?;
     Ok(md)
@@ -257,8 +298,13 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
                         );
                         (r, x, fmt_ratio(r))
                     }
-                    Kind::VsDirect(x) => {
-                        let r = ratio(mine, results.summary(System::Direct, goal.metric));
+                    Kind::VsRelayTls(x) => {
+                        let anchor = results.summary(System::RelayLimit { tls: true }, goal.metric);
+                        let r = ratio(mine, anchor);
+                        (r, x, fmt_ratio(r))
+                    }
+                    Kind::VsRathole(x) => {
+                        let r = ratio(mine, results.summary(System::Rathole, goal.metric));
                         (r, x, fmt_ratio(r))
                     }
                     Kind::Absolute(x) => {

@@ -287,6 +287,11 @@ impl Running {
         self.agent.as_ref().map(Proc::rss)
     }
 
+    /// CPU seconds of the server so far.
+    pub fn server_cpu_seconds(&self) -> Option<f64> {
+        self.server.as_ref().map(Proc::cpu_seconds)
+    }
+
     /// CPU seconds of server + agent so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
         if self.server.is_none() && self.agent.is_none() {

@@ -1,6 +1,7 @@
 //! Agent fan-in: many agents on one server. A light fake agent speaks the real Connect
 //! protocol (mutual TLS, HTTP/2, `AgentService.Connect` with an `agentid`) and then idles;
-//! the server's RSS growth per agent is the figure.
+//! the server's RSS growth per agent is the figure; with the larger count also the server's
+//! CPU per idle agent, and whether its RSS comes back down once every agent has left.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,10 @@ pub struct FanInResult {
     pub kib_per_agent: f64,
     /// What the server's `ready_backend_connections` gauge said, if it has one.
     pub server_counted: Option<f64>,
+    /// Server CPU ms per agent per minute while all of them idle (when sampled).
+    pub idle_cpu_ms_per_agent_min: Option<f64>,
+    /// Server RSS after every agent left ÷ before they came.
+    pub rss_after_ratio: f64,
 }
 
 /// A connected fake agent; dropping it disconnects.
@@ -80,10 +85,13 @@ async fn connect(
     })
 }
 
+/// Connects `agents` fake agents, samples the server, and disconnects them; with
+/// `sample_idle_cpu`, also samples the server's CPU for `p.idle_cpu_secs` while they idle.
 pub async fn run(
     r: &Running,
     p: &Profile,
     agents: usize,
+    sample_idle_cpu: bool,
     tls: Arc<rustls::ClientConfig>,
     progress: &Progress,
 ) -> anyhow::Result<FanInResult> {
@@ -138,9 +146,26 @@ pub async fn run(
             bail!("the server closed a fake agent's stream");
         }
     }
+    let idle_cpu_ms_per_agent_min = match (sample_idle_cpu, r.server_cpu_seconds()) {
+        (true, Some(cpu0)) => {
+            progress.note(&format!(
+                "sampling the server's CPU for {} s with {agents} idle agents",
+                p.idle_cpu_secs
+            ));
+            tokio::time::sleep(Duration::from_secs_f64(p.idle_cpu_secs)).await;
+            let cpu = r.server_cpu_seconds().context("server CPU")? - cpu0;
+            Some(cpu * 1000.0 / agents as f64 * 60.0 / p.idle_cpu_secs)
+        }
+        _ => None,
+    };
     drop(connected);
+    // Every stream ends and the server forgets each agent; then what it keeps is the figure.
+    tokio::time::sleep(p.settle * 2).await;
+    let left = r.server_rss().unwrap_or(0);
     Ok(FanInResult {
         kib_per_agent: (after as f64 - before as f64) / 1024.0 / agents as f64,
         server_counted: counted,
+        idle_cpu_ms_per_agent_min,
+        rss_after_ratio: left as f64 / before.max(1) as f64,
     })
 }

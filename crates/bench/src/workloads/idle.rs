@@ -1,4 +1,5 @@
-//! Many concurrent idle tunnelled connections: RSS of server and agent per connection.
+//! Many concurrent idle tunnelled connections: RSS of server and agent per connection, and
+//! whether it comes back down once they are closed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,11 +17,13 @@ pub struct IdleResult {
     pub server_kib: f64,
     pub agent_kib: f64,
     pub open: usize,
+    /// Server + agent RSS after every connection closed ÷ before they opened.
+    pub rss_after_ratio: f64,
 }
 
 /// Opens `p.idle_conns` connections (each proven with a 1-byte echo), waits for RSS to
 /// settle, and divides the growth of each process by the count. Every connection is checked
-/// again (one echo each) after the sample, then all are closed.
+/// again (one echo each) after the sample, then all are closed and RSS sampled once more.
 pub async fn run(r: &Running, p: &Profile, progress: &Progress) -> anyhow::Result<IdleResult> {
     tokio::time::sleep(p.settle).await;
     let (s0, a0) = (r.server_rss().unwrap_or(0), r.agent_rss().unwrap_or(0));
@@ -72,10 +75,13 @@ pub async fn run(r: &Running, p: &Profile, progress: &Progress) -> anyhow::Resul
         .map_err(|_| anyhow::anyhow!("connection {i} no longer echoes"))??;
     }
     drop(conns);
+    tokio::time::sleep(p.settle * 2).await;
+    let (s2, a2) = (r.server_rss().unwrap_or(0), r.agent_rss().unwrap_or(0));
     let per = |before: u64, after: u64| (after as f64 - before as f64) / 1024.0 / n as f64;
     Ok(IdleResult {
         server_kib: per(s0, s1),
         agent_kib: per(a0, a1),
         open: n,
+        rss_after_ratio: (s2 + a2) as f64 / (s0 + a0).max(1) as f64,
     })
 }

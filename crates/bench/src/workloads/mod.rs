@@ -30,6 +30,8 @@ pub struct Profile {
     pub hol_fill_secs: f64,
     pub idle_conns: usize,
     pub fanin: [usize; 2],
+    /// How long the server's CPU is sampled with the larger fan-in connected and idle.
+    pub idle_cpu_secs: f64,
     /// Wait before sampling RSS, so that start-up or connection bursts settle.
     pub settle: Duration,
     /// Concurrency for opening many connections or agents.
@@ -52,6 +54,7 @@ impl Profile {
             hol_fill_secs: 1.0,
             idle_conns: 10_000,
             fanin: [1_000, 5_000],
+            idle_cpu_secs: 20.0,
             settle: Duration::from_millis(2_000),
             open_concurrency: 64,
             dial_timeout: Duration::from_secs(10),
@@ -71,6 +74,7 @@ impl Profile {
             hol_fill_secs: 0.2,
             idle_conns: 200,
             fanin: [20, 50],
+            idle_cpu_secs: 0.5,
             settle: Duration::from_millis(200),
             open_concurrency: 16,
             dial_timeout: Duration::from_secs(10),
@@ -133,8 +137,10 @@ impl Workload {
             Workload::Churn => 2.0 * p.churn_secs,
             Workload::Hol => 2.0 * p.hol_secs + p.hol_fill_secs,
             Workload::Fairness => 6.0 * p.hol_secs + 1.0,
-            Workload::IdleConns => p.idle_conns as f64 / 600.0 + 2.0 * settle + 2.0,
-            Workload::FanIn => (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 4.0 * settle + 3.0,
+            Workload::IdleConns => p.idle_conns as f64 / 600.0 + 4.0 * settle + 2.0,
+            Workload::FanIn => {
+                (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 8.0 * settle + p.idle_cpu_secs + 3.0
+            }
         }
     }
 }
