@@ -6,6 +6,7 @@
 // A binary: `pub` items are the crate's internal interfaces between modules.
 #![allow(unreachable_pub)]
 
+mod dashboard;
 mod procs;
 mod progress;
 mod relay;
@@ -115,6 +116,35 @@ enum Cmd {
         #[arg(long)]
         key: Option<PathBuf>,
     },
+    /// Draws a Grafana dashboard's panels as SVG time-series charts: each panel's own queries,
+    /// read from the dashboard JSON, over a range of a Prometheus server's data
+    /// (scripts/dashboard-snapshot.sh).
+    Dashboard {
+        /// The Grafana dashboard (JSON).
+        #[arg(long)]
+        dashboard: PathBuf,
+        /// Prometheus's HTTP address (loopback), e.g. 127.0.0.1:9090.
+        #[arg(long)]
+        prometheus: std::net::SocketAddr,
+        /// Start of the range, Unix seconds.
+        #[arg(long)]
+        start: f64,
+        /// End of the range, Unix seconds.
+        #[arg(long)]
+        end: f64,
+        /// Seconds between points.
+        #[arg(long, default_value_t = 1.0)]
+        step: f64,
+        /// Prometheus's scrape interval in seconds (Grafana's `$__rate_interval` uses it).
+        #[arg(long, default_value_t = 1.0)]
+        scrape_interval: f64,
+        /// A line under the title: where the data came from.
+        #[arg(long, default_value = "")]
+        subtitle: String,
+        /// The SVG file to write.
+        #[arg(long = "svg")]
+        svg: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -162,6 +192,27 @@ fn main() -> ExitCode {
                     .await
                     .map(|()| ExitCode::SUCCESS)
             }
+            Some(Cmd::Dashboard {
+                dashboard: ref file,
+                prometheus,
+                start,
+                end,
+                step,
+                scrape_interval,
+                ref subtitle,
+                ref svg,
+            }) => dashboard::run(&dashboard::Request {
+                dashboard: file.clone(),
+                prometheus,
+                start,
+                end,
+                step,
+                scrape_interval,
+                subtitle: subtitle.clone(),
+                out: svg.clone(),
+            })
+            .await
+            .map(|()| ExitCode::SUCCESS),
             None => {
                 tokio::select! {
                     r = bench(&args) => r,

@@ -67,6 +67,8 @@ pub(crate) struct Hub {
     selection_metrics: Arc<SelectionMetrics>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
+    /// This server's `--server-id`, for the log lines of its frontend connections.
+    pub(crate) server_id: String,
 }
 
 impl Hub {
@@ -76,6 +78,7 @@ impl Hub {
         ejection: EjectionConfig,
         selection_metrics: Arc<SelectionMetrics>,
         audit: Option<Arc<Audit>>,
+        server_id: String,
     ) -> Self {
         Self {
             tenants,
@@ -83,6 +86,7 @@ impl Hub {
             ejection,
             selection_metrics,
             audit,
+            server_id,
         }
     }
 
@@ -134,7 +138,8 @@ impl Hub {
 
     /// Dials `address` through an agent. Returns when the agent answered, the dial deadline
     /// (the agent stream's table holds it) passed, or `frontend_gone` resolved; in the last
-    /// case the agent is told to stop dialing, or to close what it already opened.
+    /// case the agent is told to stop dialing, or to close what it already opened. The chosen
+    /// agent is recorded in the caller's connection span ([`crate::frontend::log_span`]).
     pub(crate) async fn dial(
         &self,
         request: &RequestContext,
@@ -164,6 +169,7 @@ impl Hub {
             .selected(selected.strategy, selected.candidates);
         let session = selected.backend;
         let random = request.dial_id;
+        crate::frontend::log_span::record_agent(&session.agent_id);
         tracing::debug!(
             agent.id = %session.agent_id,
             dial.id = %random,

@@ -7,6 +7,7 @@ mod address;
 pub mod connect_head;
 pub(crate) mod grpc;
 pub(crate) mod http_connect;
+pub(crate) mod log_span;
 
 /// `--mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -258,6 +258,7 @@ impl Server {
                 &registry,
             )),
             audit_writer.as_ref().map(|(audit, _)| audit.clone()),
+            config.server_id.clone(),
         ));
         hub.refresh_backend_gauges();
         let agent_service = Arc::new(AgentService {

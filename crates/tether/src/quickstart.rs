@@ -117,7 +117,12 @@ pub(crate) async fn run(args: QuickstartArgs) -> anyhow::Result<ExitCode> {
         pki.client_cert.display(),
         pki.client_key.display()
     );
-    println!("  curl http://{}/metrics   (server metrics)", grpc.health);
+    for pair in [&grpc, &connect] {
+        println!(
+            "  curl http://{}/metrics   (server metrics; agent: http://{}/metrics)",
+            pair.health, pair.agent_health
+        );
+    }
     for pair in [&grpc, &connect] {
         println!(
             "  {me} connections --admin-address {}   (or agents, top; agent: --admin-address {})",
@@ -146,7 +151,9 @@ pub(crate) async fn run(args: QuickstartArgs) -> anyhow::Result<ExitCode> {
 struct Pair {
     frontend: String,
     agent_port: u16,
+    /// The server's and the agent's metrics (`/metrics` on their health ports).
     health: SocketAddr,
+    agent_health: SocketAddr,
     /// The server's and the agent's admin ports (`tether connections`, `tether agents`).
     admin: SocketAddr,
     agent_admin: SocketAddr,
@@ -223,6 +230,7 @@ async fn start_pair(
         agent_port: agent_addr.port(),
         health: server.health_addr().context("health listener address")?,
         admin: server.admin_addr().context("admin listener address")?,
+        agent_health: loopback,
         agent_admin: loopback,
     };
     tasks.spawn(server.run(stop.clone()));
@@ -259,6 +267,9 @@ async fn start_pair(
     )
     .await?;
     let pair = Pair {
+        agent_health: agent
+            .health_addr()
+            .context("agent health listener address")?,
         agent_admin: agent.admin_addr().context("agent admin listener address")?,
         ..pair
     };

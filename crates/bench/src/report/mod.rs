@@ -2,6 +2,7 @@
 //! (median, min–max, ratios to upstream, to direct TCP and to the relay anchors), SVG
 //! charts, and the raw samples as CSV.
 
+pub mod lines;
 pub mod saved;
 pub mod svg;
 

@@ -1,4 +1,5 @@
-//! Hand-written SVG: horizontal grouped bar charts with min–max whiskers.
+//! Hand-written SVG: horizontal grouped bar charts with min–max whiskers, and the palette,
+//! scales and number formats that the time-series charts ([`super::lines`]) share.
 
 use std::fmt::Write as _;
 
@@ -16,7 +17,7 @@ pub struct Chart {
     pub series: Vec<(String, Vec<Option<Summary>>)>,
 }
 
-const PALETTE: [&str; 6] = [
+pub const PALETTE: [&str; 6] = [
     "#3b73b9", "#e0803a", "#4a9a5b", "#b8475a", "#7a5fb0", "#8c8c8c",
 ];
 const WIDTH: f64 = 920.0;
@@ -153,14 +154,15 @@ impl Chart {
     }
 }
 
+/// Where a value lands along an axis, as a fraction of its length.
 #[derive(Clone, Copy, Debug)]
-enum Scale {
+pub enum Scale {
     Linear { hi: f64 },
     Log { lo: f64, hi: f64 },
 }
 
 impl Scale {
-    fn frac(&self, v: f64) -> f64 {
+    pub fn frac(&self, v: f64) -> f64 {
         match *self {
             Scale::Linear { hi } => (v / hi).clamp(0.0, 1.0),
             Scale::Log { lo, hi } => {
@@ -176,7 +178,7 @@ impl Scale {
         }
     }
 
-    fn ticks(&self) -> Vec<f64> {
+    pub fn ticks(&self) -> Vec<f64> {
         match *self {
             Scale::Linear { hi } => {
                 let step = nice_step(hi / 5.0);
@@ -208,7 +210,7 @@ fn nice_step(x: f64) -> f64 {
     10.0 * p
 }
 
-fn nice_ceiling(max: f64) -> f64 {
+pub fn nice_ceiling(max: f64) -> f64 {
     let step = nice_step(max / 5.0);
     (max / step).ceil() * step
 }
@@ -236,7 +238,7 @@ pub fn short(v: f64) -> String {
     }
 }
 
-fn esc(s: &str) -> String {
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -8,7 +8,9 @@ use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, GrpcError, PacketReceiver, PacketSender, PeerIdentity, Status};
 use tether_proto::{ConnectId, Packet};
 use tether_tunnel::{ConnEvent, Tunnel, TunnelDown, TunnelUp};
+use tracing::Instrument as _;
 
+use super::log_span;
 use crate::dial::{DialError, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
@@ -20,7 +22,7 @@ const LINGER: Duration = Duration::from_secs(10);
 /// Largest batch of DATA written to the client in one flush.
 const BATCH_BYTES: usize = 256 * 1024;
 
-/// Serves one call on the frontend listener.
+/// Serves one call on the frontend listener, its log lines in its connection span.
 /// `first_packet_timeout` bounds the wait for the DIAL_REQ.
 pub(crate) async fn serve(
     hub: Arc<Hub>,
@@ -47,12 +49,17 @@ pub(crate) async fn serve(
     let gauge = hub.metrics.grpc_stream("Proxy");
     gauge.inc();
     let peer = call_peer;
-    let status = proxy(&hub, &limits, first_packet_timeout, peer, tx, rx).await;
-    if let Err(e) = status {
-        tracing::debug!(error = %e, "proxy stream ended with an error");
-        hub.metrics
-            .stream_error(Segment::ToClient, e.code_name(), "Unknown");
+    let span = log_span::connection(&hub.server_id);
+    async {
+        let status = proxy(&hub, &limits, first_packet_timeout, peer, tx, rx).await;
+        if let Err(e) = status {
+            tracing::debug!(error = %e, "proxy stream ended with an error");
+            hub.metrics
+                .stream_error(Segment::ToClient, e.code_name(), "Unknown");
+        }
     }
+    .instrument(span)
+    .await;
     gauge.dec();
 }
 
@@ -100,6 +107,7 @@ async fn proxy(
         }
     };
 
+    log_span::record_dial(random);
     let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
     if let Err(error) = super::address::check_dial_address(&request.address) {
         limits.hit(Limit::BadDialAddress);
@@ -139,6 +147,7 @@ async fn proxy(
         }
     };
     let id = tunnel.connect_id();
+    log_span::record_connection(id);
     let reply = Packet::DialResponse {
         random,
         result: Ok(id),

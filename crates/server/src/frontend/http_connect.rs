@@ -10,8 +10,10 @@ use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
 use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::Instrument as _;
 
 use super::connect_head::{self, Head, Parsed};
+use super::log_span;
 use crate::dial::{DialError, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
@@ -27,7 +29,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 
-/// Serves one accepted connection from `peer`.
+/// Serves one accepted connection from `peer`, its log lines in its connection span.
 pub(crate) async fn serve(
     hub: Arc<Hub>,
     limits: LimitMetrics,
@@ -35,9 +37,14 @@ pub(crate) async fn serve(
     peer: Arc<PeerIdentity>,
 ) {
     hub.metrics.http_connections.inc();
-    if let Err(e) = handle(&hub, &limits, io, peer.clone()).await {
-        tracing::debug!(peer = ?peer.addr, error = %e, "http connect connection ended with an error");
+    let span = log_span::connection(&hub.server_id);
+    async {
+        if let Err(e) = handle(&hub, &limits, io, peer.clone()).await {
+            tracing::debug!(peer = ?peer.addr, error = %e, "http connect connection ended with an error");
+        }
     }
+    .instrument(span)
+    .await;
     hub.metrics.http_connections.dec();
 }
 
@@ -67,6 +74,7 @@ async fn handle(
     };
 
     let random = DialId::random();
+    log_span::record_dial(random);
     let request = RequestContext::new(
         FrontendKind::HttpConnect,
         peer,
@@ -104,13 +112,13 @@ async fn handle(
         Ok(tunnel) => tunnel,
         Err(DialError::FrontendGone) => return Ok(()),
         Err(e) => {
-            tracing::debug!(dial.id = %random, %target, error = %e, "dial failed");
+            tracing::debug!(%target, error = %e, "dial failed");
             return respond(&mut io, &dial_error_response(&e)).await;
         }
     };
     io.write_all(ESTABLISHED).await?;
 
-    let connect_id = tunnel.connect_id();
+    log_span::record_connection(tunnel.connect_id());
     let (initiator, closed, mut io): (_, _, Box<dyn Io>) = match io.into_unix() {
         Ok(unix) => {
             let (mut rd, mut wr) = unix.into_split();
@@ -134,7 +142,7 @@ async fn handle(
         }
         // The agent, its connection or the destination failed: make the client see it.
         Err(error) => {
-            tracing::debug!(connect.id = %connect_id, dial.id = %random, ?error, "closing connection abortively");
+            tracing::debug!(?error, "closing connection abortively");
             io.abort_on_close();
         }
     }

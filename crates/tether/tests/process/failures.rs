@@ -9,22 +9,7 @@ use tether_testkit::process::{Frontend, Process, ServerProcess, spawn_agent, spa
 use tether_testkit::targets::{EchoServer, SourceServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{STEP, bin};
-
-fn tls_transport(pki: &Pki, server: &ServerProcess) -> Transport {
-    let f = &pki.files;
-    Transport::Tls {
-        addr: server.frontend_tcp.expect("TLS frontend").to_string(),
-        server_name: "127.0.0.1".into(),
-        tls: tether_tls::client_config(
-            &f.ca_cert,
-            Some((&f.client_cert, &f.client_key)),
-            Vec::new(),
-            &Default::default(),
-        )
-        .unwrap(),
-    }
-}
+use crate::{STEP, bin, tls_transport};
 
 async fn gauge(process: &Process, sample: &str) -> f64 {
     let text = process.metrics().await.unwrap_or_default();

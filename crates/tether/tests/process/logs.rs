@@ -9,9 +9,9 @@ use tether_testkit::Pki;
 use tether_testkit::http::get;
 use tether_testkit::process::{Frontend, Process, spawn_agent, spawn_server};
 use tether_testkit::targets::EchoServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::{STEP, bin};
+use crate::{STEP, bin, tls_transport};
 
 /// Parses every line of `path`, checking the keys every line has.
 fn json_lines(path: &Path) -> Vec<serde_json::Value> {
@@ -120,8 +120,69 @@ fn at_level<'a>(
         .collect()
 }
 
+/// A connection through either frontend, as the tests see it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// A client of the server's frontend.
+enum Client {
+    Grpc(GrpcClient),
+    HttpConnect(Transport),
+}
+
+impl Client {
+    async fn dial(&self, address: &str) -> Result<Box<dyn Stream>, tether_client::DialError> {
+        let stream: Box<dyn Stream> = match self {
+            Client::Grpc(client) => Box::new(client.dial(address).await?),
+            Client::HttpConnect(transport) => {
+                Box::new(tether_client::dial_http_connect(transport, address).await?)
+            }
+        };
+        Ok(stream)
+    }
+}
+
+/// Whether `line` carries `field`, as its own field or in one of its spans.
+fn carries(line: &serde_json::Value, field: &str) -> bool {
+    !line[field].is_null()
+        || line["spans"]
+            .as_array()
+            .is_some_and(|spans| spans.iter().any(|s| !s[field].is_null()))
+}
+
+/// `field` of `line`, its own or from the innermost span that has it.
+fn field_of(line: &serde_json::Value, field: &str) -> Option<String> {
+    let own = line[field].as_str().map(str::to_owned);
+    own.or_else(|| {
+        line["spans"].as_array().and_then(|spans| {
+            spans
+                .iter()
+                .rev()
+                .find_map(|s| s[field].as_str().map(str::to_owned))
+        })
+    })
+}
+
 #[tokio::test]
-async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides() {
+async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides_grpc() {
+    ids_on_every_line_of_a_connection(Via::Grpc).await;
+}
+
+#[tokio::test]
+async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides_http_connect() {
+    ids_on_every_line_of_a_connection(Via::HttpConnect).await;
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Grpc,
+    HttpConnect,
+}
+
+/// A normal close, an abnormal one and a refused dial through `via`: one INFO line on each
+/// side for the abnormal close, none for the normal one, and every DEBUG line of these
+/// connections on the server carries their agent and server ids.
+async fn ids_on_every_line_of_a_connection(via: Via) {
     let pki = Pki::generate().unwrap();
     let server_log = pki.dir().join("server.log");
     let agent_log = pki.dir().join("agent.log");
@@ -137,14 +198,13 @@ async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides() {
     let server_flags = flags(&server_log, "--server-id=server-logs");
     let agent_flags = flags(&agent_log, "--agent-id=agent-logs");
     let uds = pki.dir().join("frontend.sock");
-    let server = spawn_server(
-        bin(),
-        &pki,
-        Frontend::GrpcUds(uds.clone()),
-        &as_str(&server_flags),
-    )
-    .await
-    .expect("server");
+    let frontend = match via {
+        Via::Grpc => Frontend::GrpcUds(uds.clone()),
+        Via::HttpConnect => Frontend::HttpConnectTls,
+    };
+    let server = spawn_server(bin(), &pki, frontend, &as_str(&server_flags))
+        .await
+        .expect("server");
     let agent = spawn_agent(bin(), &pki, server.agent_addr, &as_str(&agent_flags))
         .await
         .expect("agent");
@@ -153,7 +213,10 @@ async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides() {
         .wait_ready()
         .await
         .expect("server has the agent");
-    let client = GrpcClient::connect(&Transport::Unix(uds)).await.unwrap();
+    let client = match via {
+        Via::Grpc => Client::Grpc(GrpcClient::connect(&Transport::Unix(uds)).await.unwrap()),
+        Via::HttpConnect => Client::HttpConnect(tls_transport(&pki, &server)),
+    };
     let open_dial_ids = || async {
         let (status, body) = get(server.admin_addr, "/debug/connections").await.unwrap();
         assert_eq!(status, 200);
@@ -192,6 +255,10 @@ async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides() {
     let _ = tokio::time::timeout(STEP, broken.read_to_end(&mut sink)).await;
     drop(broken);
     wait_closed().await;
+
+    // A refused dial: nothing listens on the destination.
+    let refused = free_port_address();
+    assert!(client.dial(&refused).await.is_err(), "{refused} refuses");
     // The agent logs its side when it answers; give it a moment before stopping.
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop(agent, 2).await;
@@ -228,4 +295,79 @@ async fn one_info_line_per_abnormal_connection_with_its_ids_on_both_sides() {
         connect_id(&agent_lines),
         "one connection ID on both sides"
     );
+
+    // The refused dial: one INFO line on each side, with one dial ID.
+    let failed_dial = |lines: &[serde_json::Value]| {
+        let failed: Vec<_> = lines
+            .iter()
+            .filter(|l| l["level"] == "INFO" && l["message"] == "dial failed")
+            .collect();
+        assert_eq!(failed.len(), 1, "one failed dial: {failed:#?}");
+        assert_eq!(failed[0]["agent.id"], "agent-logs", "{}", failed[0]);
+        assert_eq!(failed[0]["server.id"], "server-logs", "{}", failed[0]);
+        failed[0]["dial.id"].as_str().expect("dial.id").to_owned()
+    };
+    let refused_dial = failed_dial(&server_lines);
+    assert_eq!(
+        refused_dial,
+        failed_dial(&agent_lines),
+        "one dial ID on both sides"
+    );
+
+    // Every DEBUG line of the three on the server, the frontend's and the dial's included,
+    // carries the agent's and the server's ids (its own or its connection span's), so one
+    // grep for an id finds all of them. Lines written by the frontend belong to a
+    // connection whatever they say, so they must name the dial too.
+    let dials = [&normal_dial, &broken_dial, &refused_dial];
+    let frontend_target = |l: &serde_json::Value| {
+        l["target"].as_str().is_some_and(|t| {
+            t.starts_with("tether_server::frontend") || t.starts_with("tether_server::dial")
+        })
+    };
+    let of_connections: Vec<_> = server_lines
+        .iter()
+        .filter(|l| l["level"] == "DEBUG")
+        .filter(|l| {
+            frontend_target(l) || field_of(l, "dial.id").is_some_and(|id| dials.contains(&&id))
+        })
+        .collect();
+    for line in &of_connections {
+        let dial = field_of(line, "dial.id");
+        assert!(
+            dial.as_ref().is_some_and(|id| dials.contains(&id)),
+            "a line of a connection names its dial: {line}"
+        );
+        assert_eq!(
+            field_of(line, "agent.id").as_deref(),
+            Some("agent-logs"),
+            "{line}"
+        );
+        assert_eq!(
+            field_of(line, "server.id").as_deref(),
+            Some("server-logs"),
+            "{line}"
+        );
+    }
+    // The check above must have lines to look at: the frontend's own among them, and the
+    // connection ID on those of established connections.
+    let from_frontend = of_connections.iter().filter(|l| frontend_target(l)).count();
+    assert!(from_frontend >= 3, "{via:?}: {of_connections:#?}");
+    if let Via::HttpConnect = via {
+        let abortive: Vec<_> = of_connections
+            .iter()
+            .filter(|l| l["message"] == "closing connection abortively")
+            .collect();
+        assert_eq!(abortive.len(), 1, "{of_connections:#?}");
+        assert!(carries(abortive[0], "connect.id"), "{}", abortive[0]);
+        assert_eq!(
+            field_of(abortive[0], "dial.id").as_ref(),
+            Some(&broken_dial)
+        );
+    }
+}
+
+/// `127.0.0.1:port` where nothing listens (a port just bound and released).
+fn free_port_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
 }

@@ -8,9 +8,29 @@ mod profiling;
 use std::path::Path;
 use std::time::Duration;
 
+use tether_client::Transport;
+use tether_testkit::Pki;
+use tether_testkit::process::ServerProcess;
+
 /// Bound for any single step: catches hangs without asserting speed.
 pub(crate) const STEP: Duration = Duration::from_secs(30);
 
 pub(crate) fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tether"))
+}
+
+/// A client's way to `server`'s HTTP CONNECT frontend over mutual TLS.
+pub(crate) fn tls_transport(pki: &Pki, server: &ServerProcess) -> Transport {
+    let f = &pki.files;
+    Transport::Tls {
+        addr: server.frontend_tcp.expect("TLS frontend").to_string(),
+        server_name: "127.0.0.1".into(),
+        tls: tether_tls::client_config(
+            &f.ca_cert,
+            Some((&f.client_cert, &f.client_key)),
+            Vec::new(),
+            &Default::default(),
+        )
+        .unwrap(),
+    }
 }
