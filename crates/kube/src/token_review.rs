@@ -22,8 +22,8 @@ use tokio_util::task::AbortOnDropHandle;
 pub use cache::CacheLimits;
 use cache::{Lookup, TokenCache, TokenKey};
 use metrics::TokenMetrics;
-pub use verdict::AgentServiceAccount;
 use verdict::Verdict;
+pub use verdict::{ANY, AgentServiceAccount};
 
 use crate::KubeApi;
 

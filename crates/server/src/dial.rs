@@ -11,9 +11,10 @@ use crate::audit::Audit;
 use crate::backend::outlier::EjectionConfig;
 use crate::backend::selection_metrics::SelectionMetrics;
 use crate::backend::session::Watch;
+use crate::byte_rate::ByteRate;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
-use crate::tenant::{Side, Tenant, Tenants};
+use crate::tenant::{Proof, Side, Tenant, Tenants};
 
 /// Why a dial did not produce a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +42,13 @@ pub(crate) enum DialError {
     /// The client's tenant is over one of its limits.
     #[error("{0}")]
     TenantLimit(String),
+}
+
+/// An established tunnel, with its tenant's bytes/s limit when it has one.
+#[derive(Debug)]
+pub(crate) struct Dialed {
+    pub(crate) tunnel: Tunnel,
+    pub(crate) byte_rate: Option<Arc<ByteRate>>,
 }
 
 impl From<tether_tunnel::DialError> for DialError {
@@ -144,15 +152,18 @@ impl Hub {
         &self,
         request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
-    ) -> Result<Tunnel, DialError> {
+    ) -> Result<Dialed, DialError> {
         let refuse = |error: DialError| {
             self.refused(request, &error.to_string());
             error
         };
-        let tenant = self
-            .tenants
-            .resolve(Side::Client, &request.peer)
-            .map_err(|why| refuse(DialError::NoTenant(why)))?;
+        let tenant = match &request.tenant {
+            Some(tenant) => tenant,
+            None => self
+                .tenants
+                .resolve(Side::Client, Proof::peer(&request.peer))
+                .map_err(|why| refuse(DialError::NoTenant(why)))?,
+        };
         let now = Instant::now();
         tenant
             .reserve_dial(now)
@@ -210,7 +221,10 @@ impl Hub {
                 }
             };
         tokio::select! {
-            answer = pending.answer() => answer.map_err(DialError::from),
+            answer = pending.answer() => answer.map_err(DialError::from).map(|tunnel| Dialed {
+                tunnel,
+                byte_rate: tenant.byte_rate.clone(),
+            }),
             () = frontend_gone => {
                 match pending.abandon() {
                     Abandoned::Pending => {

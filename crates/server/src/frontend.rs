@@ -1,10 +1,11 @@
 //! Frontends: where clients such as kube-apiserver ask for connections.
 //!
 //! One per server process, as upstream: gRPC `ProxyService` or HTTP CONNECT, each over a
-//! Unix socket or mutual-TLS TCP.
+//! Unix socket or mutual-TLS TCP; plus, in the same mode, each tenant's own frontends.
 
 mod address;
 pub mod connect_head;
+pub(crate) mod connection;
 pub(crate) mod grpc;
 pub(crate) mod http_connect;
 pub(crate) mod log_span;

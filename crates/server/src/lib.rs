@@ -12,6 +12,7 @@
 
 mod audit;
 mod backend;
+mod byte_rate;
 mod dial;
 pub mod frontend;
 mod health;
@@ -22,6 +23,7 @@ mod net;
 mod request;
 pub mod routing;
 mod tenant;
+mod tenant_frontend;
 mod tls_reload;
 mod unix_socket;
 mod warn_limit;
@@ -40,7 +42,7 @@ pub use frontend::Mode;
 pub use limits::Limits;
 pub use routing::RoutingConfig;
 use tether_grpc::server::Connection;
-use tether_grpc::{H2Settings, Keepalive, PeerTransport};
+use tether_grpc::{H2Settings, Keepalive};
 use tether_observe::metrics::Registry;
 pub use tether_tunnel::FlowConfig;
 use tokio::net::TcpListener;
@@ -124,6 +126,9 @@ pub enum ServerError {
         addr: String,
         source: std::io::Error,
     },
+    /// A tenant's own frontend that cannot be served as configured.
+    #[error("--routing-config: {0}")]
+    TenantFrontend(String),
     #[error("opening the audit log {path}: {source}")]
     AuditLog {
         path: String,
@@ -136,6 +141,8 @@ pub enum ServerError {
 pub struct Server {
     config: Config,
     frontend: Listener,
+    /// Tenants' own frontends, by tenant name.
+    tenant_frontends: Vec<(String, Listener)>,
     agent: Listener,
     health: TcpListener,
     admin: TcpListener,
@@ -167,6 +174,7 @@ impl Server {
                     .map_err(listen_err("frontend", addr.to_string()))?
             }
         };
+        let tenant_frontends = bind_tenant_frontends(&config).await?;
         let agent_reloading = config.tls_reload.as_ref().map(|r| r.agent.clone());
         let agent = Listener::tls(config.agent_addr, config.agent_tls.clone(), agent_reloading)
             .await
@@ -191,6 +199,7 @@ impl Server {
         Ok(Self {
             config,
             frontend,
+            tenant_frontends,
             agent,
             health,
             admin,
@@ -216,6 +225,14 @@ impl Server {
         self.frontend.tcp_addr()
     }
 
+    /// Each tenant's own frontends: the tenant's name and a socket path or `host:port`.
+    pub fn tenant_frontend_addrs(&self) -> Vec<(String, String)> {
+        self.tenant_frontends
+            .iter()
+            .map(|(name, listener)| (name.clone(), listener.local_addr()))
+            .collect()
+    }
+
     pub fn agent_addr(&self) -> Option<SocketAddr> {
         self.agent.tcp_addr()
     }
@@ -234,6 +251,7 @@ impl Server {
         let Self {
             config,
             frontend,
+            tenant_frontends,
             agent,
             health,
             admin,
@@ -381,72 +399,53 @@ impl Server {
                 }
             },
         );
+        let frontend_service = Arc::new(frontend::connection::FrontendService {
+            hub: hub.clone(),
+            settings: frontend_settings,
+            shutdown: shutdown.clone(),
+            mode: config.mode,
+            metrics: limit_metrics.clone(),
+            first_packet_timeout: limits.first_packet_timeout,
+        });
         let frontend_loop = accept_loop(
             &frontend,
             &frontends,
             &shutdown,
             &stop,
             &frontend_gate,
-            |conn, deadline| {
-                let hub = hub.clone();
-                let settings = frontend_settings.clone();
-                let shutdown = shutdown.clone();
-                let mode = config.mode;
-                let metrics = limit_metrics.clone();
-                async move {
-                    let (io, peer) = ready(conn, deadline, &metrics).await?;
-                    let unix = peer.transport == PeerTransport::Unix;
-                    let connection = Connection {
-                        peer: Arc::new(peer),
-                        setup_deadline: Some(deadline),
-                    };
-                    let grpc_hub = hub.clone();
-                    let grpc_metrics = metrics.clone();
-                    let first_packet_timeout = limits.first_packet_timeout;
-                    let on_call = move |call| {
-                        frontend::grpc::serve(
-                            grpc_hub.clone(),
-                            grpc_metrics.clone(),
-                            first_packet_timeout,
-                            call,
-                        )
-                    };
-                    let served = match mode {
-                        Mode::Grpc => {
-                            // Go clients send the escaped socket path as :authority; see
-                            // AuthorityRewrite.
-                            let io: Box<dyn net::Io> = if unix {
-                                Box::new(tether_grpc::AuthorityRewrite::new(io))
-                            } else {
-                                io
-                            };
-                            tether_grpc::server::serve_connection(
-                                io,
-                                &settings,
-                                connection,
-                                on_call,
-                                shutdown.cancelled(),
-                            )
-                            .await
-                        }
-                        Mode::HttpConnect => {
-                            frontend::http_connect::serve(
-                                hub,
-                                metrics.clone(),
-                                io,
-                                connection.peer,
-                            )
-                            .await;
-                            Ok(())
-                        }
-                    };
-                    count_connection_end(&metrics, &served);
-                    served.map_err(|e| std::io::Error::other(e.to_string()))
-                }
-            },
+            |conn, deadline| frontend_service.clone().serve(conn, deadline, None),
         );
+        // Each tenant's own frontend: the same service, with the tenant pinned.
+        let mut tenant_loops = tokio::task::JoinSet::new();
+        for (name, listener) in tenant_frontends {
+            let tenant = hub.tenants.by_name(&name).cloned();
+            assert!(
+                tenant.is_some(),
+                "tenant frontends are bound from the same table"
+            );
+            tracing::info!(tenant = %name, frontend = %listener.local_addr(), "tenant frontend listening");
+            let service = frontend_service.clone();
+            let (tasks, shutdown, stop, gate) = (
+                frontends.clone(),
+                shutdown.clone(),
+                stop.clone(),
+                frontend_gate.clone(),
+            );
+            tenant_loops.spawn(async move {
+                accept_loop(
+                    &listener,
+                    &tasks,
+                    &shutdown,
+                    &stop,
+                    &gate,
+                    |conn, deadline| service.clone().serve(conn, deadline, tenant.clone()),
+                )
+                .await;
+            });
+        }
+        let tenant_loops = async { while tenant_loops.join_next().await.is_some() {} };
 
-        tokio::join!(agent_loop, frontend_loop);
+        tokio::join!(agent_loop, frontend_loop, tenant_loops);
 
         // Shutting down: no new connections are accepted from here on.
         shutting_down.store(true, Ordering::Release);
@@ -474,7 +473,75 @@ impl Server {
     }
 }
 
+/// Binds every tenant's own frontend, refusing one that would share an address with the
+/// server's other listeners.
+async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)>, ServerError> {
+    let mut bound = Vec::new();
+    for tenant in &config.routing.tenants {
+        let Some(frontend) = &tenant.frontend else {
+            continue;
+        };
+        let refuse = |what: String| {
+            ServerError::TenantFrontend(format!("tenant {:?}'s {what}", tenant.name))
+        };
+        if let Some(path) = &frontend.unix {
+            let delete_existing = match &config.frontend {
+                FrontendListen::Unix { path: main, .. }
+                    if tenant_frontend::unix_overlaps(path, main) =>
+                {
+                    return Err(refuse(format!(
+                        "frontend.unix {} is the main frontend's socket (--uds-name)",
+                        path.display()
+                    )));
+                }
+                FrontendListen::Unix {
+                    delete_existing, ..
+                } => *delete_existing,
+                FrontendListen::Tls { .. } => false,
+            };
+            let listener =
+                Listener::unix(path, delete_existing).map_err(|source| ServerError::Listen {
+                    what: "tenant frontend socket",
+                    addr: path.display().to_string(),
+                    source,
+                })?;
+            bound.push((tenant.name.clone(), listener));
+        }
+        if let Some(addr) = frontend.tcp {
+            let FrontendListen::Tls { addr: main, tls } = &config.frontend else {
+                return Err(refuse(format!(
+                    "frontend.tcp {addr} needs the mTLS frontend's certificates, and the main \
+                     frontend is a Unix socket (--uds-name)"
+                )));
+            };
+            for (other, flag) in [
+                (*main, "--server-port"),
+                (config.agent_addr, "--agent-port"),
+                (config.health_addr, "--health-port"),
+                (config.admin_addr, "--admin-port"),
+            ] {
+                if tenant_frontend::tcp_overlaps(addr, other) {
+                    return Err(refuse(format!(
+                        "frontend.tcp {addr} overlaps {other} ({flag})"
+                    )));
+                }
+            }
+            let reloading = config.tls_reload.as_ref().and_then(|r| r.frontend.clone());
+            let listener = Listener::tls(addr, tls.clone(), reloading)
+                .await
+                .map_err(|source| ServerError::Listen {
+                    what: "tenant frontend",
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            bound.push((tenant.name.clone(), listener));
+        }
+    }
+    Ok(bound)
+}
+
 /// What a listener checks at accept: its connection slots and the setup deadline.
+#[derive(Clone)]
 struct Gate {
     slots: Arc<ConnectionSlots>,
     setup_timeout: Duration,

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
 
+use crate::tenant::Tenant;
+
 /// Which frontend a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FrontendKind {
@@ -34,6 +36,9 @@ pub(crate) struct RequestContext {
     /// The requested `host:port`, already checked by the frontend.
     pub(crate) address: String,
     pub(crate) dial_id: DialId,
+    /// The tenant whose own frontend the request arrived on; `None` on the main frontend,
+    /// where the tenant is resolved from `peer`.
+    pub(crate) tenant: Option<Arc<Tenant>>,
 }
 
 impl RequestContext {
@@ -43,6 +48,7 @@ impl RequestContext {
         protocol: String,
         address: String,
         dial_id: DialId,
+        tenant: Option<Arc<Tenant>>,
     ) -> Self {
         Self {
             frontend,
@@ -50,6 +56,7 @@ impl RequestContext {
             protocol,
             address,
             dial_id,
+            tenant,
         }
     }
 
@@ -62,6 +69,7 @@ impl RequestContext {
             "tcp".into(),
             address.into(),
             DialId(1),
+            None,
         )
     }
 }

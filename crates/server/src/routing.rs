@@ -16,7 +16,11 @@
 //!   - name: acme
 //!     clients: ["cert:apiserver.acme", "uid:1001"]
 //!     agents: ["cert:agent.acme"]
-//!     limits: {connections: 1000, pending_dials: 100, dials_per_second: 50}
+//!     limits: {connections: 1000, pending_dials: 100, dials_per_second: 50,
+//!              bytes_per_second: 104857600}  # both directions, all connections
+//!   - name: initech          # its own socket: every client on it is initech's
+//!     frontend: {unix: /run/tether/initech.sock}
+//!     agents: ["sa:initech"]  # ServiceAccounts of namespace initech (token authentication)
 //! ```
 
 use std::time::Duration;
@@ -27,6 +31,8 @@ use tether_policy::Cidr;
 pub use crate::backend::outlier::EjectionConfig;
 pub use crate::backend::selection::ZoneRule;
 pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
+use crate::tenant_frontend;
+pub use crate::tenant_frontend::TenantFrontend;
 
 /// Selection settings beyond `--proxy-strategies`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,10 +63,20 @@ struct File {
 #[serde(deny_unknown_fields)]
 struct TenantEntry {
     name: String,
+    #[serde(default)]
     clients: Vec<String>,
     agents: Vec<String>,
     #[serde(default)]
     limits: Option<LimitsEntry>,
+    #[serde(default)]
+    frontend: Option<FrontendEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FrontendEntry {
+    unix: Option<String>,
+    tcp: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -69,6 +85,7 @@ struct LimitsEntry {
     connections: Option<u64>,
     pending_dials: Option<u64>,
     dials_per_second: Option<f64>,
+    bytes_per_second: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -186,13 +203,51 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
         if out.iter().any(|t| t.name == entry.name) {
             return Err(format!("{at}: the name is used twice"));
         }
+        let frontend = entry
+            .frontend
+            .map(|f| TenantFrontend::parse(f.unix.as_deref(), f.tcp.as_deref()))
+            .transpose()
+            .map_err(|e| format!("{at}: {e}"))?;
+        if let Some(frontend) = &frontend {
+            check_frontend_is_its_own(&at, frontend, &out)?;
+        }
         let mut parse = |side: &str, is_agent: bool, list: &[String]| {
-            if list.is_empty() {
-                return Err(format!("{at}: {side} must list at least one identity"));
+            // A tenant with its own frontend may have no client identities: the socket is
+            // the identity.
+            if list.is_empty() && !(side == "clients" && frontend.is_some()) {
+                let or = if is_agent {
+                    ""
+                } else {
+                    ", or the tenant its own frontend"
+                };
+                return Err(format!("{at}: {side} must list at least one identity{or}"));
             }
             list.iter()
                 .map(|text| {
                     let id = Identity::parse(text).map_err(|e| format!("{at}: {side}: {e}"))?;
+                    if let Identity::ServiceAccount { namespace, name } = &id {
+                        if !is_agent {
+                            return Err(format!(
+                                "{at}: {side}: {text}: sa: identities are agents' (their tokens)"
+                            ));
+                        }
+                        // sa:NS covers every sa:NS:NAME: one agent would match two tenants.
+                        let covering = out.iter().find(|t| {
+                            t.agents.iter().any(|other| match other {
+                                Identity::ServiceAccount {
+                                    namespace: ns,
+                                    name: n,
+                                } => ns == namespace && (n.is_none() || name.is_none() || n == name),
+                                _ => false,
+                            })
+                        });
+                        if let Some(other) = covering {
+                            return Err(format!(
+                                "{at}: {side}: {text} overlaps an sa: identity of tenant {:?}; an agent belongs to one tenant",
+                                other.name
+                            ));
+                        }
+                    }
                     if let Some(other) = owners.insert((is_agent, id.clone()), entry.name.clone())
                     {
                         return Err(format!(
@@ -213,10 +268,16 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
                 {
                     return Err(format!("{at}: limits.dials_per_second must be positive"));
                 }
+                if l.bytes_per_second == Some(0) {
+                    return Err(format!(
+                        "{at}: limits.bytes_per_second must be positive (leave it out for no limit)"
+                    ));
+                }
                 TenantLimits {
                     connections: l.connections,
                     pending_dials: l.pending_dials,
                     dials_per_second: l.dials_per_second,
+                    bytes_per_second: l.bytes_per_second,
                 }
             }
         };
@@ -225,9 +286,41 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
             clients,
             agents,
             limits,
+            frontend,
         });
     }
     Ok(out)
+}
+
+/// Refuses a tenant frontend that shares a socket or a port with an earlier tenant's.
+fn check_frontend_is_its_own(
+    at: &str,
+    frontend: &TenantFrontend,
+    earlier: &[TenantConfig],
+) -> Result<(), String> {
+    for other in earlier {
+        let Some(theirs) = &other.frontend else {
+            continue;
+        };
+        if let (Some(a), Some(b)) = (&frontend.unix, &theirs.unix)
+            && tenant_frontend::unix_overlaps(a, b)
+        {
+            return Err(format!(
+                "{at}: frontend.unix {} is already tenant {:?}'s socket",
+                a.display(),
+                other.name
+            ));
+        }
+        if let (Some(a), Some(b)) = (frontend.tcp, theirs.tcp)
+            && tenant_frontend::tcp_overlaps(a, b)
+        {
+            return Err(format!(
+                "{at}: frontend.tcp {a} overlaps tenant {:?}'s {b}",
+                other.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -276,8 +369,20 @@ mod tests {
         let block = &block[..block.find("```").unwrap()];
         let c = RoutingConfig::from_yaml(block).unwrap();
         assert_eq!(c.zone_rules.len(), 3);
-        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants.len(), 3);
         assert_eq!(c.tenants[1].clients, [Identity::UnixUid(1002)]);
+        assert_eq!(c.tenants[1].limits.bytes_per_second, Some(50 << 20));
+        assert_eq!(
+            c.tenants[2].frontend.as_ref().unwrap().unix.as_deref(),
+            Some(std::path::Path::new("/run/tether/initech.sock"))
+        );
+        assert_eq!(
+            c.tenants[2].agents,
+            [Identity::ServiceAccount {
+                namespace: "initech".into(),
+                name: Some("konnectivity-agent".into())
+            }]
+        );
     }
 
     #[test]
@@ -325,6 +430,34 @@ mod tests {
             (
                 "tenants:\n  - {name: a, clients: [\"uid:x\"], agents: [\"cert:y\"]}\n",
                 "uid must be a number",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], limits: {bytes_per_second: 0}}\n",
+                "limits.bytes_per_second must be positive",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"sa:ns\"], agents: [\"cert:y\"]}\n",
+                "sa: identities are agents'",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"sa:ns\"]}\n  - {name: b, clients: [\"cert:w\"], agents: [\"sa:ns:agent\"]}\n",
+                "tenants[1] (\"b\"): agents: sa:ns:agent overlaps an sa: identity of tenant \"a\"",
+            ),
+            (
+                "tenants:\n  - {name: a, agents: [\"cert:y\"]}\n",
+                "clients must list at least one identity, or the tenant its own frontend",
+            ),
+            (
+                "tenants:\n  - {name: a, agents: [\"cert:y\"], frontend: {}}\n",
+                "tenants[0] (\"a\"): frontend: name a unix socket",
+            ),
+            (
+                "tenants:\n  - {name: a, agents: [\"cert:y\"], frontend: {unix: /run/t.sock}}\n  - {name: b, agents: [\"cert:z\"], frontend: {unix: \"/run//t.sock\"}}\n",
+                "tenants[1] (\"b\"): frontend.unix /run/t.sock is already tenant \"a\"'s socket",
+            ),
+            (
+                "tenants:\n  - {name: a, agents: [\"cert:y\"], frontend: {tcp: \"0.0.0.0:8131\"}}\n  - {name: b, agents: [\"cert:z\"], frontend: {tcp: \"127.0.0.1:8131\"}}\n",
+                "frontend.tcp 127.0.0.1:8131 overlaps tenant \"a\"'s 0.0.0.0:8131",
             ),
             (
                 "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], limits: {dials_per_second: 0}}\n",

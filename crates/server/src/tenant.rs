@@ -1,7 +1,8 @@
 //! Tenants: one server fleet for many clusters.
 //!
-//! A tenant is resolved from what the listener proved (certificate names, Unix uid) through
-//! the routing file's static table, for frontend clients and agents alike. Each tenant owns
+//! A tenant is resolved from what the listener proved (certificate names, Unix uid) or, for
+//! agents, what their reviewed token proved (a ServiceAccount), through the routing file's
+//! static table, for frontend clients and agents alike. Each tenant owns
 //! its own agent registry, so a dial can only ever see its tenant's agents; an identity that
 //! maps to no tenant, or to more than one, is refused (fail closed). Without a `tenants`
 //! table every peer belongs to one implicit tenant with no limits (upstream's behaviour).
@@ -18,6 +19,7 @@ use tether_observe::metrics::{Counter, CounterVec, Registry as Metrics};
 
 use crate::backend::registry::{Registry, Strategy};
 use crate::backend::session::AgentSession;
+use crate::byte_rate::ByteRate;
 use crate::routing::RoutingConfig;
 
 /// Most tenants a routing file may declare: bounds the `tenant` label's cardinality.
@@ -30,6 +32,48 @@ pub enum Identity {
     CertName(String),
     /// `uid:N`: the peer process's uid on a Unix socket frontend.
     UnixUid(u32),
+    /// `sa:NAMESPACE` or `sa:NAMESPACE:NAME`: an agent whose token review (token
+    /// authentication) proved a ServiceAccount of that namespace (and name).
+    ServiceAccount {
+        namespace: String,
+        name: Option<String>,
+    },
+}
+
+/// The prefix of a ServiceAccount's user name in a TokenReview.
+const SERVICE_ACCOUNT_USER: &str = "system:serviceaccount:";
+
+/// What a peer proved: its connection's identity and, for an agent with token
+/// authentication, the reviewed user name (`system:serviceaccount:NS:NAME`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Proof<'a> {
+    pub(crate) peer: &'a PeerIdentity,
+    pub(crate) token_user: Option<&'a str>,
+}
+
+impl<'a> Proof<'a> {
+    pub(crate) fn peer(peer: &'a PeerIdentity) -> Self {
+        Self {
+            peer,
+            token_user: None,
+        }
+    }
+
+    /// The ServiceAccount's namespace and name, when the token proved one.
+    fn service_account(&self) -> Option<(&'a str, &'a str)> {
+        self.token_user?
+            .strip_prefix(SERVICE_ACCOUNT_USER)?
+            .split_once(':')
+    }
+}
+
+impl std::fmt::Display for Proof<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.token_user {
+            Some(user) => write!(f, "{}", tether_grpc::LogText(user)),
+            None => write!(f, "{}", self.peer.principal()),
+        }
+    }
 }
 
 impl Identity {
@@ -40,18 +84,55 @@ impl Identity {
                 .parse()
                 .map(Self::UnixUid)
                 .map_err(|_| format!("{text:?}: uid must be a number")),
+            Some(("sa", account)) => {
+                let (namespace, name) = match account.split_once(':') {
+                    Some((namespace, name)) => (namespace, Some(name)),
+                    None => (account, None),
+                };
+                if !is_dns_label(namespace) {
+                    return Err(format!(
+                        "{text:?}: the namespace must be a DNS label (lowercase letters, digits and '-', at most 63)"
+                    ));
+                }
+                if name.is_some_and(|n| n.is_empty() || n.len() > 253 || n.contains(':')) {
+                    return Err(format!(
+                        "{text:?}: the ServiceAccount name must be 1 to 253 characters without ':'"
+                    ));
+                }
+                Ok(Self::ServiceAccount {
+                    namespace: namespace.to_owned(),
+                    name: name.map(str::to_owned),
+                })
+            }
             _ => Err(format!(
-                "{text:?}: expected cert:NAME (a certificate's CN or SAN) or uid:N (a Unix socket peer)"
+                "{text:?}: expected cert:NAME (a certificate's CN or SAN), uid:N (a Unix socket peer) or sa:NAMESPACE[:NAME] (an agent's ServiceAccount, with token authentication)"
             )),
         }
     }
 
-    fn matches(&self, peer: &PeerIdentity) -> bool {
+    fn matches(&self, proof: &Proof<'_>) -> bool {
+        let peer = proof.peer;
         match self {
             Self::CertName(name) => peer.certificate.as_ref().is_some_and(|c| c.has_name(name)),
             Self::UnixUid(uid) => peer.unix.is_some_and(|u| u.uid == *uid),
+            Self::ServiceAccount { namespace, name } => {
+                proof.service_account().is_some_and(|(ns, n)| {
+                    ns == namespace && name.as_ref().is_none_or(|name| name == n)
+                })
+            }
         }
     }
+}
+
+/// A Kubernetes namespace name: an RFC 1123 label.
+fn is_dns_label(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-')
 }
 
 /// Caps on one tenant; `None` is unlimited.
@@ -62,6 +143,8 @@ pub struct TenantLimits {
     pub pending_dials: Option<u64>,
     /// New dials per second, with a burst of one second's worth.
     pub dials_per_second: Option<f64>,
+    /// Bytes per second over all the tenant's connections, both directions together.
+    pub bytes_per_second: Option<u64>,
 }
 
 /// One row of the tenant table.
@@ -71,6 +154,8 @@ pub struct TenantConfig {
     pub clients: Vec<Identity>,
     pub agents: Vec<Identity>,
     pub limits: TenantLimits,
+    /// The tenant's own listeners: every client on them is this tenant's.
+    pub frontend: Option<crate::tenant_frontend::TenantFrontend>,
 }
 
 /// Which cap a dial hit.
@@ -123,6 +208,8 @@ pub(crate) struct Tenant {
     registry: Mutex<Registry<Arc<AgentSession>>>,
     metrics: Arc<TenantMetrics>,
     dials: OnceLock<Arc<Counter>>,
+    /// The bytes/s limit, shared by the tenant's connections; `None` without one.
+    pub(crate) byte_rate: Option<Arc<ByteRate>>,
 }
 
 impl Tenant {
@@ -133,6 +220,9 @@ impl Tenant {
         routing: &Arc<RoutingConfig>,
         metrics: Arc<TenantMetrics>,
     ) -> Self {
+        let byte_rate = limits
+            .bytes_per_second
+            .map(|rate| Arc::new(ByteRate::new(rate, metrics.byte_rate_waits.with(&[&name]))));
         Self {
             name,
             limits,
@@ -141,6 +231,7 @@ impl Tenant {
             registry: Mutex::new(Registry::new(strategies, routing.clone())),
             metrics,
             dials: OnceLock::new(),
+            byte_rate,
         }
     }
 
@@ -225,6 +316,7 @@ pub(crate) struct TenantMetrics {
     dials: Arc<CounterVec>,
     refusals: Arc<CounterVec>,
     unknown: Arc<CounterVec>,
+    byte_rate_waits: Arc<CounterVec>,
 }
 
 impl TenantMetrics {
@@ -244,6 +336,11 @@ impl TenantMetrics {
                 "tether_server_tenant_unmapped_total",
                 "Frontend clients and agents refused because their identity maps to no tenant or to several, by side",
                 &["side"],
+            ),
+            byte_rate_waits: metrics.counter_vec(
+                "tether_server_tenant_byte_rate_waits_total",
+                "Times a connection waited because its tenant was over its bytes/s limit, per tenant",
+                &["tenant"],
             ),
         }
     }
@@ -299,8 +396,8 @@ impl Tenants {
         }
     }
 
-    /// The one tenant `peer` belongs to on `side`; `Err` names why there is none.
-    pub(crate) fn resolve(&self, side: Side, peer: &PeerIdentity) -> Result<&Arc<Tenant>, String> {
+    /// The one tenant `proof` belongs to on `side`; `Err` names why there is none.
+    pub(crate) fn resolve(&self, side: Side, proof: Proof<'_>) -> Result<&Arc<Tenant>, String> {
         if let Some(implicit) = &self.implicit {
             return Ok(implicit);
         }
@@ -309,7 +406,7 @@ impl Tenants {
                 Side::Client => &config.clients,
                 Side::Agent => &config.agents,
             };
-            list.iter().any(|id| id.matches(peer))
+            list.iter().any(|id| id.matches(&proof))
         });
         let (label, what) = match side {
             Side::Client => ("client", "client"),
@@ -321,17 +418,20 @@ impl Tenants {
         };
         match (found.next(), found.next()) {
             (Some((_, tenant)), None) => Ok(tenant),
-            (None, _) => refuse(format!(
-                "{what} identity {} belongs to no tenant",
-                peer.principal()
-            )),
+            (None, _) => refuse(format!("{what} identity {proof} belongs to no tenant")),
             (Some((a, _)), Some((b, _))) => refuse(format!(
-                "{what} identity {} matches tenants {} and {}; refusing rather than guessing",
-                peer.principal(),
-                a.name,
-                b.name
+                "{what} identity {proof} matches tenants {} and {}; refusing rather than guessing",
+                a.name, b.name
             )),
         }
+    }
+
+    /// The table's tenant called `name`.
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.table
+            .iter()
+            .find(|(config, _)| config.name == name)
+            .map(|(_, tenant)| tenant)
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
@@ -365,7 +465,7 @@ mod tests {
         let t = tenant(TenantLimits {
             connections: Some(3),
             pending_dials: Some(2),
-            dials_per_second: None,
+            ..TenantLimits::default()
         });
         let now = Instant::now();
         t.reserve_dial(now).unwrap();
@@ -418,7 +518,11 @@ mod tests {
             }),
             unix: None,
         };
-        let name = |side, peer: &PeerIdentity| tenants.resolve(side, peer).map(|t| t.name.clone());
+        let name = |side, peer: &PeerIdentity| {
+            tenants
+                .resolve(side, Proof::peer(peer))
+                .map(|t| t.name.clone())
+        };
         assert_eq!(name(Side::Client, &cert(&["api.b"])).unwrap(), "b");
         assert_eq!(name(Side::Agent, &cert(&["ag.a"])).unwrap(), "a");
         assert!(
@@ -450,6 +554,51 @@ mod tests {
             &RoutingConfig::default(),
             &Metrics::new(),
         );
-        assert!(open.resolve(Side::Client, &PeerIdentity::unknown()).is_ok());
+        assert!(
+            open.resolve(Side::Client, Proof::peer(&PeerIdentity::unknown()))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn agents_resolve_by_service_account_namespace_and_name() {
+        let routing = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"sa:tenant-a\"]}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"sa:tenant-b:agent\"]}\n",
+        )
+        .unwrap();
+        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let peer = PeerIdentity::unknown();
+        let agent = |user: &str| {
+            tenants
+                .resolve(
+                    Side::Agent,
+                    Proof {
+                        peer: &peer,
+                        token_user: Some(user),
+                    },
+                )
+                .map(|t| t.name.clone())
+        };
+        assert_eq!(
+            agent("system:serviceaccount:tenant-a:anything").unwrap(),
+            "a"
+        );
+        assert_eq!(agent("system:serviceaccount:tenant-b:agent").unwrap(), "b");
+        assert_eq!(
+            agent("system:serviceaccount:tenant-b:other").unwrap_err(),
+            "agent identity system:serviceaccount:tenant-b:other belongs to no tenant"
+        );
+        assert!(agent("system:serviceaccount:tenant-c:agent").is_err());
+        assert!(
+            agent("system:node:tenant-a").is_err(),
+            "not a ServiceAccount"
+        );
+        assert!(
+            tenants.resolve(Side::Agent, Proof::peer(&peer)).is_err(),
+            "no token, no ServiceAccount"
+        );
+        for bad in ["sa:", "sa:Tenant", "sa:a_b", "sa:-a", "sa:a:", "sa:a:b:c"] {
+            assert!(Identity::parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -116,6 +116,9 @@ pub struct TestServer {
     pub frontend: String,
     pub uds: Option<PathBuf>,
     pub frontend_tcp: Option<SocketAddr>,
+    /// Tenants' own frontends (`frontend:` in the routing file): tenant name, then a socket
+    /// path or `host:port`.
+    pub tenant_frontends: Vec<(String, String)>,
     pub agent_addr: SocketAddr,
     pub health_addr: SocketAddr,
     pub admin_addr: SocketAddr,
@@ -195,6 +198,7 @@ impl TestServer {
                 .is_none()
                 .then(|| PathBuf::from(server.frontend_addr())),
             frontend_tcp: server.frontend_tcp_addr(),
+            tenant_frontends: server.tenant_frontend_addrs(),
             agent_addr: server.agent_addr().ok_or_else(missing)?,
             health_addr: server.health_addr().ok_or_else(missing)?,
             admin_addr: server.admin_addr().ok_or_else(missing)?,

@@ -175,6 +175,59 @@ fn start_server(files: &PkiFiles, socket: &Path, extra: &[&str]) -> Running {
 }
 
 #[test]
+fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
+    let (dir, files) = pki();
+    let socket = dir.path().join("proxy.sock");
+    let routing = dir.path().join("routing.yaml");
+    let cert = format!("--cluster-cert={}", files.server_cert.display());
+    let key = format!("--cluster-key={}", files.server_key.display());
+    let ca = format!("--cluster-ca-cert={}", files.ca_cert.display());
+    let uds = format!("--uds-name={}", socket.display());
+    let routing_flag = format!("--routing-config={}", routing.display());
+    for (frontend, expected) in [
+        (
+            format!("{{unix: \"{}\"}}", socket.display()),
+            format!(
+                "tenant \"a\"'s frontend.unix {} is the main frontend's socket (--uds-name)",
+                socket.display()
+            ),
+        ),
+        (
+            "{tcp: \"127.0.0.1:8131\"}".to_owned(),
+            "tenant \"a\"'s frontend.tcp 127.0.0.1:8131 needs the mTLS frontend's certificates"
+                .to_owned(),
+        ),
+    ] {
+        std::fs::write(
+            &routing,
+            format!(
+                "tenants:\n  - {{name: a, agents: [\"cert:agent.a\"], frontend: {frontend}}}\n"
+            ),
+        )
+        .unwrap();
+        let output = run(
+            Path::new(TETHER),
+            &[
+                "server",
+                &uds,
+                "--server-port=0",
+                &cert,
+                &key,
+                &ca,
+                "--agent-port=0",
+                "--health-port=0",
+                "--admin-port=0",
+                &routing_flag,
+            ],
+        );
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        assert!(err.contains(&expected), "{err}");
+    }
+    assert!(!socket.exists(), "nothing was left listening");
+}
+
+#[test]
 fn server_stops_on_a_signal_and_exits_1_on_a_second() {
     let (dir, files) = pki();
     let socket = dir.path().join("proxy.sock");

@@ -1,12 +1,17 @@
 //! What a TokenReview's answer means for an agent, with upstream's checks: the token is
 //! authenticated, the user is `system:serviceaccount:NS:NAME` with exactly those four parts,
-//! and NS and NAME are the configured ones.
+//! and NS and NAME are the configured ones, or anything where the configuration says
+//! [`ANY`] (tether: the routing file's `sa:` tenant identities then decide).
 
 use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 use tether_server::TokenIdentity;
 
 /// The `user.extra` key under which bound ServiceAccount tokens carry their pod's node.
 pub(crate) const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// `--agent-namespace` or `--agent-service-account` accepting any value (tether). Only
+/// allowed with a tenant table, which refuses every agent it does not map.
+pub const ANY: &str = "*";
 
 /// Which tokens admit an agent: upstream's `--agent-namespace`, `--agent-service-account`
 /// and `--authentication-audience`.
@@ -55,13 +60,13 @@ impl AgentServiceAccount {
         if system != "system" || serviceaccount != "serviceaccount" {
             return Verdict::Refuse(format!("username {username:?} is not a service account"));
         }
-        if namespace != self.namespace {
+        if self.namespace != ANY && namespace != self.namespace {
             return Verdict::Refuse(format!(
                 "incoming request from {namespace:?} namespace. Expected {:?}",
                 self.namespace
             ));
         }
-        if name != self.name {
+        if self.name != ANY && name != self.name {
             return Verdict::Refuse(format!(
                 "incoming request from {name:?} service account. Expected {:?}",
                 self.name
@@ -177,5 +182,39 @@ mod tests {
         other_audience.audiences = Some(vec!["https://kubernetes.default.svc".into()]);
         assert!(refused(&other_audience).contains("audiences"));
         assert!(matches!(sa().judge(None), Verdict::Refuse(_)));
+    }
+
+    #[test]
+    fn any_namespace_and_name_admit_every_service_account_but_nothing_else() {
+        let any = AgentServiceAccount {
+            namespace: ANY.into(),
+            name: ANY.into(),
+            ..sa()
+        };
+        let user = "system:serviceaccount:tenant-a:agent";
+        assert!(
+            matches!(any.judge(Some(&ok(user, None))), Verdict::Admit(id) if id.username == user)
+        );
+        for user in [
+            "system:node:tenant-a:agent",
+            "system:serviceaccount:tenant-a",
+        ] {
+            assert!(
+                matches!(any.judge(Some(&ok(user, None))), Verdict::Refuse(_)),
+                "{user}"
+            );
+        }
+        let any_name = AgentServiceAccount {
+            name: ANY.into(),
+            ..sa()
+        };
+        assert!(matches!(
+            any_name.judge(Some(&ok("system:serviceaccount:kube-system:x", None))),
+            Verdict::Admit(_)
+        ));
+        assert!(matches!(
+            any_name.judge(Some(&ok("system:serviceaccount:default:x", None))),
+            Verdict::Refuse(_)
+        ));
     }
 }

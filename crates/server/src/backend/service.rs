@@ -15,7 +15,7 @@ use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENT
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
-use crate::tenant::Side;
+use crate::tenant::{Proof, Side};
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -80,7 +80,15 @@ impl AgentService {
             },
             None => None,
         };
-        let tenant = match self.hub.tenants.resolve(Side::Agent, call.peer()) {
+        let token_user = match &token {
+            Some(tether_grpc::Principal::Token { username, .. }) => Some(username.as_str()),
+            _ => None,
+        };
+        let proof = Proof {
+            peer: call.peer(),
+            token_user,
+        };
+        let tenant = match self.hub.tenants.resolve(Side::Agent, proof) {
             Ok(tenant) => tenant.clone(),
             Err(why) => {
                 if let Some(suppressed) = BAD_METADATA_WARNINGS.allow() {

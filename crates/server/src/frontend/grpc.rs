@@ -11,10 +11,12 @@ use tether_tunnel::{ConnEvent, Tunnel, TunnelDown, TunnelUp};
 use tracing::Instrument as _;
 
 use super::log_span;
-use crate::dial::{DialError, Hub};
+use crate::byte_rate::ByteRate;
+use crate::dial::{DialError, Dialed, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
 use crate::request::{FrontendKind, RequestContext};
+use crate::tenant::Tenant;
 
 /// How long to wait, after the last packet, for the client to end the stream. Go clients
 /// act on the last packet and then close; ending the call first would race with that.
@@ -28,6 +30,7 @@ pub(crate) async fn serve(
     hub: Arc<Hub>,
     limits: LimitMetrics,
     first_packet_timeout: Duration,
+    tenant: Option<Arc<Tenant>>,
     call: IncomingCall,
 ) {
     if call.path() != tether_proto::path::PROXY {
@@ -51,7 +54,7 @@ pub(crate) async fn serve(
     let peer = call_peer;
     let span = log_span::connection(&hub.server_id);
     async {
-        let status = proxy(&hub, &limits, first_packet_timeout, peer, tx, rx).await;
+        let status = proxy(&hub, &limits, first_packet_timeout, (peer, tenant), tx, rx).await;
         if let Err(e) = status {
             tracing::debug!(error = %e, "proxy stream ended with an error");
             hub.metrics
@@ -67,7 +70,7 @@ async fn proxy(
     hub: &Hub,
     limits: &LimitMetrics,
     first_packet_timeout: Duration,
-    peer: Arc<PeerIdentity>,
+    (peer, tenant): (Arc<PeerIdentity>, Option<Arc<Tenant>>),
     mut tx: PacketSender,
     mut rx: PacketReceiver,
 ) -> Result<(), GrpcError> {
@@ -108,7 +111,7 @@ async fn proxy(
     };
 
     log_span::record_dial(random);
-    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random);
+    let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random, tenant);
     if let Err(error) = super::address::check_dial_address(&request.address) {
         limits.hit(Limit::BadDialAddress);
         hub.refused(&request, &error);
@@ -130,8 +133,8 @@ async fn proxy(
         }
     };
     let dialed = hub.dial(&request, frontend_gone).await;
-    let mut tunnel = match dialed {
-        Ok(tunnel) => tunnel,
+    let (mut tunnel, byte_rate) = match dialed {
+        Ok(Dialed { tunnel, byte_rate }) => (tunnel, byte_rate),
         Err(DialError::FrontendGone) => return Ok(()),
         Err(DialError::DialClosed) => {
             send(hub, &mut tx, &Packet::CloseDial { random }).await?;
@@ -153,7 +156,7 @@ async fn proxy(
         result: Ok(id),
     };
     send(hub, &mut tx, &reply).await?;
-    relay(hub, &mut tunnel, tx, rx, id).await
+    relay(hub, &mut tunnel, tx, rx, (id, byte_rate.as_deref())).await
 }
 
 /// Why the client → agent direction stopped.
@@ -169,12 +172,12 @@ async fn relay(
     tunnel: &mut Tunnel,
     mut tx: PacketSender,
     mut rx: PacketReceiver,
-    id: ConnectId,
+    (id, byte_rate): (ConnectId, Option<&ByteRate>),
 ) -> Result<(), GrpcError> {
     let (initiator, closed) = {
         let Tunnel { up, down, .. } = tunnel;
-        let mut to_agent = pin!(client_to_agent(hub, up, &mut rx, id));
-        let mut to_client = pin!(agent_to_client(hub, down, &mut tx, id));
+        let mut to_agent = pin!(client_to_agent(hub, up, &mut rx, (id, byte_rate)));
+        let mut to_client = pin!(agent_to_client(hub, down, &mut tx, (id, byte_rate)));
         tokio::select! {
             closed = &mut to_client => (Initiator::Agent, closed?),
             side = &mut to_agent => match side {
@@ -229,7 +232,7 @@ async fn client_to_agent(
     hub: &Hub,
     up: &TunnelUp,
     rx: &mut PacketReceiver,
-    id: ConnectId,
+    (id, byte_rate): (ConnectId, Option<&ByteRate>),
 ) -> ClientSide {
     loop {
         match rx.next().await {
@@ -237,9 +240,15 @@ async fn client_to_agent(
                 hub.metrics.packet(Segment::FromClient, &packet);
                 match packet {
                     Packet::Data { connect_id, data } if connect_id == id => {
+                        let len = data.len();
                         let sent = up.send(data).await;
                         if sent.is_err() {
                             return ClientSide::AgentClosed;
+                        }
+                        // Over the tenant's rate: read no more from the client until the
+                        // bucket refills.
+                        if let Some(rate) = byte_rate {
+                            rate.take(len).await;
                         }
                     }
                     Packet::Data { connect_id, .. } => return ClientSide::Mismatch(connect_id),
@@ -263,14 +272,16 @@ async fn agent_to_client(
     hub: &Hub,
     down: &mut TunnelDown,
     tx: &mut PacketSender,
-    id: ConnectId,
+    (id, byte_rate): (ConnectId, Option<&ByteRate>),
 ) -> Result<Option<String>, GrpcError> {
     loop {
         let mut event = Some(down.recv().await);
         let mut closed = None;
+        let mut batch = 0;
         while let Some(e) = event.take() {
             match e {
                 ConnEvent::Data(data) => {
+                    batch += data.len();
                     let packet = Packet::Data {
                         connect_id: id,
                         data,
@@ -289,6 +300,10 @@ async fn agent_to_client(
         hub.metrics
             .frontend_write_duration
             .observe(started.elapsed().as_secs_f64());
+        // Over the tenant's rate: return the agent's credit only once the bucket refills.
+        if let Some(rate) = byte_rate {
+            rate.take(batch).await;
+        }
         down.consumed();
         if let Some(error) = closed {
             return Ok(error);

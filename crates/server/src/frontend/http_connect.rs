@@ -14,11 +14,13 @@ use tracing::Instrument as _;
 
 use super::connect_head::{self, Head, Parsed};
 use super::log_span;
-use crate::dial::{DialError, Hub};
+use crate::byte_rate::ByteRate;
+use crate::dial::{DialError, Dialed, Hub};
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
 use crate::request::{FrontendKind, RequestContext};
+use crate::tenant::Tenant;
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -35,11 +37,12 @@ pub(crate) async fn serve(
     limits: LimitMetrics,
     io: Box<dyn Io>,
     peer: Arc<PeerIdentity>,
+    tenant: Option<Arc<Tenant>>,
 ) {
     hub.metrics.http_connections.inc();
     let span = log_span::connection(&hub.server_id);
     async {
-        if let Err(e) = handle(&hub, &limits, io, peer.clone()).await {
+        if let Err(e) = handle(&hub, &limits, io, peer.clone(), tenant).await {
             tracing::debug!(peer = ?peer.addr, error = %e, "http connect connection ended with an error");
         }
     }
@@ -53,6 +56,7 @@ async fn handle(
     limits: &LimitMetrics,
     mut io: Box<dyn Io>,
     peer: Arc<PeerIdentity>,
+    tenant: Option<Arc<Tenant>>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(4096);
     let head = tokio::time::timeout(READ_HEADER_TIMEOUT, read_head(&mut io, &mut buf)).await;
@@ -81,6 +85,7 @@ async fn handle(
         "tcp".into(),
         target.clone(),
         random,
+        tenant,
     );
     if let Err(error) = super::address::check_dial_address(&target) {
         limits.hit(Limit::BadDialAddress);
@@ -108,8 +113,8 @@ async fn handle(
         let dialed = hub.dial(&request, frontend_gone).await;
         (dialed, early)
     };
-    let mut tunnel = match dialed {
-        Ok(tunnel) => tunnel,
+    let (mut tunnel, byte_rate) = match dialed {
+        Ok(Dialed { tunnel, byte_rate }) => (tunnel, byte_rate),
         Err(DialError::FrontendGone) => return Ok(()),
         Err(e) => {
             tracing::debug!(%target, error = %e, "dial failed");
@@ -122,7 +127,14 @@ async fn handle(
     let (initiator, closed, mut io): (_, _, Box<dyn Io>) = match io.into_unix() {
         Ok(unix) => {
             let (mut rd, mut wr) = unix.into_split();
-            let (initiator, closed) = relay(&mut tunnel, &mut rd, &mut wr, early.freeze()).await;
+            let (initiator, closed) = relay(
+                &mut tunnel,
+                &mut rd,
+                &mut wr,
+                early.freeze(),
+                byte_rate.as_deref(),
+            )
+            .await;
             let unix = rd
                 .reunite(wr)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -130,7 +142,14 @@ async fn handle(
         }
         Err(io) => {
             let (mut rd, mut wr) = tokio::io::split(io);
-            let (initiator, closed) = relay(&mut tunnel, &mut rd, &mut wr, early.freeze()).await;
+            let (initiator, closed) = relay(
+                &mut tunnel,
+                &mut rd,
+                &mut wr,
+                early.freeze(),
+                byte_rate.as_deref(),
+            )
+            .await;
             (initiator, closed, rd.unsplit(wr))
         }
     };
@@ -150,15 +169,17 @@ async fn handle(
 }
 
 /// Relays until one side ends; says who ended it and whether abnormally (with the reason).
+/// With `byte_rate`, each direction waits for the tenant's bucket after moving a chunk.
 async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
     tunnel: &mut Tunnel,
     rd: &mut R,
     wr: &mut W,
     early: Bytes,
+    byte_rate: Option<&ByteRate>,
 ) -> (Initiator, Result<(), Option<String>>) {
     let Tunnel { up, down, .. } = tunnel;
-    let mut to_agent = pin!(client_to_agent(up, rd, early));
-    let mut to_client = pin!(agent_to_client(down, wr));
+    let mut to_agent = pin!(client_to_agent(up, rd, early, byte_rate));
+    let mut to_client = pin!(agent_to_client(down, wr, byte_rate));
     tokio::select! {
         closed = &mut to_client => (Initiator::Agent, closed),
         () = &mut to_agent => match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
@@ -239,9 +260,20 @@ fn status_for_dial_error(text: &str) -> u16 {
     }
 }
 
-async fn client_to_agent<R: ChunkRead>(up: &TunnelUp, rd: &mut R, early: Bytes) {
-    if !early.is_empty() && up.send(early).await.is_err() {
-        return;
+async fn client_to_agent<R: ChunkRead>(
+    up: &TunnelUp,
+    rd: &mut R,
+    early: Bytes,
+    byte_rate: Option<&ByteRate>,
+) {
+    if !early.is_empty() {
+        let len = early.len();
+        if up.send(early).await.is_err() {
+            return;
+        }
+        if let Some(rate) = byte_rate {
+            rate.take(len).await;
+        }
     }
     let mut buf = BytesMut::new();
     loop {
@@ -250,9 +282,13 @@ async fn client_to_agent<R: ChunkRead>(up: &TunnelUp, rd: &mut R, early: Bytes) 
                 up.close_request();
                 return;
             }
-            Ok(_) => {
+            Ok(len) => {
                 if up.send(tether_tunnel::take_read(&mut buf)).await.is_err() {
                     return;
+                }
+                // Over the tenant's rate: read nothing more until the bucket refills.
+                if let Some(rate) = byte_rate {
+                    rate.take(len).await;
                 }
             }
         }
@@ -263,11 +299,16 @@ async fn client_to_agent<R: ChunkRead>(up: &TunnelUp, rd: &mut R, early: Bytes) 
 async fn agent_to_client<W: AsyncWrite + Unpin>(
     down: &mut TunnelDown,
     wr: &mut W,
+    byte_rate: Option<&ByteRate>,
 ) -> Result<(), Option<String>> {
     loop {
         match down.recv().await {
             ConnEvent::Data(data) => {
                 wr.write_all(&data).await.map_err(|e| Some(e.to_string()))?;
+                // Over the tenant's rate: return the agent's credit only once it refills.
+                if let Some(rate) = byte_rate {
+                    rate.take(data.len()).await;
+                }
                 down.consumed();
             }
             ConnEvent::Closed(None) => return Ok(()),

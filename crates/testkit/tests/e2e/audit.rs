@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::STEP;
 use crate::support::{echo_exact, http_connect_uds};
 
-fn records(path: &Path) -> Vec<Value> {
+pub(crate) fn records(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
         .lines()
@@ -22,7 +22,7 @@ fn records(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn find<'a>(records: &'a [Value], event: &str, requested: &str) -> &'a Value {
+pub(crate) fn find<'a>(records: &'a [Value], event: &str, requested: &str) -> &'a Value {
     records
         .iter()
         .find(|r| r["event"] == event && r["requested"] == requested)

@@ -5,6 +5,7 @@ mod audit;
 mod bad_input;
 mod destination_policy;
 mod dial_lifecycle;
+mod dns_names;
 mod frontends;
 mod go_client;
 mod http_connect;

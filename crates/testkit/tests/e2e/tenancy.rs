@@ -1,5 +1,6 @@
-//! Tenants on one server: frontend clients and agents mapped by certificate names, each
-//! tenant's dials reaching only its own agents, and per-tenant limits.
+//! Tenants on one server: frontend clients and agents mapped by certificate names or by the
+//! tenant's own frontend socket, each tenant's dials reaching only its own agents, and
+//! per-tenant limits.
 
 use std::path::PathBuf;
 
@@ -10,7 +11,7 @@ use tether_testkit::targets::EchoServer;
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
 use tether_tls::pki::ClientSpec;
 
-use crate::support::{agent_dials, echo_exact, eventually};
+use crate::support::{agent_dials, echo_exact, eventually, http_connect_uds};
 
 const ROUTING: &str = "tenants:
   - name: acme
@@ -30,6 +31,11 @@ struct Tenancy {
 }
 
 async fn start() -> Tenancy {
+    start_with(ROUTING, Mode::HttpConnect, Transport::Tls).await
+}
+
+/// A server with `routing`, where `{dir}` is replaced by the PKI's directory.
+async fn start_with(routing: &str, mode: Mode, transport: Transport) -> Tenancy {
     let names = ["api.acme", "api.globex", "agent.acme", "agent.globex"];
     let specs: Vec<ClientSpec<'_>> = names
         .iter()
@@ -50,12 +56,13 @@ async fn start() -> Tenancy {
             (cert, key)
         })
         .collect();
+    let routing = routing.replace("{dir}", &pki.dir().display().to_string());
     let server = TestServer::start(
         &pki,
         ServerOptions {
-            mode: Mode::HttpConnect,
-            transport: Transport::Tls,
-            routing: RoutingConfig::from_yaml(ROUTING).unwrap(),
+            mode,
+            transport,
+            routing: RoutingConfig::from_yaml(&routing).unwrap(),
             ..Default::default()
         },
     )
@@ -210,4 +217,120 @@ async fn a_tenant_over_its_limit_is_refused_while_the_other_is_unaffected() {
     })
     .await;
     drop(first);
+}
+
+/// Two tenants with their own sockets and no client identities: the socket is the identity.
+const OWN_SOCKETS: &str = "tenants:
+  - name: acme
+    frontend: {unix: \"{dir}/acme.sock\"}
+    agents: [\"cert:agent.acme\"]
+  - name: globex
+    frontend: {unix: \"{dir}/globex.sock\"}
+    agents: [\"cert:agent.globex\"]
+";
+
+#[tokio::test]
+async fn each_tenants_own_socket_reaches_only_its_own_agents() {
+    let t = start_with(OWN_SOCKETS, Mode::HttpConnect, Transport::Uds).await;
+    let socket = |tenant: &str| {
+        let (_, path) = t
+            .server
+            .tenant_frontends
+            .iter()
+            .find(|(name, _)| name == tenant)
+            .expect("the tenant's socket is bound");
+        PathBuf::from(path)
+    };
+    let (acme_socket, globex_socket) = (socket("acme"), socket("globex"));
+    assert_eq!(acme_socket, t.pki.dir().join("acme.sock"));
+    let acme_agent = t.agent(&t.certs[2]).await;
+    let globex_agent = t.agent(&t.certs[3]).await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    // The same process (same uid, no certificate) on each socket, as two kube-apiservers.
+    for (n, socket) in [&acme_socket, &globex_socket, &globex_socket]
+        .iter()
+        .cycle()
+        .take(9)
+        .enumerate()
+    {
+        let (stream, head) = http_connect_uds(socket, &target).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        drop(echo_exact(stream, n as u64, 1024).await);
+    }
+    assert_eq!(agent_dials(&acme_agent).await, 3.0);
+    assert_eq!(agent_dials(&globex_agent).await, 6.0);
+    assert_eq!(
+        t.metric("tether_server_tenant_dials_total{tenant=\"acme\"}")
+            .await,
+        3.0
+    );
+    // The main socket has no socket identity: its client maps to no tenant.
+    let (_, head) = http_connect_uds(t.server.uds.as_ref().unwrap(), &target).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    // Without its agent, acme's socket never borrows globex's.
+    acme_agent.stop().await;
+    eventually("acme's agent is gone", || async {
+        let (_, head) = http_connect_uds(&acme_socket, &target).await;
+        head.starts_with("HTTP/1.1 500")
+    })
+    .await;
+    assert_eq!(agent_dials(&globex_agent).await, 6.0);
+}
+
+/// acme may move 2 MiB/s over all its connections, both directions together; globex has
+/// no byte limit.
+const BYTE_RATE: &str = "tenants:
+  - name: acme
+    clients: [\"cert:api.acme\"]
+    agents: [\"cert:agent.acme\"]
+    limits: {bytes_per_second: 2097152}
+  - name: globex
+    clients: [\"cert:api.globex\"]
+    agents: [\"cert:agent.globex\"]
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_byte_rate_slows_only_its_own_transfers_and_loses_nothing() {
+    let t = start_with(BYTE_RATE, Mode::HttpConnect, Transport::Tls).await;
+    let _acme_agent = t.agent(&t.certs[2]).await;
+    let _globex_agent = t.agent(&t.certs[3]).await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    let (acme, globex) = (t.client(Some(&t.certs[0])), t.client(Some(&t.certs[1])));
+    // 3 MiB echoed is 6 MiB through the tunnel: at least ~2.9 s at 2 MiB/s, less a 0.2 MiB
+    // burst. Both transfers run at once; echo_exact checks every byte.
+    const LEN: usize = 3 << 20;
+    let timed = |client: ClientTransport, seed: u64| {
+        let target = target.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let stream = tether_client::dial_http_connect(&client, &target)
+                .await
+                .unwrap();
+            drop(echo_exact(stream, seed, LEN).await);
+            started.elapsed()
+        })
+    };
+    let (limited, free) = (timed(acme, 1), timed(globex, 2));
+    let (limited, free) = (limited.await.unwrap(), free.await.unwrap());
+    assert!(
+        limited >= std::time::Duration::from_millis(2500),
+        "acme's 6 MiB took {limited:?}, under its 2 MiB/s limit"
+    );
+    // Generous: unlimited, the same transfer needs only a fraction of that.
+    assert!(
+        free < std::time::Duration::from_millis(2500),
+        "globex (no limit) took {free:?}"
+    );
+    assert!(
+        t.metric("tether_server_tenant_byte_rate_waits_total{tenant=\"acme\"}")
+            .await
+            >= 1.0
+    );
+    assert_eq!(
+        t.metric("tether_server_tenant_byte_rate_waits_total{tenant=\"globex\"}")
+            .await,
+        0.0
+    );
 }

@@ -274,6 +274,8 @@ impl ServerArgs {
     /// reported in one warning.
     pub(crate) fn into_launch(self) -> anyhow::Result<ServerLaunch> {
         let token_auth = self.token_auth.validate(&self.cluster_ca_cert)?;
+        let routing = self.routing.routing()?;
+        routing::check_service_accounts(&routing, token_auth.as_ref().map(|t| &t.account))?;
         let leases = self.leases.settings()?;
         let kube = (token_auth.is_some() || leases.is_some())
             .then(|| self.kube.options())
@@ -353,7 +355,7 @@ impl ServerArgs {
             server_id,
             server_count: self.server_count,
             strategies,
-            routing: self.routing.routing()?,
+            routing,
             dial_timeout: if self.backend_dial_timeout.is_zero() {
                 DIAL_BACKSTOP
             } else {

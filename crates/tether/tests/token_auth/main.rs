@@ -1,10 +1,12 @@
 //! ServiceAccount token authentication of agents against a real kube-apiserver (the loopback
 //! control plane): TokenReviews, refusals with their reasons, the node binding, the cache
-//! through an API outage, a 1,000-agent storm, and upstream's peers on either side.
+//! through an API outage, a 1,000-agent storm, upstream's peers on either side, and agents
+//! joining tenants by ServiceAccount namespace.
 
 mod mixed;
 mod review;
 mod storm;
+mod tenants;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -137,6 +139,24 @@ impl Cluster {
         qps: f32,
         burst: u32,
     ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
+        let account = AgentServiceAccount {
+            namespace: NAMESPACE.into(),
+            name: AGENT_SA.into(),
+            audience: AUDIENCE.into(),
+        };
+        self.token_auth_for(account, limits, match_host_to_node, qps, burst)
+            .await
+    }
+
+    /// [`token_auth_limited`](Self::token_auth_limited) admitting `account`.
+    pub(crate) async fn token_auth_for(
+        &self,
+        account: AgentServiceAccount,
+        limits: CacheLimits,
+        match_host_to_node: bool,
+        qps: f32,
+        burst: u32,
+    ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
         let api = KubeApi::connect(&KubeApiOptions {
             kubeconfig: Some(self.server_kubeconfig.clone()),
             qps,
@@ -144,16 +164,7 @@ impl Cluster {
         })
         .await?;
         let registry = Registry::new();
-        let authenticator = TokenReviewAuthenticator::new(
-            api,
-            AgentServiceAccount {
-                namespace: NAMESPACE.into(),
-                name: AGENT_SA.into(),
-                audience: AUDIENCE.into(),
-            },
-            limits,
-            &registry,
-        );
+        let authenticator = TokenReviewAuthenticator::new(api, account, limits, &registry);
         Ok((
             AgentTokenAuth {
                 authenticator: Arc::new(authenticator),

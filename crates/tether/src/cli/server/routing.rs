@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use clap::Args;
+use tether_kube::token_review::{ANY, AgentServiceAccount};
 use tether_server::RoutingConfig;
+use tether_server::routing::Identity;
 
 const HEADING: &str = "Routing (tether)";
 
@@ -25,5 +27,107 @@ impl RoutingArgs {
             .with_context(|| format!("--routing-config: reading {}", path.display()))?;
         RoutingConfig::from_yaml(&text)
             .map_err(|e| anyhow::anyhow!("--routing-config {}: {e}", path.display()))
+    }
+}
+
+/// Checks that token authentication and the tenant table agree: `*` in
+/// `--agent-namespace`/`--agent-service-account` needs a tenant table (which refuses every
+/// agent it does not map), and every `sa:` agent identity needs token authentication that
+/// can admit it.
+pub(crate) fn check_service_accounts(
+    routing: &RoutingConfig,
+    account: Option<&AgentServiceAccount>,
+) -> anyhow::Result<()> {
+    if let Some(account) = account
+        && (account.namespace == ANY || account.name == ANY)
+        && routing.tenants.is_empty()
+    {
+        bail!(
+            "--agent-namespace='*' or --agent-service-account='*' admits any ServiceAccount's \
+             token: it needs a --routing-config tenant table, whose sa: agent identities decide"
+        );
+    }
+    for (n, tenant) in routing.tenants.iter().enumerate() {
+        for identity in &tenant.agents {
+            let Identity::ServiceAccount { namespace, name } = identity else {
+                continue;
+            };
+            let at = format!("--routing-config: tenants[{n}] ({:?}): agents", tenant.name);
+            let Some(account) = account else {
+                bail!(
+                    "{at}: sa:{namespace} needs agent token authentication \
+                     (--agent-namespace, --agent-service-account, --authentication-audience)"
+                );
+            };
+            if account.namespace != ANY && account.namespace != *namespace {
+                bail!(
+                    "{at}: --agent-namespace={} refuses every token from namespace {namespace}; \
+                     --agent-namespace='*' lets the tenant table decide",
+                    account.namespace
+                );
+            }
+            if let Some(name) = name
+                && account.name != ANY
+                && account.name != *name
+            {
+                bail!(
+                    "{at}: --agent-service-account={} refuses every token of ServiceAccount \
+                     {name}; --agent-service-account='*' lets the tenant table decide",
+                    account.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_account_tenants_need_matching_token_authentication() {
+        let routing = |agents: &str| {
+            RoutingConfig::from_yaml(&format!(
+                "tenants:\n  - {{name: a, clients: [\"cert:api.a\"], agents: [{agents}]}}\n"
+            ))
+            .unwrap()
+        };
+        let account = |namespace: &str, name: &str| AgentServiceAccount {
+            namespace: namespace.into(),
+            name: name.into(),
+            audience: "system:konnectivity-server".into(),
+        };
+        let check = |agents: &str, acc: Option<AgentServiceAccount>| {
+            check_service_accounts(&routing(agents), acc.as_ref()).map_err(|e| e.to_string())
+        };
+        check("\"sa:ns-a\"", Some(account("*", "*"))).unwrap();
+        check("\"sa:ns-a:agent\"", Some(account("ns-a", "agent"))).unwrap();
+        check("\"sa:ns-a\"", Some(account("ns-a", "agent"))).unwrap();
+        check("\"cert:agent.a\"", None).unwrap();
+        for (agents, acc, expected) in [
+            ("\"sa:ns-a\"", None, "needs agent token authentication"),
+            (
+                "\"sa:ns-a\"",
+                Some(account("kube-system", "*")),
+                "--agent-namespace=kube-system refuses every token from namespace ns-a",
+            ),
+            (
+                "\"sa:ns-a:agent\"",
+                Some(account("*", "konnectivity-agent")),
+                "--agent-service-account=konnectivity-agent refuses",
+            ),
+        ] {
+            let err = check(agents, acc).unwrap_err();
+            assert!(err.contains(expected), "{err}");
+            assert!(err.contains("tenants[0] (\"a\")"), "{err}");
+        }
+        let err = check_service_accounts(&RoutingConfig::default(), Some(&account("*", "agent")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("needs a --routing-config tenant table"),
+            "{err}"
+        );
     }
 }

@@ -17,10 +17,13 @@ pub(crate) struct TokenAuthArgs {
     /// Authenticate agents by ServiceAccount token (TokenReview): the namespace of the
     /// agents' ServiceAccount. Any of the three flags enables token authentication, which
     /// then needs all three, and replaces --cluster-ca-cert.
+    /// '*' (tether) admits any namespace: the --routing-config tenant table's
+    /// sa:NAMESPACE[:NAME] agent identities then decide, refusing every agent they don't map.
     #[arg(long, help_heading = HEADING, value_name = "NAMESPACE", default_value = "")]
     agent_namespace: String,
 
-    /// The name of the agents' ServiceAccount.
+    /// The name of the agents' ServiceAccount; '*' (tether) admits any name, as for
+    /// --agent-namespace.
     #[arg(long, help_heading = HEADING, value_name = "NAME", default_value = "")]
     agent_service_account: String,
 
