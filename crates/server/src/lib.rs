@@ -6,12 +6,14 @@
 //! - `backend`: agent streams (`AgentService.Connect`), their connections, and agent
 //!   selection by proxy strategy;
 //! - `dial`: one dial from request to established tunnel, with a deadline;
+//! - `destinations`: what each frontend client may ask for, checked before an agent is chosen;
 //! - `health`: health, readiness and metrics endpoints;
 //! - `net`: listeners.
 #![forbid(unsafe_code)]
 
 mod audit;
 mod backend;
+mod destinations;
 mod dial;
 pub mod frontend;
 mod health;
@@ -252,6 +254,11 @@ impl Server {
         });
         let hub = Arc::new(Hub::new(
             tenant::Tenants::new(&config.strategies, &config.routing, &registry),
+            destinations::DestinationPolicies::new(
+                &config.routing.destinations,
+                &registry,
+                metrics.clone(),
+            ),
             metrics,
             config.routing.ejection,
             Arc::new(backend::selection_metrics::SelectionMetrics::register(

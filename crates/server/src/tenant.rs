@@ -46,7 +46,7 @@ impl Identity {
         }
     }
 
-    fn matches(&self, peer: &PeerIdentity) -> bool {
+    pub(crate) fn matches(&self, peer: &PeerIdentity) -> bool {
         match self {
             Self::CertName(name) => peer.certificate.as_ref().is_some_and(|c| c.has_name(name)),
             Self::UnixUid(uid) => peer.unix.is_some_and(|u| u.uid == *uid),
