@@ -51,11 +51,19 @@
 //! kubelet's healthz port) should deny loopback.
 //!
 //! Without a policy file, every address the built-in rules do not deny is allowed.
+//!
+//! # Before resolution
+//!
+//! The proxy server checks a client's request before any agent is chosen, and never
+//! resolves names: [`RuleSet::check_requested`] matches IP literals by `to` and names by
+//! `name` only (a `to` condition never holds for a name), with no built-in rules. The agent's
+//! check after resolution still applies to whatever the server lets through.
 #![forbid(unsafe_code)]
 
 mod builtin;
 mod cidr;
 mod parse;
+mod requested;
 mod rule;
 
 use std::fmt;
@@ -64,6 +72,7 @@ use std::net::{IpAddr, SocketAddr};
 pub use builtin::Builtins;
 pub use cidr::Cidr;
 pub use parse::{MAX_RULES, ParseError, RuleSet};
+pub use requested::RequestDenied;
 pub use rule::{Action, NameSuffix, PortRange, Rule};
 
 use builtin::BuiltinRule;
@@ -108,7 +117,7 @@ impl Policy {
             let dest = Destination {
                 name: name.as_deref(),
                 port,
-                ip,
+                ip: Some(ip),
             };
             if let Some(rule) = self.denying_rule(&dest) {
                 return Err(Denied {
@@ -133,21 +142,27 @@ impl Policy {
             }
         }
         let file = self.file.as_ref()?;
-        for (line, rule) in &file.rules {
-            if rule.matches(dest) {
-                return match rule.action {
-                    Action::Allow => None,
-                    Action::Deny => Some(format!("line {line}: {rule}")),
-                };
-            }
+        match file.first_match(dest) {
+            Some((_, rule)) if rule.action == Action::Allow => None,
+            Some((line, rule)) => Some(format!("line {line}: {rule}")),
+            None => Some("the policy file: no rule allows it".to_owned()),
         }
-        Some("the policy file: no rule allows it".to_owned())
+    }
+}
+
+impl RuleSet {
+    /// The first rule that matches `dest`, with its line.
+    pub(crate) fn first_match(&self, dest: &Destination<'_>) -> Option<(usize, &Rule)> {
+        self.rules
+            .iter()
+            .find(|(_, rule)| rule.matches(dest))
+            .map(|(line, rule)| (*line, rule))
     }
 }
 
 /// The requested host as name rules see it: lower-case without a trailing dot, or `None`
 /// for an IP literal.
-fn dns_name(host: &str) -> Option<String> {
+pub(crate) fn dns_name(host: &str) -> Option<String> {
     let bare = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))

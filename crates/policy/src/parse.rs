@@ -47,9 +47,17 @@ impl RuleSet {
 
     /// Parses policy text. See the crate documentation for the syntax.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
+        Self::parse_numbered(text.lines().enumerate().map(|(i, line)| (i + 1, line)))
+    }
+
+    /// Parses rules that each carry their own line number, for rules kept inside another
+    /// file (the server's routing file lists them in YAML), so errors and denials name the
+    /// line of that file.
+    pub fn parse_numbered<'a>(
+        lines: impl IntoIterator<Item = (usize, &'a str)>,
+    ) -> Result<Self, ParseError> {
         let mut rules = Vec::new();
-        for (index, line) in text.lines().enumerate() {
-            let line_no = index + 1;
+        for (line_no, line) in lines {
             let at = |message: String| ParseError {
                 line: line_no,
                 message,

@@ -58,7 +58,8 @@ impl NameSuffix {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
     pub action: Action,
-    /// The address is in one of these blocks.
+    /// The address is in one of these blocks. Never holds when the address is unknown: a
+    /// name checked before resolution (the proxy server's check).
     pub to: Vec<Cidr>,
     /// The requested host is a DNS name (not an IP literal) at or below one of these.
     pub names: Vec<NameSuffix>,
@@ -66,18 +67,23 @@ pub struct Rule {
     pub ports: Vec<PortRange>,
 }
 
-/// A destination as rules see it: one resolved address of one requested host and port.
+/// A destination as rules see it: one resolved address of one requested host and port, or a
+/// requested host before resolution.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Destination<'a> {
     /// Lower-case, without a trailing dot; `None` when the host was an IP literal.
     pub(crate) name: Option<&'a str>,
     pub(crate) port: u16,
-    pub(crate) ip: IpAddr,
+    /// `None` for a name that was not resolved.
+    pub(crate) ip: Option<IpAddr>,
 }
 
 impl Rule {
     pub(crate) fn matches(&self, dest: &Destination<'_>) -> bool {
-        (self.to.is_empty() || self.to.iter().any(|c| c.contains(dest.ip)))
+        (self.to.is_empty()
+            || dest
+                .ip
+                .is_some_and(|ip| self.to.iter().any(|c| c.contains(ip))))
             && (self.names.is_empty()
                 || dest
                     .name

@@ -44,7 +44,7 @@ impl Audit {
         }
     }
 
-    /// A dial refused before any agent was asked (bad address, no agent, limits).
+    /// A dial refused before any agent was asked (bad address, no agent, limits, policy).
     pub(crate) fn refused(&self, request: &RequestContext, reason: &str) {
         self.log.record(AuditRecord {
             reason: Some(reason.to_owned()),

@@ -12,6 +12,7 @@ use crate::backend::outlier::EjectionConfig;
 use crate::backend::selection_metrics::SelectionMetrics;
 use crate::backend::session::Watch;
 use crate::byte_rate::ByteRate;
+use crate::destinations::DestinationPolicies;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
 use crate::tenant::{Proof, Side, Tenant, Tenants};
@@ -42,6 +43,9 @@ pub(crate) enum DialError {
     /// The client's tenant is over one of its limits.
     #[error("{0}")]
     TenantLimit(String),
+    /// The server's destination policy refused the client's request (`policy: ...`).
+    #[error("{0}")]
+    Policy(String),
 }
 
 /// An established tunnel, with its tenant's bytes/s limit when it has one.
@@ -70,6 +74,8 @@ impl From<tether_tunnel::DialError> for DialError {
 pub(crate) struct Hub {
     /// Each tenant owns the registry of its agents.
     pub(crate) tenants: Tenants,
+    /// What each frontend client may ask for, checked before any agent is chosen.
+    destinations: DestinationPolicies,
     pub(crate) metrics: Arc<ServerMetrics>,
     ejection: EjectionConfig,
     selection_metrics: Arc<SelectionMetrics>,
@@ -82,6 +88,7 @@ pub(crate) struct Hub {
 impl Hub {
     pub(crate) fn new(
         tenants: Tenants,
+        destinations: DestinationPolicies,
         metrics: Arc<ServerMetrics>,
         ejection: EjectionConfig,
         selection_metrics: Arc<SelectionMetrics>,
@@ -90,6 +97,7 @@ impl Hub {
     ) -> Self {
         Self {
             tenants,
+            destinations,
             metrics,
             ejection,
             selection_metrics,
@@ -164,6 +172,10 @@ impl Hub {
                 .resolve(Side::Client, Proof::peer(&request.peer))
                 .map_err(|why| refuse(DialError::NoTenant(why)))?,
         };
+        // Before the tenant's limits: a refused request costs the tenant nothing.
+        self.destinations
+            .check(request)
+            .map_err(|why| refuse(DialError::Policy(why)))?;
         let now = Instant::now();
         tenant
             .reserve_dial(now)

@@ -6,6 +6,7 @@
 //! - `backend`: agent streams (`AgentService.Connect`), their connections, and agent
 //!   selection by proxy strategy;
 //! - `dial`: one dial from request to established tunnel, with a deadline;
+//! - `destinations`: what each frontend client may ask for, checked before an agent is chosen;
 //! - `health`: health, readiness and metrics endpoints;
 //! - `net`: listeners.
 #![forbid(unsafe_code)]
@@ -13,6 +14,7 @@
 mod audit;
 mod backend;
 mod byte_rate;
+mod destinations;
 mod dial;
 pub mod frontend;
 mod health;
@@ -270,6 +272,11 @@ impl Server {
         });
         let hub = Arc::new(Hub::new(
             tenant::Tenants::new(&config.strategies, &config.routing, &registry),
+            destinations::DestinationPolicies::new(
+                &config.routing.destinations,
+                &registry,
+                metrics.clone(),
+            ),
             metrics,
             config.routing.ejection,
             Arc::new(backend::selection_metrics::SelectionMetrics::register(

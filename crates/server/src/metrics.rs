@@ -22,6 +22,8 @@ pub(crate) enum DialFailure {
     BackendClose,
     BackendDialTimeout,
     FrontendClose,
+    /// tether: the server's destination policy refused the client's request.
+    Policy,
 }
 
 impl DialFailure {
@@ -34,6 +36,7 @@ impl DialFailure {
             Self::BackendClose => "backend_close",
             Self::BackendDialTimeout => "backend_dial_timeout",
             Self::FrontendClose => "frontend_close",
+            Self::Policy => "policy",
         }
     }
 }

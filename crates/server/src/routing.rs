@@ -21,6 +21,12 @@
 //!   - name: initech          # its own socket: every client on it is initech's
 //!     frontend: {unix: /run/tether/initech.sock}
 //!     agents: ["sa:initech"]  # ServiceAccounts of namespace initech (token authentication)
+//! destinations:             # absent: no destination policy on the server, as upstream
+//!   - name: kubelets
+//!     clients: ["cert:apiserver.acme"]
+//!     rules:                # tether-policy's rules, one per item; errors name the line
+//!       - allow to 10.0.0.0/8 port 10250
+//!       - deny all
 //! ```
 
 use std::time::Duration;
@@ -30,6 +36,7 @@ use tether_policy::Cidr;
 
 pub use crate::backend::outlier::EjectionConfig;
 pub use crate::backend::selection::ZoneRule;
+pub use crate::destinations::{DestinationPolicyConfig, MAX_DESTINATION_POLICIES};
 pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
 use crate::tenant_frontend;
 pub use crate::tenant_frontend::TenantFrontend;
@@ -44,6 +51,9 @@ pub struct RoutingConfig {
     pub ejection: EjectionConfig,
     /// Empty: every peer is in one implicit tenant without limits.
     pub tenants: Vec<TenantConfig>,
+    /// Destination rules per frontend client, checked before any agent is chosen. Empty:
+    /// the server lets every client ask for any destination (upstream's behaviour).
+    pub destinations: Vec<DestinationPolicyConfig>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +67,17 @@ struct File {
     ejection: Option<EjectionEntry>,
     #[serde(default)]
     tenants: Vec<TenantEntry>,
+    #[serde(default)]
+    destinations: Vec<DestinationEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DestinationEntry {
+    name: String,
+    clients: Vec<String>,
+    /// Each rule with its place in the file, so errors and denials name the line.
+    rules: Vec<serde_saphyr::Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -173,8 +194,18 @@ impl RoutingConfig {
             client_affinity,
             ejection,
             tenants: tenants(file.tenants)?,
+            destinations: destinations(file.destinations)?,
         })
     }
+}
+
+/// A name fit for a metric label: 1 to 63 letters, digits, `-`, `_` or `.`.
+fn label_safe(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Validates the tenant table: unique names, identities in at most one tenant per side.
@@ -189,13 +220,7 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
     let mut owners: std::collections::HashMap<(bool, Identity), String> = Default::default();
     for (n, entry) in entries.into_iter().enumerate() {
         let at = format!("tenants[{n}] ({:?})", entry.name);
-        let label_safe = !entry.name.is_empty()
-            && entry.name.len() <= 63
-            && entry
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-        if !label_safe {
+        if !label_safe(&entry.name) {
             return Err(format!(
                 "{at}: name must be 1 to 63 letters, digits, '-', '_' or '.'"
             ));
@@ -323,6 +348,63 @@ fn check_frontend_is_its_own(
     Ok(())
 }
 
+/// Validates the destination policies: unique names, each client identity in at most one
+/// entry, and rules that parse, with errors naming the entry and the file's line.
+fn destinations(entries: Vec<DestinationEntry>) -> Result<Vec<DestinationPolicyConfig>, String> {
+    if entries.len() > MAX_DESTINATION_POLICIES {
+        return Err(format!(
+            "destinations: {} entries, more than the {MAX_DESTINATION_POLICIES} allowed",
+            entries.len()
+        ));
+    }
+    let mut out: Vec<DestinationPolicyConfig> = Vec::new();
+    let mut owners: std::collections::HashMap<Identity, String> = Default::default();
+    for (n, entry) in entries.into_iter().enumerate() {
+        let at = format!("destinations[{n}] ({:?})", entry.name);
+        if !label_safe(&entry.name) {
+            return Err(format!(
+                "{at}: name must be 1 to 63 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        if out.iter().any(|d| d.name == entry.name) {
+            return Err(format!("{at}: the name is used twice"));
+        }
+        if entry.clients.is_empty() {
+            return Err(format!("{at}: clients must list at least one identity"));
+        }
+        let clients = entry
+            .clients
+            .iter()
+            .map(|text| {
+                let id = Identity::parse(text).map_err(|e| format!("{at}: clients: {e}"))?;
+                if let Some(other) = owners.insert(id.clone(), entry.name.clone()) {
+                    return Err(format!(
+                        "{at}: clients: {text} already has destination policy {other:?}; a client has one"
+                    ));
+                }
+                Ok(id)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let lines = entry.rules.iter().map(|rule| {
+            let line = usize::try_from(rule.referenced.line()).unwrap_or(usize::MAX);
+            (line, rule.value.as_str())
+        });
+        let rules = tether_policy::RuleSet::parse_numbered(lines)
+            .map_err(|e| format!("{at}: rules: {e}"))?;
+        if rules.is_empty() {
+            return Err(format!(
+                "{at}: rules must list at least one rule (\"deny all\" refuses everything)"
+            ));
+        }
+        out.push(DestinationPolicyConfig {
+            name: entry.name,
+            clients,
+            rules,
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,6 +465,72 @@ mod tests {
                 name: Some("konnectivity-agent".into())
             }]
         );
+        assert_eq!(c.destinations.len(), 2);
+        let kubelets = &c.destinations[0].rules;
+        assert!(kubelets.check_requested("10.0.3.4", 10250).is_ok());
+        assert!(kubelets.check_requested("169.254.169.254", 10250).is_err());
+    }
+
+    #[test]
+    fn destination_rules_parse_with_the_files_lines_and_errors_name_them() {
+        let c = RoutingConfig::from_yaml(
+            "affinity: none\ndestinations:\n  - name: kubelets\n    clients: [\"cert:api\", \"uid:0\"]\n    rules:\n      - allow to 10.0.0.0/8 port 10250  # kubelets\n      - deny all\n",
+        )
+        .unwrap();
+        let d = &c.destinations[0];
+        assert_eq!(d.name, "kubelets");
+        assert_eq!(
+            d.clients,
+            [Identity::CertName("api".into()), Identity::UnixUid(0)]
+        );
+        assert_eq!(
+            d.rules.to_string(),
+            "allow to 10.0.0.0/8 port 10250\ndeny all\n"
+        );
+        let e = d.rules.check_requested("10.0.0.1", 22).unwrap_err();
+        assert_eq!(e.rule, "line 7: deny all", "lines of the routing file");
+
+        for (text, expected) in [
+            (
+                "destinations:\n  - name: a\n    clients: [\"cert:x\"]\n    rules:\n      - allow all\n      - deny host 10.0.0.1\n",
+                "destinations[0] (\"a\"): rules: line 6: unknown condition \"host\"",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [\"cert:x\"], rules: [\"deny to 10.0.0.1/8\"]}\n",
+                "line 2: \"10.0.0.1/8\" has host bits set",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [\"cert:x\"], rules: []}\n",
+                "rules must list at least one rule",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [], rules: [allow all]}\n",
+                "clients must list",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [\"x\"], rules: [allow all]}\n",
+                "expected cert:NAME",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [\"cert:x\"], rules: [allow all]}\n  - {name: b, clients: [\"cert:x\"], rules: [allow all]}\n",
+                "cert:x already has destination policy \"a\"",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [\"cert:x\"], rules: [allow all]}\n  - {name: a, clients: [\"cert:y\"], rules: [allow all]}\n",
+                "used twice",
+            ),
+            (
+                "destinations:\n  - {name: \"a b\", clients: [\"cert:x\"], rules: [allow all]}\n",
+                "name must be",
+            ),
+            (
+                "destinations:\n  - {name: a, clients: [\"cert:x\"], rule: [allow all]}\n",
+                "rule",
+            ),
+        ] {
+            let err = RoutingConfig::from_yaml(text).unwrap_err();
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
     }
 
     #[test]

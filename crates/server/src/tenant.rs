@@ -110,7 +110,7 @@ impl Identity {
         }
     }
 
-    fn matches(&self, proof: &Proof<'_>) -> bool {
+    pub(crate) fn matches(&self, proof: &Proof<'_>) -> bool {
         let peer = proof.peer;
         match self {
             Self::CertName(name) => peer.certificate.as_ref().is_some_and(|c| c.has_name(name)),

@@ -228,6 +228,77 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
 }
 
 #[test]
+fn a_bad_destination_policy_stops_the_server_naming_the_file_and_line() {
+    let (dir, files) = pki();
+    let routing = dir.path().join("routing.yaml");
+    std::fs::write(
+        &routing,
+        "destinations:\n  - name: kubelets\n    clients: [\"cert:kube-apiserver\"]\n    rules:\n      - allow to 10.0.0.0/8 port 10250\n      - deny to 10.0.0.1/8\n",
+    )
+    .unwrap();
+    let socket = dir.path().join("proxy.sock");
+    let args = [
+        "server".to_owned(),
+        format!("--uds-name={}", socket.display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", files.server_cert.display()),
+        format!("--cluster-key={}", files.server_key.display()),
+        format!("--cluster-ca-cert={}", files.ca_cert.display()),
+        "--agent-port=0".into(),
+        "--health-port=0".into(),
+        "--admin-port=0".into(),
+        format!("--routing-config={}", routing.display()),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = run(Path::new(TETHER), &args);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    let expected = format!(
+        "error: --routing-config {}: destinations[0] (\"kubelets\"): rules: line 6: \"10.0.0.1/8\" has host bits set (did you mean 10.0.0.0/8?)",
+        routing.display()
+    );
+    assert!(err.lines().any(|l| l == expected), "{err}");
+    assert!(!socket.exists(), "nothing was served");
+}
+
+#[test]
+fn a_request_the_destination_policy_denies_gets_a_403_and_an_info_line() {
+    use std::os::unix::fs::MetadataExt as _;
+    let (dir, files) = pki();
+    let uid = std::fs::metadata(dir.path()).unwrap().uid();
+    let routing = dir.path().join("routing.yaml");
+    std::fs::write(
+        &routing,
+        format!(
+            "destinations:\n  - name: local\n    clients: [\"uid:{uid}\"]\n    rules: [\"allow to 127.0.0.1 port 10250\", \"deny all\"]\n"
+        ),
+    )
+    .unwrap();
+    let socket = dir.path().join("proxy.sock");
+    let routing_flag = format!("--routing-config={}", routing.display());
+    // No agent: the refusal comes before any agent would be chosen.
+    let server = start_server(&files, &socket, &["--mode=http-connect", &routing_flag]);
+    let mut stream = UnixStream::connect(&socket).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream
+        .write_all(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 169.254.169.254:80\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+        "{response}"
+    );
+    assert!(
+        response.ends_with(
+            "\r\n\r\npolicy: 169.254.169.254:80 denied by server policy \"local\" (line 4: deny all)\r\n"
+        ),
+        "{response}"
+    );
+    server.wait_for("dial refused by destination policy");
+}
+
+#[test]
 fn server_stops_on_a_signal_and_exits_1_on_a_second() {
     let (dir, files) = pki();
     let socket = dir.path().join("proxy.sock");

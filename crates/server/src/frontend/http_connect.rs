@@ -232,7 +232,7 @@ fn dial_error_response(error: &DialError) -> Vec<u8> {
             502,
             "Backend context error: dial closed by agent\r\n".to_owned(),
         ),
-        DialError::NoTenant(text) => (403, format!("{text}\r\n")),
+        DialError::NoTenant(text) | DialError::Policy(text) => (403, format!("{text}\r\n")),
         DialError::TenantLimit(text) => (429, format!("{text}\r\n")),
         DialError::Duplicate(_) | DialError::TooManyPending(_) | DialError::FrontendGone => {
             (500, format!("{error}\r\n"))

@@ -16,6 +16,7 @@ mod metrics_names;
 mod routing;
 mod security;
 mod selection;
+mod server_policy;
 mod support;
 mod tenancy;
 

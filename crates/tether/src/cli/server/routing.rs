@@ -1,4 +1,5 @@
-//! tether's routing flag of `tether server`: the routing file (topology, affinity, ejection).
+//! tether's routing flag of `tether server`: the routing file (topology, affinity, ejection,
+//! tenants, destination policies).
 
 use std::path::PathBuf;
 
@@ -12,8 +13,11 @@ const HEADING: &str = "Routing (tether)";
 
 #[derive(Args, Clone, Debug)]
 pub(crate) struct RoutingArgs {
-    /// YAML file with CIDR→zone rules for the topology strategy, client affinity and
-    /// outlier ejection (see the README's "Routing" section). Read and validated at start-up.
+    /// YAML file with CIDR→zone rules for the topology strategy, client affinity, outlier
+    /// ejection, tenants and per-client destination policies (see the README's "Routing"
+    /// section). Without `destinations` in it the server checks no destination, as upstream
+    /// (agents still apply theirs). Read and validated at start-up; errors name the file and
+    /// the entry or line.
     #[arg(long, help_heading = HEADING, value_name = "PATH")]
     routing_config: Option<PathBuf>,
 }
