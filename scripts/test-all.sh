@@ -22,6 +22,7 @@ interop/build.sh
 
 step "pinned tools: Kubernetes binaries, promtool and helm (cached under ~/.cache/tether; cold ~33 min)"
 interop/k8s/build.sh
+interop/k8s/build.sh --sample-apiserver
 interop/build-promtool.sh
 deploy/tests/build-helm.sh
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # kubectl 1.37.2 -> a real kube-apiserver 1.37.2 (etcd 3.7.3) -> egress selector -> proxy server
 # -> agent -> kwok fake kubelets, with tether and, as the reference, upstream v0.36.0, in each
-# egress shape (gRPC/UDS, HTTP CONNECT/UDS, HTTP CONNECT/mTLS TCP); then the agent is killed
-# under open streams (upstream #748). See COMPATIBILITY.md, "A real control plane".
+# egress shape (gRPC/UDS, HTTP CONNECT/UDS, HTTP CONNECT/mTLS TCP) and each agent
+# authentication (mTLS, ServiceAccount token); in a network namespace also nodes/, pods/ and
+# services/proxy, an admission webhook (and its agent gone) and an aggregated API
+# (k8s.io/sample-apiserver); then the agent is killed under open streams (upstream #748). See
+# COMPATIBILITY.md, "A real control plane".
 # Builds what it needs (tether with cargo; the Kubernetes binaries with interop/k8s/build.sh
 # into a cache outside the repo; interop/build.sh for upstream's binaries, gen-pki and
 # test-target), runs everything on loopback and Unix sockets in a temp dir, and rewrites the
@@ -43,6 +46,12 @@ k8s_build_out=$(interop/k8s/build.sh)
 printf '%s\n' "$k8s_build_out" >&2
 k8s_bin=$(printf '%s\n' "$k8s_build_out" | tail -n 1)
 echo "k8s/run.sh: Kubernetes binaries in $k8s_bin ($((SECONDS - t0)) s)"
+t0=$SECONDS
+sample_build_out=$(interop/k8s/build.sh --sample-apiserver)
+printf '%s\n' "$sample_build_out" >&2
+sample_apiserver=$(printf '%s\n' "$sample_build_out" | tail -n 1)/sample-apiserver
+test -x "$sample_apiserver" || { echo "k8s/run.sh: $sample_apiserver missing" >&2; exit 1; }
+echo "k8s/run.sh: sample-apiserver at $sample_apiserver ($((SECONDS - t0)) s)"
 (cd interop && go build -buildvcs=false -o bin/k8s-flows ./cmd/k8s-flows)
 # kwok's node and pod lifecycle Stages come from its module (downloaded if the cache was warm
 # but the module cache is not).
@@ -104,7 +113,7 @@ setup_netns() {
 setup_netns
 
 args=(-k8s-bin "$k8s_bin" -interop-bin "$root/interop/bin" -tether "$tether_bin" -kwok-stages "$kwok_stages"
-	-upstream-version "$upstream_version" -work "$work" -out "$root/COMPATIBILITY.md" -timeout 12m)
+	-upstream-version "$upstream_version" -sample-apiserver "$sample_apiserver" -work "$work" -out "$root/COMPATIBILITY.md" -timeout 12m)
 [ -n "$only" ] && args+=(-only "$only")
 
 # Bounded: k8s-flows stops itself at -timeout; the timeout here is a backstop.

@@ -6,7 +6,8 @@
 //! `konnectivity-proxy-server-<serverID>` renewed ([`controller`]) and deletes its peers'
 //! expired ones ([`gc`]); agents count the valid ones ([`counter`]). The decisions (what to
 //! write, what is expired, what the count is) are pure functions in [`validity`],
-//! [`record`] and [`count`]; [`api`] is the thin layer of Kubernetes calls with deadlines.
+//! [`record`] and [`count`]; [`api`] is the thin layer of Kubernetes calls with the rate limit
+//! and deadlines.
 
 pub mod api;
 pub mod controller;

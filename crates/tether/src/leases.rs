@@ -10,6 +10,7 @@ use tether_kube::lease::api::{CALL_TIMEOUT, Leases};
 use tether_kube::lease::metrics::{CounterMetrics, GcMetrics};
 use tether_kube::lease::record::LeaseIdentity;
 use tether_kube::lease::{controller, counter, gc, lease_name};
+use tether_kube::{KubeApi, KubeApiOptions};
 use tether_observe::metrics::Registry;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,12 +29,12 @@ impl LeaseTasks {
     /// The server's controller (its own Lease) and garbage collector (expired Leases), on
     /// the server's one Kubernetes client.
     pub(crate) fn server(
-        kube: &tether_kube::KubeApi,
+        kube: &KubeApi,
         settings: &ServerLeaseSettings,
         server_id: &str,
         registry: &Registry,
     ) -> Self {
-        let leases = Leases::new(kube.client().clone(), &settings.namespace);
+        let leases = Leases::new(kube, &settings.namespace);
         let identity = LeaseIdentity {
             name: lease_name(server_id),
             namespace: settings.namespace.clone(),
@@ -58,16 +59,21 @@ impl LeaseTasks {
         this
     }
 
-    /// The agent's counter, and the counting it feeds.
+    /// The agent's counter, and the counting it feeds. Its client has client-go's default
+    /// rate limit (5 QPS, burst 10), as upstream's agent, which has no flags for it.
     pub(crate) async fn agent(
         settings: &AgentLeases,
         registry: &Registry,
     ) -> anyhow::Result<(Self, LeaseCounting)> {
-        let client = tether_kube::client::connect(settings.kubeconfig.as_deref()).await?;
+        let kube = KubeApi::connect(&KubeApiOptions {
+            kubeconfig: settings.kubeconfig.clone(),
+            ..KubeApiOptions::default()
+        })
+        .await?;
         let (sender, receiver) = tokio::sync::watch::channel(None);
         let this = Self::new();
         this.tasks.spawn(counter::run(
-            Leases::new(client, &settings.namespace),
+            Leases::new(&kube, &settings.namespace),
             settings.selector.clone(),
             settings.poll_interval,
             CounterMetrics::register(registry),

@@ -30,10 +30,12 @@ const adminToken = "tether-k8s-flows-admin"
 type cluster struct {
 	dir        string
 	etcd       *proc
+	etcdURL    string
 	apiserver  *proc
 	apiURL     string
 	kubeconfig string
 	kwok       []*proc
+	aggregated *aggregatedServer // the sample-apiserver behind the APIService, once started
 }
 
 // writeStatic writes what gen-pki does not: the static token file kubectl and kwok
@@ -71,6 +73,7 @@ func (e *env) startCluster(ctx context.Context, name, egress string) (*cluster, 
 	}
 	client, peer, metrics := freePort(), freePort(), freePort()
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", client)
+	c.etcdURL = etcdURL
 	var err error
 	c.etcd, err = e.ps.start(name+"-etcd", e.bin("etcd"),
 		"--name=default", "--data-dir="+filepath.Join(c.dir, "etcd"),
@@ -100,30 +103,22 @@ func (e *env) startCluster(ctx context.Context, name, egress string) (*cluster, 
 		// No loopback Endpoints for the kubernetes Service; nothing ever dials the service CIDR.
 		"--endpoint-reconciler-type=none",
 		"--egress-selector-config-file="+egress, "--kubelet-preferred-address-types=InternalIP",
-		// Webhooks referenced by Service go to its EndpointSlice, not its (unrouted) ClusterIP.
+		// Webhooks and APIServices referenced by Service go to its EndpointSlice, not its
+		// (unrouted) ClusterIP.
 		"--enable-aggregator-routing=true",
+		// The aggregator's front-proxy identity toward aggregated API servers (the gen-pki
+		// client certificate, CN=proxy-client; the one CA also signs kubectl-style client
+		// certificates, so only that name may set the identity headers), and what they trust.
+		"--proxy-client-cert-file="+e.pki("client.crt"), "--proxy-client-key-file="+e.pki("client.key"),
+		"--requestheader-client-ca-file="+e.pki("ca.crt"), "--requestheader-allowed-names=proxy-client",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--enable-priority-and-fairness=false", "--profiling=false", "-v=1")
 	if err != nil {
 		return c, err
 	}
 	c.kubeconfig = filepath.Join(c.dir, "admin.kubeconfig")
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: %s
-    certificate-authority: %s
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: local
-  context: {cluster: local, user: admin, namespace: default}
-current-context: local
-`, c.apiURL, e.pki("ca.crt"), adminToken)
-	if err := os.WriteFile(c.kubeconfig, []byte(kc), 0o600); err != nil {
+	if err := os.WriteFile(c.kubeconfig, []byte(kubeconfig(c.apiURL, e.pki("ca.crt"), "admin", adminToken)), 0o600); err != nil {
 		return c, err
 	}
 	if err := e.waitReady(ctx, c); err != nil {
@@ -205,7 +200,11 @@ func (e *env) waitReady(ctx context.Context, c *cluster) error {
 }
 
 func (c *cluster) stop() {
-	for _, p := range append(append([]*proc{}, c.kwok...), c.apiserver, c.etcd) {
+	var procs []*proc
+	if c.aggregated != nil {
+		procs = append(procs, c.aggregated.proc)
+	}
+	for _, p := range append(append(procs, c.kwok...), c.apiserver, c.etcd) {
 		if p != nil {
 			p.stop()
 		}

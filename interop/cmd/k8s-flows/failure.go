@@ -106,7 +106,7 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 			kc.flow, k.kubectl, k.exitedIn.Round(100*time.Millisecond), k.stderr, k.local, k.localIn.Round(100*time.Millisecond), k.released, k.closed, status)
 		// A fresh agent for the next case (and a failed restart fails the rest of the row).
 		if p.agent.exited() {
-			if err := e.startAgent(p); err != nil {
+			if err := e.startAgent(p, c); err != nil {
 				r.err = err
 				return
 			}
@@ -192,6 +192,7 @@ func readAfterKill(conn net.Conn, d time.Duration) string {
 var (
 	klogPrefix = regexp.MustCompile(`^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\]]+\] `)
 	portRE     = regexp.MustCompile(`(127\.0\.0\.[0-9]+|localhost):\d+`)
+	podAddrRE  = regexp.MustCompile(`198\.1[89]\.\d+\.\d+:\d+`)
 	sockRE     = regexp.MustCompile(`/[^\s"']*\.sock`)
 	tmpRE      = regexp.MustCompile(`/tmp/[^\s"']*`)
 )
@@ -203,6 +204,7 @@ func lastLine(s string) string {
 	l := strings.TrimSpace(lines[len(lines)-1])
 	l = klogPrefix.ReplaceAllString(l, "")
 	l = portRE.ReplaceAllString(l, "$1:PORT")
+	l = podAddrRE.ReplaceAllString(l, "POD_IP:PORT")
 	l = sockRE.ReplaceAllString(l, "UDS")
 	l = tmpRE.ReplaceAllString(l, "PATH")
 	if l == "" {

@@ -13,9 +13,12 @@ import (
 type row struct {
 	impl  string
 	shape shape
+	auth  string // mtlsAuth or tokenAuth
 	flows []check
 	kills []killCase
-	err   error // the row could not be set up
+	// goneFail is kubectl's error when the failurePolicy Fail webhook's agent is gone.
+	goneFail string
+	err      error // the row could not be set up
 }
 
 type check struct {

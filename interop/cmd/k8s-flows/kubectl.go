@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,7 +28,9 @@ type kubectlResult struct {
 
 func (e *env) kubectl(ctx context.Context, c *cluster, timeout time.Duration, args ...string) *kubectlCmd {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
-	cmd := exec.CommandContext(ctx, e.bin("kubectl"), append([]string{"--kubeconfig=" + c.kubeconfig}, args...)...)
+	// Its discovery cache beside the cluster, not in $HOME where another run's would be.
+	cmd := exec.CommandContext(ctx, e.bin("kubectl"), append([]string{"--kubeconfig=" + c.kubeconfig,
+		"--cache-dir=" + filepath.Join(c.dir, "kubectl-cache")}, args...)...)
 	cmd.WaitDelay = 2 * time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return &kubectlCmd{cmd: cmd, cancel: cancel, ps: e.ps}

@@ -5,11 +5,14 @@
 //	etcd -> kube-apiserver --egress-selector-config-file (gRPC/UDS, HTTP CONNECT/UDS, HTTP CONNECT/mTLS TCP)
 //	     -> proxy server (agent mTLS) -> proxy agent -> kwok on 127.0.0.2 / 127.0.0.3 -> test-target
 //
-// For every proxy and egress shape it asserts logs, logs -f, exec, attach and port-forward end
-// to end (and that each crossed the proxy), then kills the agent with SIGKILL under a streaming
-// exec, logs -f and an open port-forward connection (upstream #748) and records what kubectl
-// sees. It writes the result block of COMPATIBILITY.md (-out). Every process runs in its own
-// process group and is ended on every exit path; -timeout bounds the whole run.
+// For every proxy and egress shape, on one control plane, and for each agent authentication
+// (mTLS, then ServiceAccount token with TokenReview), it asserts logs, logs -f, exec, attach and
+// port-forward end to end (and that each crossed the proxy); with -outside also nodes/, pods/
+// and services/proxy, an admission webhook, an aggregated API and the webhook's failurePolicy
+// with the agent gone. Then it kills the agent with SIGKILL under a streaming exec, logs -f and
+// an open port-forward connection (upstream #748) and records what kubectl sees. It writes the
+// result block of COMPATIBILITY.md (-out). Every process runs in its own process group and is
+// ended on every exit path; -timeout bounds the whole run.
 package main
 
 import (
@@ -39,6 +42,7 @@ type env struct {
 	httpPort, echoPort        int
 	kubeletPort               int
 	upVersion                 string
+	sampleAPIServer           string // k8s.io/sample-apiserver, for the aggregated API flow
 	rows                      []*row
 	nodes                     []node
 	outside                   *outside // nil: no network namespace, no non-loopback flows
@@ -60,6 +64,7 @@ func main() {
 	tetherBin := flag.String("tether", "", "the tether binary")
 	stages := flag.String("kwok-stages", "", "kwok's kustomize/stage directory (from its Go module)")
 	upVersion := flag.String("upstream-version", "", "upstream proxy-server/proxy-agent version, for the report")
+	sampleAPIServer := flag.String("sample-apiserver", "", "k8s.io/sample-apiserver binary (interop/k8s/build.sh --sample-apiserver), for the aggregated API flow (with -outside)")
 	work := flag.String("work", "", "scratch directory (sockets, logs, etcd data)")
 	out := flag.String("out", "", "COMPATIBILITY.md to rewrite the k8s-flows block of (empty: do not write)")
 	only := flag.String("only", "", "run only this proxy (tether or upstream); writes nothing")
@@ -73,7 +78,7 @@ func main() {
 		}
 	}
 	e := &env{ps: &procs{logs: filepath.Join(*work, "logs")}, work: *work, k8sBin: *k8sBin,
-		interopBin: *interopBin, kwokStages: *stages, upVersion: *upVersion}
+		interopBin: *interopBin, kwokStages: *stages, upVersion: *upVersion, sampleAPIServer: *sampleAPIServer}
 	if *outsideIPs != "" {
 		o, err := newOutside(*outsideIPs)
 		if err != nil {
@@ -120,15 +125,10 @@ func run(ctx context.Context, e *env, tetherBin, only, out string) int {
 	}
 	for _, impl := range impls {
 		for i, sh := range shapes {
-			r := &row{impl: impl, shape: sh}
-			e.rows = append(e.rows, r)
 			name := fmt.Sprintf("%s-%d", impl, i+1)
 			fmt.Printf("-- %s | %s\n", impl, sh.name)
 			t0 := time.Now()
-			r.err = e.runRow(ctx, r, name)
-			if r.err != nil {
-				fmt.Printf("   FAIL: %v\n", r.err)
-			}
+			e.runShape(ctx, impl, sh, name)
 			fmt.Printf("   (%s in %.0f s)\n", name, time.Since(t0).Seconds())
 		}
 	}
@@ -137,18 +137,64 @@ func run(ctx context.Context, e *env, tetherBin, only, out string) int {
 	return code
 }
 
-// runRow starts a proxy and a control plane for r, runs the flows and the kill cases, and
-// stops them all again.
-func (e *env) runRow(ctx context.Context, r *row, name string) error {
-	p, err := e.startProxy(r.impl, r.shape, name)
-	defer p.stop()
-	if err != nil {
-		return err
+// runShape runs every flow through impl's proxy in egress shape sh against one control plane,
+// in both agent authentication modes: first with an mTLS agent, then the server restarted in
+// token mode where the first one listened (the egress configuration names that place) with a
+// ServiceAccount-token agent.
+func (e *env) runShape(ctx context.Context, impl string, sh shape, name string) {
+	mtls := &row{impl: impl, shape: sh, auth: mtlsAuth}
+	token := &row{impl: impl, shape: sh, auth: tokenAuth}
+	e.rows = append(e.rows, mtls, token)
+	fail := func(err error) {
+		for _, r := range []*row{mtls, token} {
+			if r.err == nil && len(r.flows) == 0 {
+				r.err = err
+			}
+		}
+		fmt.Printf("   FAIL: %v\n", err)
 	}
-	c, err := e.startCluster(ctx, name, p.egress)
+	ep, err := e.egressFor(sh, name)
+	if err != nil {
+		fail(err)
+		return
+	}
+	// The mTLS server first: kube-apiserver dials it on demand, the agent connects once the
+	// control plane is up.
+	p, err := e.startServer(impl, ep, nil, nil, name)
+	defer func() { p.stop() }()
+	if err != nil {
+		fail(err)
+		return
+	}
+	c, err := e.startCluster(ctx, name, ep.file)
 	defer c.stop()
 	if err != nil {
-		return err
+		fail(err)
+		return
+	}
+	if err := e.runRow(ctx, mtls, c, p); err != nil {
+		fmt.Printf("   FAIL: %v\n", err)
+	}
+	p.stop()
+	tok, err := e.setupTokens(ctx, c)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if p, err = e.startServer(impl, ep, tok, c, name+"-token"); err != nil {
+		fail(err)
+		return
+	}
+	if err := e.runRow(ctx, token, c, p); err != nil {
+		fmt.Printf("   FAIL: %v\n", err)
+	}
+}
+
+// runRow connects p's agent and runs r's flows and kill cases through cluster c and proxy p.
+func (e *env) runRow(ctx context.Context, r *row, c *cluster, p *proxy) error {
+	fmt.Printf("   agent authentication: %s\n", r.auth)
+	if r.err = e.startAgent(p, c); r.err != nil {
+		return r.err
 	}
 	e.runFlows(ctx, r, c, p)
 	if e.outside != nil {

@@ -89,7 +89,16 @@ func metricSum(url, name string, want ...string) (float64, error) {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	return metricSumFrom(resp.Body, name, want...)
+}
+
+// metricSumText is metricSum on a page already read.
+func metricSumText(page, name string, want ...string) (float64, error) {
+	return metricSumFrom(strings.NewReader(page), name, want...)
+}
+
+func metricSumFrom(page io.Reader, name string, want ...string) (float64, error) {
+	sc := bufio.NewScanner(page)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var sum float64
 	found := false

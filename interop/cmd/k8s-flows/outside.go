@@ -109,7 +109,8 @@ endpoints:
 `, svc, portName, port, podIP)
 }
 
-var outsideFlowNames = []string{"nodes/proxy (node-c)", "pods/proxy (pod-c)", "services/proxy (EndpointSlice)", "admission webhook (Service)"}
+var outsideFlowNames = []string{"nodes/proxy (node-c)", "pods/proxy (pod-c)", "services/proxy (EndpointSlice)", "admission webhook (Service)",
+	"aggregated API (APIService)", "webhook, agent gone: Fail", "webhook, agent gone: Ignore"}
 
 func (e *env) runOutsideFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 	o := e.outside
@@ -151,6 +152,12 @@ func (e *env) runOutsideFlows(ctx context.Context, r *row, c *cluster, p *proxy)
 	r.run("admission webhook (Service)", crossed(p, func() (string, error) {
 		return "", e.webhookFlow(ctx, c, podIP)
 	}))
+	tag := strings.ReplaceAll(p.name, " ", "-")
+	r.run("aggregated API (APIService)", crossed(p, func() (string, error) {
+		return e.aggregatedFlow(ctx, c, podIP, tag)
+	}))
+	// Last: it stops the agent (and starts it again).
+	e.runAgentGoneFlows(ctx, r, c, p, tag)
 }
 
 // wantBody GETs path through kube-apiserver and wants the backend's body.

@@ -23,41 +23,77 @@ var shapes = []shape{
 // upstream flags (tether is invoked as proxy-server/proxy-agent).
 type proxy struct {
 	impl, name    string
+	auth          string // mtlsAuth or tokenAuth: how the server authenticates its agent
 	server, agent *proc
 	health        int // server's health port (/metrics)
 	agentPort     int
-	egress        string // EgressSelectorConfiguration file for kube-apiserver
+	agentAuthArgs []string // the agent's flags for auth
+	// tokenReviews is the API server's TokenReview count when the server started (token
+	// mode), to show that admitting the agent took a review.
+	tokenReviews float64
 }
 
 func (p *proxy) metricsURL() string { return fmt.Sprintf("http://127.0.0.1:%d/metrics", p.health) }
 
-// startProxy starts impl's server in shape sh, with agent mTLS (--cluster-ca-cert), and one agent.
-func (e *env) startProxy(impl string, sh shape, name string) (*proxy, error) {
-	p := &proxy{impl: impl, name: name, health: freePort(), agentPort: freePort()}
-	args := []string{"--mode=" + sh.mode}
+// egress is where kube-apiserver's egress selector sends the cluster selection in one shape:
+// its configuration file and the server flags that make a proxy server listen there. Both
+// servers of a shape (mTLS, then token mode) listen at the same place, one after the other.
+type egress struct {
+	file       string // EgressSelectorConfiguration for kube-apiserver
+	serverArgs []string
+}
+
+// egressFor chooses the socket or port for shape sh and writes kube-apiserver's
+// configuration for it.
+func (e *env) egressFor(sh shape, name string) (egress, error) {
+	ep := egress{serverArgs: []string{"--mode=" + sh.mode}}
 	var conn string
 	switch sh.transport {
 	case "uds":
 		uds := filepath.Join(e.work, "s", name+".sock")
-		args = append(args, "--uds-name="+uds, "--server-port=0")
+		// The second server of the shape binds the path the first one used.
+		ep.serverArgs = append(ep.serverArgs, "--uds-name="+uds, "--delete-existing-uds-file", "--server-port=0")
 		proto := map[string]string{"grpc": "GRPC", "http-connect": "HTTPConnect"}[sh.mode]
 		conn = "    proxyProtocol: " + proto + "\n    transport:\n      uds:\n        udsName: " + uds + "\n"
 	case "tcp":
 		port := freePort()
-		args = append(args, "--server-bind-address=127.0.0.1", "--server-port="+strconv.Itoa(port),
+		ep.serverArgs = append(ep.serverArgs, "--server-bind-address=127.0.0.1", "--server-port="+strconv.Itoa(port),
 			"--server-cert="+e.pki("server.crt"), "--server-key="+e.pki("server.key"),
 			"--server-ca-cert="+e.pki("ca.crt"))
 		conn = fmt.Sprintf("    proxyProtocol: HTTPConnect\n    transport:\n      tcp:\n        url: https://127.0.0.1:%d\n"+
 			"        tlsConfig:\n          caBundle: %s\n          clientCert: %s\n          clientKey: %s\n",
 			port, e.pki("ca.crt"), e.pki("client.crt"), e.pki("client.key"))
 	}
+	ep.file = filepath.Join(e.work, name+"-egress.yaml")
+	return ep, os.WriteFile(ep.file, []byte("apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\n"+
+		"egressSelections:\n- name: cluster\n  connection:\n"+conn), 0o644)
+}
+
+// startServer starts impl's server at ep. With tok nil its agent authenticates with mTLS
+// (--cluster-ca-cert); otherwise with a ServiceAccount token that the server checks with a
+// TokenReview, as in the kubernetes.io task "Set up Konnectivity service".
+func (e *env) startServer(impl string, ep egress, tok *tokens, c *cluster, name string) (*proxy, error) {
+	p := &proxy{impl: impl, name: name, auth: mtlsAuth, health: freePort(), agentPort: freePort()}
+	args := append([]string{}, ep.serverArgs...)
 	args = append(args,
 		"--agent-bind-address=127.0.0.1", "--agent-port="+strconv.Itoa(p.agentPort),
 		"--health-bind-address=127.0.0.1", "--health-port="+strconv.Itoa(p.health),
 		"--admin-bind-address=127.0.0.1", "--admin-port="+strconv.Itoa(freePort()),
 		"--cluster-cert="+e.pki("server.crt"), "--cluster-key="+e.pki("server.key"),
-		"--cluster-ca-cert="+e.pki("ca.crt"),
 		"--server-count=1", "--server-id="+name, "-v=2")
+	if tok == nil {
+		args = append(args, "--cluster-ca-cert="+e.pki("ca.crt"))
+		p.agentAuthArgs = []string{"--agent-cert=" + e.pki("agent.crt"), "--agent-key=" + e.pki("agent.key")}
+	} else {
+		p.auth = tokenAuth
+		args = append(args, "--agent-namespace="+agentNamespace, "--agent-service-account="+agentServiceAccount,
+			"--authentication-audience="+agentAudience, "--kubeconfig="+tok.serverKubeconfig)
+		p.agentAuthArgs = []string{"--service-account-token-path=" + tok.agentToken}
+		var err error
+		if p.tokenReviews, err = e.tokenReviews(c); err != nil {
+			return p, err
+		}
+	}
 	var err error
 	if p.server, err = e.ps.start(name+"-server", e.proxyBin(impl, "proxy-server"), args...); err != nil {
 		return p, err
@@ -65,24 +101,22 @@ func (e *env) startProxy(impl string, sh shape, name string) (*proxy, error) {
 	if err := waitStatus(fmt.Sprintf("http://127.0.0.1:%d/healthz", p.health), 200, 30*time.Second); err != nil {
 		return p, fmt.Errorf("%s server: %v\n%s", name, err, p.server.tail(20))
 	}
-	p.egress = filepath.Join(e.work, name+"-egress.yaml")
-	if err := os.WriteFile(p.egress, []byte("apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\n"+
-		"egressSelections:\n- name: cluster\n  connection:\n"+conn), 0o644); err != nil {
-		return p, err
-	}
-	return p, e.startAgent(p)
+	return p, nil
 }
 
-// startAgent starts (or restarts, after a kill) p's agent and waits until the server counts it.
-func (e *env) startAgent(p *proxy) error {
+// startAgent starts (or restarts, after a kill) p's agent and waits until the server counts it;
+// in token mode, also until the API server has answered a TokenReview for it.
+func (e *env) startAgent(p *proxy, c *cluster) error {
 	health := freePort()
-	var err error
-	p.agent, err = e.ps.start(p.name+"-agent", e.proxyBin(p.impl, "proxy-agent"),
-		"--proxy-server-host=127.0.0.1", "--proxy-server-port="+strconv.Itoa(p.agentPort),
-		"--ca-cert="+e.pki("ca.crt"), "--agent-cert="+e.pki("agent.crt"), "--agent-key="+e.pki("agent.key"),
+	args := append([]string{
+		"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + strconv.Itoa(p.agentPort),
+		"--ca-cert=" + e.pki("ca.crt")}, p.agentAuthArgs...)
+	args = append(args,
 		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(health),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(freePort()),
 		"--agent-id="+p.name+"-agent", "--sync-interval=200ms", "--sync-interval-cap=1s", "-v=2")
+	var err error
+	p.agent, err = e.ps.start(p.name+"-agent", e.proxyBin(p.impl, "proxy-agent"), args...)
 	if err != nil {
 		return err
 	}
@@ -91,6 +125,15 @@ func (e *env) startAgent(p *proxy) error {
 	}
 	if _, err := waitMetricAtLeast(p.metricsURL(), "konnectivity_network_proxy_server_ready_backend_connections", 1, 30*time.Second); err != nil {
 		return fmt.Errorf("%s: agent not counted by the server: %v", p.name, err)
+	}
+	if p.auth == tokenAuth {
+		n, err := e.tokenReviews(c)
+		if err != nil {
+			return err
+		}
+		if n <= p.tokenReviews {
+			return fmt.Errorf("%s: the agent was admitted without a TokenReview (the API server counts %v, as before)", p.name, n)
+		}
 	}
 	return nil
 }

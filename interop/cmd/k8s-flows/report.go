@@ -48,18 +48,23 @@ func (e *env) markdown() string {
 	var b strings.Builder
 	fmt.Fprintln(&b, beginMarker)
 	fmt.Fprintf(&b, "\nkube-apiserver and kubectl **v1.37.2**, etcd v3.7.3, kwok v0.8.0 (one process per fake node, on 127.0.0.2 and 127.0.0.3); "+
-		"upstream `proxy-server`/`proxy-agent` **%s** as the reference. Each row is a fresh etcd and kube-apiserver whose "+
-		"`--egress-selector-config-file` sends the `cluster` selection to the proxy server (agent mTLS with `--cluster-ca-cert`); "+
-		"one agent; kubectl runs each flow against the pods of the fake nodes. A flow passes when kubectl's output is what the "+
+		"upstream `proxy-server`/`proxy-agent` **%s** as the reference. Each egress shape gets a fresh etcd and kube-apiserver whose "+
+		"`--egress-selector-config-file` sends the `cluster` selection to the proxy server, and runs every flow twice, in both agent "+
+		"authentication modes, with one agent: **mTLS** (the agent's client certificate, checked with `--cluster-ca-cert`), then the server "+
+		"restarted at the same socket or port in **token** mode, as in the kubernetes.io task \"Set up Konnectivity service\" "+
+		"(`--agent-namespace=kube-system --agent-service-account=konnectivity-agent --authentication-audience=system:konnectivity-server` "+
+		"and a `--kubeconfig` whose ServiceAccount is bound to `system:auth-delegator`; the agent's `--service-account-token-path` holds a "+
+		"TokenRequest token for that audience, and the API server's `apiserver_request_total{resource=\"tokenreviews\"}` must have risen "+
+		"once the agent is admitted). kubectl runs each flow against the pods of the fake nodes. A flow passes when kubectl's output is what the "+
 		"fake kubelet serves **and** the proxy server's `konnectivity_network_proxy_server_stream_packets_total{segment=\"from_agent\",packet_type=\"DATA\"}` rose during it (the bytes crossed the tunnel; kube-apiserver reuses idle kubelet connections, so not every flow dials).\n\n", e.upVersion)
-	fmt.Fprintln(&b, "| Proxy | Egress | "+strings.Join(flowNames, " | ")+" |")
-	fmt.Fprintln(&b, "|---|---|"+strings.Repeat("---|", len(flowNames)))
+	fmt.Fprintln(&b, "| Proxy | Egress | Agent auth | "+strings.Join(flowNames, " | ")+" |")
+	fmt.Fprintln(&b, "|---|---|---|"+strings.Repeat("---|", len(flowNames)))
 	for _, r := range e.rows {
 		cells := []string{}
 		for _, n := range flowNames {
 			cells = append(cells, r.flowResult(n))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", r.impl, r.shape.name, strings.Join(cells, " | "))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
 	}
 	fmt.Fprintln(&b, "\nFlows: `logs` and `logs (node-b)` print the pod's CRI log file; `logs -f` also prints a line appended while it follows; "+
 		"`exec` runs `sh -c 'echo exec-ok FAKE_POD=$FAKE_POD'` (kwok runs it on the host with the pod's env) and checks stdout; "+
@@ -74,20 +79,37 @@ func (e *env) markdown() string {
 			"`nodes/proxy` GETs kwok's `/healthz` on node-c; `pods/proxy` GETs the backend at pod-c's IP; `services/proxy` GETs it "+
 			"through a selector-less Service whose EndpointSlice points at pod-c; the webhook (a `ValidatingWebhookConfiguration` "+
 			"with a Service reference, resolved to its EndpointSlice with `--enable-aggregator-routing`) must deny a labelled ConfigMap "+
-			"with its own message.")
-		fmt.Fprintln(&b, "\n| Proxy | Egress | "+strings.Join(outsideFlowNames, " | ")+" |")
-		fmt.Fprintln(&b, "|---|---|"+strings.Repeat("---|", len(outsideFlowNames)))
+			"with its own message. The aggregated API is the real `k8s.io/sample-apiserver` v0.37.2 (built from the Go module proxy; "+
+			"its own prefix in the test's etcd, front-proxy authentication, authorization delegated to kube-apiserver) on pod-c's IP "+
+			"behind an `APIService` for `wardle.example.com/v1alpha1` with a Service reference: it must become Available, and a "+
+			"Flunder must be created and read back with `kubectl create` and `kubectl get`. The agent-gone flows register a "+
+			fmt.Sprintf("`failurePolicy: Fail` and a `failurePolicy: Ignore` webhook (`timeoutSeconds: %d`) on the webhook's Service, ", goneTimeoutSeconds)+
+			"check that both deny a ConfigMap while the agent is connected (they are called through the proxy), then stop the agent: "+
+			"Fail must refuse the next ConfigMap with kube-apiserver's `failed calling webhook` error carrying the proxy's failure "+
+			"(the server's dial error on gRPC, the CONNECT answer on HTTP CONNECT), Ignore must admit it, each within timeoutSeconds "+
+			"plus 5 s.")
+		fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | "+strings.Join(outsideFlowNames, " | ")+" |")
+		fmt.Fprintln(&b, "|---|---|---|"+strings.Repeat("---|", len(outsideFlowNames)))
 		for _, r := range e.rows {
 			cells := []string{}
 			for _, n := range outsideFlowNames {
 				cells = append(cells, r.flowResult(n))
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", r.impl, r.shape.name, strings.Join(cells, " | "))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
+		}
+		fmt.Fprintln(&b, "\nWhat kubectl prints when the `failurePolicy: Fail` webhook's agent is gone (its last stderr line, ports and paths replaced):")
+		fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | kubectl's error |\n|---|---|---|---|")
+		for _, r := range e.rows {
+			msg := r.goneFail
+			if msg == "" {
+				msg = "(not run)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | `%s` |\n", r.impl, r.shape.name, r.auth, strings.ReplaceAll(msg, "|", "\\|"))
 		}
 	}
 	fmt.Fprintln(&b, "\n#### The agent killed with SIGKILL under an open stream (upstream #748)")
-	fmt.Fprintln(&b, "\n| Proxy | Egress | Stream | kubectl | kubectl's last stderr line | Open local connection | Server's `established_connections` back to 0 | Server ends kube-apiserver's connection with an error |")
-	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | Stream | kubectl | kubectl's last stderr line | Open local connection | Server's `established_connections` back to 0 | Server ends kube-apiserver's connection with an error |")
+	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range e.rows {
 		for _, k := range r.kills {
 			closed := k.closed
@@ -98,7 +120,7 @@ func (e *env) markdown() string {
 			if local == "" {
 				local = "–"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.impl, r.shape.name, k.flow, k.kubectl,
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, k.flow, k.kubectl,
 				"`"+strings.ReplaceAll(k.stderr, "|", "\\|")+"`", local, k.released, closed)
 		}
 	}
@@ -113,7 +135,7 @@ func (e *env) report(out string, write bool) int {
 	for _, r := range e.rows {
 		for _, f := range r.failed() {
 			fails++
-			fmt.Printf("FAIL %s | %s: %s\n", r.impl, r.shape.name, f)
+			fmt.Printf("FAIL %s | %s | %s: %s\n", r.impl, r.shape.name, r.auth, f)
 		}
 	}
 	fmt.Printf("\n== k8s flows: %d rows, %d failures\n", len(e.rows), fails)

@@ -1,13 +1,17 @@
-//! The Lease calls tether makes, each with a deadline, and their errors reduced to what the
-//! controllers decide on (not found, conflict) and what the metrics record (status code and
-//! reason).
+//! The Lease calls tether makes, each within the process's shared client-side rate limit
+//! (`--kubeconfig-qps`/`--kubeconfig-burst`, as client-go applies it to every request) and a
+//! deadline, and their errors reduced to what the controllers decide on (not found,
+//! conflict) and what the metrics record (status code and reason).
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 
-/// How long one API call may take; a slower one counts as failed and is retried later.
+use crate::{KubeApi, Throttled};
+
+/// How long one API call may take, waiting for the rate limit included; a slower one counts
+/// as failed and is retried later.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a call failed.
@@ -25,6 +29,9 @@ pub enum ApiError {
     Transport(String),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// Not sent: the rate limit would not allow it within the deadline.
+    #[error(transparent)]
+    Throttled(#[from] Throttled),
 }
 
 impl ApiError {
@@ -33,7 +40,7 @@ impl ApiError {
     pub fn status(&self) -> Option<(u16, &str)> {
         match self {
             Self::Status { code, reason, .. } => Some((*code, reason.as_str())),
-            Self::Transport(_) | Self::Timeout(_) => None,
+            Self::Transport(_) | Self::Timeout(_) | Self::Throttled(_) => None,
         }
     }
 
@@ -62,6 +69,7 @@ impl From<kube::Error> for ApiError {
 /// The Leases of one namespace.
 #[derive(Clone)]
 pub struct Leases {
+    kube: KubeApi,
     api: kube::Api<Lease>,
 }
 
@@ -71,33 +79,44 @@ impl std::fmt::Debug for Leases {
     }
 }
 
-async fn deadline<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, ApiError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(result) => result.map_err(ApiError::from),
-        Err(_) => Err(ApiError::Timeout(CALL_TIMEOUT)),
-    }
-}
-
 impl Leases {
-    pub fn new(client: kube::Client, namespace: &str) -> Self {
+    /// The Leases of `namespace`, through `kube`'s client and within its rate limit.
+    pub fn new(kube: &KubeApi, namespace: &str) -> Self {
         Self {
-            api: kube::Api::namespaced(client, namespace),
+            api: kube::Api::namespaced(kube.client().clone(), namespace),
+            kube: kube.clone(),
         }
     }
 
+    /// Runs `call` once the rate limit allows, all within [`CALL_TIMEOUT`].
+    async fn limited<T>(
+        &self,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiError> {
+        let limited = async {
+            self.kube.throttle(CALL_TIMEOUT).await?;
+            call.await.map_err(ApiError::from)
+        };
+        tokio::time::timeout(CALL_TIMEOUT, limited)
+            .await
+            .unwrap_or(Err(ApiError::Timeout(CALL_TIMEOUT)))
+    }
+
     pub async fn get(&self, name: &str) -> Result<Lease, ApiError> {
-        deadline(self.api.get(name)).await
+        self.limited(self.api.get(name)).await
     }
 
     pub async fn create(&self, lease: &Lease) -> Result<Lease, ApiError> {
-        deadline(self.api.create(&PostParams::default(), lease)).await
+        self.limited(self.api.create(&PostParams::default(), lease))
+            .await
     }
 
     /// Replaces the Lease; the API server refuses it (409) if `lease`'s resourceVersion is
     /// no longer the current one.
     pub async fn update(&self, lease: &Lease) -> Result<Lease, ApiError> {
         let name = lease.metadata.name.as_deref().unwrap_or_default();
-        deadline(self.api.replace(name, &PostParams::default(), lease)).await
+        self.limited(self.api.replace(name, &PostParams::default(), lease))
+            .await
     }
 
     /// Leases matching `selector`. `cached` lets the API server answer from its watch cache
@@ -108,7 +127,7 @@ impl Leases {
         if cached {
             params = params.match_any();
         }
-        Ok(deadline(self.api.list(&params)).await?.items)
+        Ok(self.limited(self.api.list(&params)).await?.items)
     }
 
     /// Deletes the Lease; with `resource_version`, only if it is still that version (it was
@@ -121,6 +140,6 @@ impl Leases {
             }),
             ..DeleteParams::default()
         };
-        deadline(self.api.delete(name, &params)).await.map(drop)
+        self.limited(self.api.delete(name, &params)).await.map(drop)
     }
 }

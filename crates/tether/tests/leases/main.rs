@@ -215,3 +215,62 @@ async fn an_api_server_outage_costs_no_stream() -> anyhow::Result<()> {
     converge(&[&agent], 2, "after the API server came back").await;
     Ok(())
 }
+
+/// Lease calls obey the server's client-side rate limit (`--kubeconfig-qps`), which its
+/// TokenReviews share. Renewing every 100 ms and garbage-collecting as often would make
+/// about 20 requests a second; limited to 1 a second (burst 1), the server makes about one,
+/// as counted by the API server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_calls_obey_the_kubeconfig_rate_limit() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    fleet
+        .add_server(
+            Kind::Tether,
+            "limited",
+            &[
+                "--lease-duration=10s",
+                "--lease-renew-interval=100ms",
+                "--kubeconfig-qps=1",
+                "--kubeconfig-burst=1",
+            ],
+        )
+        .await?;
+    until("the limited server's Lease", || async {
+        fleet.lease_holders().await == ["limited"]
+    })
+    .await;
+    // Nothing else asks about Leases meanwhile but kube-apiserver itself (its identity Lease,
+    // renewed every 10 s).
+    let before = lease_requests(&fleet.plane).await?;
+    let window = Duration::from_secs(6);
+    tokio::time::sleep(window).await;
+    let made = lease_requests(&fleet.plane).await? - before;
+    eprintln!("{made} Lease requests in {window:?} at --kubeconfig-qps=1");
+    assert!(
+        made <= 12.0,
+        "{made} Lease requests in {window:?}: the rate limit was not applied"
+    );
+    assert!(
+        made >= 3.0,
+        "{made} Lease requests: the server stopped renewing"
+    );
+    assert_eq!(
+        fleet.lease_holders().await,
+        ["limited"],
+        "the Lease stayed valid"
+    );
+    Ok(())
+}
+
+/// Requests for Leases the API server has handled, from its own metrics.
+async fn lease_requests(
+    plane: &tether_testkit::control_plane::ControlPlane,
+) -> anyhow::Result<f64> {
+    let metrics = plane.metrics().await?;
+    Ok(metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"leases\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
