@@ -1,6 +1,6 @@
-//! The agent's audit records: each dial the server asked for that failed or was refused by
-//! policy, and each connection, with the address the agent actually connected to (the server
-//! knows only the requested one). Records share the dial id with the server's.
+//! Audit records that join what a connection's task knows with the table's outcome: the
+//! agent's for forward dials it answered, and both ends' for reverse dials (the agent dials,
+//! the server answers). Records share the dial id across the two ends.
 //!
 //! A connection's record joins two halves that arrive in either order: what the connection's
 //! task knows (request, dialed address, dial latency) and the table's typed [`Ended`]. The
@@ -12,15 +12,58 @@ use std::time::Duration;
 
 use tether_observe::audit::{AuditEvent, AuditLog, AuditRecord, millis};
 use tether_proto::{ConnectId, DialId};
-use tether_tunnel::{CloseError, Ended, Initiator};
+use tether_session::{CloseError, Ended, Initiator};
 
 /// What the connection's task knows about one dial.
 #[derive(Clone, Debug)]
-pub(crate) struct DialFacts {
-    pub(crate) dial_id: DialId,
-    pub(crate) requested: String,
-    pub(crate) dialed: Option<String>,
-    pub(crate) latency: Option<Duration>,
+pub struct DialFacts {
+    pub dial_id: DialId,
+    pub requested: String,
+    /// The socket address the answerer connected to.
+    pub dialed: Option<String>,
+    pub latency: Option<Duration>,
+}
+
+/// Which end writes the records, and what the names in `closed_by` are from there.
+#[derive(Clone, Copy, Debug)]
+pub struct AuditSide {
+    /// `server` or `agent`.
+    pub side: &'static str,
+    /// `Some("reverse")` for reverse dials.
+    pub direction: Option<&'static str>,
+    /// This end answered the dials (it wrote to the destination what the peer sent).
+    pub answerer: bool,
+    /// Who `Initiator::Local` is: `destination` (answerer) or `client` (dialer).
+    pub local: &'static str,
+    /// Who `Initiator::Peer` is.
+    pub peer: &'static str,
+}
+
+impl AuditSide {
+    /// The agent answering the server's dials.
+    pub const AGENT_FORWARD: Self = Self {
+        side: "agent",
+        direction: None,
+        answerer: true,
+        local: "destination",
+        peer: "server",
+    };
+    /// The agent dialing for a client on its control-plane listener.
+    pub const AGENT_REVERSE: Self = Self {
+        side: "agent",
+        direction: Some("reverse"),
+        answerer: false,
+        local: "client",
+        peer: "server",
+    };
+    /// The server dialing a control-plane endpoint for an agent.
+    pub const SERVER_REVERSE: Self = Self {
+        side: "server",
+        direction: Some("reverse"),
+        answerer: true,
+        local: "destination",
+        peer: "agent",
+    };
 }
 
 #[derive(Debug)]
@@ -29,19 +72,21 @@ enum Half {
     Ended(Ended),
 }
 
-/// One server stream's audit trail.
+/// One stream's audit trail, from one end.
 #[derive(Debug)]
-pub(crate) struct StreamAudit {
+pub struct StreamAudit {
     log: AuditLog,
+    side: AuditSide,
     server_id: String,
     agent_id: String,
     halves: Mutex<HashMap<ConnectId, Half>>,
 }
 
 impl StreamAudit {
-    pub(crate) fn new(log: AuditLog, server_id: String, agent_id: String) -> Self {
+    pub fn new(log: AuditLog, side: AuditSide, server_id: String, agent_id: String) -> Self {
         Self {
             log,
+            side,
             server_id,
             agent_id,
             halves: Mutex::default(),
@@ -55,10 +100,11 @@ impl StreamAudit {
     fn record(&self, facts: &DialFacts, event: AuditEvent) -> AuditRecord {
         AuditRecord {
             event: Some(event),
-            side: "agent",
+            side: self.side.side,
             server_id: self.server_id.clone(),
             agent_id: Some(self.agent_id.clone()),
             dial_id: Some(facts.dial_id.to_string()),
+            direction: self.side.direction,
             requested: facts.requested.clone(),
             dialed: facts.dialed.clone(),
             dial_latency_ms: facts.latency.map(millis),
@@ -67,8 +113,8 @@ impl StreamAudit {
         }
     }
 
-    /// A dial that produced no connection: refused by policy, or failed.
-    pub(crate) fn dial_ended(&self, facts: &DialFacts, refused: bool, reason: &str) {
+    /// A dial that produced no connection: refused (by policy or an allowlist), or failed.
+    pub fn dial_ended(&self, facts: &DialFacts, refused: bool, reason: &str) {
         let event = if refused {
             AuditEvent::DialRefused
         } else {
@@ -80,8 +126,8 @@ impl StreamAudit {
         });
     }
 
-    /// The connection's task's half, right after the connection was accepted.
-    pub(crate) fn connected(&self, id: ConnectId, facts: DialFacts) {
+    /// The connection's task's half, right after the connection was established.
+    pub fn connected(&self, id: ConnectId, facts: DialFacts) {
         let mut halves = self.halves();
         match halves.remove(&id) {
             Some(Half::Ended(ended)) => {
@@ -95,7 +141,7 @@ impl StreamAudit {
     }
 
     /// The table's half.
-    pub(crate) fn ended(&self, ended: Ended) {
+    pub fn ended(&self, ended: Ended) {
         let mut halves = self.halves();
         match halves.remove(&ended.id) {
             Some(Half::Facts(facts)) => {
@@ -110,16 +156,22 @@ impl StreamAudit {
 
     fn write(&self, facts: &DialFacts, ended: &Ended) {
         let closed_by = match (&ended.outcome.error, ended.outcome.initiator) {
-            (Some(CloseError::Overflow { .. } | CloseError::CloseTimeout), _) => "agent",
-            (_, Initiator::Local) => "destination",
-            (_, Initiator::Peer) => "server",
+            (Some(CloseError::Overflow { .. } | CloseError::CloseTimeout), _) => self.side.side,
+            (_, Initiator::Local) => self.side.local,
+            (_, Initiator::Peer) => self.side.peer,
             (_, Initiator::Stream) => "stream",
+        };
+        // The answerer writes what it receives from the peer to the destination; the dialer
+        // sends its client's bytes to the peer, toward the destination.
+        let (to_destination, from_destination) = if self.side.answerer {
+            (ended.bytes_from_peer, ended.bytes_to_peer)
+        } else {
+            (ended.bytes_to_peer, ended.bytes_from_peer)
         };
         let record = AuditRecord {
             connection_id: Some(ended.id.0),
-            // The agent writes what it receives from the server to the destination.
-            bytes_to_destination: Some(ended.bytes_from_peer),
-            bytes_from_destination: Some(ended.bytes_to_peer),
+            bytes_to_destination: Some(to_destination),
+            bytes_from_destination: Some(from_destination),
             duration_ms: Some(millis(ended.duration())),
             ..self.record(facts, AuditEvent::Connection)
         };
