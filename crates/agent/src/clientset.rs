@@ -4,7 +4,6 @@
 
 use tether_observe::audit::AuditLog;
 
-use crate::audit::StreamAudit;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -86,6 +85,8 @@ struct Connected {
     channel: Channel,
     /// The server's `tether-flow` announcement: present only from tether servers.
     server_flow: Option<String>,
+    /// The server answered `tether-reverse`: it accepts reverse dials on this stream.
+    reverse: bool,
     sender: tether_grpc::PacketSender,
     receiver: tether_grpc::PacketReceiver,
 }
@@ -182,6 +183,16 @@ impl ClientSet {
             .values()
             .map(|held| held.session.clone())
             .collect()
+    }
+
+    /// The stream to carry a reverse dial on: among servers that accepted reverse dials and
+    /// are not being let go of, the one with the fewest connections.
+    pub(crate) fn reverse_session(&self) -> Option<Arc<ServerSession>> {
+        self.sessions()
+            .values()
+            .filter(|held| held.session.reverse && !held.dismiss.is_cancelled())
+            .min_by_key(|held| held.session.link.inspect(|s| s.connection_count()))
+            .map(|held| held.session.clone())
     }
 
     /// `--agent-identifiers`, as sent.
@@ -295,6 +306,7 @@ impl ClientSet {
             server_count,
             channel,
             server_flow,
+            reverse,
             sender,
             receiver,
         } = connected;
@@ -311,13 +323,8 @@ impl ClientSet {
             self.destinations.clone(),
             self.config.dial_timeout,
             channel.last_pong(),
-            self.audit.clone().map(|log| {
-                Arc::new(StreamAudit::new(
-                    log,
-                    server_id.clone(),
-                    self.config.agent_id.clone(),
-                ))
-            }),
+            self.audit.clone(),
+            reverse,
         ));
         let dismiss = CancellationToken::new();
         {
@@ -348,7 +355,14 @@ impl ClientSet {
         if self.draining.load(Ordering::Acquire) {
             session.drain();
         }
-        tracing::info!(server.id = %server_id, server.count = server_count, credit, "connected to proxy server");
+        tracing::info!(server.id = %server_id, server.count = server_count, credit, reverse, "connected to proxy server");
+        if self.config.control_plane.is_some() && !reverse {
+            // Once per server stream: the listener carries nothing through this server.
+            tracing::warn!(
+                server.id = %server_id,
+                "this proxy server does not accept control-plane connections (an upstream proxy-server, or a tether server without --control-plane-endpoints): --control-plane-listen is off through it"
+            );
+        }
         let set = self.clone();
         let stop = stop.clone();
         let span = tracing::info_span!("server", server.id = %server_id);
@@ -425,6 +439,12 @@ impl ClientSet {
             metadata.push((metadata::AUTHORIZATION, format!("Bearer {}", token.trim())));
         }
         metadata.push(self.config.flow.announce());
+        if self.config.control_plane.is_some() {
+            metadata.push((
+                metadata::TETHER_REVERSE,
+                metadata::TETHER_REVERSE_VERSION.to_owned(),
+            ));
+        }
         let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, &metadata).await?;
         let headers = receiver.response_headers().await?;
         let one = |key: &str| -> Result<String, ConnectError> {
@@ -446,11 +466,16 @@ impl ClientSet {
             .get(metadata::TETHER_FLOW)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let reverse = self.config.control_plane.is_some()
+            && headers
+                .get(metadata::TETHER_REVERSE)
+                .is_some_and(|v| v.as_bytes() == metadata::TETHER_REVERSE_VERSION.as_bytes());
         Ok(Connected {
             server_id,
             server_count,
             channel,
             server_flow,
+            reverse,
             sender,
             receiver,
         })

@@ -9,12 +9,14 @@
 //! - `server_count`: the count, announced by servers or counted from their Leases;
 //! - `session`: one server stream and the connections multiplexed on it;
 //! - `destination`: resolving, checking against the destination policy, and dialing;
+//! - `control_plane`: the node-side listener whose connections go to the control plane
+//!   through the tunnel (reverse dials, a tether extension);
 //! - `health`: health, readiness and metrics endpoints;
 //! - `metrics`: upstream's agent metrics.
 #![forbid(unsafe_code)]
 
-mod audit;
 mod clientset;
+mod control_plane;
 mod destination;
 mod health;
 mod introspect;
@@ -28,6 +30,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use control_plane::{ControlPlaneConfig, ListenAddr};
 pub use destination::{DestinationConfig, PolicyFileError};
 pub use server_count::{CountSource, LeaseCounting, ServerLeases};
 use tether_grpc::Keepalive;
@@ -76,6 +79,8 @@ pub struct Config {
     pub lease_counting: Option<LeaseCounting>,
     /// `--audit-log-path`: one JSON line per connection and failed or refused dial.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
+    /// `--control-plane-listen`: carry node-side connections to the control plane.
+    pub control_plane: Option<ControlPlaneConfig>,
 }
 
 /// Start-up failures.
@@ -85,6 +90,11 @@ pub enum AgentError {
     Listen {
         what: &'static str,
         addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("listening on --control-plane-listen={addr}: {source}")]
+    ControlPlaneListen {
+        addr: ListenAddr,
         source: std::io::Error,
     },
     #[error(transparent)]
@@ -102,6 +112,7 @@ pub struct Agent {
     config: Config,
     health: TcpListener,
     admin: TcpListener,
+    control_plane: Option<control_plane::Listener>,
     registry: Registry,
     metrics: Arc<metrics::AgentMetrics>,
     destinations: Arc<destination::Destinations>,
@@ -122,6 +133,15 @@ impl Agent {
         };
         let health = bind("health", config.health_addr).await?;
         let admin = bind("admin", config.admin_addr).await?;
+        let control_plane = match &config.control_plane {
+            Some(cp) => Some(control_plane::Listener::bind(&cp.listen).await.map_err(
+                |source| AgentError::ControlPlaneListen {
+                    addr: cp.listen.clone(),
+                    source,
+                },
+            )?),
+            None => None,
+        };
         let metrics = Arc::new(metrics::AgentMetrics::register(&registry));
         let own_listeners = [&health, &admin]
             .iter()
@@ -147,6 +167,7 @@ impl Agent {
             config,
             health,
             admin,
+            control_plane,
             registry,
             metrics,
             destinations,
@@ -170,6 +191,11 @@ impl Agent {
         self.admin.local_addr().ok()
     }
 
+    /// The control-plane listener's address (`IP:PORT` or `unix:PATH`), when configured.
+    pub fn control_plane_addr(&self) -> Option<String> {
+        self.control_plane.as_ref().map(|l| l.local_addr())
+    }
+
     /// Runs until `stop`. `drain` (the first SIGTERM) tells every server this agent is going
     /// away and stops opening server connections; live connections keep working.
     pub async fn run(self, drain: CancellationToken, stop: CancellationToken) {
@@ -177,6 +203,7 @@ impl Agent {
             config,
             health,
             admin,
+            control_plane: control_plane_listener,
             registry,
             metrics,
             destinations,
@@ -188,9 +215,14 @@ impl Agent {
             Some((log, writer)) => (Some(log), Some(writer.spawn())),
             None => (None, None),
         };
+        let endpoint = config
+            .control_plane
+            .as_ref()
+            .map(|cp| cp.endpoint.clone())
+            .unwrap_or_default();
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
-            metrics,
+            metrics.clone(),
             destinations.clone(),
             audit_log,
         ));
@@ -214,6 +246,15 @@ impl Agent {
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(destinations.watch(stop.clone()));
+        if let Some(listener) = control_plane_listener {
+            endpoints.spawn(control_plane::serve(
+                listener,
+                endpoint,
+                clientset.clone(),
+                metrics,
+                stop.clone(),
+            ));
+        }
         clientset.run(drain, stop.clone()).await;
         endpoints.close();
         endpoints.wait().await;

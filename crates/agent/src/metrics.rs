@@ -17,13 +17,31 @@ pub(crate) struct AgentMetrics {
     pub(crate) open_endpoint_connections: Arc<Gauge>,
     stream_packets: Arc<CounterVec>,
     /// `stream_packets` children, [received, sent] by packet type, looked up once.
-    packet_counters: [[OnceLock<Arc<Counter>>; 8]; 2],
+    packet_counters: [[OnceLock<Arc<Counter>>; Packet::TYPE_NAMES.len()]; 2],
     stream_errors: Arc<CounterVec>,
     server_connection_failures: Arc<CounterVec>,
     /// tether: in-flight dials abandoned because the server cancelled them (DIAL_CLS).
     pub(crate) dials_cancelled: Arc<Counter>,
     /// tether: destination policy file reloads, by result (`success`, `failure`).
     policy_reloads: Arc<CounterVec>,
+    /// tether: open connections from the control-plane listener (reverse dials).
+    pub(crate) control_plane_connections: Arc<Gauge>,
+    /// tether: reverse dials by result.
+    control_plane_dials: Arc<CounterVec>,
+}
+
+/// How a reverse dial from the control-plane listener ended: the `result` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReverseDial {
+    Connected,
+    /// The server answered with an error (not allowed, or its dial failed).
+    Refused,
+    /// No answer in time.
+    Timeout,
+    /// No connected server accepts reverse dials.
+    Unavailable,
+    /// The stream ended, or the server forgot the dial.
+    Lost,
 }
 
 /// Why an endpoint dial failed: upstream's `reason` label.
@@ -86,6 +104,15 @@ impl AgentMetrics {
                 "Destination policy file reloads, by result (success, or failure: the old policy stays)",
                 &["result"],
             ),
+            control_plane_connections: registry.gauge(
+                "tether_agent_control_plane_connections",
+                "Open connections from the control-plane listener, carried to the server (reverse dials)",
+            ),
+            control_plane_dials: registry.counter_vec(
+                "tether_agent_control_plane_dials_total",
+                "Reverse dials from the control-plane listener, by result (connected, refused, timeout, unavailable, lost)",
+                &["result"],
+            ),
         };
         // Registered, never counted, as upstream's (which sends watch results to
         // lease_lists_total). lease_lists_total and lease_list_latency_seconds belong to
@@ -106,6 +133,17 @@ impl AgentMetrics {
             DialFailure::Policy => "policy",
         };
         self.endpoint_dial_failures.with(&[label]).inc();
+    }
+
+    pub(crate) fn control_plane_dial(&self, result: ReverseDial) {
+        let label = match result {
+            ReverseDial::Connected => "connected",
+            ReverseDial::Refused => "refused",
+            ReverseDial::Timeout => "timeout",
+            ReverseDial::Unavailable => "unavailable",
+            ReverseDial::Lost => "lost",
+        };
+        self.control_plane_dials.with(&[label]).inc();
     }
 
     pub(crate) fn policy_reload(&self, success: bool) {

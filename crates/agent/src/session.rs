@@ -5,18 +5,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
 use tether_grpc::{GrpcError, PacketReceiver, PacketSender};
+use tether_observe::audit::AuditLog;
 use tether_proto::Packet;
 use tether_tunnel::{
-    CloseError, ConnEvent, DialCancel, Direction, Event, Flow, Hooks, IncomingDial, Limits, Link,
-    MAX_CHUNK, Role, SessionConfig, Tunnel,
+    AuditSide, DialCancel, DialFacts, Direction, Event, Flow, Hooks, IncomingDial, Limits, Link,
+    Role, SessionConfig, StreamAudit,
 };
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
 
-use crate::audit::{DialFacts, StreamAudit};
 use crate::destination::Destinations;
 use crate::metrics::{AgentMetrics, DialFailure};
 
@@ -28,9 +25,16 @@ pub(crate) struct ServerSession {
     pub(crate) connected_at: Instant,
     /// The server connection's keepalive answers, for `/debug/agents`.
     pub(crate) keepalive: Arc<tether_grpc::LastPong>,
+    /// The server accepted reverse dials (`tether-reverse`) on this stream.
+    pub(crate) reverse: bool,
+    /// The audit trail of reverse dials on this stream, when auditing.
+    pub(crate) reverse_audit: Option<Arc<StreamAudit>>,
     /// Dial-and-relay tasks; the session waits for them when it ends.
     tasks: TaskTracker,
 }
+
+/// How long, after the agent closed a reverse connection, the server's CLOSE_RSP may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ServerSession {
     #[allow(clippy::too_many_arguments)]
@@ -42,17 +46,30 @@ impl ServerSession {
         destinations: Arc<Destinations>,
         dial_timeout: Duration,
         keepalive: Arc<tether_grpc::LastPong>,
-        audit: Option<Arc<StreamAudit>>,
+        audit: Option<AuditLog>,
+        reverse: bool,
     ) -> Self {
         let tasks = TaskTracker::new();
         let config = SessionConfig {
             role: Role::Agent,
             flow,
+            // Both for destinations and for the server's answer to a reverse dial.
             dial_timeout,
-            // The agent answers closes; it never waits for one.
-            close_timeout: dial_timeout,
+            // Only reverse connections, which the agent dialed, wait for a close.
+            close_timeout: CLOSE_TIMEOUT,
             limits: Limits::default(),
         };
+        let stream_audit = |side| {
+            audit.clone().map(|log| {
+                Arc::new(StreamAudit::new(
+                    log,
+                    side,
+                    server_id.clone(),
+                    agent_id.to_owned(),
+                ))
+            })
+        };
+        let reverse_audit = stream_audit(AuditSide::AGENT_REVERSE);
         let hooks = AgentHooks {
             ids: Arc::new(StreamIds {
                 agent_id: agent_id.to_owned(),
@@ -62,13 +79,16 @@ impl ServerSession {
             destinations,
             tasks: tasks.clone(),
             dial_timeout,
-            audit,
+            audit: stream_audit(AuditSide::AGENT_FORWARD),
+            reverse_audit: reverse_audit.clone(),
         };
         Self {
             server_id,
             link: Link::new(config, hooks),
             connected_at: Instant::now(),
             keepalive,
+            reverse,
+            reverse_audit,
             tasks,
         }
     }
@@ -116,6 +136,7 @@ struct AgentHooks {
     tasks: TaskTracker,
     dial_timeout: Duration,
     audit: Option<Arc<StreamAudit>>,
+    reverse_audit: Option<Arc<StreamAudit>>,
 }
 
 impl Hooks for AgentHooks {
@@ -150,11 +171,20 @@ impl Hooks for AgentHooks {
                     self.metrics.dials_cancelled.inc();
                 }
             }
+            Event::Opened(id) if id.is_reverse() => {
+                self.metrics.control_plane_connections.inc();
+            }
             Event::Opened(_) => self.metrics.open_endpoint_connections.inc(),
             Event::Ended(ended) => {
-                self.metrics.open_endpoint_connections.dec();
+                let audit = if ended.id.is_reverse() {
+                    self.metrics.control_plane_connections.dec();
+                    &self.reverse_audit
+                } else {
+                    self.metrics.open_endpoint_connections.dec();
+                    &self.audit
+                };
                 tether_tunnel::log_ended(&ended, &self.ids.agent_id, &self.ids.server_id);
-                if let Some(audit) = &self.audit {
+                if let Some(audit) = audit {
                     audit.ended(ended);
                 }
             }
@@ -230,69 +260,6 @@ async fn serve_connection(
         facts.dialed = stream.peer_addr().ok().map(|a| a.to_string());
         audit.connected(tunnel.connect_id(), facts);
     }
-    let outcome = relay(&mut tunnel, stream).await;
+    let outcome = tether_tunnel::relay_tcp(&mut tunnel, stream).await;
     tunnel.finish(outcome);
-}
-
-/// Relays between the destination and the server. Returns the error to report in
-/// CLOSE_RSP, `None` for a normal close.
-async fn relay(tunnel: &mut Tunnel, stream: TcpStream) -> Option<CloseError> {
-    let (rd, mut wr) = stream.into_split();
-    let Tunnel { up, down, .. } = tunnel;
-    let to_server = async {
-        let mut buf = BytesMut::new();
-        loop {
-            buf.reserve(MAX_CHUNK);
-            match rd.try_read_buf(&mut (&mut buf).limit(MAX_CHUNK)) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // Going idle: let go of the buffer (its rest would stay allocated).
-                    buf = BytesMut::new();
-                    if let Err(e) = rd.readable().await {
-                        return Err(CloseError::Local(format!("read from destination: {e}")));
-                    }
-                }
-                Ok(0) => return Ok(()),
-                Ok(_) => {
-                    if up.send(tether_tunnel::take_read(&mut buf)).await.is_err() {
-                        // Closing from the server's side: the other half delivers what is
-                        // left and the close itself.
-                        std::future::pending::<()>().await;
-                    }
-                }
-                Err(e) => return Err(CloseError::Local(format!("read from destination: {e}"))),
-            }
-        }
-    };
-    let to_destination = async {
-        loop {
-            match down.recv().await {
-                ConnEvent::Data(data) => {
-                    if let Err(e) = wr.write_all(&data).await {
-                        return Err(CloseError::Local(format!("write to destination: {e}")));
-                    }
-                    down.consumed();
-                }
-                ConnEvent::Closed(None) => return Ok(()),
-                ConnEvent::Closed(Some(e)) => return Err(e),
-            }
-        }
-    };
-    // Whichever side ends first ends the connection: there is no half-close on the wire.
-    let outcome = tokio::select! {
-        r = to_server => r,
-        r = to_destination => r,
-    };
-    match outcome {
-        Ok(()) => {
-            let _ = wr.shutdown().await;
-            None
-        }
-        Err(error) => {
-            // Make the destination see the failure too, rather than a clean end.
-            if let Ok(stream) = rd.reunite(wr) {
-                tether_tunnel::reset_on_close(&stream);
-            }
-            Some(error)
-        }
-    }
 }

@@ -31,6 +31,7 @@ pub fn check(data: &[u8]) {
     assert_eq!(reparsed, packet, "round trip changed the packet");
     match packet {
         Packet::DialResponse { result: Ok(id), .. }
+        | Packet::ReverseDialResponse { result: Ok(id), .. }
         | Packet::CloseRequest { connect_id: id }
         | Packet::Data { connect_id: id, .. } => assert_ne!(id.0, 0, "connectID 0 accepted"),
         Packet::Credit { connect_id, bytes } => {

@@ -1,5 +1,6 @@
 //! The session table under arbitrary packet sequences from its peer, interleaved with its
-//! owners' commands and the clock, in both roles and both flow modes.
+//! owners' commands and the clock, in both roles and both flow modes, with forward and
+//! reverse dials mixed.
 //!
 //! Invariants: nothing panics; queue accounting adds up and stays within each queue's
 //! bound; every connection that opened ends exactly once; after the stream ends and every
@@ -28,6 +29,13 @@ impl Input<'_> {
 
     fn small(&mut self) -> i64 {
         i64::from(self.byte() % 8) + 1
+    }
+
+    /// A connection ID from either end's range: 1 to 4 (the agent's), -1 to -4 (the
+    /// server's, for reverse dials).
+    fn connect_id(&mut self) -> ConnectId {
+        let v = self.small();
+        ConnectId(if v > 4 { 4 - v } else { v })
     }
 
     fn len(&mut self) -> usize {
@@ -71,7 +79,7 @@ pub fn check(data: &[u8]) {
     while !input.is_empty() && steps < 2_000 {
         steps += 1;
         let op = input.byte() % 16;
-        let id = ConnectId(input.small());
+        let id = input.connect_id();
         let random = DialId(input.small());
         match op {
             0..=5 if !s.is_parked() => {
@@ -80,26 +88,37 @@ pub fn check(data: &[u8]) {
                         connect_id: id,
                         data: Bytes::from(vec![0; input.len()]),
                     },
-                    1 => Packet::DialRequest {
+                    // Odd dial IDs forward, even ones reverse.
+                    1 if random.0 % 2 == 1 => Packet::DialRequest {
                         protocol: "tcp".into(),
                         address: "127.0.0.1:1".into(),
                         random,
                     },
-                    2 => Packet::DialResponse {
+                    1 => Packet::ReverseDialRequest {
+                        protocol: "tcp".into(),
+                        address: String::new(),
                         random,
-                        result: if input.byte() % 2 == 0 {
+                    },
+                    2 => {
+                        let result = if input.byte() % 2 == 0 {
                             Ok(id)
                         } else {
                             Err("x".repeat(input.len() % 200))
-                        },
-                    },
+                        };
+                        if random.0 % 2 == 1 {
+                            Packet::DialResponse { random, result }
+                        } else {
+                            Packet::ReverseDialResponse { random, result }
+                        }
+                    }
                     3 => Packet::CloseResponse {
                         connect_id: id,
                         error: (input.byte() % 2 == 0).then(|| "boom".into()),
                     },
-                    4 => match input.byte() % 3 {
+                    4 => match input.byte() % 4 {
                         0 => Packet::CloseRequest { connect_id: id },
                         1 => Packet::CloseDial { random },
+                        2 => Packet::ReverseCloseDial { random },
                         _ => Packet::Drain,
                     },
                     _ => Packet::Credit {

@@ -31,6 +31,8 @@ pub struct KubeApiOptions {
 pub struct KubeApi {
     client: kube::Client,
     limiter: Arc<RateLimiter>,
+    /// The API server's `host:port`, from the client configuration.
+    endpoint: Option<String>,
 }
 
 impl std::fmt::Debug for KubeApi {
@@ -45,8 +47,13 @@ impl std::fmt::Debug for KubeApi {
 impl KubeApi {
     /// Builds the client (reading the kubeconfig, not contacting the API server).
     pub async fn connect(options: &KubeApiOptions) -> anyhow::Result<Self> {
-        let client = crate::client::connect(options.kubeconfig.as_deref()).await?;
-        Ok(Self::new(client, options.qps, options.burst))
+        let config = crate::client::load(options.kubeconfig.as_deref()).await?;
+        let endpoint = crate::client::endpoint(&config);
+        let client = crate::client::build(config)?;
+        Ok(Self {
+            endpoint,
+            ..Self::new(client, options.qps, options.burst)
+        })
     }
 
     /// Wraps a client with the rate limit of `qps` and `burst` (upstream's semantics).
@@ -61,7 +68,14 @@ impl KubeApi {
         Self {
             client,
             limiter: Arc::new(limiter),
+            endpoint: None,
         }
+    }
+
+    /// The API server's `host:port` as the kubeconfig (or the in-cluster configuration)
+    /// names it; `None` for a client built by [`new`](Self::new).
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref()
     }
 
     pub fn client(&self) -> &kube::Client {

@@ -8,7 +8,12 @@ use anyhow::Context as _;
 /// A client for the API server named by `kubeconfig` (or the in-cluster configuration when it is
 /// `None`), with upstream's `--kubeconfig-qps`/`--kubeconfig-burst` applied by the caller.
 pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    build(load(kubeconfig).await?)
+}
+
+/// The client configuration `kubeconfig` names (or the in-cluster one).
+pub(crate) async fn load(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -19,7 +24,24 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
         None => kube::Config::incluster().context(
             "no --kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST unset)",
         )?,
-    };
+    })
+}
+
+/// The API server's `host:port` in a client configuration (the scheme's port if none).
+pub(crate) fn endpoint(config: &kube::Config) -> Option<String> {
+    let url = &config.cluster_url;
+    let host = url.host()?;
+    let port = url
+        .port_u16()
+        .unwrap_or(if url.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    Some(format!("{host}:{port}"))
+}
+
+pub(crate) fn build(config: kube::Config) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).map_err(|e| {
         if format!("{e:?}").contains("UnsupportedCertVersion") {
             anyhow::anyhow!("{V1_CERTIFICATE}")

@@ -77,6 +77,10 @@ pub struct AuditRecord {
     pub dial_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connection_id: Option<i64>,
+    /// `reverse` for a connection an agent carried from its node toward a control-plane
+    /// endpoint (tether's reverse dials); left out for forward connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direction: Option<&'static str>,
     /// `grpc` or `http-connect` (server side).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frontend: Option<&'static str>,

@@ -17,3 +17,11 @@ pub const TETHER_FLOW: &str = "tether-flow";
 /// tether extension, agent → server: the agent's labels (`zone=..,region=..`), read by tether
 /// servers for topology-aware routing and ignored by upstream servers.
 pub const TETHER_LABELS: &str = "tether-labels";
+/// tether extension, both directions: reverse dials (agent → control plane). An agent with a
+/// control-plane listener sends it in its request; a tether server that accepts reverse
+/// dials on the stream answers with it in its response headers. Only then does either end
+/// send the `REVERSE_DIAL_*` packets. The value is the extension's version,
+/// [`TETHER_REVERSE_VERSION`].
+pub const TETHER_REVERSE: &str = "tether-reverse";
+/// The version of the reverse-dial extension this build speaks.
+pub const TETHER_REVERSE_VERSION: &str = "1";

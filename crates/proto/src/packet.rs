@@ -8,9 +8,18 @@ use crate::pb::{self, packet::Payload};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DialId(pub i64);
 
-/// The agent-allocated ID of an established connection, unique per agent stream. Never 0.
+/// The ID of an established connection, unique per agent stream. Never 0. Allocated by the
+/// end that answered the dial: the agent (positive, as upstream's agents do) or, for a
+/// tether reverse dial, the server (negative), so both share one table without colliding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnectId(pub i64);
+
+impl ConnectId {
+    /// A connection the agent dialed toward the control plane (a reverse dial).
+    pub fn is_reverse(self) -> bool {
+        self.0 < 0
+    }
+}
 
 impl std::fmt::Display for DialId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,11 +67,28 @@ pub enum Packet {
         connect_id: ConnectId,
         bytes: u32,
     },
+    /// tether extension: the agent asks the server to dial a control-plane endpoint (an
+    /// empty `address`: the server's default one).
+    ReverseDialRequest {
+        protocol: String,
+        address: String,
+        random: DialId,
+    },
+    /// tether extension: the server's answer to a reverse dial; `Ok` carries a negative ID.
+    ReverseDialResponse {
+        random: DialId,
+        result: Result<ConnectId, String>,
+    },
+    /// tether extension: forget a reverse dial (from the agent: it gave up; from the server:
+    /// it closed the dial).
+    ReverseCloseDial {
+        random: DialId,
+    },
 }
 
 impl Packet {
     /// Every packet type's upstream enum name, indexed by [`type_index`](Self::type_index).
-    pub const TYPE_NAMES: [&'static str; 8] = [
+    pub const TYPE_NAMES: [&'static str; 11] = [
         "DIAL_REQ",
         "DIAL_RSP",
         "CLOSE_REQ",
@@ -71,6 +97,9 @@ impl Packet {
         "DIAL_CLS",
         "DRAIN",
         "CREDIT",
+        "REVERSE_DIAL_REQ",
+        "REVERSE_DIAL_RSP",
+        "REVERSE_DIAL_CLS",
     ];
 
     /// A dense index of the packet's type, so per-type metric handles can live in an array.
@@ -84,6 +113,9 @@ impl Packet {
             Self::CloseDial { .. } => 5,
             Self::Drain => 6,
             Self::Credit { .. } => 7,
+            Self::ReverseDialRequest { .. } => 8,
+            Self::ReverseDialResponse { .. } => 9,
+            Self::ReverseCloseDial { .. } => 10,
         }
     }
 
@@ -98,6 +130,9 @@ impl Packet {
             Self::CloseDial { .. } => "DIAL_CLS",
             Self::Drain => "DRAIN",
             Self::Credit { .. } => "CREDIT",
+            Self::ReverseDialRequest { .. } => "REVERSE_DIAL_REQ",
+            Self::ReverseDialResponse { .. } => "REVERSE_DIAL_RSP",
+            Self::ReverseCloseDial { .. } => "REVERSE_DIAL_CLS",
         }
     }
 }
@@ -145,6 +180,11 @@ impl TryFrom<pb::Packet> for Packet {
                 address: d.address,
                 random: DialId(d.random),
             },
+            (pb::PacketType::ReverseDialReq, Payload::DialRequest(d)) => Self::ReverseDialRequest {
+                protocol: d.protocol,
+                address: d.address,
+                random: DialId(d.random),
+            },
             (pb::PacketType::DialRsp, Payload::DialResponse(d)) => Self::DialResponse {
                 random: DialId(d.random),
                 result: if d.error.is_empty() {
@@ -153,6 +193,16 @@ impl TryFrom<pb::Packet> for Packet {
                     Err(d.error)
                 },
             },
+            (pb::PacketType::ReverseDialRsp, Payload::DialResponse(d)) => {
+                Self::ReverseDialResponse {
+                    random: DialId(d.random),
+                    result: if d.error.is_empty() {
+                        Ok(nonzero(d.connect_id)?)
+                    } else {
+                        Err(d.error)
+                    },
+                }
+            }
             (pb::PacketType::CloseReq, Payload::CloseRequest(c)) => Self::CloseRequest {
                 connect_id: nonzero(c.connect_id)?,
             },
@@ -166,6 +216,9 @@ impl TryFrom<pb::Packet> for Packet {
                 data: d.data,
             },
             (pb::PacketType::DialCls, Payload::CloseDial(c)) => Self::CloseDial {
+                random: DialId(c.random),
+            },
+            (pb::PacketType::ReverseDialCls, Payload::CloseDial(c)) => Self::ReverseCloseDial {
                 random: DialId(c.random),
             },
             (pb::PacketType::Credit, Payload::Credit(c)) => Self::Credit {
@@ -189,26 +242,22 @@ impl From<&Packet> for pb::Packet {
                 random,
             } => (
                 pb::PacketType::DialReq,
-                Payload::DialRequest(pb::DialRequest {
-                    protocol: protocol.clone(),
-                    address: address.clone(),
-                    random: random.0,
-                }),
+                dial_request(protocol, address, *random),
             ),
-            Packet::DialResponse { random, result } => (
-                pb::PacketType::DialRsp,
-                Payload::DialResponse(match result {
-                    Ok(id) => pb::DialResponse {
-                        error: String::new(),
-                        connect_id: id.0,
-                        random: random.0,
-                    },
-                    Err(e) => pb::DialResponse {
-                        error: e.clone(),
-                        connect_id: 0,
-                        random: random.0,
-                    },
-                }),
+            Packet::ReverseDialRequest {
+                protocol,
+                address,
+                random,
+            } => (
+                pb::PacketType::ReverseDialReq,
+                dial_request(protocol, address, *random),
+            ),
+            Packet::DialResponse { random, result } => {
+                (pb::PacketType::DialRsp, dial_response(*random, result))
+            }
+            Packet::ReverseDialResponse { random, result } => (
+                pb::PacketType::ReverseDialRsp,
+                dial_response(*random, result),
             ),
             Packet::CloseRequest { connect_id } => (
                 pb::PacketType::CloseReq,
@@ -235,6 +284,10 @@ impl From<&Packet> for pb::Packet {
                 pb::PacketType::DialCls,
                 Payload::CloseDial(pb::CloseDial { random: random.0 }),
             ),
+            Packet::ReverseCloseDial { random } => (
+                pb::PacketType::ReverseDialCls,
+                Payload::CloseDial(pb::CloseDial { random: random.0 }),
+            ),
             Packet::Drain => (pb::PacketType::Drain, Payload::Drain(pb::Drain {})),
             Packet::Credit { connect_id, bytes } => (
                 pb::PacketType::Credit,
@@ -249,6 +302,29 @@ impl From<&Packet> for pb::Packet {
             payload: Some(payload),
         }
     }
+}
+
+fn dial_request(protocol: &str, address: &str, random: DialId) -> Payload {
+    Payload::DialRequest(pb::DialRequest {
+        protocol: protocol.to_owned(),
+        address: address.to_owned(),
+        random: random.0,
+    })
+}
+
+fn dial_response(random: DialId, result: &Result<ConnectId, String>) -> Payload {
+    Payload::DialResponse(match result {
+        Ok(id) => pb::DialResponse {
+            error: String::new(),
+            connect_id: id.0,
+            random: random.0,
+        },
+        Err(e) => pb::DialResponse {
+            error: e.clone(),
+            connect_id: 0,
+            random: random.0,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -289,6 +365,32 @@ mod tests {
             Packet::try_from(zero),
             Err(ProtoError::ZeroConnectId("DATA"))
         ));
+    }
+
+    #[test]
+    fn reverse_dial_packets_round_trip_as_their_own_types() {
+        let packets = [
+            Packet::ReverseDialRequest {
+                protocol: "tcp".into(),
+                address: String::new(),
+                random: DialId(7),
+            },
+            Packet::ReverseDialResponse {
+                random: DialId(7),
+                result: Ok(ConnectId(-1)),
+            },
+            Packet::ReverseDialResponse {
+                random: DialId(7),
+                result: Err("not allowed".into()),
+            },
+            Packet::ReverseCloseDial { random: DialId(7) },
+        ];
+        for packet in packets {
+            let wire = pb::Packet::from(&packet);
+            assert!(wire.r#type >= 100, "{packet:?} is a tether-only type");
+            assert_eq!(Packet::try_from(wire).unwrap(), packet);
+        }
+        assert!(ConnectId(-1).is_reverse() && !ConnectId(1).is_reverse());
     }
 
     #[test]

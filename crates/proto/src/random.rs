@@ -40,6 +40,7 @@ mod tests {
                 connect_id: crate::ConnectId(1),
                 bytes: 1,
             },
+            crate::Packet::ReverseCloseDial { random: DialId(1) },
         ];
         for p in packets {
             assert_eq!(crate::Packet::TYPE_NAMES[p.type_index()], p.type_name());

@@ -27,6 +27,11 @@ impl Audit {
         Self { log, server_id }
     }
 
+    /// The log itself, for the records of reverse dials (written per agent stream).
+    pub(crate) fn log(&self) -> &AuditLog {
+        &self.log
+    }
+
     fn record(&self, request: &RequestContext, event: AuditEvent) -> AuditRecord {
         let (client, client_pid) = client(&request.peer);
         AuditRecord {

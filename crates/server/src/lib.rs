@@ -15,6 +15,7 @@ mod audit;
 mod backend;
 mod byte_rate;
 mod destinations;
+mod control_plane;
 mod dial;
 pub mod frontend;
 mod health;
@@ -40,6 +41,7 @@ pub use backend::registry::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
 };
+pub use control_plane::ControlPlaneEndpoints;
 pub use frontend::Mode;
 pub use limits::Limits;
 pub use routing::RoutingConfig;
@@ -106,6 +108,9 @@ pub struct Config {
     pub agent_token_auth: Option<AgentTokenAuth>,
     /// `--audit-log-path`: one JSON line per connection and refused dial; `None` is off.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
+    /// `--control-plane-endpoints`: agents' reverse dials may reach these, nothing else;
+    /// `None` refuses every reverse dial.
+    pub control_plane: Option<ControlPlaneEndpoints>,
 }
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
@@ -300,6 +305,7 @@ impl Server {
             )),
             limit_metrics: limit_metrics.clone(),
             token_auth: config.agent_token_auth.clone(),
+            control_plane: config.control_plane.clone().map(Arc::new),
         });
         let shutting_down = Arc::new(AtomicBool::new(false));
         // Ends every connection at once: after the grace period, or immediately without one.

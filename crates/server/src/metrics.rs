@@ -86,7 +86,7 @@ pub(crate) struct ServerMetrics {
     stream_packets: Arc<CounterVec>,
     /// `stream_packets` children by segment and packet type, looked up once: counting a
     /// packet must not take the vector's lock.
-    packet_counters: [[OnceLock<Arc<Counter>>; 8]; 4],
+    packet_counters: [[OnceLock<Arc<Counter>>; Packet::TYPE_NAMES.len()]; 4],
     stream_errors: Arc<CounterVec>,
     /// tether: connections closed by the server because their peer overran its buffer.
     pub(crate) overflow_closes: Arc<Counter>,
@@ -96,6 +96,22 @@ pub(crate) struct ServerMetrics {
     pub(crate) agent_pending_dials: Arc<GaugeVec>,
     /// tether: how tunnelled connections ended.
     connection_closes: Arc<CounterVec>,
+    /// tether: open connections agents carried to control-plane endpoints (reverse dials).
+    pub(crate) control_plane_connections: Arc<Gauge>,
+    /// tether: reverse dials by result.
+    control_plane_dials: Arc<CounterVec>,
+}
+
+/// How an agent's reverse dial ended on the server: the `result` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReverseDial {
+    Connected,
+    /// Not an allowed control-plane endpoint, or the feature is off.
+    Refused,
+    /// The endpoint could not be reached.
+    Failed,
+    /// The agent gave up, or its stream ended, first.
+    Cancelled,
 }
 
 impl ServerMetrics {
@@ -178,6 +194,15 @@ impl ServerMetrics {
                 "Tunnelled connections that ended, by who ended them (client, agent) and how (normal, error)",
                 &["initiator", "outcome"],
             ),
+            control_plane_connections: registry.gauge(
+                "tether_server_control_plane_connections",
+                "Open connections agents carried to control-plane endpoints (reverse dials)",
+            ),
+            control_plane_dials: registry.counter_vec(
+                "tether_server_control_plane_dials_total",
+                "Agents' reverse dials to control-plane endpoints, by result (connected, refused, failed, cancelled)",
+                &["result"],
+            ),
         };
         // Upstream exposes these even when they stay at zero; keep the names present.
         // full_receive_channels stays 0: tether never blocks a stream reader.
@@ -211,6 +236,16 @@ impl ServerMetrics {
     pub(crate) fn forget_agent(&self, agent_id: &str) {
         self.agent_queued_bytes.remove(&[agent_id]);
         self.agent_pending_dials.remove(&[agent_id]);
+    }
+
+    pub(crate) fn control_plane_dial(&self, result: ReverseDial) {
+        let label = match result {
+            ReverseDial::Connected => "connected",
+            ReverseDial::Refused => "refused",
+            ReverseDial::Failed => "failed",
+            ReverseDial::Cancelled => "cancelled",
+        };
+        self.control_plane_dials.with(&[label]).inc();
     }
 
     pub(crate) fn dial_failure(&self, reason: DialFailure) {

@@ -12,7 +12,7 @@ use crate::outcome::CloseError;
 /// Who holds the local end of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Owner {
-    /// Server role: the agent answered, the dialer has not taken the connection yet.
+    /// The dialer's end: the peer answered, the dial's owner has not taken it yet.
     Unclaimed,
     Attached,
     /// The local end is gone; the entry stays only while the peer's close is awaited.
@@ -25,9 +25,9 @@ pub(crate) struct Conn {
     pub(crate) dial_id: DialId,
     pub(crate) address: String,
     pub(crate) owner: Owner,
-    /// Server role: CLOSE_REQ sent, CLOSE_RSP awaited until this deadline.
+    /// Dialer: CLOSE_REQ sent, CLOSE_RSP awaited until this deadline.
     pub(crate) closing: Option<Instant>,
-    /// Agent role: the server asked to close (CLOSE_REQ); the owner answers when done.
+    /// Answerer: the dialer asked to close (CLOSE_REQ); the owner answers when done.
     pub(crate) close_requested: bool,
     /// The outcome was reported; nothing may report another.
     pub(crate) ended: bool,

@@ -14,12 +14,18 @@ use crate::outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcom
 use crate::timers::{Timer, Timers};
 
 /// Which end of the stream this table is.
+///
+/// A dial's two ends are its *dialer* (sends the dial request, closes with CLOSE_REQ and
+/// hears CLOSE_RSP) and its *answerer* (dials the destination, allocates the connection ID,
+/// answers CLOSE_REQ with CLOSE_RSP). Forward dials are the server's; reverse dials (a
+/// tether extension, toward the control plane) are the agent's, on their own packet types
+/// and with negative connection IDs, so one table holds both without ambiguity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// The proxy server: dials through the agent (DIAL_REQ out, DIAL_RSP in), closes with
-    /// CLOSE_REQ and hears CLOSE_RSP.
+    /// The proxy server: dialer of forward dials (DIAL_REQ out, DIAL_RSP in), answerer of
+    /// reverse ones (REVERSE_DIAL_REQ in, REVERSE_DIAL_RSP out).
     Server,
-    /// The agent: dials destinations for the server, answers CLOSE_REQ with CLOSE_RSP.
+    /// The agent: answerer of forward dials, dialer of reverse ones.
     Agent,
 }
 
@@ -53,10 +59,10 @@ impl Default for Limits {
 pub struct SessionConfig {
     pub role: Role,
     pub flow: Flow,
-    /// Server: how long a dial waits for the agent's answer. Agent: how long dialing a
-    /// destination may take before the table answers with a timeout.
+    /// As dialer: how long a dial waits for the peer's answer. As answerer: how long
+    /// dialing a destination may take before the table answers with a timeout.
     pub dial_timeout: Duration,
-    /// Server: how long, after a local close, the agent's CLOSE_RSP may take.
+    /// As dialer: how long, after a local close, the peer's CLOSE_RSP may take.
     pub close_timeout: Duration,
     pub limits: Limits,
 }
@@ -88,7 +94,7 @@ impl std::error::Error for Violation {}
 /// What the driver must act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// Server: the dial's answer can be taken with [`Session::take_dial`]. `latency` is set
+    /// Dialer: the dial's answer can be taken with [`Session::take_dial`]. `latency` is set
     /// when the agent answered; `result` names the connection it opened (for records that
     /// follow the connection, such as audit) or why there is none.
     DialSettled {
@@ -96,19 +102,20 @@ pub enum Event {
         latency: Option<Duration>,
         result: Result<ConnectId, DialError>,
     },
-    /// Server: the agent answered a dial nobody waits for (any connection it opened is
+    /// Dialer: the peer answered a dial nobody waits for (any connection it opened is
     /// being closed).
     StrayDialResponse {
         random: DialId,
     },
-    /// Agent: dial `address`, then report with [`Session::dial_succeeded`] or
-    /// [`Session::dial_failed`].
+    /// Answerer: dial `address`, then report with [`Session::dial_succeeded`] or
+    /// [`Session::dial_failed`]. On the server this is a reverse dial (an empty `address`
+    /// asks for its default control-plane endpoint).
     DialRequested {
         random: DialId,
         protocol: String,
         address: String,
     },
-    /// Agent: stop dialing; any answer is no longer wanted.
+    /// Answerer: stop dialing; any answer is no longer wanted.
     DialCancelled {
         random: DialId,
         why: DialCancel,
@@ -224,8 +231,9 @@ pub enum Abandoned {
     Nothing,
 }
 
+/// A dial this end opened (server: forward; agent: reverse).
 #[derive(Debug)]
-enum ServerDial {
+enum OutDial {
     Pending {
         started: Instant,
         deadline: Instant,
@@ -234,8 +242,9 @@ enum ServerDial {
     Settled(Result<ConnectId, DialError>),
 }
 
+/// A dial the peer asked this end to make (agent: forward; server: reverse).
 #[derive(Debug)]
-struct AgentDial {
+struct InDial {
     started: Instant,
     deadline: Instant,
     address: String,
@@ -256,10 +265,11 @@ pub struct Session {
     cfg: SessionConfig,
     /// `Some(reason)` once the stream ended.
     closed: Option<String>,
-    server_dials: HashMap<DialId, ServerDial>,
-    agent_dials: HashMap<DialId, AgentDial>,
+    dials_out: HashMap<DialId, OutDial>,
+    dials_in: HashMap<DialId, InDial>,
     conns: HashMap<ConnectId, Conn>,
-    next_connect_id: i64,
+    /// The last connection ID this end allocated as an answerer (counting away from 0).
+    last_connect_id: i64,
     /// Packets for the writer, served by deficit round robin across connections.
     outbox: FairQueue,
     transmit_waiting: bool,
@@ -279,10 +289,10 @@ impl Session {
         Self {
             cfg,
             closed: None,
-            server_dials: HashMap::new(),
-            agent_dials: HashMap::new(),
+            dials_out: HashMap::new(),
+            dials_in: HashMap::new(),
             conns: HashMap::new(),
-            next_connect_id: 1,
+            last_connect_id: 0,
             outbox: FairQueue::default(),
             transmit_waiting: false,
             replies_queued: 0,
@@ -333,16 +343,13 @@ impl Session {
         self.conns.len()
     }
 
-    /// Dials awaiting an answer (server) or being dialed (agent).
+    /// Dials awaiting the peer's answer or being dialed here.
     pub fn pending_dial_count(&self) -> usize {
-        match self.cfg.role {
-            Role::Server => self
-                .server_dials
-                .values()
-                .filter(|d| matches!(d, ServerDial::Pending { .. }))
-                .count(),
-            Role::Agent => self.agent_dials.len(),
-        }
+        self.dials_out
+            .values()
+            .filter(|d| matches!(d, OutDial::Pending { .. }))
+            .count()
+            + self.dials_in.len()
     }
 
     /// Inbound payload queued over all connections (by [`chunk_cost`]).
@@ -373,33 +380,24 @@ impl Session {
         })
     }
 
-    /// A snapshot of the dials not answered yet (server) or still being dialed (agent).
+    /// A snapshot of the dials not answered yet by the peer or still being dialed here.
     pub fn pending_dials(&self) -> Vec<PendingDialInfo> {
-        match self.cfg.role {
-            Role::Server => self
-                .server_dials
-                .iter()
-                .filter_map(|(random, d)| match d {
-                    ServerDial::Pending {
-                        started, address, ..
-                    } => Some(PendingDialInfo {
-                        dial_id: *random,
-                        address: address.clone(),
-                        started: *started,
-                    }),
-                    ServerDial::Settled(_) => None,
-                })
-                .collect(),
-            Role::Agent => self
-                .agent_dials
-                .iter()
-                .map(|(random, d)| PendingDialInfo {
-                    dial_id: *random,
-                    address: d.address.clone(),
-                    started: d.started,
-                })
-                .collect(),
-        }
+        let out = self.dials_out.iter().filter_map(|(random, d)| match d {
+            OutDial::Pending {
+                started, address, ..
+            } => Some(PendingDialInfo {
+                dial_id: *random,
+                address: address.clone(),
+                started: *started,
+            }),
+            OutDial::Settled(_) => None,
+        });
+        let dialing = self.dials_in.iter().map(|(random, d)| PendingDialInfo {
+            dial_id: *random,
+            address: d.address.clone(),
+            started: d.started,
+        });
+        out.chain(dialing).collect()
     }
 
     /// Packets waiting for the writer.
@@ -418,13 +416,15 @@ impl Session {
         match (self.cfg.role, packet) {
             (_, Packet::Data { connect_id, data }) => self.on_data(now, connect_id, data),
             (_, Packet::Credit { connect_id, bytes }) => self.on_credit(connect_id, bytes),
-            (Role::Server, Packet::DialResponse { random, result }) => {
+            (Role::Server, Packet::DialResponse { random, result })
+            | (Role::Agent, Packet::ReverseDialResponse { random, result }) => {
                 self.on_dial_response(now, random, result)
             }
-            (Role::Server, Packet::CloseResponse { connect_id, error }) => {
+            (_, Packet::CloseResponse { connect_id, error }) if !self.answers(connect_id) => {
                 self.on_close_response(now, connect_id, error)
             }
-            (Role::Server, Packet::CloseDial { random }) => self.on_server_close_dial(random),
+            (Role::Server, Packet::CloseDial { random })
+            | (Role::Agent, Packet::ReverseCloseDial { random }) => self.on_peer_close_dial(random),
             (Role::Server, Packet::Drain) => {
                 if !self.peer_draining {
                     self.peer_draining = true;
@@ -438,10 +438,21 @@ impl Session {
                     address,
                     random,
                 },
+            )
+            | (
+                Role::Server,
+                Packet::ReverseDialRequest {
+                    protocol,
+                    address,
+                    random,
+                },
             ) => self.on_dial_request(now, protocol, address, random),
-            (Role::Agent, Packet::CloseRequest { connect_id }) => self.on_close_request(connect_id),
-            (Role::Agent, Packet::CloseDial { random }) => {
-                if self.agent_dials.remove(&random).is_some() {
+            (_, Packet::CloseRequest { connect_id }) if self.answers(connect_id) => {
+                self.on_close_request(connect_id)
+            }
+            (Role::Agent, Packet::CloseDial { random })
+            | (Role::Server, Packet::ReverseCloseDial { random }) => {
+                if self.dials_in.remove(&random).is_some() {
                     self.events.push_back(Event::DialCancelled {
                         random,
                         why: DialCancel::ByPeer,
@@ -461,13 +472,15 @@ impl Session {
     fn on_data(&mut self, now: Instant, id: ConnectId, data: Bytes) {
         let Some(c) = self.conns.get_mut(&id) else {
             self.unknown();
-            // Upstream's answers to data for a connection the receiver does not know.
-            let reply = match self.cfg.role {
-                Role::Server => Packet::CloseRequest { connect_id: id },
-                Role::Agent => Packet::CloseResponse {
+            // Upstream's answers to data for a connection the receiver does not know: the
+            // dialer asks to close, the answerer says it is closed.
+            let reply = if self.answers(id) {
+                Packet::CloseResponse {
                     connect_id: id,
                     error: Some("unrecognized connectID".into()),
-                },
+                }
+            } else {
+                Packet::CloseRequest { connect_id: id }
             };
             self.reply(reply);
             return;
@@ -505,14 +518,16 @@ impl Session {
         random: DialId,
         result: Result<ConnectId, String>,
     ) {
-        let (started, address) = match self.server_dials.get_mut(&random) {
-            Some(ServerDial::Pending {
+        let (started, address) = match self.dials_out.get_mut(&random) {
+            Some(OutDial::Pending {
                 started, address, ..
             }) => (*started, std::mem::take(address)),
             _ => {
                 self.unknown();
                 self.events.push_back(Event::StrayDialResponse { random });
-                if let Ok(id) = result {
+                if let Ok(id) = result
+                    && !self.answers(id)
+                {
                     self.close_orphan(now, random, id);
                 }
                 return;
@@ -520,6 +535,12 @@ impl Session {
         };
         let latency = Some(now.saturating_duration_since(started));
         let result = match result {
+            Ok(id) if self.answers(id) => {
+                self.unknown();
+                Err(DialError::Endpoint(format!(
+                    "peer answered with connectID {id}, outside the range it allocates from"
+                )))
+            }
             Ok(id) if self.conns.contains_key(&id) => {
                 self.unknown();
                 Err(DialError::Endpoint(format!(
@@ -571,11 +592,10 @@ impl Session {
         self.remove_if_done(id);
     }
 
-    fn on_server_close_dial(&mut self, random: DialId) {
-        if matches!(
-            self.server_dials.get(&random),
-            Some(ServerDial::Pending { .. })
-        ) {
+    /// The answerer closed a dial this end opened (DIAL_CLS to the server, REVERSE_DIAL_CLS
+    /// to the agent).
+    fn on_peer_close_dial(&mut self, random: DialId) {
+        if matches!(self.dials_out.get(&random), Some(OutDial::Pending { .. })) {
             self.settle(random, None, Err(DialError::ClosedByPeer));
         } else {
             self.unknown();
@@ -583,9 +603,9 @@ impl Session {
     }
 
     fn on_dial_request(&mut self, now: Instant, protocol: String, address: String, random: DialId) {
-        let refusal = if self.agent_dials.contains_key(&random) {
+        let refusal = if self.dials_in.contains_key(&random) {
             Some(format!("dial ID {random} is already being dialed"))
-        } else if self.agent_dials.len() >= self.cfg.limits.max_pending_dials {
+        } else if self.dials_in.len() >= self.cfg.limits.max_pending_dials {
             Some(format!(
                 "too many concurrent dials on this stream (limit {})",
                 self.cfg.limits.max_pending_dials
@@ -594,16 +614,14 @@ impl Session {
             None
         };
         if let Some(error) = refusal {
-            self.reply(Packet::DialResponse {
-                random,
-                result: Err(error),
-            });
+            let answer = self.dial_response(random, Err(error));
+            self.reply(answer);
             return;
         }
         let deadline = now + self.cfg.dial_timeout;
-        self.agent_dials.insert(
+        self.dials_in.insert(
             random,
-            AgentDial {
+            InDial {
                 started: now,
                 deadline,
                 address: address.clone(),
@@ -669,36 +687,23 @@ impl Session {
     }
 
     fn dial_deadline(&mut self, at: Instant, random: DialId) {
-        match self.cfg.role {
-            Role::Server => {
-                if matches!(self.server_dials.get(&random), Some(ServerDial::Pending { deadline, .. }) if *deadline == at)
-                {
-                    self.settle(random, None, Err(DialError::Timeout));
-                    self.queue(Packet::CloseDial { random }, None);
-                }
-            }
-            Role::Agent => {
-                if self
-                    .agent_dials
-                    .get(&random)
-                    .is_some_and(|d| d.deadline == at)
-                {
-                    let dial = self.agent_dials.remove(&random);
-                    let address = dial.map(|d| d.address).unwrap_or_default();
-                    self.queue(
-                        Packet::DialResponse {
-                            random,
-                            // Go's wording: the server maps it to 504 by "i/o timeout".
-                            result: Err(format!("dial tcp {address}: i/o timeout")),
-                        },
-                        None,
-                    );
-                    self.events.push_back(Event::DialCancelled {
-                        random,
-                        why: DialCancel::Timeout,
-                    });
-                }
-            }
+        if matches!(self.dials_out.get(&random), Some(OutDial::Pending { deadline, .. }) if *deadline == at)
+        {
+            self.settle(random, None, Err(DialError::Timeout));
+            let forget = self.close_dial(random);
+            self.queue(forget, None);
+        }
+        if self.dials_in.get(&random).is_some_and(|d| d.deadline == at) {
+            let dial = self.dials_in.remove(&random);
+            let address = dial.map(|d| d.address).unwrap_or_default();
+            // Go's wording: the server maps it to 504 by "i/o timeout".
+            let answer =
+                self.dial_response(random, Err(format!("dial tcp {address}: i/o timeout")));
+            self.queue(answer, None);
+            self.events.push_back(Event::DialCancelled {
+                random,
+                why: DialCancel::Timeout,
+            });
         }
     }
 
@@ -710,15 +715,15 @@ impl Session {
         }
         self.closed = Some(reason.to_owned());
         let pending: Vec<DialId> = self
-            .server_dials
+            .dials_out
             .iter()
-            .filter(|(_, d)| matches!(d, ServerDial::Pending { .. }))
+            .filter(|(_, d)| matches!(d, OutDial::Pending { .. }))
             .map(|(r, _)| *r)
             .collect();
         for random in pending {
             self.settle(random, None, Err(DialError::StreamLost(reason.to_owned())));
         }
-        for random in std::mem::take(&mut self.agent_dials).into_keys() {
+        for random in std::mem::take(&mut self.dials_in).into_keys() {
             self.events.push_back(Event::DialCancelled {
                 random,
                 why: DialCancel::StreamLost,
@@ -746,9 +751,10 @@ impl Session {
         self.timers.clear();
     }
 
-    // ---- server: dialing through the agent ---------------------------------------------
+    // ---- the dialer: server (forward) or agent (reverse) ---------------------------------
 
-    /// Sends DIAL_REQ; the answer arrives as [`Event::DialSettled`].
+    /// Sends DIAL_REQ (agent: REVERSE_DIAL_REQ); the answer arrives as
+    /// [`Event::DialSettled`].
     pub fn open_dial(
         &mut self,
         now: Instant,
@@ -759,40 +765,45 @@ impl Session {
         if let Some(reason) = &self.closed {
             return Err(DialError::StreamLost(reason.clone()));
         }
-        if self.server_dials.contains_key(&random) {
+        if self.dials_out.contains_key(&random) {
             return Err(DialError::Duplicate(random));
         }
         let limit = self.cfg.limits.max_pending_dials;
-        if self.server_dials.len() >= limit {
+        if self.dials_out.len() >= limit {
             return Err(DialError::TooManyPending { limit });
         }
         let deadline = now + self.cfg.dial_timeout;
-        self.server_dials.insert(
+        self.dials_out.insert(
             random,
-            ServerDial::Pending {
+            OutDial::Pending {
                 started: now,
                 deadline,
                 address: address.clone(),
             },
         );
         self.arm(deadline, Timer::Dial(random));
-        self.queue(
-            Packet::DialRequest {
+        let request = match self.cfg.role {
+            Role::Server => Packet::DialRequest {
                 protocol,
                 address,
                 random,
             },
-            None,
-        );
+            Role::Agent => Packet::ReverseDialRequest {
+                protocol,
+                address,
+                random,
+            },
+        };
+        self.queue(request, None);
         Ok(())
     }
 
     /// The dial's result once settled; an `Ok` connection now belongs to the caller.
     pub fn take_dial(&mut self, random: DialId) -> Option<Result<ConnectId, DialError>> {
-        if !matches!(self.server_dials.get(&random)?, ServerDial::Settled(_)) {
+        if !matches!(self.dials_out.get(&random)?, OutDial::Settled(_)) {
             return None;
         }
-        let Some(ServerDial::Settled(result)) = self.server_dials.remove(&random) else {
+        let Some(OutDial::Settled(result)) = self.dials_out.remove(&random) else {
             return None;
         };
         if let Ok(id) = &result
@@ -806,19 +817,20 @@ impl Session {
     /// The dialer gave up (its deadline, or its client left). One place settles the race
     /// with the agent's answer: a pending dial is cancelled, an answered one is closed.
     pub fn abandon_dial(&mut self, now: Instant, random: DialId) -> Abandoned {
-        match self.server_dials.remove(&random) {
-            Some(ServerDial::Pending { .. }) => {
-                self.queue(Packet::CloseDial { random }, None);
+        match self.dials_out.remove(&random) {
+            Some(OutDial::Pending { .. }) => {
+                let forget = self.close_dial(random);
+                self.queue(forget, None);
                 Abandoned::Pending
             }
-            Some(ServerDial::Settled(Ok(id))) => {
+            Some(OutDial::Settled(Ok(id))) => {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.owner = Owner::Attached;
                 }
                 self.release(now, id);
                 Abandoned::Answered
             }
-            Some(ServerDial::Settled(Err(_))) | None => Abandoned::Nothing,
+            Some(OutDial::Settled(Err(_))) | None => Abandoned::Nothing,
         }
     }
 
@@ -828,8 +840,8 @@ impl Session {
         latency: Option<Duration>,
         result: Result<ConnectId, DialError>,
     ) {
-        self.server_dials
-            .insert(random, ServerDial::Settled(result.clone()));
+        self.dials_out
+            .insert(random, OutDial::Settled(result.clone()));
         self.events.push_back(Event::DialSettled {
             random,
             latency,
@@ -837,7 +849,7 @@ impl Session {
         });
     }
 
-    // ---- agent: dialing destinations ---------------------------------------------------
+    // ---- the answerer: agent (forward) or server (reverse) -------------------------------
 
     /// The destination answered: registers the connection and queues DIAL_RSP. `None` if
     /// the dial was cancelled, timed out or its stream ended meanwhile (drop the socket).
@@ -845,42 +857,32 @@ impl Session {
         if self.closed.is_some() {
             return None;
         }
-        let dial = self.agent_dials.remove(&random)?;
-        let id = ConnectId(self.next_connect_id);
-        self.next_connect_id += 1;
+        let dial = self.dials_in.remove(&random)?;
+        let id = self.allocate_connect_id();
         self.conns.insert(
             id,
             Conn::new(self.cfg.flow, Owner::Attached, now, random, dial.address),
         );
         self.events.push_back(Event::Opened(id));
-        self.queue(
-            Packet::DialResponse {
-                random,
-                result: Ok(id),
-            },
-            None,
-        );
+        let answer = self.dial_response(random, Ok(id));
+        self.queue(answer, None);
         Some(id)
     }
 
     /// The dial failed: queues DIAL_RSP with `error`, unless the dial is no longer wanted.
     pub fn dial_failed(&mut self, random: DialId, error: String) -> bool {
-        if self.closed.is_some() || self.agent_dials.remove(&random).is_none() {
+        if self.closed.is_some() || self.dials_in.remove(&random).is_none() {
             return false;
         }
-        self.queue(
-            Packet::DialResponse {
-                random,
-                result: Err(error),
-            },
-            None,
-        );
+        let answer = self.dial_response(random, Err(error));
+        self.queue(answer, None);
         true
     }
 
-    /// Agent: whether the dial is still wanted (not cancelled, timed out or answered).
+    /// Whether a dial the peer asked for is still wanted (not cancelled, timed out or
+    /// answered).
     pub fn dial_wanted(&self, random: DialId) -> bool {
-        self.agent_dials.contains_key(&random)
+        self.dials_in.contains_key(&random)
     }
 
     /// Agent: tells the server this agent is going away.
@@ -964,8 +966,8 @@ impl Session {
         );
     }
 
-    /// Server: asks the agent to close (CLOSE_REQ); its CLOSE_RSP, or the close deadline,
-    /// ends the connection. Idempotent.
+    /// The dialer asks the answerer to close (CLOSE_REQ); its CLOSE_RSP, or the close
+    /// deadline, ends the connection. Idempotent.
     pub fn close(&mut self, now: Instant, id: ConnectId) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -979,7 +981,7 @@ impl Session {
         self.queue(Packet::CloseRequest { connect_id: id }, None);
     }
 
-    /// Agent: the relay ended; tells the server (CLOSE_RSP) and forgets the connection.
+    /// The answerer's relay ended; tells the dialer (CLOSE_RSP) and forgets the connection.
     pub fn finish(&mut self, now: Instant, id: ConnectId, error: Option<CloseError>) {
         let Some(c) = self.conns.get(&id) else {
             return;
@@ -1005,13 +1007,15 @@ impl Session {
         self.remove(id);
     }
 
-    /// The owner is gone. Server: a connection still open is closed (CLOSE_REQ) and its
-    /// late packets absorbed until the agent confirms. Agent: as [`finish`](Self::finish).
+    /// The owner is gone. Dialer: a connection still open is closed (CLOSE_REQ) and its
+    /// late packets absorbed until the answerer confirms. Answerer: as
+    /// [`finish`](Self::finish).
     pub fn release(&mut self, now: Instant, id: ConnectId) {
+        let answers = self.answers(id);
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if self.cfg.role == Role::Agent {
+        if answers {
             let error = (!c.close_requested && !c.notified)
                 .then(|| CloseError::Local("connection closed by agent".into()));
             self.finish(now, id, error);
@@ -1064,6 +1068,44 @@ impl Session {
     }
 
     // ---- internals ---------------------------------------------------------------------
+
+    /// Whether this end answered the dial of connection `id` (allocated its ID): the agent
+    /// allocates from 1 upward (as upstream's agents do), the server from -1 downward.
+    fn answers(&self, id: ConnectId) -> bool {
+        match self.cfg.role {
+            Role::Agent => id.0 >= 0,
+            Role::Server => id.0 < 0,
+        }
+    }
+
+    fn allocate_connect_id(&mut self) -> ConnectId {
+        loop {
+            self.last_connect_id = match self.cfg.role {
+                Role::Agent => self.last_connect_id + 1,
+                Role::Server => self.last_connect_id - 1,
+            };
+            let id = ConnectId(self.last_connect_id);
+            if !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// The answerer's DIAL_RSP (server: REVERSE_DIAL_RSP).
+    fn dial_response(&self, random: DialId, result: Result<ConnectId, String>) -> Packet {
+        match self.cfg.role {
+            Role::Agent => Packet::DialResponse { random, result },
+            Role::Server => Packet::ReverseDialResponse { random, result },
+        }
+    }
+
+    /// The dialer's DIAL_CLS (agent: REVERSE_DIAL_CLS).
+    fn close_dial(&self, random: DialId) -> Packet {
+        match self.cfg.role {
+            Role::Server => Packet::CloseDial { random },
+            Role::Agent => Packet::ReverseCloseDial { random },
+        }
+    }
 
     fn queue(&mut self, packet: Packet, release: Option<(ConnectId, u32)>) {
         self.outbox.push(Outgoing {
@@ -1168,8 +1210,8 @@ impl Session {
         c.notify(Some(error.clone()));
         wake_reader(c, id, &mut self.events);
         self.end(now, id, Initiator::Local, Some(error));
-        if self.cfg.role == Role::Server {
-            // Tell the agent; its CLOSE_RSP is absorbed.
+        if !self.answers(id) {
+            // Tell the answerer; its CLOSE_RSP is absorbed.
             let deadline = now + self.cfg.close_timeout;
             if let Some(c) = self.conns.get_mut(&id)
                 && c.closing.is_none()

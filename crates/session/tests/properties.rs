@@ -1,6 +1,8 @@
-//! Random operation sequences on a server/agent pair. Whatever the order, no connection
-//! outlives its stream, every pending dial ends, windows and queues stay within their
-//! bounds, and every connection gets exactly one outcome.
+//! Random operation sequences on a server/agent pair, with forward dials (the server dials)
+//! and reverse dials (the agent dials) mixed on the same stream, their dial IDs drawn from
+//! the same small numbers. Whatever the order, no connection outlives its stream, every
+//! pending dial ends, windows and queues stay within their bounds, and every connection gets
+//! exactly one outcome.
 
 mod support;
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use support::{Pair, credit, legacy};
+use support::{Log, Pair, credit, legacy};
 use tether_proto::{ConnectId, DialId, Packet};
 use tether_session::{CloseError, Flow, Session};
 
@@ -57,16 +59,32 @@ fn pick<T: Copy>(items: &[T], i: usize) -> Option<T> {
     (!items.is_empty()).then(|| items[i % items.len()])
 }
 
-/// The model's view: who holds what.
+/// The model's view of one direction: who holds what. "Server" ops act on the dialer
+/// (the server forward, the agent reverse), "agent" ops on the answerer.
 #[derive(Default)]
 struct Holders {
     next_dial: i64,
-    /// Dials the server opened and has neither taken nor abandoned.
+    /// Dials the dialer opened and has neither taken nor abandoned.
     server_dials: Vec<DialId>,
-    /// Connections the server's dialer took.
+    /// Connections the dialer took.
     server_conns: Vec<ConnectId>,
-    /// Connections the agent's relays hold.
+    /// Connections the answerer's relays hold.
     agent_conns: Vec<ConnectId>,
+    /// Dials the answerer already answered.
+    answered: HashSet<DialId>,
+}
+
+/// (dialer, answerer) of a direction.
+fn ends(p: &mut Pair, reverse: bool) -> (&mut Session, &mut Session) {
+    if reverse {
+        (&mut p.agent, &mut p.server)
+    } else {
+        (&mut p.server, &mut p.agent)
+    }
+}
+
+fn answerer_log(p: &Pair, reverse: bool) -> &Log {
+    if reverse { &p.server_log } else { &p.agent_log }
 }
 
 fn check_bounds(side: &Session) {
@@ -80,41 +98,44 @@ fn check_bounds(side: &Session) {
     assert_eq!(side.queued_bytes(), total, "queued bytes add up");
 }
 
-fn run(server_flow: Flow, agent_flow: Flow, ops: Vec<Op>) {
+fn run(server_flow: Flow, agent_flow: Flow, ops: Vec<(bool, Op)>) {
     let mut p = Pair::new(server_flow, agent_flow);
-    let mut h = Holders::default();
-    let mut answered = HashSet::new();
-    for op in ops {
+    let mut both = [Holders::default(), Holders::default()];
+    for (reverse, op) in ops {
+        let h = &mut both[usize::from(reverse)];
+        let now = p.now;
         match op {
             Op::OpenDial => {
                 h.next_dial += 1;
                 let random = DialId(h.next_dial);
-                if p.server
-                    .open_dial(p.now, random, "tcp".into(), "127.0.0.1:1".into())
+                let (dialer, _) = ends(&mut p, reverse);
+                if dialer
+                    .open_dial(now, random, "tcp".into(), "127.0.0.1:1".into())
                     .is_ok()
                 {
                     h.server_dials.push(random);
                 }
             }
             Op::AgentAnswer { pick: i, ok } => {
-                let wanted: Vec<DialId> = p
-                    .agent_log
-                    .dial_requests()
+                let requested = answerer_log(&p, reverse).dial_requests();
+                let (_, answerer) = ends(&mut p, reverse);
+                let wanted: Vec<DialId> = requested
                     .into_iter()
-                    .filter(|r| !answered.contains(r) && p.agent.dial_wanted(*r))
+                    .filter(|r| !h.answered.contains(r) && answerer.dial_wanted(*r))
                     .collect();
                 if let Some(random) = pick(&wanted, i) {
-                    answered.insert(random);
+                    h.answered.insert(random);
                     if ok {
-                        h.agent_conns.extend(p.agent.dial_succeeded(p.now, random));
+                        h.agent_conns.extend(answerer.dial_succeeded(now, random));
                     } else {
-                        p.agent.dial_failed(random, "dial tcp: refused".into());
+                        answerer.dial_failed(random, "dial tcp: refused".into());
                     }
                 }
             }
             Op::ServerTake { pick: i } => {
+                let (dialer, _) = ends(&mut p, reverse);
                 if let Some(random) = pick(&h.server_dials, i)
-                    && let Some(result) = p.server.take_dial(random)
+                    && let Some(result) = dialer.take_dial(random)
                 {
                     h.server_dials.retain(|r| *r != random);
                     h.server_conns.extend(result.ok());
@@ -123,51 +144,53 @@ fn run(server_flow: Flow, agent_flow: Flow, ops: Vec<Op>) {
             Op::Abandon { pick: i } => {
                 if let Some(random) = pick(&h.server_dials, i) {
                     h.server_dials.retain(|r| *r != random);
-                    p.server.abandon_dial(p.now, random);
+                    ends(&mut p, reverse).0.abandon_dial(now, random);
                 }
             }
             Op::ServerSend { pick: i, len } => {
                 if let Some(id) = pick(&h.server_conns, i) {
-                    let _ = p
-                        .server
+                    let _ = ends(&mut p, reverse)
+                        .0
                         .send_data(id, Bytes::from(vec![1; usize::from(len) + 1]));
                 }
             }
             Op::AgentSend { pick: i, len } => {
                 if let Some(id) = pick(&h.agent_conns, i) {
-                    let _ = p
-                        .agent
+                    let _ = ends(&mut p, reverse)
+                        .1
                         .send_data(id, Bytes::from(vec![2; usize::from(len) + 1]));
                 }
             }
             Op::ServerRecv { pick: i } => {
                 if let Some(id) = pick(&h.server_conns, i) {
-                    Pair::drain(&mut p.server, p.now, id);
-                    p.server.consumed(id);
+                    let dialer = ends(&mut p, reverse).0;
+                    Pair::drain(dialer, now, id);
+                    dialer.consumed(id);
                 }
             }
             Op::AgentRecv { pick: i } => {
                 if let Some(id) = pick(&h.agent_conns, i) {
-                    Pair::drain(&mut p.agent, p.now, id);
-                    p.agent.consumed(id);
+                    let answerer = ends(&mut p, reverse).1;
+                    Pair::drain(answerer, now, id);
+                    answerer.consumed(id);
                 }
             }
             Op::ServerClose { pick: i } => {
                 if let Some(id) = pick(&h.server_conns, i) {
-                    p.server.close(p.now, id);
+                    ends(&mut p, reverse).0.close(now, id);
                 }
             }
             Op::AgentFinish { pick: i, error } => {
                 if let Some(id) = pick(&h.agent_conns, i) {
                     h.agent_conns.retain(|c| *c != id);
                     let error = error.then(|| CloseError::Local("write to destination".into()));
-                    p.agent.finish(p.now, id, error);
+                    ends(&mut p, reverse).1.finish(now, id, error);
                 }
             }
             Op::ServerRelease { pick: i } => {
                 if let Some(id) = pick(&h.server_conns, i) {
                     h.server_conns.retain(|c| *c != id);
-                    p.server.release(p.now, id);
+                    ends(&mut p, reverse).0.release(now, id);
                 }
             }
             Op::Drain => p.agent.drain(),
@@ -190,27 +213,32 @@ fn run(server_flow: Flow, agent_flow: Flow, ops: Vec<Op>) {
     // The stream ends; every holder lets go.
     p.pump();
     p.cut("stream cut");
-    for random in std::mem::take(&mut h.server_dials) {
-        match p.server.take_dial(random) {
-            Some(Ok(id)) => p.server.release(p.now, id),
-            Some(Err(_)) => {}
-            None => {
-                p.server.abandon_dial(p.now, random);
+    let now = p.now;
+    for (reverse, h) in [false, true].into_iter().zip(&mut both) {
+        let (dialer, answerer) = ends(&mut p, reverse);
+        for random in std::mem::take(&mut h.server_dials) {
+            match dialer.take_dial(random) {
+                Some(Ok(id)) => dialer.release(now, id),
+                Some(Err(_)) => {}
+                None => {
+                    dialer.abandon_dial(now, random);
+                }
             }
+        }
+        for id in std::mem::take(&mut h.agent_conns) {
+            answerer.finish(now, id, None);
         }
     }
     // Taken-on-cleanup connections are released like the rest.
-    let leftover: Vec<ConnectId> = p
-        .server
-        .connections()
-        .filter(|c| c.attached)
-        .map(|c| c.id)
-        .collect();
-    for id in leftover {
-        p.server.release(p.now, id);
-    }
-    for id in std::mem::take(&mut h.agent_conns) {
-        p.agent.finish(p.now, id, None);
+    for side in [&mut p.server, &mut p.agent] {
+        let leftover: Vec<ConnectId> = side
+            .connections()
+            .filter(|c| c.attached)
+            .map(|c| c.id)
+            .collect();
+        for id in leftover {
+            side.release(now, id);
+        }
     }
     p.advance(Duration::from_secs(60));
 
@@ -235,13 +263,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn credit_peers(ops in proptest::collection::vec(op(), 1..300)) {
+    fn credit_peers(ops in proptest::collection::vec((any::<bool>(), op()), 1..300)) {
         run(credit(), credit(), ops);
     }
 
     /// Both ends in upstream mode: no credit, local windows, a parking reader.
     #[test]
-    fn legacy_peers(ops in proptest::collection::vec(op(), 1..300)) {
+    fn legacy_peers(ops in proptest::collection::vec((any::<bool>(), op()), 1..300)) {
         run(legacy(), legacy(), ops);
     }
 }

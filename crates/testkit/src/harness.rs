@@ -187,6 +187,7 @@ impl TestServer {
             tls_reload: opts.tls_reload,
             agent_token_auth: opts.agent_token_auth,
             audit_log: opts.audit_log,
+            control_plane: None,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -357,6 +358,7 @@ impl TestAgent {
             lease_counting: None,
             tls_reload,
             audit_log: opts.audit_log,
+            control_plane: None,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -220,6 +220,7 @@ async fn start_pair(
             audit_log: None,
             tls_reload: None,
             agent_token_auth: None,
+            control_plane: None,
         },
         Registry::new(),
     )
@@ -262,6 +263,7 @@ async fn start_pair(
             lease_counting: None,
             audit_log: None,
             tls_reload: None,
+            control_plane: None,
         },
         Registry::new(),
     )

@@ -25,9 +25,9 @@ pub enum ConnEvent {
 #[error("connection closed")]
 pub struct Closed;
 
-/// One established connection. Dropping it releases the connection: the server asks the
-/// agent to close, the agent tells the server it closed with an error. An agent's relay
-/// that ends on purpose calls [`finish`](Self::finish) instead.
+/// One established connection. Dropping it releases the connection: the dialer asks the
+/// answerer to close, the answerer tells the dialer it closed with an error. An answerer's
+/// relay that ends on purpose calls [`finish`](Self::finish) instead.
 #[derive(Debug)]
 pub struct Tunnel {
     pub up: TunnelUp,
@@ -66,7 +66,7 @@ impl Tunnel {
         self.up.id
     }
 
-    /// Agent: the relay ended; reports `error` (`None`: a normal close) in CLOSE_RSP.
+    /// Answerer: the relay ended; reports `error` (`None`: a normal close) in CLOSE_RSP.
     pub fn finish(mut self, error: Option<CloseError>) {
         self.finished = true;
         let id = self.up.id;
@@ -115,7 +115,7 @@ impl TunnelUp {
         Ok(())
     }
 
-    /// Server: asks the agent to close; its CLOSE_RSP (or the close deadline) arrives as
+    /// Dialer: asks the answerer to close; its CLOSE_RSP (or the close deadline) arrives as
     /// [`ConnEvent::Closed`]. Idempotent.
     pub fn close_request(&self) {
         let id = self.id;

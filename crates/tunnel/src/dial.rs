@@ -1,4 +1,5 @@
-//! Server role: a dial through the peer, from DIAL_REQ to a [`Tunnel`] or an error.
+//! A dial through the peer, from the dialer's request to a [`Tunnel`] or an error (server:
+//! forward dials; agent: reverse dials), and the answerer's handle on a dial it was asked for.
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use tether_session::{Abandoned, DialError};
 use crate::conn::Tunnel;
 use crate::link::{Link, Waiter};
 
-/// A dial awaiting the agent's answer. Dropping it before the answer abandons the dial:
+/// A dial awaiting the peer's answer. Dropping it before the answer abandons the dial:
 /// DIAL_CLS if still pending, a close if the agent had already connected.
 #[derive(Debug)]
 pub struct PendingDial {
@@ -20,7 +21,8 @@ pub struct PendingDial {
 }
 
 impl Link {
-    /// Sends DIAL_REQ through this stream. The deadline is the table's dial timeout.
+    /// Sends the dial request through this stream (DIAL_REQ from the server,
+    /// REVERSE_DIAL_REQ from the agent). The deadline is the table's dial timeout.
     pub fn dial(
         self: &Arc<Self>,
         random: DialId,
@@ -37,7 +39,7 @@ impl Link {
 }
 
 impl PendingDial {
-    /// Waits for the agent's answer or the dial deadline. Cancel-safe: dropping the future
+    /// Waits for the peer's answer or the dial deadline. Cancel-safe: dropping the future
     /// leaves the dial pending until this handle is dropped or [`abandon`](Self::abandon)ed.
     pub async fn answer(&mut self) -> Result<Tunnel, DialError> {
         let random = self.random;
@@ -79,7 +81,8 @@ impl Drop for PendingDial {
     }
 }
 
-/// Agent role: a dial the server asked for. Whatever happens to the dialer, the dial ends:
+/// The answerer's handle on a dial the peer asked for (agent: forward; server: reverse).
+/// Whatever happens to its dialing task, the dial ends:
 /// dropped without an answer, it is reported as failed.
 #[derive(Debug)]
 pub struct IncomingDial {
@@ -121,7 +124,7 @@ impl IncomingDial {
         .await;
     }
 
-    /// The destination answered: DIAL_RSP goes out and the connection is the caller's.
+    /// The destination answered: the dial response goes out and the connection is the caller's.
     /// `None` if the dial is no longer wanted (drop the socket).
     pub fn accept(mut self) -> Option<Tunnel> {
         self.answered = true;
@@ -130,7 +133,7 @@ impl IncomingDial {
         Some(Tunnel::new(self.link.clone(), id))
     }
 
-    /// The dial failed: DIAL_RSP carries `error`.
+    /// The dial failed: the dial response carries `error`.
     pub fn fail(mut self, error: String) {
         self.answered = true;
         let random = self.random;
@@ -144,9 +147,11 @@ impl Drop for IncomingDial {
         self.link.update_shared(|shared, _| {
             shared.forget(Waiter::Dial(random));
             if !answered {
-                shared
-                    .session
-                    .dial_failed(random, "dial abandoned by the agent".into());
+                let text = match shared.session.role() {
+                    tether_session::Role::Agent => "dial abandoned by the agent",
+                    tether_session::Role::Server => "dial abandoned by the server",
+                };
+                shared.session.dial_failed(random, text.into());
             }
         });
     }

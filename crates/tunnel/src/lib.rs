@@ -12,18 +12,22 @@
 //! connection while it makes progress, at most the stall period without progress.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod conn;
 mod dial;
 mod introspect;
 mod link;
 mod log;
+mod relay;
 mod stream;
 
+pub use audit::{AuditSide, DialFacts, StreamAudit};
 use bytes::{Bytes, BytesMut};
 pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
 pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
 pub use log::log_ended;
+pub use relay::relay_tcp;
 pub use tether_session::{
     Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,
     FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Role, Session, SessionConfig,

@@ -52,6 +52,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         tls_reload: None,
         agent_token_auth: None,
         audit_log: None,
+        control_plane: None,
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

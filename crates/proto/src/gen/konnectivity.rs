@@ -101,6 +101,15 @@ pub enum PacketType {
     Drain = 6,
     /// tether extension: per-connection flow-control credit.
     Credit = 100,
+    /// tether extensions: reverse dials (agent -> control plane), sent only on a stream where
+    /// both ends announced `tether-reverse`. The agent is the dialer: it sends
+    /// REVERSE_DIAL_REQ (payload dialRequest), the server answers REVERSE_DIAL_RSP (payload
+    /// dialResponse, with a negative connectID it allocated), and either end forgets a dial
+    /// with REVERSE_DIAL_CLS (payload closeDial). The connection itself then uses DATA,
+    /// CREDIT, CLOSE_REQ (agent -> server) and CLOSE_RSP (server -> agent) as any other.
+    ReverseDialReq = 101,
+    ReverseDialRsp = 102,
+    ReverseDialCls = 103,
 }
 impl PacketType {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -117,6 +126,9 @@ impl PacketType {
             Self::DialCls => "DIAL_CLS",
             Self::Drain => "DRAIN",
             Self::Credit => "CREDIT",
+            Self::ReverseDialReq => "REVERSE_DIAL_REQ",
+            Self::ReverseDialRsp => "REVERSE_DIAL_RSP",
+            Self::ReverseDialCls => "REVERSE_DIAL_CLS",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -130,6 +142,9 @@ impl PacketType {
             "DIAL_CLS" => Some(Self::DialCls),
             "DRAIN" => Some(Self::Drain),
             "CREDIT" => Some(Self::Credit),
+            "REVERSE_DIAL_REQ" => Some(Self::ReverseDialReq),
+            "REVERSE_DIAL_RSP" => Some(Self::ReverseDialRsp),
+            "REVERSE_DIAL_CLS" => Some(Self::ReverseDialCls),
             _ => None,
         }
     }

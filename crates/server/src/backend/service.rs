@@ -34,6 +34,8 @@ pub(crate) struct AgentService {
     pub(crate) limit_metrics: crate::limits::LimitMetrics,
     /// Bearer-token authentication of agents, when enabled.
     pub(crate) token_auth: Option<AgentTokenAuth>,
+    /// `--control-plane-endpoints`, offered to agents that announce `tether-reverse`.
+    pub(crate) control_plane: Option<Arc<crate::ControlPlaneEndpoints>>,
 }
 
 impl AgentService {
@@ -118,6 +120,17 @@ impl AgentService {
         if flow.is_credit() {
             response.push(self.flow.announce());
         }
+        let asks_reverse = header(call.metadata(), metadata::TETHER_REVERSE)
+            == Some(metadata::TETHER_REVERSE_VERSION);
+        let control_plane = self.control_plane.clone().filter(|_| asks_reverse);
+        if control_plane.is_some() {
+            response.push((
+                metadata::TETHER_REVERSE,
+                metadata::TETHER_REVERSE_VERSION.to_owned(),
+            ));
+        } else if asks_reverse {
+            tracing::info!(agent.id = %LogText(&agent_id), "agent offers control-plane connections, but this server has no --control-plane-endpoints: declined");
+        }
         let keepalive = call.last_pong().clone();
         let (sender, receiver) = match call.accept(&response) {
             Ok(halves) => halves,
@@ -145,17 +158,20 @@ impl AgentService {
             hub.watch(&tenant),
             keepalive,
             &self.server_id,
+            control_plane.clone(),
         ));
         let span =
             tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
         async {
-            tracing::info!(credit = flow.is_credit(), tenant = %tenant.name, "agent connected");
+            tracing::info!(credit = flow.is_credit(), reverse = control_plane.is_some(), tenant = %tenant.name, "agent connected");
             tenant.registry().add(session.clone(), &session.identifiers);
             hub.refresh_backend_gauges();
             let reason = session
                 .link
                 .drive(receiver, sender, std::future::pending())
                 .await;
+            session.reverse_tasks.close();
+            session.reverse_tasks.wait().await;
             tracing::info!(%reason, "agent disconnected");
             let gone = {
                 let mut registry = tenant.registry();

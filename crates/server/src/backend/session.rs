@@ -17,6 +17,7 @@ use super::registry::Backend;
 use super::selection::Candidate;
 use super::selection_metrics::SelectionMetrics;
 use crate::audit::Audit;
+use crate::control_plane::{self, ControlPlaneEndpoints, ReverseDials};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
 use crate::request::RequestContext;
 use crate::tenant::TenantLoad;
@@ -137,6 +138,9 @@ pub(crate) struct AgentSession {
     pub(crate) keepalive: Arc<tether_grpc::LastPong>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
+    /// The tasks answering the agent's reverse dials; the stream waits for them when it
+    /// ends (each ends promptly: the table ended their dials and connections).
+    pub(crate) reverse_tasks: tokio_util::task::TaskTracker,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -189,9 +193,24 @@ impl AgentSession {
         watch: Watch,
         keepalive: Arc<tether_grpc::LastPong>,
         server_id: &str,
+        control_plane: Option<Arc<ControlPlaneEndpoints>>,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let audit = watch.audit.clone();
+        let reverse_tasks = tokio_util::task::TaskTracker::new();
+        let reverse = Arc::new(ReverseDials {
+            endpoints: control_plane,
+            metrics: metrics.clone(),
+            audit: audit.as_ref().map(|a| {
+                Arc::new(tether_tunnel::StreamAudit::new(
+                    a.log().clone(),
+                    tether_tunnel::AuditSide::SERVER_REVERSE,
+                    server_id.to_owned(),
+                    agent_id.clone(),
+                ))
+            }),
+            agent_id: agent_id.clone(),
+        });
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let requests = Arc::new(Requests::default());
         let health = Arc::new(Health {
@@ -220,6 +239,8 @@ impl AgentSession {
             draining: draining.clone(),
             metrics,
             audit: audit.clone(),
+            reverse,
+            reverse_tasks: reverse_tasks.clone(),
         };
         Self {
             link: Link::new(config, hooks),
@@ -235,6 +256,7 @@ impl AgentSession {
             connected_at: Instant::now(),
             keepalive,
             audit,
+            reverse_tasks,
         }
     }
 
@@ -256,6 +278,8 @@ struct ServerHooks {
     health: Arc<Health>,
     watch: Watch,
     audit: Option<Arc<Audit>>,
+    reverse: Arc<ReverseDials>,
+    reverse_tasks: tokio_util::task::TaskTracker,
 }
 
 impl ServerHooks {
@@ -288,9 +312,32 @@ impl ServerHooks {
 }
 
 impl Hooks for ServerHooks {
-    fn on_event(&self, _link: &Arc<Link>, event: Event) {
+    fn on_event(&self, link: &Arc<Link>, event: Event) {
         let m = &self.metrics;
         match event {
+            Event::DialRequested {
+                random,
+                protocol,
+                address,
+            } => {
+                self.reverse_tasks.spawn(control_plane::serve(
+                    link.incoming_dial(random),
+                    protocol,
+                    address,
+                    self.reverse.clone(),
+                ));
+            }
+            Event::DialCancelled { random, why } => {
+                tracing::debug!(agent.id = %self.agent_id, dial.id = %random, ?why, "reverse dial no longer wanted");
+            }
+            Event::Opened(id) if id.is_reverse() => m.control_plane_connections.inc(),
+            Event::Ended(ended) if ended.id.is_reverse() => {
+                m.control_plane_connections.dec();
+                tether_tunnel::log_ended(&ended, &self.agent_id, &self.server_id);
+                if let Some(audit) = &self.reverse.audit {
+                    audit.ended(ended);
+                }
+            }
             Event::DialSettled {
                 random,
                 latency,

@@ -17,8 +17,8 @@ use tether_proto::identifiers::Identifiers;
 use tether_tls::TlsOptions;
 
 use super::common::{
-    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_pair, go_bool,
-    go_duration, id_or_random, listen_addr, non_default,
+    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_host_port, check_pair,
+    go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 use super::kube::KubeconfigArgs;
@@ -131,6 +131,28 @@ pub(crate) struct AgentArgs {
         default_value = ""
     )]
     audit_log_path: String,
+
+    /// Listen on the node for connections to the control plane and carry each through the
+    /// tunnel to a tether server that accepts them (its --control-plane-endpoints):
+    /// IP:PORT (for example 127.0.0.1:6443) or unix:/path. Empty: off. Upstream servers
+    /// do not offer this; through them the listener carries nothing.
+    #[arg(
+        long,
+        help_heading = "Control plane (tether)",
+        value_name = "ADDR",
+        default_value = ""
+    )]
+    control_plane_listen: String,
+
+    /// The control-plane endpoint (HOST:PORT) to ask the server for; it must be in the
+    /// server's --control-plane-endpoints. Empty: the server's first (default) endpoint.
+    #[arg(
+        long,
+        help_heading = "Control plane (tether)",
+        value_name = "HOST:PORT",
+        default_value = ""
+    )]
+    control_plane_endpoint: String,
 
     /// Re-read --ca-cert, --agent-cert and --agent-key before each new server connection
     /// when they changed (certificate rotation without a restart); a file that does not load
@@ -300,6 +322,7 @@ impl AgentArgs {
             );
         }
         self.upstream_only.validate()?;
+        let control_plane = self.control_plane()?;
         if self.sync_interval > self.sync_interval_cap {
             bail!(
                 "--sync-interval ({}) must not exceed --sync-interval-cap ({})",
@@ -388,7 +411,30 @@ impl AgentArgs {
             token_path,
             lease_counting: None,
             audit_log: tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path),
+            control_plane,
         })
+    }
+
+    /// `--control-plane-listen` and `--control-plane-endpoint`.
+    fn control_plane(&self) -> anyhow::Result<Option<tether_agent::ControlPlaneConfig>> {
+        if self.control_plane_listen.is_empty() {
+            if !self.control_plane_endpoint.is_empty() {
+                bail!("--control-plane-endpoint needs --control-plane-listen");
+            }
+            return Ok(None);
+        }
+        let listen = self
+            .control_plane_listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--control-plane-listen: {e}"))?;
+        if !self.control_plane_endpoint.is_empty() {
+            check_host_port(&self.control_plane_endpoint)
+                .map_err(|e| anyhow::anyhow!("--control-plane-endpoint: {e}"))?;
+        }
+        Ok(Some(tether_agent::ControlPlaneConfig {
+            listen,
+            endpoint: self.control_plane_endpoint.clone(),
+        }))
     }
 
     /// `--tls-reload`: the same config, rebuilt when its files change.

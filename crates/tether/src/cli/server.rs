@@ -18,6 +18,7 @@ use super::common::{
     go_bool, go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
+use control_plane::{ControlPlane, ControlPlaneArgs};
 use kube_client::KubeClientArgs;
 pub(crate) use launch::ServerLaunch;
 use lease::LeaseArgs;
@@ -26,6 +27,7 @@ use routing::RoutingArgs;
 use security::SecurityArgs;
 use token_auth::TokenAuthArgs;
 
+mod control_plane;
 mod kube_client;
 mod launch;
 mod lease;
@@ -241,6 +243,9 @@ pub(crate) struct ServerArgs {
     routing: RoutingArgs,
 
     #[command(flatten)]
+    control_plane: ControlPlaneArgs,
+
+    #[command(flatten)]
     kube: KubeClientArgs,
 
     #[command(flatten)]
@@ -325,6 +330,7 @@ impl ServerArgs {
                 anyhow::anyhow!("--server-id (with --enable-lease-controller): {e}")
             })?;
         }
+        let control_plane = self.control_plane.endpoints()?;
         let ignored = self.ignored(kube.is_some());
         if !ignored.is_empty() {
             tracing::warn!(
@@ -383,12 +389,17 @@ impl ServerArgs {
             audit_log: self.security.audit_log(),
             // Needs the Kubernetes client, which ServerLaunch::start builds.
             agent_token_auth: None,
+            control_plane: match &control_plane {
+                ControlPlane::Listed(list) => Some(list.clone()),
+                ControlPlane::Default | ControlPlane::Off => None,
+            },
         };
         Ok(ServerLaunch {
             config,
             kube,
             token_auth,
             leases,
+            control_plane_from_kubeconfig: control_plane == ControlPlane::Default,
         })
     }
 

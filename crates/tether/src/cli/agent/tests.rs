@@ -355,3 +355,39 @@ fn destination_flags() {
             .contains("--destination-policy-reload-interval")
     );
 }
+
+#[test]
+fn the_control_plane_listener_takes_an_address_or_a_socket() {
+    let (_dir, files) = pki();
+    assert!(agent(&files, "").unwrap().control_plane.is_none());
+    let cp = agent(&files, "--control-plane-listen=127.0.0.1:6443")
+        .unwrap()
+        .control_plane
+        .unwrap();
+    assert_eq!(
+        cp.listen,
+        tether_agent::ListenAddr::Tcp("127.0.0.1:6443".parse().unwrap())
+    );
+    assert_eq!(cp.endpoint, "");
+    let cp = agent(
+        &files,
+        "--control-plane-listen=unix:/run/tether/cp.sock --control-plane-endpoint=10.0.0.1:6443",
+    )
+    .unwrap()
+    .control_plane
+    .unwrap();
+    assert_eq!(
+        cp.listen,
+        tether_agent::ListenAddr::Unix("/run/tether/cp.sock".into())
+    );
+    assert_eq!(cp.endpoint, "10.0.0.1:6443");
+    let err = error(agent(&files, "--control-plane-listen=localhost:6443"));
+    assert!(err.starts_with("--control-plane-listen: "), "{err}");
+    let err = error(agent(&files, "--control-plane-endpoint=10.0.0.1:6443"));
+    assert!(err.contains("needs --control-plane-listen"), "{err}");
+    let err = error(agent(
+        &files,
+        "--control-plane-listen=127.0.0.1:6443 --control-plane-endpoint=nope",
+    ));
+    assert!(err.starts_with("--control-plane-endpoint: "), "{err}");
+}

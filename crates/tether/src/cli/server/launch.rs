@@ -20,6 +20,9 @@ pub(crate) struct ServerLaunch {
     pub(crate) token_auth: Option<TokenAuth>,
     /// `--enable-lease-controller`: started by the caller once the server is bound.
     pub(crate) leases: Option<super::ServerLeases>,
+    /// `--control-plane-endpoints` was left empty: reverse dials may reach the API server
+    /// of the Kubernetes client, if one is built.
+    pub(crate) control_plane_from_kubeconfig: bool,
 }
 
 impl ServerLaunch {
@@ -34,6 +37,7 @@ impl ServerLaunch {
             kube,
             token_auth,
             leases,
+            control_plane_from_kubeconfig,
         } = self;
         let Some(options) = kube else {
             return Ok((config, None));
@@ -41,6 +45,14 @@ impl ServerLaunch {
         let api = KubeApi::connect(&options)
             .await
             .context("--kubeconfig: the Kubernetes API client")?;
+        if control_plane_from_kubeconfig && let Some(endpoint) = api.endpoint() {
+            tracing::info!(
+                endpoint,
+                "agents' control-plane connections (reverse dials) may reach the API server of --kubeconfig; --control-plane-endpoints=none turns them off"
+            );
+            config.control_plane =
+                tether_server::ControlPlaneEndpoints::new(vec![endpoint.to_owned()]);
+        }
         if let Some(auth) = token_auth {
             tracing::info!(
                 namespace = %auth.account.namespace,

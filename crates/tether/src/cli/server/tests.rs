@@ -646,3 +646,31 @@ fn the_audit_log_is_off_by_default_and_takes_a_path_or_stdout() {
         Some(AuditTarget::File("/var/log/tether/audit.log".into()))
     );
 }
+
+#[test]
+fn control_plane_endpoints_are_a_checked_list_and_off_without_one() {
+    let (_dir, files) = pki();
+    assert_eq!(uds(&files, "").unwrap().control_plane, None);
+    assert_eq!(
+        uds(&files, "--control-plane-endpoints=none")
+            .unwrap()
+            .control_plane,
+        None
+    );
+    let config = uds(
+        &files,
+        "--control-plane-endpoints=127.0.0.1:6443,[::1]:6443,kubernetes.default.svc:443",
+    )
+    .unwrap();
+    assert_eq!(
+        config.control_plane.unwrap().endpoints(),
+        ["127.0.0.1:6443", "[::1]:6443", "kubernetes.default.svc:443"]
+    );
+    for bad in ["127.0.0.1", "127.0.0.1:0", ":6443", "::1:6443", "h:port"] {
+        let err = error(uds(&files, &format!("--control-plane-endpoints={bad}")));
+        assert!(
+            err.starts_with("--control-plane-endpoints: "),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -1,0 +1,310 @@
+//! The control-plane listener (`--control-plane-listen`): connections from the node to the
+//! control plane, each carried as a reverse dial over a server stream whose server accepted
+//! them (`tether-reverse`). The server dials only its allowlisted endpoints; this end asks
+//! for one (`--control-plane-endpoint`, empty: the server's default).
+
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, BytesMut};
+use tether_proto::DialId;
+use tether_tunnel::{CloseError, ConnEvent, DialError, DialFacts, MAX_CHUNK, Tunnel};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clientset::ClientSet;
+use crate::metrics::{AgentMetrics, ReverseDial};
+
+/// Where the listener listens: `HOST:PORT` (an IP literal) or `unix:/path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path".into());
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        text.parse().map(Self::Tcp).map_err(|_| {
+            format!("{text:?} is neither IP:PORT (for example 127.0.0.1:6443) nor unix:/path")
+        })
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(addr) => addr.fmt(f),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// `--control-plane-listen` and `--control-plane-endpoint`.
+#[derive(Clone, Debug)]
+pub struct ControlPlaneConfig {
+    pub listen: ListenAddr,
+    /// The `host:port` asked of the server; empty asks for its default endpoint.
+    pub endpoint: String,
+}
+
+/// The bound listener.
+#[derive(Debug)]
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    /// The path is removed when the listener stops.
+    Unix(UnixListener, PathBuf),
+}
+
+/// An accepted local connection.
+enum Local {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Listener {
+    /// Binds now, so that a bad address is a start-up error. A socket file left by an
+    /// earlier run is replaced; any other file at the path is an error.
+    pub(crate) async fn bind(addr: &ListenAddr) -> std::io::Result<Self> {
+        match addr {
+            ListenAddr::Tcp(addr) => TcpListener::bind(addr).await.map(Self::Tcp),
+            ListenAddr::Unix(path) => {
+                use std::os::unix::fs::FileTypeExt as _;
+                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                    std::fs::remove_file(path)?;
+                }
+                UnixListener::bind(path).map(|l| Self::Unix(l, path.clone()))
+            }
+        }
+    }
+
+    pub(crate) fn local_addr(&self) -> String {
+        match self {
+            Self::Tcp(l) => l
+                .local_addr()
+                .map_or_else(|e| e.to_string(), |a| a.to_string()),
+            Self::Unix(_, path) => format!("unix:{}", path.display()),
+        }
+    }
+
+    async fn accept(&self) -> std::io::Result<Local> {
+        match self {
+            Self::Tcp(l) => {
+                let (stream, _) = l.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok(Local::Tcp(stream))
+            }
+            Self::Unix(l, _) => l.accept().await.map(|(s, _)| Local::Unix(s)),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Self::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Accepts until `stop`, then waits for the connections (they end with their streams).
+pub(crate) async fn serve(
+    listener: Listener,
+    endpoint: String,
+    clientset: Arc<ClientSet>,
+    metrics: Arc<AgentMetrics>,
+    stop: CancellationToken,
+) {
+    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, "control-plane listener started");
+    let tasks = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok(local) => {
+                tasks.spawn(carry(
+                    local,
+                    endpoint.clone(),
+                    clientset.clone(),
+                    metrics.clone(),
+                ));
+            }
+            Err(error) => {
+                // Out of descriptors, typically: back off instead of spinning.
+                tracing::warn!(%error, "control-plane listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    drop(listener);
+    tasks.close();
+    tasks.wait().await;
+}
+
+/// Carries one local connection: a reverse dial, then the relay until either side ends.
+async fn carry(
+    local: Local,
+    endpoint: String,
+    clientset: Arc<ClientSet>,
+    metrics: Arc<AgentMetrics>,
+) {
+    let Some(session) = clientset.reverse_session() else {
+        tracing::info!(
+            "closing a control-plane connection: no connected proxy server accepts reverse dials"
+        );
+        metrics.control_plane_dial(ReverseDial::Unavailable);
+        return;
+    };
+    let random = DialId::random();
+    let mut facts = DialFacts {
+        dial_id: random,
+        requested: endpoint.clone(),
+        dialed: None,
+        latency: None,
+    };
+    let started = Instant::now();
+    let answer = match session.link.dial(random, "tcp".into(), endpoint) {
+        Ok(mut pending) => pending.answer().await,
+        Err(error) => Err(error),
+    };
+    facts.latency = Some(started.elapsed());
+    let mut tunnel = match answer {
+        Ok(tunnel) => tunnel,
+        Err(error) => {
+            let result = match &error {
+                DialError::Endpoint(_) => ReverseDial::Refused,
+                DialError::Timeout => ReverseDial::Timeout,
+                _ => ReverseDial::Lost,
+            };
+            let reason = dial_error_text(&error);
+            tracing::info!(
+                dial.id = %random,
+                server.id = %session.server_id,
+                requested = %facts.requested,
+                error = %reason,
+                "control-plane dial failed"
+            );
+            metrics.control_plane_dial(result);
+            if let Some(audit) = &session.reverse_audit {
+                audit.dial_ended(&facts, result == ReverseDial::Refused, &reason);
+            }
+            return;
+        }
+    };
+    metrics.control_plane_dial(ReverseDial::Connected);
+    if let Some(audit) = &session.reverse_audit {
+        audit.connected(tunnel.connect_id(), facts);
+    }
+    match local {
+        Local::Tcp(mut stream) => {
+            if relay(&mut tunnel, &mut stream).await.is_err() {
+                tether_tunnel::reset_on_close(&stream);
+            }
+        }
+        Local::Unix(mut stream) => {
+            let _ = relay(&mut tunnel, &mut stream).await;
+        }
+    }
+}
+
+/// The reason a reverse dial failed, for the log and the audit record.
+fn dial_error_text(error: &DialError) -> String {
+    match error {
+        DialError::Endpoint(text) => text.clone(),
+        DialError::StreamLost(reason) => format!("the server stream ended: {reason}"),
+        DialError::Timeout => "the server did not answer in time".into(),
+        DialError::ClosedByPeer => "the server closed the dial".into(),
+        DialError::Duplicate(id) => format!("dial ID {id} is already pending"),
+        DialError::TooManyPending { limit } => {
+            format!("too many pending dials on the stream (limit {limit})")
+        }
+    }
+}
+
+/// Relays between the local client and the server until one side ends. `Err` when the
+/// connection ended abnormally (the client should see a reset, not a clean end).
+async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
+    tunnel: &mut Tunnel,
+    stream: &mut S,
+) -> Result<(), CloseError> {
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let Tunnel { up, down, .. } = tunnel;
+    let to_server = async {
+        let mut buf = BytesMut::new();
+        loop {
+            buf.reserve(MAX_CHUNK);
+            match rd.read_buf(&mut (&mut buf).limit(MAX_CHUNK)).await {
+                Ok(0) | Err(_) => {
+                    // The client is done: ask the server to close; its answer ends the relay.
+                    up.close_request();
+                    return;
+                }
+                Ok(_) => {
+                    if up.send(tether_tunnel::take_read(&mut buf)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let to_client = async {
+        loop {
+            match down.recv().await {
+                ConnEvent::Data(data) => {
+                    if let Err(e) = wr.write_all(&data).await {
+                        return Err(CloseError::Local(format!("write to client: {e}")));
+                    }
+                    down.consumed();
+                }
+                ConnEvent::Closed(None) => return Ok(()),
+                ConnEvent::Closed(Some(error)) => return Err(error),
+            }
+        }
+    };
+    let outcome = {
+        let mut to_server = pin!(to_server);
+        let mut to_client = pin!(to_client);
+        // After the client's end, the table's close deadline bounds the wait for the
+        // server's.
+        tokio::select! {
+            outcome = &mut to_client => outcome,
+            () = &mut to_server => (&mut to_client).await,
+        }
+    };
+    if outcome.is_ok() {
+        let _ = wr.shutdown().await;
+    }
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse() {
+        assert_eq!(
+            "127.0.0.1:6443".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp("127.0.0.1:6443".parse().unwrap()))
+        );
+        assert_eq!(
+            "unix:/run/tether/cp.sock".parse::<ListenAddr>(),
+            Ok(ListenAddr::Unix("/run/tether/cp.sock".into()))
+        );
+        assert!("unix:".parse::<ListenAddr>().is_err());
+        assert!("localhost:6443".parse::<ListenAddr>().is_err());
+    }
+}

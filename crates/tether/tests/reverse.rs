@@ -1,0 +1,394 @@
+//! Node → API server through the agent's tunnel (tether's reverse dials), with the real
+//! kube-apiserver and kubectl: `kubectl --server https://127.0.0.1:<agent's listener>` runs
+//! `get`, a large `get` and a `watch` that stays open across several events, through
+//! agent → server → API server. A reverse dial to an address outside the server's
+//! `--control-plane-endpoints` is refused, counted and audited; against upstream's
+//! proxy-server the agent says the feature is off and forward traffic still works.
+//!
+//! kwok is not wired into the Rust harness, so there is no node for `kubectl logs`/`exec`;
+//! the long-lived watch and the multi-megabyte `get` stand in for a stream.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tether_testkit::Pki;
+use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
+use tether_testkit::http::metric_value;
+use tether_testkit::process::{Frontend, Process, free_port, spawn_agent, spawn_server};
+use tether_testkit::targets::EchoServer;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+/// Bound for any single step: catches hangs without asserting speed.
+const STEP: Duration = Duration::from_secs(60);
+
+fn tether_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tether"))
+}
+
+fn upstream_bin(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../interop/bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} missing: run interop/build.sh",
+        path.display()
+    );
+    path
+}
+
+/// Polls `check` every 200 ms until it returns true, for at most `STEP`.
+async fn eventually<F, Fut>(what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + STEP;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("{what}: not within {STEP:?}")
+}
+
+async fn metric(process: &Process, sample: &str) -> f64 {
+    let text = process.metrics().await.unwrap_or_default();
+    metric_value(&text, sample).unwrap_or(0.0)
+}
+
+/// `kubectl --server=https://LISTENER` with the admin kubeconfig's CA and token.
+async fn kubectl_via(
+    plane: &ControlPlane,
+    listener: SocketAddr,
+    args: &[&str],
+) -> anyhow::Result<String> {
+    let server = format!("--server=https://{listener}");
+    let mut all = vec![server.as_str(), "--request-timeout=30s"];
+    all.extend_from_slice(args);
+    plane.kubectl(&all, None).await
+}
+
+/// An agent process with its log written to `log`, so a test can read what it said.
+fn spawn_logged_agent(
+    pki: &Pki,
+    server: SocketAddr,
+    extra: &[String],
+    log: &Path,
+) -> anyhow::Result<Child> {
+    let f = &pki.files;
+    let mut args = vec![
+        "agent".to_owned(),
+        format!("--proxy-server-host={}", server.ip()),
+        format!("--proxy-server-port={}", server.port()),
+        format!("--ca-cert={}", f.ca_cert.display()),
+        format!("--agent-cert={}", f.agent_cert.display()),
+        format!("--agent-key={}", f.agent_key.display()),
+        "--health-server-host=127.0.0.1".into(),
+        format!("--health-server-port={}", free_port()),
+        format!("--admin-server-port={}", free_port()),
+        "--sync-interval=100ms".into(),
+        "--sync-interval-cap=1s".into(),
+    ];
+    args.extend(extra.iter().cloned());
+    Ok(Command::new(tether_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_the_api_server_through_the_agents_tunnel() -> anyhow::Result<()> {
+    tether_tls::install_default_provider();
+    let plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    let pki = Pki::generate()?;
+    let audit = pki.dir().join("server-audit.jsonl");
+    let socket = pki.dir().join("proxy.sock");
+    let api = format!("127.0.0.1:{}", plane.port);
+    let endpoints = format!("--control-plane-endpoints={api}");
+    let audit_flag = format!("--audit-log-path={}", audit.display());
+    let server = spawn_server(
+        tether_bin(),
+        &pki,
+        Frontend::GrpcUds(socket),
+        &[&endpoints, &audit_flag],
+    )
+    .await?;
+    let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let listen_flag = format!("--control-plane-listen={listener}");
+    let agent = spawn_agent(tether_bin(), &pki, server.agent_addr, &[&listen_flag]).await?;
+    eventually("the agent's stream accepted for reverse dials", || async {
+        metric(
+            &server.process,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        )
+        .await
+            >= 1.0
+    })
+    .await?;
+
+    // get
+    let namespaces = kubectl_via(&plane, listener, &["get", "namespaces", "-o", "name"]).await?;
+    assert!(
+        namespaces.contains("namespace/default") && namespaces.contains("namespace/kube-system"),
+        "kubectl get through the tunnel: {namespaces}"
+    );
+
+    // A large get: the OpenAPI document, several MB, byte-identical to a direct read.
+    let direct = plane.kubectl(&["get", "--raw=/openapi/v2"], None).await?;
+    let tunneled = kubectl_via(&plane, listener, &["get", "--raw=/openapi/v2"]).await?;
+    assert!(
+        direct.len() > 1_000_000,
+        "the document is large: {} bytes",
+        direct.len()
+    );
+    assert!(
+        tunneled == direct,
+        "the tunneled document differs ({} vs {} bytes)",
+        tunneled.len(),
+        direct.len()
+    );
+
+    // A watch that stays open across several events, on one tunneled connection.
+    let mut watch = Command::new(plane.kubectl_path())
+        .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
+        .arg(format!("--server=https://{listener}"))
+        .args([
+            "get",
+            "configmaps",
+            "-n",
+            "default",
+            "--watch",
+            "-o",
+            "name",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(watch.stdout.take().expect("piped")).lines();
+    // No controller runs, so the namespace starts without configmaps: each one created
+    // shows up once, from the initial list or (all after the first) as a watch event.
+    let connected = "tether_server_control_plane_dials_total{result=\"connected\"}";
+    let (mut open_before, mut dials) = (0.0, 0.0);
+    for i in 0..5 {
+        let name = format!("reverse-watch-{i}");
+        plane
+            .kubectl(&["create", "configmap", &name, "-n", "default"], None)
+            .await?;
+        let seen = tokio::time::timeout(STEP, lines.next_line()).await??;
+        assert_eq!(
+            seen,
+            Some(format!("configmap/{name}")),
+            "event {i} through the watch"
+        );
+        if i == 0 {
+            open_before = metric(&server.process, "tether_server_control_plane_connections").await;
+            assert!(open_before >= 1.0, "the watch holds a reverse connection");
+            dials = metric(&server.process, connected).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(watch.try_wait()?.is_none(), "the watch is still running");
+    assert_eq!(
+        metric(&server.process, connected).await,
+        dials,
+        "the later events came over the watch's own connection, no new dial"
+    );
+    watch.kill().await?;
+    eventually("the watch's connection closed at the server", || async {
+        metric(&server.process, "tether_server_control_plane_connections").await < open_before
+    })
+    .await?;
+    assert!(
+        metric(
+            &agent,
+            "tether_agent_control_plane_dials_total{result=\"connected\"}"
+        )
+        .await
+            >= 3.0,
+        "the agent counted its reverse dials"
+    );
+
+    // An agent asking for an address outside the allowlist: refused, never dialed.
+    let decoy = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let decoy_addr = decoy.local_addr()?;
+    let other_listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let other_listen = format!("--control-plane-listen={other_listener}");
+    let decoy_endpoint = format!("--control-plane-endpoint={decoy_addr}");
+    let intruder = spawn_agent(
+        tether_bin(),
+        &pki,
+        server.agent_addr,
+        &[&other_listen, &decoy_endpoint],
+    )
+    .await?;
+    eventually("the second agent connected", || async {
+        metric(
+            &server.process,
+            "konnectivity_network_proxy_server_ready_backend_connections",
+        )
+        .await
+            >= 2.0
+    })
+    .await?;
+    let refused_before = metric(
+        &server.process,
+        "tether_server_control_plane_dials_total{result=\"refused\"}",
+    )
+    .await;
+    let mut client = tokio::net::TcpStream::connect(other_listener).await?;
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await?;
+    let mut got = Vec::new();
+    // EOF or a reset: the agent closes the connection once the server refused the dial.
+    let _ = tokio::time::timeout(STEP, client.read_to_end(&mut got)).await?;
+    assert!(got.is_empty(), "nothing came back from a refused dial");
+    eventually("the refusal counted at the server", || async {
+        metric(
+            &server.process,
+            "tether_server_control_plane_dials_total{result=\"refused\"}",
+        )
+        .await
+            > refused_before
+    })
+    .await?;
+    assert!(
+        metric(
+            &intruder,
+            "tether_agent_control_plane_dials_total{result=\"refused\"}"
+        )
+        .await
+            >= 1.0,
+        "and at the agent"
+    );
+    let never = tokio::time::timeout(Duration::from_millis(500), decoy.accept()).await;
+    assert!(
+        never.is_err(),
+        "the server never dialed the refused address"
+    );
+
+    // The audit log has the refusal and the connections, marked as reverse.
+    let requested = decoy_addr.to_string();
+    eventually("the audit records written", || async {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        text.lines()
+            .any(|l| l.contains("\"dial_refused\"") && l.contains(&requested))
+            && text
+                .lines()
+                .any(|l| l.contains("\"connection\"") && l.contains("\"reverse\""))
+    })
+    .await?;
+    let text = std::fs::read_to_string(&audit)?;
+    for line in text.lines().filter(|l| l.contains("\"reverse\"")) {
+        let record: serde_json::Value = serde_json::from_str(line)?;
+        assert_eq!(record["side"], "server");
+        assert_eq!(record["direction"], "reverse");
+        match record["event"].as_str() {
+            Some("connection") => {
+                assert_eq!(record["dialed"], api.as_str(), "{line}");
+                assert!(
+                    record["bytes_from_destination"].as_u64() > Some(0),
+                    "{line}"
+                );
+            }
+            Some("dial_refused") => {
+                assert_eq!(record["requested"], requested.as_str());
+                assert!(
+                    record["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("not an allowed control-plane endpoint")),
+                    "{line}"
+                );
+            }
+            other => panic!("unexpected reverse record {other:?}: {line}"),
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_upstreams_server_the_listener_is_off_and_forward_traffic_works()
+-> anyhow::Result<()> {
+    tether_tls::install_default_provider();
+    let pki = Pki::generate()?;
+    let echo = EchoServer::start().await?;
+    let f = &pki.files;
+    let socket = pki.dir().join("upstream.sock");
+    let (agent_port, health_port) = (free_port(), free_port());
+    let _upstream = Process::spawn(
+        &upstream_bin("proxy-server"),
+        vec![
+            "--mode=http-connect".to_owned(),
+            format!("--uds-name={}", socket.display()),
+            "--server-port=0".into(),
+            format!("--agent-port={agent_port}"),
+            "--agent-bind-address=127.0.0.1".into(),
+            format!("--cluster-cert={}", f.server_cert.display()),
+            format!("--cluster-key={}", f.server_key.display()),
+            format!("--cluster-ca-cert={}", f.ca_cert.display()),
+            format!("--health-port={health_port}"),
+            "--health-bind-address=127.0.0.1".into(),
+            format!("--admin-port={}", free_port()),
+            "--admin-bind-address=127.0.0.1".into(),
+        ],
+        SocketAddr::from(([127, 0, 0, 1], health_port)),
+    )
+    .await?;
+    let log = pki.dir().join("agent.log");
+    let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let _agent = spawn_logged_agent(
+        &pki,
+        SocketAddr::from(([127, 0, 0, 1], agent_port)),
+        &[format!("--control-plane-listen={listener}")],
+        &log,
+    )?;
+    eventually(
+        "the agent says the feature is off through upstream's server",
+        || async {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("does not accept control-plane connections")
+        },
+    )
+    .await?;
+
+    // Forward traffic through upstream's server and the tether agent still works.
+    let mut stream = tokio::net::UnixStream::connect(&socket).await?;
+    let target = echo.addr;
+    stream
+        .write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0];
+        anyhow::ensure!(
+            stream.read(&mut byte).await? == 1,
+            "closed in the response head"
+        );
+        head.push(byte[0]);
+        anyhow::ensure!(head.len() < 4096, "response head too long");
+    }
+    let head = String::from_utf8_lossy(&head);
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "CONNECT refused: {head}");
+    stream.write_all(b"forward still works").await?;
+    let mut back = [0; 19];
+    tokio::time::timeout(STEP, stream.read_exact(&mut back)).await??;
+    assert_eq!(&back, b"forward still works");
+
+    // A local client of the listener is closed at once: nothing carries it.
+    let mut client = tokio::net::TcpStream::connect(listener).await?;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(STEP, client.read_to_end(&mut got)).await?;
+    assert!(got.is_empty());
+    Ok(())
+}
