@@ -112,10 +112,12 @@ impl DestinationPolicies {
     /// The decision without side effects: the refusing policy's name ("" when none
     /// applies), the reason label and the text.
     fn judge(&self, peer: &PeerIdentity, address: &str) -> Result<(), (&str, Refusal, String)> {
-        let mut listing = self
-            .entries
-            .iter()
-            .filter(|entry| entry.clients.iter().any(|id| id.matches(&Proof::peer(peer))));
+        let mut listing = self.entries.iter().filter(|entry| {
+            entry
+                .clients
+                .iter()
+                .any(|id| id.matches(&Proof::peer(peer)))
+        });
         let entry = match (listing.next(), listing.next()) {
             (Some(entry), None) => entry,
             (None, _) => {

@@ -14,8 +14,8 @@
 mod audit;
 mod backend;
 mod byte_rate;
-mod destinations;
 mod control_plane;
+mod destinations;
 mod dial;
 pub mod frontend;
 mod health;
