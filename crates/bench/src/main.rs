@@ -57,7 +57,7 @@ struct Args {
     #[arg(long)]
     idle_conns: Option<usize>,
     /// The two fan-in sizes, small and large (default 1000,5000; 20,50 with --quick).
-    #[arg(long, value_delimiter = ',', num_args = 2)]
+    #[arg(long, value_delimiter = ',')]
     fanin: Vec<usize>,
     /// The tether binary (default: `tether` next to this program).
     #[arg(long)]
@@ -283,8 +283,10 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.idle_conns {
         p.idle_conns = n.max(1);
     }
-    if let [small, large] = args.fanin[..] {
-        p.fanin = [small.max(1), large.max(1)];
+    match args.fanin[..] {
+        [] => {}
+        [small, large] => p.fanin = [small.max(1), large.max(1)],
+        _ => bail!("--fanin takes two sizes, SMALL,LARGE (e.g. 1000,10000)"),
     }
 
     let bins = binaries(args)?;
