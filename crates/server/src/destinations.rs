@@ -166,30 +166,17 @@ impl DestinationPolicies {
 
 #[cfg(test)]
 mod tests {
-    use tether_grpc::{CertificateNames, PeerTransport, UnixCredentials};
+    use tether_grpc::{PeerTransport, UnixCredentials};
 
     use super::*;
     use crate::routing::RoutingConfig;
+    use crate::tenant::tests::cert;
 
     fn policies(yaml: &str) -> DestinationPolicies {
         let routing = RoutingConfig::from_yaml(yaml).unwrap();
         let metrics = Metrics::new();
         let server = Arc::new(ServerMetrics::register(&metrics));
         DestinationPolicies::new(&routing.destinations, &metrics, server)
-    }
-
-    fn cert(names: &[&str]) -> PeerIdentity {
-        PeerIdentity {
-            transport: PeerTransport::Tls,
-            addr: None,
-            certificate: Some(CertificateNames {
-                common_name: Some(names[0].into()),
-                dns: names.iter().map(|n| (*n).into()).collect(),
-                ips: vec![],
-                uris: vec![],
-            }),
-            unix: None,
-        }
     }
 
     const TWO: &str = "destinations:

@@ -442,12 +442,27 @@ impl Tenants {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use tether_grpc::{CertificateNames, PeerTransport, UnixCredentials};
 
     use super::*;
+
+    /// A TLS peer whose certificate names are `names` (the first is the common name).
+    pub(crate) fn cert(names: &[&str]) -> PeerIdentity {
+        PeerIdentity {
+            transport: PeerTransport::Tls,
+            addr: None,
+            certificate: Some(CertificateNames {
+                common_name: Some(names[0].into()),
+                dns: names.iter().map(|n| (*n).into()).collect(),
+                ips: vec![],
+                uris: vec![],
+            }),
+            unix: None,
+        }
+    }
 
     fn tenant(limits: TenantLimits) -> Tenant {
         let metrics = Arc::new(TenantMetrics::register(&Metrics::new()));
@@ -507,17 +522,6 @@ mod tests {
         )
         .unwrap();
         let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
-        let cert = |names: &[&str]| PeerIdentity {
-            transport: PeerTransport::Tls,
-            addr: None,
-            certificate: Some(CertificateNames {
-                common_name: Some(names[0].into()),
-                dns: names.iter().map(|n| (*n).into()).collect(),
-                ips: vec![],
-                uris: vec![],
-            }),
-            unix: None,
-        };
         let name = |side, peer: &PeerIdentity| {
             tenants
                 .resolve(side, Proof::peer(peer))

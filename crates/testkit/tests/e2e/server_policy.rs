@@ -3,7 +3,7 @@
 //! before any agent is chosen, so the agent never sees a DIAL_REQ for it.
 
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -13,10 +13,9 @@ use tether_server::{Mode, RoutingConfig};
 use tether_testkit::http::metric_value;
 use tether_testkit::targets::EchoServer;
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
-use tether_tls::pki::ClientSpec;
 use tokio::net::TcpListener;
 
-use crate::support::{agent_dials, echo_exact};
+use crate::support::{agent_dials, client_certs, echo_exact};
 
 /// DIAL_REQs the agent received: zero means a refused request never reached it.
 const AGENT_DIAL_REQUESTS: &str = "konnectivity_network_proxy_agent_stream_packets_total{packet_type=\"DIAL_REQ\",segment=\"to_agent\"}";
@@ -60,30 +59,6 @@ fn tls_client(pki: &Pki, server: &TestServer, cert: (&Path, &Path)) -> ClientTra
         )
         .unwrap(),
     }
-}
-
-/// Writes extra client certificates for `names`; returns their (cert, key) paths.
-fn client_certs(names: &[&str]) -> (Pki, Vec<(PathBuf, PathBuf)>) {
-    let specs: Vec<ClientSpec<'_>> = names
-        .iter()
-        .map(|n| ClientSpec {
-            common_name: n,
-            sans: &[],
-        })
-        .collect();
-    let (pki, issued) = Pki::generate_with_clients(&specs).unwrap();
-    let certs = names
-        .iter()
-        .zip(&issued)
-        .map(|(name, issued)| {
-            let cert = pki.dir().join(format!("{name}.crt"));
-            let key = pki.dir().join(format!("{name}.key"));
-            std::fs::write(&cert, &issued.cert_pem).unwrap();
-            std::fs::write(&key, &issued.key_pem).unwrap();
-            (cert, key)
-        })
-        .collect();
-    (pki, certs)
 }
 
 #[tokio::test]

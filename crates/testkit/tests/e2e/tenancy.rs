@@ -9,9 +9,8 @@ use tether_server::{Mode, RoutingConfig};
 use tether_testkit::http::metric_value;
 use tether_testkit::targets::EchoServer;
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
-use tether_tls::pki::ClientSpec;
 
-use crate::support::{agent_dials, echo_exact, eventually, http_connect_uds};
+use crate::support::{agent_dials, client_certs, echo_exact, eventually, http_connect_uds};
 
 const ROUTING: &str = "tenants:
   - name: acme
@@ -37,25 +36,7 @@ async fn start() -> Tenancy {
 /// A server with `routing`, where `{dir}` is replaced by the PKI's directory.
 async fn start_with(routing: &str, mode: Mode, transport: Transport) -> Tenancy {
     let names = ["api.acme", "api.globex", "agent.acme", "agent.globex"];
-    let specs: Vec<ClientSpec<'_>> = names
-        .iter()
-        .map(|n| ClientSpec {
-            common_name: n,
-            sans: &[],
-        })
-        .collect();
-    let (pki, issued) = Pki::generate_with_clients(&specs).unwrap();
-    let certs = names
-        .iter()
-        .zip(&issued)
-        .map(|(name, issued)| {
-            let cert = pki.dir().join(format!("{name}.crt"));
-            let key = pki.dir().join(format!("{name}.key"));
-            std::fs::write(&cert, &issued.cert_pem).unwrap();
-            std::fs::write(&key, &issued.key_pem).unwrap();
-            (cert, key)
-        })
-        .collect();
+    let (pki, certs) = client_certs(&names);
     let routing = routing.replace("{dir}", &pki.dir().display().to_string());
     let server = TestServer::start(
         &pki,
