@@ -213,3 +213,17 @@ async fn spawn_agent_once(
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     Process::spawn(bin, args, SocketAddr::from(([127, 0, 0, 1], health))).await
 }
+
+/// Upstream's `proxy-server` or `proxy-agent`, as `interop/build.sh` builds it into
+/// `interop/bin`.
+pub fn upstream_bin(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../interop/bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} missing: run interop/build.sh",
+        path.display()
+    );
+    path
+}

@@ -9,7 +9,7 @@
 //! the long-lived watch and the multi-megabyte `get` stand in for a stream.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -26,18 +26,6 @@ const STEP: Duration = Duration::from_secs(60);
 
 fn tether_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tether"))
-}
-
-fn upstream_bin(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../interop/bin")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} missing: run interop/build.sh",
-        path.display()
-    );
-    path
 }
 
 /// Polls `check` every 200 ms until it returns true, for at most `STEP`.
@@ -326,7 +314,7 @@ async fn against_upstreams_server_the_listener_is_off_and_forward_traffic_works(
     let socket = pki.dir().join("upstream.sock");
     let (agent_port, health_port) = (free_port(), free_port());
     let _upstream = Process::spawn(
-        &upstream_bin("proxy-server"),
+        &tether_testkit::process::upstream_bin("proxy-server"),
         vec![
             "--mode=http-connect".to_owned(),
             format!("--uds-name={}", socket.display()),

@@ -28,19 +28,6 @@ fn tether() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tether"))
 }
 
-/// `interop/bin/proxy-server` or `proxy-agent`, built by `interop/build.sh`.
-fn upstream(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../interop/bin")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} missing: run interop/build.sh",
-        path.display()
-    );
-    path
-}
-
 /// A free loopback port in 20000-32767: inside upstream's allowed range (1024-49151) and
 /// below the kernel's ephemeral range, so it does not collide with outgoing connections.
 pub(crate) fn listen_port() -> u16 {
@@ -154,7 +141,7 @@ impl Fleet {
                 args.insert(0, "server".into());
                 tether()
             }
-            Kind::Upstream => upstream("proxy-server"),
+            Kind::Upstream => tether_testkit::process::upstream_bin("proxy-server"),
         };
         let health = SocketAddr::from(([127, 0, 0, 1], health));
         let mut member = Member::spawn(kind, &bin, args, health).await?;
@@ -227,7 +214,7 @@ impl Fleet {
                 args.push("--lease-poll-interval=500ms".into());
                 tether()
             }
-            Kind::Upstream => upstream("proxy-agent"),
+            Kind::Upstream => tether_testkit::process::upstream_bin("proxy-agent"),
         };
         let health = SocketAddr::from(([127, 0, 0, 1], health));
         let member = Member::spawn(kind, &bin, args, health).await?;

@@ -33,19 +33,6 @@ pub(crate) fn tether_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tether"))
 }
 
-/// upstream's binaries, built by `interop/build.sh`.
-pub(crate) fn upstream_bin(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../interop/bin")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} missing: run interop/build.sh",
-        path.display()
-    );
-    path
-}
-
 /// A control plane with the task's ServiceAccounts and RBAC: the agents' ServiceAccount
 /// (plus decoys), pods on two nodes to bind tokens to, and a server ServiceAccount bound to
 /// `system:auth-delegator` whose token kubeconfig the proxy server uses.

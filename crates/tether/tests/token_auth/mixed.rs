@@ -71,7 +71,7 @@ fn upstream_agent(
     agent_id: &str,
 ) -> anyhow::Result<Child> {
     spawn(
-        &crate::upstream_bin("proxy-agent"),
+        &tether_testkit::process::upstream_bin("proxy-agent"),
         vec![
             "--proxy-server-host=127.0.0.1".into(),
             format!("--proxy-server-port={agent_port}"),
@@ -156,7 +156,10 @@ async fn token_auth_works_with_upstreams_agent_and_server() -> anyhow::Result<()
 
     // A tether agent, with its token, against upstream's server.
     let upstream = server_flags(&pki, &cluster.server_kubeconfig);
-    let _upstream_server = spawn(&crate::upstream_bin("proxy-server"), upstream.args.clone())?;
+    let _upstream_server = spawn(
+        &tether_testkit::process::upstream_bin("proxy-server"),
+        upstream.args.clone(),
+    )?;
     eventually("upstream's server listening", || async {
         tokio::net::TcpStream::connect(("127.0.0.1", upstream.agent_port))
             .await
