@@ -24,6 +24,12 @@ pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How often a start-up is tried again when a picked port was taken in the meantime.
+const PORT_ATTEMPTS: usize = 3;
+
+/// How much of a failed process's log a start-up error quotes.
+const LOG_TAIL_LINES: usize = 20;
+
 /// How to start the API server.
 #[derive(Debug, Default, Clone)]
 pub struct ControlPlaneOptions {
@@ -89,47 +95,47 @@ impl ControlPlane {
         std::fs::write(dir.join("sa.key"), signing_key.serialize_pem())?;
         std::fs::write(dir.join("sa.pub"), signing_key.public_key_pem())?;
 
-        let (client, peer) = (free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{client}");
-        let etcd = spawn(
-            &bin.join("etcd"),
-            &[
-                "--name=default".into(),
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{peer}"),
-                "--log-level=warn".into(),
-            ],
-        )?;
+        let (etcd, etcd_url) = start_etcd(&bin, &dir).await?;
 
-        let port = free_port();
-        let url = format!("https://127.0.0.1:{port}");
-        let kubeconfig = dir.join("admin.kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            kubeconfig_yaml(
-                &url,
-                &pki.files.ca_cert,
-                "admin",
-                &format!("token: {ADMIN_TOKEN}"),
-            ),
-        )?;
         let mut plane = Self {
             bin,
             pki,
-            url,
-            port,
-            kubeconfig,
+            url: String::new(),
+            port: 0,
+            kubeconfig: dir.join("admin.kubeconfig"),
             etcd,
             etcd_url,
             apiserver: None,
             options,
         };
-        plane.start_apiserver().await?;
-        Ok(plane)
+        // The port was free when picked, but another test may bind it before kube-apiserver
+        // does; then pick another.
+        let mut attempt = 1;
+        loop {
+            plane.use_port(free_port())?;
+            match plane.start_apiserver().await {
+                Err(error) if attempt < PORT_ATTEMPTS && port_taken(&error) => {
+                    plane.apiserver = None;
+                    attempt += 1;
+                }
+                result => return result.map(|()| plane),
+            }
+        }
+    }
+
+    fn use_port(&mut self, port: u16) -> anyhow::Result<()> {
+        self.port = port;
+        self.url = format!("https://127.0.0.1:{port}");
+        std::fs::write(
+            &self.kubeconfig,
+            kubeconfig_yaml(
+                &self.url,
+                &self.pki.files.ca_cert,
+                "admin",
+                &format!("token: {ADMIN_TOKEN}"),
+            ),
+        )?;
+        Ok(())
     }
 
     /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
@@ -175,8 +181,9 @@ impl ControlPlane {
             ));
         }
         args.extend(self.options.extra_args.iter().cloned());
-        self.apiserver = Some(spawn(&self.bin.join("kube-apiserver"), &args)?);
-        self.wait_ready().await
+        let log = self.pki.dir().join("kube-apiserver.log");
+        self.apiserver = Some(spawn(&self.bin.join("kube-apiserver"), &args, &log)?);
+        self.wait_ready(&log).await
     }
 
     /// Kills kube-apiserver (etcd keeps running), for tests of an unreachable API server.
@@ -190,17 +197,23 @@ impl ControlPlane {
         Ok(())
     }
 
-    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+    async fn wait_ready(&mut self, log: &Path) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         let mut last = String::new();
         while tokio::time::Instant::now() < deadline {
-            for (name, child) in [
-                ("etcd", Some(&mut self.etcd)),
-                ("kube-apiserver", self.apiserver.as_mut()),
-            ] {
-                if let Some(status) = child.and_then(|c| c.try_wait().transpose()) {
-                    anyhow::bail!("{name} exited during start-up: {status:?}");
-                }
+            if let Some(status) = self.etcd.try_wait()? {
+                anyhow::bail!("etcd exited while kube-apiserver started: {status}");
+            }
+            if let Some(status) = self
+                .apiserver
+                .as_mut()
+                .and_then(|c| c.try_wait().transpose())
+            {
+                anyhow::bail!(
+                    "kube-apiserver exited during start-up: {}\n{}",
+                    status?,
+                    log_tail(log)
+                );
             }
             match self.kubectl(&["get", "--raw=/readyz"], None).await {
                 Ok(out) if out.trim() == "ok" => return Ok(()),
@@ -315,17 +328,80 @@ fn kubeconfig_yaml(url: &str, ca: &Path, user: &str, credentials: &str) -> Strin
     )
 }
 
-fn spawn(bin: &Path, args: &[String]) -> anyhow::Result<Child> {
-    let quiet = std::env::var_os("RUST_LOG").is_none();
+/// Starts etcd on two free ports and waits until its client port accepts connections, picking
+/// other ports when another process took one first.
+async fn start_etcd(bin: &Path, dir: &Path) -> anyhow::Result<(Child, String)> {
+    let mut attempt = 1;
+    loop {
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let log = dir.join(format!("etcd-{attempt}.log"));
+        let mut etcd = spawn(
+            &bin.join("etcd"),
+            &[
+                "--name=default".into(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={url}"),
+                format!("--advertise-client-urls={url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer}"),
+                "--log-level=warn".into(),
+            ],
+            &log,
+        )?;
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let error = loop {
+            if let Some(status) = etcd.try_wait()? {
+                break anyhow::anyhow!("etcd exited during start-up: {status}\n{}", log_tail(&log));
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", client))
+                .await
+                .is_ok()
+            {
+                return Ok((etcd, url));
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "etcd not listening on {url} within {READY_TIMEOUT:?}\n{}",
+                log_tail(&log)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if attempt == PORT_ATTEMPTS || !port_taken(&error) {
+            return Err(error);
+        }
+        // A failed first start may leave a half-made data directory behind.
+        let _ = std::fs::remove_dir_all(dir.join("etcd"));
+        attempt += 1;
+    }
+}
+
+/// Whether a start-up error says a listening port was taken by someone else.
+fn port_taken(error: &anyhow::Error) -> bool {
+    format!("{error:#}").contains("address already in use")
+}
+
+/// The last lines of a process's log, for a start-up error.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(LOG_TAIL_LINES);
+    format!(
+        "last lines of {}:\n{}",
+        log.display(),
+        lines[start..].join("\n")
+    )
+}
+
+/// Spawns a control-plane process with its stdout and stderr in `log`.
+fn spawn(bin: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(if quiet {
-            Stdio::null()
-        } else {
-            Stdio::inherit()
-        })
+        .stdout(file.try_clone()?)
+        .stderr(file)
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))

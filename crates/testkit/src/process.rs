@@ -10,13 +10,26 @@ use tokio::process::{Child, Command};
 
 use crate::Pki;
 
-/// A free loopback port: bound, read, released. The small race with other binders is
-/// acceptable on a test machine and avoids parsing logs for kernel-chosen ports.
+/// Ports [`free_port`] picks from: below Linux's default ephemeral range (32768–60999), so the
+/// kernel never hands one to an outgoing connection between the pick and the bind.
+const PICKED_PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// A free loopback port: a random one from [`PICKED_PORTS`] that binds, released for the caller
+/// to bind. Only another picker can take it in between, and random picks make that rare;
+/// start-ups that still lose it retry (see `control_plane`). Kernel-chosen ports would avoid
+/// the race but need parsing logs for the port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let span = u64::from(PICKED_PORTS.end - PICKED_PORTS.start);
+    for _ in 0..1_000 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(u64::from(std::process::id()));
+        let port = PICKED_PORTS.start + (hasher.finish() % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {PICKED_PORTS:?} after 1,000 picks")
 }
 
 /// A running `tether` process; killed when dropped.
