@@ -13,6 +13,7 @@
 
 mod audit;
 mod backend;
+mod bandwidth;
 mod byte_rate;
 mod control_plane;
 mod destinations;

@@ -12,10 +12,13 @@
 //!   consecutive_failures: 5 # 0 disables ejection
 //!   base_seconds: 10
 //!   max_seconds: 300
+//! bandwidth:                # the server's, shared by busy tenants by weight
+//!   bytes_per_second: 1073741824
 //! tenants:                  # absent: one implicit tenant, as upstream
 //!   - name: acme
 //!     clients: ["cert:apiserver.acme", "uid:1001"]
 //!     agents: ["cert:agent.acme"]
+//!     weight: 3             # 3 shares of bandwidth to 1 for each weightless tenant
 //!     limits: {connections: 1000, pending_dials: 100, dials_per_second: 50,
 //!              bytes_per_second: 104857600}  # both directions, all connections
 //!   - name: initech          # its own socket: every client on it is initech's
@@ -41,6 +44,11 @@ pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
 use crate::tenant_frontend;
 pub use crate::tenant_frontend::TenantFrontend;
 
+/// A tenant's weight when the file gives none.
+const DEFAULT_WEIGHT: u32 = 1;
+/// The largest weight: shares stay within three orders of magnitude of each other.
+const MAX_WEIGHT: u32 = 1000;
+
 /// Selection settings beyond `--proxy-strategies`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RoutingConfig {
@@ -49,6 +57,9 @@ pub struct RoutingConfig {
     /// Keep each client (by its proven identity) on one agent while that agent stays.
     pub client_affinity: bool,
     pub ejection: EjectionConfig,
+    /// The server's bytes/s over all tenants, split among the busy ones by weight; `None`
+    /// leaves the split to the machine.
+    pub bandwidth: Option<u64>,
     /// Empty: every peer is in one implicit tenant without limits.
     pub tenants: Vec<TenantConfig>,
     /// Destination rules per frontend client, checked before any agent is chosen. Empty:
@@ -66,9 +77,17 @@ struct File {
     #[serde(default)]
     ejection: Option<EjectionEntry>,
     #[serde(default)]
+    bandwidth: Option<BandwidthEntry>,
+    #[serde(default)]
     tenants: Vec<TenantEntry>,
     #[serde(default)]
     destinations: Vec<DestinationEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BandwidthEntry {
+    bytes_per_second: u64,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +110,8 @@ struct TenantEntry {
     limits: Option<LimitsEntry>,
     #[serde(default)]
     frontend: Option<FrontendEntry>,
+    #[serde(default)]
+    weight: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -189,11 +210,32 @@ impl RoutingConfig {
                 }
             }
         };
+        let bandwidth = match file.bandwidth {
+            Some(BandwidthEntry {
+                bytes_per_second: 0,
+            }) => {
+                return Err(
+                    "bandwidth.bytes_per_second must be positive (leave bandwidth out for none)"
+                        .into(),
+                );
+            }
+            b => b.map(|b| b.bytes_per_second),
+        };
+        let tenants = tenants(file.tenants)?;
+        if bandwidth.is_none()
+            && let Some(t) = tenants.iter().find(|t| t.weight != DEFAULT_WEIGHT)
+        {
+            return Err(format!(
+                "tenant {:?}: weight shares the server's bandwidth, which is not set: add bandwidth.bytes_per_second",
+                t.name
+            ));
+        }
         Ok(Self {
             zone_rules,
             client_affinity,
             ejection,
-            tenants: tenants(file.tenants)?,
+            bandwidth,
+            tenants,
             destinations: destinations(file.destinations)?,
         })
     }
@@ -306,12 +348,18 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
                 }
             }
         };
+        let weight = match entry.weight {
+            None => DEFAULT_WEIGHT,
+            Some(w @ 1..=MAX_WEIGHT) => w,
+            Some(w) => return Err(format!("{at}: weight must be 1 to {MAX_WEIGHT}, got {w}")),
+        };
         out.push(TenantConfig {
             name: entry.name,
             clients,
             agents,
             limits,
             frontend,
+            weight,
         });
     }
     Ok(out)
@@ -425,6 +473,13 @@ mod tests {
             RoutingConfig::from_yaml("{}").unwrap(),
             RoutingConfig::default()
         );
+        let shared = RoutingConfig::from_yaml(
+            "bandwidth: {bytes_per_second: 1000}\ntenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], weight: 3}\n  - {name: b, clients: [\"cert:z\"], agents: [\"cert:w\"]}\n",
+        )
+        .unwrap();
+        assert_eq!(shared.bandwidth, Some(1000));
+        let weights: Vec<u32> = shared.tenants.iter().map(|t| t.weight).collect();
+        assert_eq!(weights, [3, 1]);
         let t = RoutingConfig::from_yaml(
             "tenants:\n  - name: acme\n    clients: [\"cert:api.acme\", \"uid:1001\"]\n    agents: [\"cert:api.acme\"]\n    limits: {connections: 5, dials_per_second: 2.5}\n",
         )
@@ -555,6 +610,15 @@ mod tests {
                 "base_seconds",
             ),
             ("zonez: []\n", "zonez"),
+            ("bandwidth: {bytes_per_second: 0}\n", "must be positive"),
+            (
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], weight: 2}\n",
+                "tenant \"a\": weight shares the server's bandwidth, which is not set",
+            ),
+            (
+                "bandwidth: {bytes_per_second: 1}\ntenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], weight: 0}\n",
+                "weight must be 1 to 1000, got 0",
+            ),
             (
                 "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: []}\n",
                 "agents must list",

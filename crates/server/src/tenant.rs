@@ -19,7 +19,8 @@ use tether_observe::metrics::{Counter, CounterVec, Registry as Metrics};
 
 use crate::backend::registry::{Registry, Strategy};
 use crate::backend::session::AgentSession;
-use crate::byte_rate::ByteRate;
+use crate::bandwidth::Bandwidth;
+use crate::byte_rate::{ByteRate, TenantShare};
 use crate::routing::RoutingConfig;
 
 /// Most tenants a routing file may declare: bounds the `tenant` label's cardinality.
@@ -156,6 +157,8 @@ pub struct TenantConfig {
     pub limits: TenantLimits,
     /// The tenant's own listeners: every client on them is this tenant's.
     pub frontend: Option<crate::tenant_frontend::TenantFrontend>,
+    /// Its share of the server's bandwidth against other busy tenants (1 unless set).
+    pub weight: u32,
 }
 
 /// Which cap a dial hit.
@@ -208,7 +211,8 @@ pub(crate) struct Tenant {
     registry: Mutex<Registry<Arc<AgentSession>>>,
     metrics: Arc<TenantMetrics>,
     dials: OnceLock<Arc<Counter>>,
-    /// The bytes/s limit, shared by the tenant's connections; `None` without one.
+    /// The bytes/s limit or bandwidth share, shared by the tenant's connections; `None`
+    /// without either.
     pub(crate) byte_rate: Option<Arc<ByteRate>>,
 }
 
@@ -219,10 +223,10 @@ impl Tenant {
         strategies: &[Strategy],
         routing: &Arc<RoutingConfig>,
         metrics: Arc<TenantMetrics>,
+        share: Option<TenantShare>,
     ) -> Self {
-        let byte_rate = limits
-            .bytes_per_second
-            .map(|rate| Arc::new(ByteRate::new(rate, metrics.byte_rate_waits.with(&[&name]))));
+        let waits = metrics.byte_rate_waits.with(&[&name]);
+        let byte_rate = ByteRate::new(limits.bytes_per_second, share, waits).map(Arc::new);
         Self {
             name,
             limits,
@@ -366,16 +370,32 @@ impl Tenants {
     pub(crate) fn new(strategies: &[Strategy], routing: &RoutingConfig, metrics: &Metrics) -> Self {
         let shared = Arc::new(routing.clone());
         let metrics = Arc::new(TenantMetrics::register(metrics));
+        // The implicit tenant, alone, has the whole bandwidth.
+        let weights: Vec<u32> = if routing.tenants.is_empty() {
+            vec![1]
+        } else {
+            routing.tenants.iter().map(|t| t.weight).collect()
+        };
+        let bandwidth = routing
+            .bandwidth
+            .map(|rate| Arc::new(Bandwidth::new(rate, &weights, Instant::now())));
+        let share = |index| {
+            bandwidth
+                .clone()
+                .map(|bandwidth| TenantShare { bandwidth, index })
+        };
         let table: Vec<_> = routing
             .tenants
             .iter()
-            .map(|config| {
+            .enumerate()
+            .map(|(index, config)| {
                 let tenant = Tenant::new(
                     config.name.clone(),
                     config.limits,
                     strategies,
                     &shared,
                     metrics.clone(),
+                    share(index),
                 );
                 (config.clone(), Arc::new(tenant))
             })
@@ -387,6 +407,7 @@ impl Tenants {
                 strategies,
                 &shared,
                 metrics.clone(),
+                share(0),
             ))
         });
         Self {
@@ -472,6 +493,7 @@ pub(crate) mod tests {
             &[Strategy::Default],
             &Arc::default(),
             metrics,
+            None,
         )
     }
 

@@ -6,10 +6,9 @@ use tether_client::{DialError, GrpcClient, Transport as ClientTransport};
 use tether_server::Mode;
 use tether_testkit::targets::{EchoServer, refused_addr};
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::STEP;
-use crate::support::echo_exact;
+use crate::support::{dial, echo_exact};
 
 const BIG: usize = 64 << 20;
 
@@ -28,21 +27,6 @@ fn client_transport(pki: &Pki, server: &TestServer, client_cert: bool) -> Client
         }
     }
 }
-
-/// Dials through whichever frontend the server has.
-async fn dial(
-    mode: Mode,
-    transport: &ClientTransport,
-    target: &str,
-) -> Result<Box<dyn Stream>, DialError> {
-    Ok(match mode {
-        Mode::Grpc => Box::new(GrpcClient::connect(transport).await?.dial(target).await?),
-        Mode::HttpConnect => Box::new(tether_client::dial_http_connect(transport, target).await?),
-    })
-}
-
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 /// `ipv6`: every server listener (frontend TCP, agent, health) on `[::1]`.
 async fn frontend_round_trip(mode: Mode, transport: Transport, ipv6: bool) {

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use tether_client::{DialError, GrpcClient, Transport as ClientTransport};
+use tether_server::Mode;
 use tether_testkit::http::metric_value;
 use tether_testkit::{Pki, TestAgent};
 use tether_tls::pki::ClientSpec;
@@ -113,3 +115,18 @@ pub(crate) fn client_certs(names: &[&str]) -> (Pki, Vec<(PathBuf, PathBuf)>) {
         .collect();
     (pki, certs)
 }
+
+/// Dials through whichever frontend the server has.
+pub(crate) async fn dial(
+    mode: Mode,
+    transport: &ClientTransport,
+    target: &str,
+) -> Result<Box<dyn Stream>, DialError> {
+    Ok(match mode {
+        Mode::Grpc => Box::new(GrpcClient::connect(transport).await?.dial(target).await?),
+        Mode::HttpConnect => Box::new(tether_client::dial_http_connect(transport, target).await?),
+    })
+}
+
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}

@@ -3,14 +3,18 @@
 //! per-tenant limits.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use tether_client::{DialError, Transport as ClientTransport};
 use tether_server::{Mode, RoutingConfig};
 use tether_testkit::http::metric_value;
-use tether_testkit::targets::EchoServer;
+use tether_testkit::targets::{EchoServer, SourceServer};
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
 
-use crate::support::{agent_dials, client_certs, echo_exact, eventually, http_connect_uds};
+use crate::support::{agent_dials, client_certs, dial, echo_exact, eventually, http_connect_uds};
 
 const ROUTING: &str = "tenants:
   - name: acme
@@ -273,7 +277,13 @@ const BYTE_RATE: &str = "tenants:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_byte_rate_slows_only_its_own_transfers_and_loses_nothing() {
-    let t = start_with(BYTE_RATE, Mode::HttpConnect, Transport::Tls).await;
+    for mode in [Mode::HttpConnect, Mode::Grpc] {
+        a_tenants_byte_rate_slows_only_its_own_transfers(mode).await;
+    }
+}
+
+async fn a_tenants_byte_rate_slows_only_its_own_transfers(mode: Mode) {
+    let t = start_with(BYTE_RATE, mode, Transport::Tls).await;
     let _acme_agent = t.agent(&t.certs[2]).await;
     let _globex_agent = t.agent(&t.certs[3]).await;
     let echo = EchoServer::start().await.unwrap();
@@ -286,9 +296,7 @@ async fn a_tenants_byte_rate_slows_only_its_own_transfers_and_loses_nothing() {
         let target = target.clone();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let stream = tether_client::dial_http_connect(&client, &target)
-                .await
-                .unwrap();
+            let stream = dial(mode, &client, &target).await.unwrap();
             drop(echo_exact(stream, seed, LEN).await);
             started.elapsed()
         })
@@ -297,12 +305,12 @@ async fn a_tenants_byte_rate_slows_only_its_own_transfers_and_loses_nothing() {
     let (limited, free) = (limited.await.unwrap(), free.await.unwrap());
     assert!(
         limited >= std::time::Duration::from_millis(2500),
-        "acme's 6 MiB took {limited:?}, under its 2 MiB/s limit"
+        "{mode:?}: acme's 6 MiB took {limited:?}, under its 2 MiB/s limit"
     );
     // Generous: unlimited, the same transfer needs only a fraction of that.
     assert!(
         free < std::time::Duration::from_millis(2500),
-        "globex (no limit) took {free:?}"
+        "{mode:?}: globex (no limit) took {free:?}"
     );
     assert!(
         t.metric("tether_server_tenant_byte_rate_waits_total{tenant=\"acme\"}")
@@ -314,4 +322,90 @@ async fn a_tenants_byte_rate_slows_only_its_own_transfers_and_loses_nothing() {
             .await,
         0.0
     );
+}
+
+/// 4 MiB/s for the server, 3 shares to acme and 1 to globex while both are busy.
+const WEIGHTED: &str = "bandwidth: {bytes_per_second: 4194304}
+tenants:
+  - name: acme
+    clients: [\"cert:api.acme\"]
+    agents: [\"cert:agent.acme\"]
+    weight: 3
+  - name: globex
+    clients: [\"cert:api.globex\"]
+    agents: [\"cert:agent.globex\"]
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_tenants_split_the_bandwidth_by_weight_and_a_lone_one_gets_it_all() {
+    let t = start_with(WEIGHTED, Mode::HttpConnect, Transport::Tls).await;
+    let _acme_agent = t.agent(&t.certs[2]).await;
+    let _globex_agent = t.agent(&t.certs[3]).await;
+    let source = SourceServer::start().await.unwrap();
+    // Downloads, so every byte is counted once. While both run, acme gets 3 MiB/s and globex
+    // 1 MiB/s: acme's 6 MiB take ~2 s, in which globex receives ~2 MiB. Alone, globex then
+    // has 4 MiB/s: its last 2 MiB take ~0.5 s instead of 2 s at its contended share.
+    const ACME_LEN: u64 = 6 << 20;
+    const GLOBEX_LEN: u64 = 4 << 20;
+    let download = |cert: usize, len: u64, received: Arc<AtomicU64>| {
+        let (client, target) = (t.client(Some(&t.certs[cert])), source.addr.to_string());
+        tokio::spawn(async move {
+            let stream = dial(Mode::HttpConnect, &client, &target).await.unwrap();
+            download_counted(stream, len, &received).await;
+            std::time::Instant::now()
+        })
+    };
+    let globex_received = Arc::new(AtomicU64::new(0));
+    let globex = download(1, GLOBEX_LEN, globex_received.clone());
+    let acme_done = download(0, ACME_LEN, Arc::default()).await.unwrap();
+    let at_acme_done = globex_received.load(Ordering::Relaxed);
+    let globex_done = globex.await.unwrap();
+    let ratio = at_acme_done as f64 / ACME_LEN as f64;
+    assert!(
+        (0.22..=0.45).contains(&ratio),
+        "globex received {at_acme_done} bytes while acme received {ACME_LEN}: {ratio:.2} of it, not ~1/3"
+    );
+    let alone = globex_done.saturating_duration_since(acme_done);
+    let left = GLOBEX_LEN.saturating_sub(at_acme_done);
+    // Generous: at its contended share, 1 MiB/s, the rest would take this long.
+    let contended = std::time::Duration::from_secs_f64(left as f64 / f64::from(1 << 20));
+    assert!(
+        alone < contended.mul_f64(0.8),
+        "alone, globex's last {left} bytes took {alone:?}; at its contended share: {contended:?}"
+    );
+    for tenant in ["acme", "globex"] {
+        let waits = t
+            .metric(&format!(
+                "tether_server_tenant_byte_rate_waits_total{{tenant=\"{tenant}\"}}"
+            ))
+            .await;
+        assert!(waits >= 1.0, "{tenant} never waited for its share");
+    }
+}
+
+/// Asks a [`SourceServer`] for `len` bytes through `stream` and reads them to the end,
+/// checking each one and counting them in `received` as they arrive.
+async fn download_counted<S>(mut stream: S, len: u64, received: &AtomicU64)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_u64(len).await.expect("ask for the bytes");
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0;
+    loop {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(30), stream.read(&mut buf))
+            .await
+            .expect("bytes in time")
+            .expect("read through tunnel");
+        if n == 0 {
+            break;
+        }
+        assert!(
+            buf[..n].iter().all(|&b| b == 0x5a),
+            "a wrong byte after {at}"
+        );
+        at += n as u64;
+        received.store(at, Ordering::Relaxed);
+    }
+    assert_eq!(at, len, "the download ended early");
 }
