@@ -15,8 +15,10 @@
 //! ([`crate::byte_rate`]), which applies them with back-pressure. The planner is plain state
 //! and arithmetic on the instants it is given, tested without a clock.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tether_observe::metrics::Gauge;
 
 /// How often the split is planned again: short enough that a freed share moves on quickly,
 /// long enough to see each busy tenant move a few chunks.
@@ -34,6 +36,8 @@ struct TenantUse {
     waits_until: Option<Instant>,
     /// Its bytes/s until the next plan.
     rate: f64,
+    /// `tether_server_tenant_bandwidth_share_bytes_per_second` for it.
+    gauge: Arc<Gauge>,
 }
 
 #[derive(Debug)]
@@ -50,19 +54,31 @@ pub(crate) struct Bandwidth {
 }
 
 impl Bandwidth {
-    /// A bandwidth of `per_second` for tenants with these `weights`, indexed as given.
-    pub(crate) fn new(per_second: u64, weights: &[u32], now: Instant) -> Self {
+    /// A bandwidth of `per_second` for tenants with these `weights` and rate `gauges`,
+    /// indexed as given.
+    pub(crate) fn new(
+        per_second: u64,
+        weights: &[u32],
+        gauges: Vec<Arc<Gauge>>,
+        now: Instant,
+    ) -> Self {
         let per_second = per_second as f64;
         let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
         let tenants = weights
             .iter()
-            .map(|&w| TenantUse {
-                weight: f64::from(w),
-                moved: 0.0,
-                waited: false,
-                waits_until: None,
+            .zip(gauges)
+            .map(|(&w, gauge)| {
                 // Before any traffic: each tenant's share as if all were busy.
-                rate: per_second * f64::from(w) / total,
+                let rate = per_second * f64::from(w) / total;
+                gauge.set(rate as i64);
+                TenantUse {
+                    weight: f64::from(w),
+                    moved: 0.0,
+                    waited: false,
+                    waits_until: None,
+                    rate,
+                    gauge,
+                }
             })
             .collect();
         Self {
@@ -127,6 +143,7 @@ impl Bandwidth {
             } else {
                 share
             };
+            tenant.gauge.set(tenant.rate as i64);
             tenant.moved = 0.0;
             tenant.waited = false;
         }
@@ -155,6 +172,11 @@ mod tests {
         (0..moved.len()).map(|i| bw.moved(i, 0, *t)).collect()
     }
 
+    fn bandwidth(per_second: u64, weights: &[u32], now: Instant) -> Bandwidth {
+        let gauges = weights.iter().map(|_| Arc::default()).collect();
+        Bandwidth::new(per_second, weights, gauges, now)
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-4 * b.max(1.0)
     }
@@ -162,7 +184,7 @@ mod tests {
     #[test]
     fn contending_tenants_split_by_weight() {
         let mut t = Instant::now();
-        let bw = Bandwidth::new(4 << 20, &[3, 1, 1], t);
+        let bw = bandwidth(4 << 20, &[3, 1, 1], t);
         // Before traffic: shares of all three.
         assert!(close(bw.moved(0, 0, t), 4.0 * MIB * 3.0 / 5.0));
         // Tenants 0 and 1 both want more than they get; tenant 2 is idle.
@@ -177,7 +199,7 @@ mod tests {
     #[test]
     fn a_light_tenants_unused_share_goes_to_the_limited_one() {
         let mut t = Instant::now();
-        let bw = Bandwidth::new(4 << 20, &[1, 1], t);
+        let bw = bandwidth(4 << 20, &[1, 1], t);
         // Tenant 1 moves 0.5 MiB/s without waiting; tenant 0 is limited.
         let light = (0.5 * MIB * PLAN_PERIOD.as_secs_f64()) as usize;
         let rates = period(&bw, &mut t, &[(1 << 16, true), (light, false)]);
@@ -192,7 +214,7 @@ mod tests {
     #[test]
     fn a_limited_tenant_never_gets_less_than_its_share() {
         let mut t = Instant::now();
-        let bw = Bandwidth::new(4 << 20, &[1, 1], t);
+        let bw = bandwidth(4 << 20, &[1, 1], t);
         // The satisfied tenant moved more than the whole bandwidth in one period (a burst):
         // the limited one still keeps its half.
         let burst = (8.0 * MIB * PLAN_PERIOD.as_secs_f64()) as usize;
@@ -203,7 +225,7 @@ mod tests {
     #[test]
     fn rates_hold_between_plans() {
         let t = Instant::now();
-        let bw = Bandwidth::new(1 << 20, &[1, 1], t);
+        let bw = bandwidth(1 << 20, &[1, 1], t);
         bw.waits(0, t);
         let before = bw.moved(0, 1000, t);
         assert!(close(bw.moved(0, 1000, t + PLAN_PERIOD / 2), before));
@@ -212,7 +234,7 @@ mod tests {
     #[test]
     fn a_tenant_asleep_through_a_period_still_counts_as_limited() {
         let mut t = Instant::now();
-        let bw = Bandwidth::new(4 << 20, &[3, 1], t);
+        let bw = bandwidth(4 << 20, &[3, 1], t);
         bw.moved(0, 1 << 16, t);
         bw.waits(0, t);
         // Tenant 1 waits past the next plan, and the one after it.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use tether_grpc::PeerIdentity;
-use tether_observe::metrics::{Counter, CounterVec, Registry as Metrics};
+use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
 use crate::backend::registry::{Registry, Strategy};
 use crate::backend::session::AgentSession;
@@ -321,6 +321,7 @@ pub(crate) struct TenantMetrics {
     refusals: Arc<CounterVec>,
     unknown: Arc<CounterVec>,
     byte_rate_waits: Arc<CounterVec>,
+    bandwidth_share: Arc<GaugeVec>,
 }
 
 impl TenantMetrics {
@@ -343,7 +344,12 @@ impl TenantMetrics {
             ),
             byte_rate_waits: metrics.counter_vec(
                 "tether_server_tenant_byte_rate_waits_total",
-                "Times a connection waited because its tenant was over its bytes/s limit, per tenant",
+                "Times a connection waited because its tenant was over its bytes/s limit or bandwidth share, per tenant",
+                &["tenant"],
+            ),
+            bandwidth_share: metrics.gauge_vec(
+                "tether_server_tenant_bandwidth_share_bytes_per_second",
+                "Each tenant's planned part of the server's bandwidth (only with bandwidth set)",
                 &["tenant"],
             ),
         }
@@ -376,9 +382,18 @@ impl Tenants {
         } else {
             routing.tenants.iter().map(|t| t.weight).collect()
         };
-        let bandwidth = routing
-            .bandwidth
-            .map(|rate| Arc::new(Bandwidth::new(rate, &weights, Instant::now())));
+        let bandwidth = routing.bandwidth.map(|rate| {
+            let names: Vec<&str> = if routing.tenants.is_empty() {
+                vec![""]
+            } else {
+                routing.tenants.iter().map(|t| t.name.as_str()).collect()
+            };
+            let gauges = names
+                .iter()
+                .map(|name| metrics.bandwidth_share.with(&[name]))
+                .collect();
+            Arc::new(Bandwidth::new(rate, &weights, gauges, Instant::now()))
+        });
         let share = |index| {
             bandwidth
                 .clone()

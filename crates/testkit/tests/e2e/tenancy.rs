@@ -381,6 +381,12 @@ async fn busy_tenants_split_the_bandwidth_by_weight_and_a_lone_one_gets_it_all()
             .await;
         assert!(waits >= 1.0, "{tenant} never waited for its share");
     }
+    // The last plan saw globex alone: all of it to globex, and acme's part were it to join.
+    for (tenant, share) in [("globex", 4 << 20), ("acme", 3 << 20)] {
+        let sample =
+            format!("tether_server_tenant_bandwidth_share_bytes_per_second{{tenant=\"{tenant}\"}}");
+        assert_eq!(t.metric(&sample).await, f64::from(share), "{sample}");
+    }
 }
 
 /// Asks a [`SourceServer`] for `len` bytes through `stream` and reads them to the end,
