@@ -1,10 +1,6 @@
 //! Fair sharing of one agent stream: a 64-byte ping-pong's latency while 8 bulk downloads
 //! go through the same agent, against the ping-pong alone, and the downloads' aggregate
 //! throughput with and without the ping-pong.
-//!
-//! The ping-pong is paced at [`PING_INTERVAL`], as an interactive session is: run flat out,
-//! it is a second bulk load competing for the machine's 2 cores, and the downloads' ratio
-//! then measures the CPU (direct TCP loses as much as tether), not the stream's fairness.
 
 use std::time::{Duration, Instant};
 
@@ -16,8 +12,6 @@ use crate::target;
 
 /// Bulk downloads sharing the agent with the ping-pong.
 pub const BULK: usize = 8;
-/// One round trip per millisecond at most: a busy `kubectl exec`, far above typing speed.
-pub const PING_INTERVAL: Duration = Duration::from_millis(1);
 const HUGE: u64 = 1 << 40;
 
 #[derive(Clone, Copy, Debug)]
@@ -50,11 +44,8 @@ async fn pings(r: &Running, p: &Profile, window: Duration) -> anyhow::Result<[f6
         round(&mut s, &msg, &mut back).await?;
     }
     let mut rtts = Vec::with_capacity(p.ping_rounds);
-    let mut pace = tokio::time::interval(PING_INTERVAL);
-    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let start = Instant::now();
     while start.elapsed() < window {
-        pace.tick().await;
         let t = Instant::now();
         round(&mut s, &msg, &mut back).await?;
         rtts.push(t.elapsed().as_secs_f64() * 1e6);
