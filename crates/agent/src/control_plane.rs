@@ -51,12 +51,16 @@ impl std::fmt::Display for ListenAddr {
     }
 }
 
-/// `--control-plane-listen` and `--control-plane-endpoint`.
+/// `--control-plane-listen`, `--control-plane-endpoint` and
+/// `--control-plane-max-connections`.
 #[derive(Clone, Debug)]
 pub struct ControlPlaneConfig {
     pub listen: ListenAddr,
     /// The `host:port` asked of the server; empty asks for its default endpoint.
     pub endpoint: String,
+    /// Local connections carried at once; more are closed as they are accepted, so a
+    /// process on the node cannot hold unbounded tunnels and descriptors.
+    pub max_connections: usize,
 }
 
 /// The bound listener.
@@ -118,16 +122,22 @@ impl Drop for Listener {
     }
 }
 
+/// How often a refusal over `max_connections` is logged at most.
+const OVER_LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Accepts until `stop`, then waits for the connections (they end with their streams).
 pub(crate) async fn serve(
     listener: Listener,
     endpoint: String,
+    max_connections: usize,
     clientset: Arc<ClientSet>,
     metrics: Arc<AgentMetrics>,
     stop: CancellationToken,
 ) {
-    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, "control-plane listener started");
+    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, max_connections, "control-plane listener started");
     let tasks = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let mut last_refusal_log: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => break,
@@ -135,12 +145,24 @@ pub(crate) async fn serve(
         };
         match accepted {
             Ok(local) => {
-                tasks.spawn(carry(
-                    local,
-                    endpoint.clone(),
-                    clientset.clone(),
-                    metrics.clone(),
-                ));
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // Dropping the socket closes it before anything is dialed.
+                    metrics.control_plane_dial(ReverseDial::OverLimit);
+                    if last_refusal_log.is_none_or(|at| at.elapsed() >= OVER_LIMIT_LOG_INTERVAL) {
+                        last_refusal_log = Some(Instant::now());
+                        tracing::warn!(
+                            max_connections,
+                            "closing a control-plane connection: --control-plane-max-connections are open"
+                        );
+                    }
+                    continue;
+                };
+                let (endpoint, clientset, metrics) =
+                    (endpoint.clone(), clientset.clone(), metrics.clone());
+                tasks.spawn(async move {
+                    carry(local, endpoint, clientset, metrics).await;
+                    drop(slot);
+                });
             }
             Err(error) => {
                 // Out of descriptors, typically: back off instead of spinning.

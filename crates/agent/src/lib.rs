@@ -215,10 +215,10 @@ impl Agent {
             Some((log, writer)) => (Some(log), Some(writer.spawn())),
             None => (None, None),
         };
-        let endpoint = config
+        let (endpoint, max_connections) = config
             .control_plane
             .as_ref()
-            .map(|cp| cp.endpoint.clone())
+            .map(|cp| (cp.endpoint.clone(), cp.max_connections))
             .unwrap_or_default();
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
@@ -250,6 +250,7 @@ impl Agent {
             endpoints.spawn(control_plane::serve(
                 listener,
                 endpoint,
+                max_connections,
                 clientset.clone(),
                 metrics,
                 stop.clone(),

@@ -42,6 +42,8 @@ pub(crate) enum ReverseDial {
     Unavailable,
     /// The stream ended, or the server forgot the dial.
     Lost,
+    /// Closed at accept: `--control-plane-max-connections` were open.
+    OverLimit,
 }
 
 /// Why an endpoint dial failed: upstream's `reason` label.
@@ -142,6 +144,7 @@ impl AgentMetrics {
             ReverseDial::Timeout => "timeout",
             ReverseDial::Unavailable => "unavailable",
             ReverseDial::Lost => "lost",
+            ReverseDial::OverLimit => "over_limit",
         };
         self.control_plane_dials.with(&[label]).inc();
     }

@@ -80,6 +80,8 @@ pub struct ServerOptions {
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
     /// Listen on `[::1]` instead of 127.0.0.1 (frontend TCP, agent, health, admin).
     pub ipv6: bool,
+    /// `--control-plane-endpoints`: where agents' reverse dials may go (`None`: off).
+    pub control_plane: Option<tether_server::ControlPlaneEndpoints>,
 }
 
 impl Default for ServerOptions {
@@ -105,6 +107,7 @@ impl Default for ServerOptions {
             agent_token_auth: None,
             audit_log: None,
             ipv6: false,
+            control_plane: None,
         }
     }
 }
@@ -187,7 +190,7 @@ impl TestServer {
             tls_reload: opts.tls_reload,
             agent_token_auth: opts.agent_token_auth,
             audit_log: opts.audit_log,
-            control_plane: None,
+            control_plane: opts.control_plane,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -265,6 +268,8 @@ pub struct AgentOptions {
     /// A client certificate and key other than the PKI's agent certificate (distinct
     /// agent identities, e.g. tenants).
     pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// `--control-plane-listen` and its settings.
+    pub control_plane: Option<tether_agent::ControlPlaneConfig>,
 }
 
 impl Default for AgentOptions {
@@ -282,6 +287,7 @@ impl Default for AgentOptions {
             token_path: None,
             audit_log: None,
             client_cert: None,
+            control_plane: None,
         }
     }
 }
@@ -291,6 +297,8 @@ impl Default for AgentOptions {
 pub struct TestAgent {
     pub health_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// Where the control-plane listener listens, when there is one.
+    pub control_plane_addr: Option<String>,
     drain: CancellationToken,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
@@ -358,7 +366,7 @@ impl TestAgent {
             lease_counting: None,
             tls_reload,
             audit_log: opts.audit_log,
-            control_plane: None,
+            control_plane: opts.control_plane,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -367,6 +375,7 @@ impl TestAgent {
         Ok(Self {
             health_addr: agent.health_addr().ok_or_else(missing)?,
             admin_addr: agent.admin_addr().ok_or_else(missing)?,
+            control_plane_addr: agent.control_plane_addr(),
             drain: drain.clone(),
             stop: stop.clone(),
             task: Some(tokio::spawn(agent.run(drain, stop))),

@@ -13,6 +13,7 @@ mod introspection;
 mod isolation;
 mod lifecycle;
 mod metrics_names;
+mod reverse;
 mod routing;
 mod security;
 mod selection;

@@ -28,6 +28,9 @@ use lease::LeaseArgs;
 mod lease;
 
 const DEFAULT_XFR_CHANNEL_SIZE: i64 = 150;
+/// A node's clients of the API server keep a handful of long-lived connections each; this
+/// leaves room for hundreds of them and still bounds the agent's descriptors.
+const DEFAULT_CONTROL_PLANE_MAX_CONNECTIONS: u32 = 1000;
 
 #[derive(Args, Clone, Debug)]
 #[command(args_override_self = true)]
@@ -153,6 +156,17 @@ pub(crate) struct AgentArgs {
         default_value = ""
     )]
     control_plane_endpoint: String,
+
+    /// Local control-plane connections carried at once; more are closed as they are
+    /// accepted (tether_agent_control_plane_dials_total{result="over_limit"}).
+    #[arg(
+        long,
+        help_heading = "Control plane (tether)",
+        value_name = "N",
+        default_value_t = DEFAULT_CONTROL_PLANE_MAX_CONNECTIONS,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    control_plane_max_connections: u32,
 
     /// Re-read --ca-cert, --agent-cert and --agent-key before each new server connection
     /// when they changed (certificate rotation without a restart); a file that does not load
@@ -421,6 +435,9 @@ impl AgentArgs {
             if !self.control_plane_endpoint.is_empty() {
                 bail!("--control-plane-endpoint needs --control-plane-listen");
             }
+            if self.control_plane_max_connections != DEFAULT_CONTROL_PLANE_MAX_CONNECTIONS {
+                bail!("--control-plane-max-connections needs --control-plane-listen");
+            }
             return Ok(None);
         }
         let listen = self
@@ -434,6 +451,7 @@ impl AgentArgs {
         Ok(Some(tether_agent::ControlPlaneConfig {
             listen,
             endpoint: self.control_plane_endpoint.clone(),
+            max_connections: self.control_plane_max_connections as usize,
         }))
     }
 

@@ -369,6 +369,7 @@ fn the_control_plane_listener_takes_an_address_or_a_socket() {
         tether_agent::ListenAddr::Tcp("127.0.0.1:6443".parse().unwrap())
     );
     assert_eq!(cp.endpoint, "");
+    assert_eq!(cp.max_connections, 1000);
     let cp = agent(
         &files,
         "--control-plane-listen=unix:/run/tether/cp.sock --control-plane-endpoint=10.0.0.1:6443",
@@ -390,4 +391,21 @@ fn the_control_plane_listener_takes_an_address_or_a_socket() {
         "--control-plane-listen=127.0.0.1:6443 --control-plane-endpoint=nope",
     ));
     assert!(err.starts_with("--control-plane-endpoint: "), "{err}");
+    let cp = agent(
+        &files,
+        "--control-plane-listen=127.0.0.1:6443 --control-plane-max-connections=5",
+    )
+    .unwrap()
+    .control_plane
+    .unwrap();
+    assert_eq!(cp.max_connections, 5);
+    let err = error(agent(&files, "--control-plane-max-connections=5"));
+    assert!(err.contains("needs --control-plane-listen"), "{err}");
+    assert!(
+        agent(
+            &files,
+            "--control-plane-listen=127.0.0.1:6443 --control-plane-max-connections=0"
+        )
+        .is_err()
+    );
 }

@@ -1,0 +1,88 @@
+//! The agent's control-plane listener (reverse dials) with an in-process server whose only
+//! control-plane endpoint is a loopback echo server.
+
+use std::time::Duration;
+
+use tether_agent::{ControlPlaneConfig, ListenAddr};
+use tether_server::ControlPlaneEndpoints;
+use tether_testkit::http::metric_value;
+use tether_testkit::targets::EchoServer;
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
+use tokio::io::AsyncReadExt as _;
+use tokio::net::TcpStream;
+
+use crate::support::{echo_exact, eventually};
+
+async fn over_limit(agent: &TestAgent) -> f64 {
+    let text = agent.metrics().await.expect("agent metrics");
+    metric_value(
+        &text,
+        "tether_agent_control_plane_dials_total{result=\"over_limit\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
+    let pki = Pki::generate().unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            control_plane: ControlPlaneEndpoints::new(vec![echo.addr.to_string()]),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let agent = TestAgent::start(
+        &pki,
+        server.agent_addr,
+        AgentOptions {
+            control_plane: Some(ControlPlaneConfig {
+                listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+                endpoint: String::new(),
+                max_connections: 2,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    agent.wait_ready().await.unwrap();
+    let listen = agent.control_plane_addr.clone().unwrap();
+    // Two connections are carried to the echo server and stay open.
+    let first = echo_exact(TcpStream::connect(&listen).await.unwrap(), 1, 4096).await;
+    let second = echo_exact(TcpStream::connect(&listen).await.unwrap(), 2, 4096).await;
+    // A third is closed at once, before anything is dialed.
+    let mut third = TcpStream::connect(&listen).await.unwrap();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf))
+        .await
+        .expect("the refused connection is closed within 10 s");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "the third connection got {read:?}"
+    );
+    assert_eq!(over_limit(&agent).await, 1.0);
+    // Once one ends, its slot is free again.
+    drop(first);
+    eventually("a freed slot carries a new connection", || async {
+        let Ok(stream) = TcpStream::connect(&listen).await else {
+            return false;
+        };
+        let mut stream = stream;
+        // Refused connections read EOF at once; a carried one echoes.
+        use tokio::io::AsyncWriteExt as _;
+        if stream.write_all(b"x").await.is_err() {
+            return false;
+        }
+        let mut got = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), stream.read(&mut got)).await,
+            Ok(Ok(1))
+        )
+    })
+    .await;
+    drop(second);
+}
