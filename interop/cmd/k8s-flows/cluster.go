@@ -66,7 +66,9 @@ func (e *env) writeStatic() error {
 
 // startCluster starts etcd, kube-apiserver with egress config egress, and one kwok per node,
 // and creates the nodes and pods. dir is fresh for each row.
-func (e *env) startCluster(ctx context.Context, name, egress string) (*cluster, error) {
+// startCluster starts a control plane whose kube-apiserver serves on 127.0.0.1:apiPort (chosen
+// by the caller, so that a proxy server started first can allowlist it for reverse dials).
+func (e *env) startCluster(ctx context.Context, name, egress string, apiPort int) (*cluster, error) {
 	c := &cluster{dir: filepath.Join(e.work, name)}
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return nil, err
@@ -89,7 +91,7 @@ func (e *env) startCluster(ctx context.Context, name, egress string) (*cluster, 
 		return c, fmt.Errorf("etcd: %v\n%s", err, c.etcd.tail(20))
 	}
 
-	port := freePort()
+	port := apiPort
 	c.apiURL = fmt.Sprintf("https://127.0.0.1:%d", port)
 	c.apiserver, err = e.ps.start(name+"-kube-apiserver", e.bin("kube-apiserver"),
 		"--etcd-servers="+etcdURL, "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",

@@ -160,13 +160,14 @@ func (e *env) runShape(ctx context.Context, impl string, sh shape, name string) 
 	}
 	// The mTLS server first: kube-apiserver dials it on demand, the agent connects once the
 	// control plane is up.
+	ep.apiPort = freePort()
 	p, err := e.startServer(impl, ep, nil, nil, name)
 	defer func() { p.stop() }()
 	if err != nil {
 		fail(err)
 		return
 	}
-	c, err := e.startCluster(ctx, name, ep.file)
+	c, err := e.startCluster(ctx, name, ep.file, ep.apiPort)
 	defer c.stop()
 	if err != nil {
 		fail(err)
@@ -197,6 +198,7 @@ func (e *env) runRow(ctx context.Context, r *row, c *cluster, p *proxy) error {
 		return r.err
 	}
 	e.runFlows(ctx, r, c, p)
+	e.runReverseFlows(ctx, r, c, p)
 	if e.outside != nil {
 		e.runOutsideFlows(ctx, r, c, p)
 	}

@@ -28,6 +28,9 @@ type proxy struct {
 	health        int // server's health port (/metrics)
 	agentPort     int
 	agentAuthArgs []string // the agent's flags for auth
+	// controlPlanePort is where a tether agent listens for node-side clients of the API
+	// server (--control-plane-listen); 0 for upstream, which has no reverse direction.
+	controlPlanePort int
 	// tokenReviews is the API server's TokenReview count when the server started (token
 	// mode), to show that admitting the agent took a review.
 	tokenReviews float64
@@ -41,6 +44,7 @@ func (p *proxy) metricsURL() string { return fmt.Sprintf("http://127.0.0.1:%d/me
 type egress struct {
 	file       string // EgressSelectorConfiguration for kube-apiserver
 	serverArgs []string
+	apiPort    int // kube-apiserver's port: tether's servers allowlist it for reverse dials
 }
 
 // egressFor chooses the socket or port for shape sh and writes kube-apiserver's
@@ -81,6 +85,11 @@ func (e *env) startServer(impl string, ep egress, tok *tokens, c *cluster, name 
 		"--admin-bind-address=127.0.0.1", "--admin-port="+strconv.Itoa(freePort()),
 		"--cluster-cert="+e.pki("server.crt"), "--cluster-key="+e.pki("server.key"),
 		"--server-count=1", "--server-id="+name, "-v=2")
+	if impl == tether {
+		// Reverse dials (node → API server) may reach this control plane's API server only.
+		args = append(args, fmt.Sprintf("--control-plane-endpoints=127.0.0.1:%d", ep.apiPort))
+		p.controlPlanePort = freePort()
+	}
 	if tok == nil {
 		args = append(args, "--cluster-ca-cert="+e.pki("ca.crt"))
 		p.agentAuthArgs = []string{"--agent-cert=" + e.pki("agent.crt"), "--agent-key=" + e.pki("agent.key")}
@@ -115,6 +124,9 @@ func (e *env) startAgent(p *proxy, c *cluster) error {
 		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(health),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(freePort()),
 		"--agent-id="+p.name+"-agent", "--sync-interval=200ms", "--sync-interval-cap=1s", "-v=2")
+	if p.controlPlanePort != 0 {
+		args = append(args, fmt.Sprintf("--control-plane-listen=127.0.0.1:%d", p.controlPlanePort))
+	}
 	var err error
 	p.agent, err = e.ps.start(p.name+"-agent", e.proxyBin(p.impl, "proxy-agent"), args...)
 	if err != nil {

@@ -69,6 +69,22 @@ func (e *env) markdown() string {
 	fmt.Fprintln(&b, "\nFlows: `logs` and `logs (node-b)` print the pod's CRI log file; `logs -f` also prints a line appended while it follows; "+
 		"`exec` runs `sh -c 'echo exec-ok FAKE_POD=$FAKE_POD'` (kwok runs it on the host with the pod's env) and checks stdout; "+
 		"`attach` sees a line appended to the container's output; `port-forward` GETs `/` (body `ok`) and a 1 MiB body from a loopback HTTP backend through the forwarded port.")
+	fmt.Fprintln(&b, "\n#### Node → API server through the agent's tunnel (tether's reverse direction)")
+	fmt.Fprintln(&b, "\nThe tether agent also listens with `--control-plane-listen=127.0.0.1:PORT`, and the tether server allows reverse dials "+
+		"to this control plane's kube-apiserver only (`--control-plane-endpoints=127.0.0.1:APIPORT`). kubectl runs with "+
+		"`--server=https://127.0.0.1:PORT` and the API server's CA: `get pods`, `logs -f` (a line appended while it follows) and "+
+		"`exec` (stdout checked), each also checked on the server's `tether_server_control_plane_dials_total{result=\"connected\"}`. "+
+		"The streams of `logs -f` and `exec` then go from kube-apiserver to the kubelet through the same proxy's forward "+
+		"direction, so each crosses the tunnel twice. Upstream has no reverse direction: its rows show the flows as not run.")
+	fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | "+strings.Join(reverseFlowNames, " | ")+" |")
+	fmt.Fprintln(&b, "|---|---|---|"+strings.Repeat("---|", len(reverseFlowNames)))
+	for _, r := range e.rows {
+		cells := []string{}
+		for _, n := range reverseFlowNames {
+			cells = append(cells, r.flowResult(n))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
+	}
 	fmt.Fprintln(&b, "\n#### Flows kube-apiserver refuses for loopback addresses, in a network namespace")
 	if e.outside == nil {
 		fmt.Fprintln(&b, "\nNot run: they need the network namespace `run.sh` creates (as root, with `ip netns`).")
