@@ -29,16 +29,19 @@ pub struct FanInResult {
     pub rss_after_ratio: f64,
 }
 
-/// A connected fake agent; dropping it disconnects.
+/// A connected fake agent; dropping it disconnects: its stream and its connection end (the
+/// connection's driver is aborted too, or the TCP connection would outlive the stream).
 struct FakeAgent {
     _channel: Channel,
     _sender: tether_grpc::PacketSender,
     reader: tokio::task::JoinHandle<()>,
+    driver: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for FakeAgent {
     fn drop(&mut self) {
         self.reader.abort();
+        self.driver.abort();
     }
 }
 
@@ -66,7 +69,7 @@ async fn connect(
     let tls = TlsConnector::from(tls).connect(name, tcp).await?;
     let addr = format!("127.0.0.1:{port}");
     let (channel, driver) = Channel::handshake(tls, &settings(), &addr, true).await?;
-    tokio::spawn(driver.run());
+    let driver = tokio::spawn(driver.run());
     let metadata = [
         (tether_proto::metadata::AGENT_ID, id),
         (tether_proto::metadata::TETHER_FLOW, "1048576".to_owned()),
@@ -82,7 +85,30 @@ async fn connect(
         _channel: channel,
         _sender: sender,
         reader,
+        driver,
     })
+}
+
+/// How long the server may take to forget every agent once they all left.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits until the server's gauge counts no agent, so the RSS after they left is measured
+/// with every agent gone, not still closing.
+async fn wait_until_none_counted(r: &Running, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let counted = r
+            .server_metric("konnectivity_network_proxy_server_ready_backend_connections")
+            .await
+            .unwrap_or(0.0);
+        if counted == 0.0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("the server still counts {counted} agents {timeout:?} after they all left");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Connects `agents` fake agents, samples the server, and disconnects them; with
@@ -160,6 +186,9 @@ pub async fn run(
     };
     drop(connected);
     // Every stream ends and the server forgets each agent; then what it keeps is the figure.
+    if counted.is_some() {
+        wait_until_none_counted(r, LEAVE_TIMEOUT).await?;
+    }
     tokio::time::sleep(p.settle * 2).await;
     let left = r.server_rss().unwrap_or(0);
     Ok(FanInResult {
