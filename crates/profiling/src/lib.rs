@@ -8,10 +8,14 @@
 //! - `/debug/pprof/`: an index of the two.
 //!
 //! Off by default, as upstream: without the flag these paths are not routed at all (404).
+//!
+//! Beside them, always on, [`trim`]: the allocator maintenance that gives freed heap back
+//! after load, next to the allocator statistics it reads.
 
 mod cpu;
 mod heap;
 mod profile_proto;
+pub mod trim;
 
 use std::time::Duration;
 

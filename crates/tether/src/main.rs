@@ -48,6 +48,12 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let registry = Registry::new();
     registry.register_process_metrics();
+    // Both long-running roles give freed heap back after load; the task ends with them.
+    let allocator_upkeep = tokio_util::sync::CancellationToken::new();
+    if matches!(command, Command::Server(_) | Command::Agent(_)) {
+        tokio::spawn(tether_profiling::trim::run(allocator_upkeep.clone()));
+    }
+    let _stop_upkeep = allocator_upkeep.drop_guard();
     match command {
         Command::Server(args) => {
             let profiling = args.upstream_only.enable_profiling;

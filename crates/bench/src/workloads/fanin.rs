@@ -189,7 +189,7 @@ pub async fn run(
     if counted.is_some() {
         wait_until_none_counted(r, LEAVE_TIMEOUT).await?;
     }
-    tokio::time::sleep(p.settle * 2).await;
+    tokio::time::sleep(p.after_load).await;
     let left = r.server_rss().unwrap_or(0);
     Ok(FanInResult {
         kib_per_agent: (after as f64 - before as f64) / 1024.0 / agents as f64,

@@ -75,7 +75,7 @@ pub async fn run(r: &Running, p: &Profile, progress: &Progress) -> anyhow::Resul
         .map_err(|_| anyhow::anyhow!("connection {i} no longer echoes"))??;
     }
     drop(conns);
-    tokio::time::sleep(p.settle * 2).await;
+    tokio::time::sleep(p.after_load).await;
     let (s2, a2) = (r.server_rss().unwrap_or(0), r.agent_rss().unwrap_or(0));
     let per = |before: u64, after: u64| (after as f64 - before as f64) / 1024.0 / n as f64;
     Ok(IdleResult {

@@ -34,6 +34,9 @@ pub struct Profile {
     pub idle_cpu_secs: f64,
     /// Wait before sampling RSS, so that start-up or connection bursts settle.
     pub settle: Duration,
+    /// Wait after the last agent or connection left before sampling the RSS after load:
+    /// longer than a process's allocator upkeep takes to notice (tether checks every 5 s).
+    pub after_load: Duration,
     /// Concurrency for opening many connections or agents.
     pub open_concurrency: usize,
     /// Deadline of one dial.
@@ -56,6 +59,7 @@ impl Profile {
             fanin: [1_000, 5_000],
             idle_cpu_secs: 20.0,
             settle: Duration::from_millis(2_000),
+            after_load: Duration::from_secs(10),
             open_concurrency: 64,
             dial_timeout: Duration::from_secs(10),
         }
@@ -76,6 +80,7 @@ impl Profile {
             fanin: [20, 50],
             idle_cpu_secs: 0.5,
             settle: Duration::from_millis(200),
+            after_load: Duration::from_millis(400),
             open_concurrency: 16,
             dial_timeout: Duration::from_secs(10),
         }
@@ -137,7 +142,9 @@ impl Workload {
             Workload::Churn => 2.0 * p.churn_secs,
             Workload::Hol => 2.0 * p.hol_secs + p.hol_fill_secs,
             Workload::Fairness => 6.0 * p.hol_secs + 1.0,
-            Workload::IdleConns => p.idle_conns as f64 / 600.0 + 4.0 * settle + 2.0,
+            Workload::IdleConns => {
+                p.idle_conns as f64 / 600.0 + 2.0 * settle + p.after_load.as_secs_f64() + 2.0
+            }
             Workload::FanIn => {
                 (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 8.0 * settle + p.idle_cpu_secs + 3.0
             }
