@@ -8,8 +8,9 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tether_proto::DialId;
+use tether_tunnel::connect_head::{self, Head, Parsed};
 use tether_tunnel::{CloseError, ConnEvent, DialError, DialFacts, MAX_CHUNK, Tunnel};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -61,6 +62,18 @@ pub struct ControlPlaneConfig {
     /// Local connections carried at once; more are closed as they are accepted, so a
     /// process on the node cannot hold unbounded tunnels and descriptors.
     pub max_connections: usize,
+    pub protocol: ControlPlaneProtocol,
+}
+
+/// What local clients speak on the control-plane listener.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ControlPlaneProtocol {
+    /// Plain TCP: every connection goes to the configured endpoint.
+    #[default]
+    Tcp,
+    /// HTTP CONNECT, for node components that honour `HTTPS_PROXY`: each request names its
+    /// endpoint, which the server's allowlist must hold.
+    HttpConnect,
 }
 
 /// The bound listener.
@@ -129,12 +142,12 @@ const OVER_LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) async fn serve(
     listener: Listener,
     endpoint: String,
-    max_connections: usize,
+    (max_connections, protocol): (usize, ControlPlaneProtocol),
     clientset: Arc<ClientSet>,
     metrics: Arc<AgentMetrics>,
     stop: CancellationToken,
 ) {
-    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, max_connections, "control-plane listener started");
+    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, max_connections, ?protocol, "control-plane listener started");
     let tasks = TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut last_refusal_log: Option<Instant> = None;
@@ -160,7 +173,7 @@ pub(crate) async fn serve(
                 let (endpoint, clientset, metrics) =
                     (endpoint.clone(), clientset.clone(), metrics.clone());
                 tasks.spawn(async move {
-                    carry(local, endpoint, clientset, metrics).await;
+                    carry(local, endpoint, protocol, clientset, metrics).await;
                     drop(slot);
                 });
             }
@@ -180,15 +193,54 @@ pub(crate) async fn serve(
 async fn carry(
     local: Local,
     endpoint: String,
+    protocol: ControlPlaneProtocol,
     clientset: Arc<ClientSet>,
     metrics: Arc<AgentMetrics>,
 ) {
+    match local {
+        Local::Tcp(mut stream) => {
+            if carry_stream(&mut stream, endpoint, protocol, &clientset, &metrics)
+                .await
+                .is_err()
+            {
+                tether_tunnel::reset_on_close(&stream);
+            }
+        }
+        Local::Unix(mut stream) => {
+            let _ = carry_stream(&mut stream, endpoint, protocol, &clientset, &metrics).await;
+        }
+    }
+}
+
+/// [`carry`] on either kind of socket. `Err` when the relay ended abnormally (the client
+/// should see a reset, not a clean end).
+async fn carry_stream<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    endpoint: String,
+    protocol: ControlPlaneProtocol,
+    clientset: &ClientSet,
+    metrics: &AgentMetrics,
+) -> Result<(), CloseError> {
+    let (endpoint, early) = match protocol {
+        ControlPlaneProtocol::Tcp => (endpoint, Bytes::new()),
+        ControlPlaneProtocol::HttpConnect => match read_connect(stream).await {
+            Ok(asked) => asked,
+            Err(reply) => {
+                answer(stream, &reply).await;
+                return Ok(());
+            }
+        },
+    };
     let Some(session) = clientset.reverse_session() else {
         tracing::info!(
             "closing a control-plane connection: no connected proxy server accepts reverse dials"
         );
         metrics.control_plane_dial(ReverseDial::Unavailable);
-        return;
+        if protocol == ControlPlaneProtocol::HttpConnect {
+            let reply = http_error(503, "no connected proxy server accepts reverse dials");
+            answer(stream, &reply).await;
+        }
+        return Ok(());
     };
     let random = DialId::random();
     let mut facts = DialFacts {
@@ -198,12 +250,12 @@ async fn carry(
         latency: None,
     };
     let started = Instant::now();
-    let answer = match session.link.dial(random, "tcp".into(), endpoint) {
+    let answered = match session.link.dial(random, "tcp".into(), endpoint) {
         Ok(mut pending) => pending.answer().await,
         Err(error) => Err(error),
     };
     facts.latency = Some(started.elapsed());
-    let mut tunnel = match answer {
+    let mut tunnel = match answered {
         Ok(tunnel) => tunnel,
         Err(error) => {
             let result = match &error {
@@ -223,23 +275,82 @@ async fn carry(
             if let Some(audit) = &session.reverse_audit {
                 audit.dial_ended(&facts, result == ReverseDial::Refused, &reason);
             }
-            return;
+            if protocol == ControlPlaneProtocol::HttpConnect {
+                let status = match result {
+                    ReverseDial::Refused => 403,
+                    ReverseDial::Timeout => 504,
+                    _ => 502,
+                };
+                answer(stream, &http_error(status, &reason)).await;
+            }
+            return Ok(());
         }
     };
     metrics.control_plane_dial(ReverseDial::Connected);
     if let Some(audit) = &session.reverse_audit {
         audit.connected(tunnel.connect_id(), facts);
     }
-    match local {
-        Local::Tcp(mut stream) => {
-            if relay(&mut tunnel, &mut stream).await.is_err() {
-                tether_tunnel::reset_on_close(&stream);
+    if protocol == ControlPlaneProtocol::HttpConnect && stream.write_all(ESTABLISHED).await.is_err()
+    {
+        return Err(CloseError::Local(
+            "the client left before the answer".into(),
+        ));
+    }
+    relay(&mut tunnel, stream, early).await
+}
+
+/// The answer to a CONNECT whose reverse dial succeeded.
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+
+/// How long a client of the HTTP CONNECT listener may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads a CONNECT request head: the endpoint asked for and the bytes sent after the head,
+/// or the response that refuses the request (empty: the client left or was too slow).
+async fn read_connect<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(String, Bytes), Vec<u8>> {
+    let mut buf = BytesMut::new();
+    let read = async {
+        loop {
+            match connect_head::parse(&mut buf) {
+                Parsed::Head(Head::Connect(target)) => return Ok(target),
+                Parsed::Head(Head::OtherMethod) => {
+                    return Err(http_error(405, "only CONNECT is proxied here"));
+                }
+                Parsed::Refuse(reply) => return Err(reply.to_vec()),
+                Parsed::Partial => {}
+            }
+            buf.reserve(4096);
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return Err(Vec::new()),
+                Ok(_) => {}
             }
         }
-        Local::Unix(mut stream) => {
-            let _ = relay(&mut tunnel, &mut stream).await;
-        }
+    };
+    match tokio::time::timeout(HEAD_TIMEOUT, read).await {
+        Ok(Ok(target)) => Ok((target, buf.freeze())),
+        Ok(Err(reply)) => Err(reply),
+        Err(_) => Err(Vec::new()),
     }
+}
+
+/// An HTTP error response with `text` as its body; the connection closes after it.
+fn http_error(status: u16, text: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}\n",
+        tether_observe::http::reason_phrase(status)
+    )
+    .into_bytes()
+}
+
+/// Writes `reply` (if any) and closes the sending side, within a bound.
+async fn answer<S: AsyncWrite + Unpin>(stream: &mut S, reply: &[u8]) {
+    let _ = tokio::time::timeout(HEAD_TIMEOUT, async {
+        if !reply.is_empty() {
+            stream.write_all(reply).await?;
+        }
+        stream.shutdown().await
+    })
+    .await;
 }
 
 /// The reason a reverse dial failed, for the log and the audit record.
@@ -261,10 +372,15 @@ fn dial_error_text(error: &DialError) -> String {
 async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
     tunnel: &mut Tunnel,
     stream: &mut S,
+    early: Bytes,
 ) -> Result<(), CloseError> {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let Tunnel { up, down, .. } = tunnel;
     let to_server = async {
+        // What an HTTP CONNECT client sent right after its request head.
+        if !early.is_empty() && up.send(early).await.is_err() {
+            return;
+        }
         let mut buf = BytesMut::new();
         loop {
             buf.reserve(MAX_CHUNK);

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use control_plane::{ControlPlaneConfig, ListenAddr};
+pub use control_plane::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
 pub use destination::{DestinationConfig, PolicyFileError};
 pub use server_count::{CountSource, LeaseCounting, ServerLeases};
 use tether_grpc::Keepalive;
@@ -215,10 +215,10 @@ impl Agent {
             Some((log, writer)) => (Some(log), Some(writer.spawn())),
             None => (None, None),
         };
-        let (endpoint, max_connections) = config
+        let (endpoint, settings) = config
             .control_plane
             .as_ref()
-            .map(|cp| (cp.endpoint.clone(), cp.max_connections))
+            .map(|cp| (cp.endpoint.clone(), (cp.max_connections, cp.protocol)))
             .unwrap_or_default();
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
@@ -250,7 +250,7 @@ impl Agent {
             endpoints.spawn(control_plane::serve(
                 listener,
                 endpoint,
-                max_connections,
+                settings,
                 clientset.clone(),
                 metrics,
                 stop.clone(),

@@ -1,7 +1,7 @@
-//! The HTTP CONNECT frontend's request head parser: [`tether_server::frontend::connect_head`].
+//! The HTTP CONNECT frontend's request head parser: [`tether_tunnel::connect_head`].
 
 use bytes::BytesMut;
-use tether_server::frontend::connect_head::{self, Head, MAX_HEAD_BYTES, Parsed};
+use tether_tunnel::connect_head::{self, Head, MAX_HEAD_BYTES, Parsed};
 
 /// The first byte picks the chunk size the bytes arrive in; the rest is what a client sends.
 ///

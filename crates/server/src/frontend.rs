@@ -4,7 +4,6 @@
 //! Unix socket or mutual-TLS TCP; plus, in the same mode, each tenant's own frontends.
 
 mod address;
-pub mod connect_head;
 pub(crate) mod connection;
 pub(crate) mod grpc;
 pub(crate) mod http_connect;

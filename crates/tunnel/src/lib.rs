@@ -14,6 +14,7 @@
 
 mod audit;
 mod conn;
+pub mod connect_head;
 mod dial;
 mod introspect;
 mod link;

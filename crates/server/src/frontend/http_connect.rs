@@ -12,7 +12,6 @@ use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::Instrument as _;
 
-use super::connect_head::{self, Head, Parsed};
 use super::log_span;
 use crate::byte_rate::ByteRate;
 use crate::dial::{DialError, Dialed, Hub};
@@ -21,6 +20,7 @@ use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
 use crate::request::{FrontendKind, RequestContext};
 use crate::tenant::Tenant;
+use tether_tunnel::connect_head::{self, Head, Parsed};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);

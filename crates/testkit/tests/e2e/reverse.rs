@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use tether_agent::{ControlPlaneConfig, ListenAddr};
+use tether_agent::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
 use tether_server::ControlPlaneEndpoints;
 use tether_testkit::http::metric_value;
 use tether_testkit::targets::EchoServer;
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
-use tokio::io::AsyncReadExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::support::{echo_exact, eventually};
@@ -43,6 +43,7 @@ async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
                 listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
                 endpoint: String::new(),
                 max_connections: 2,
+                protocol: ControlPlaneProtocol::Tcp,
             }),
             ..Default::default()
         },
@@ -73,7 +74,6 @@ async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
         };
         let mut stream = stream;
         // Refused connections read EOF at once; a carried one echoes.
-        use tokio::io::AsyncWriteExt as _;
         if stream.write_all(b"x").await.is_err() {
             return false;
         }
@@ -85,4 +85,77 @@ async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
     })
     .await;
     drop(second);
+}
+
+#[tokio::test]
+async fn the_http_connect_listener_carries_each_connect_to_the_endpoint_it_names() {
+    let pki = Pki::generate().unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    // Allowed by the server, but never named: a CONNECT to it must be refused.
+    let other = EchoServer::start().await.unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            control_plane: ControlPlaneEndpoints::new(vec![echo.addr.to_string()]),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let agent = TestAgent::start(
+        &pki,
+        server.agent_addr,
+        AgentOptions {
+            control_plane: Some(ControlPlaneConfig {
+                listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+                endpoint: String::new(),
+                max_connections: 10,
+                protocol: ControlPlaneProtocol::HttpConnect,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    agent.wait_ready().await.unwrap();
+    let listen = agent.control_plane_addr.clone().unwrap();
+    // CONNECT with early bytes right behind the head: 200, then the echo of every byte.
+    let mut stream = TcpStream::connect(&listen).await.unwrap();
+    let request = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\nearly", echo.addr);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let established = b"HTTP/1.1 200 Connection established\r\n\r\nearly";
+    let mut got = vec![0u8; established.len()];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut got))
+        .await
+        .expect("answer in time")
+        .unwrap();
+    assert_eq!(got, established, "{}", String::from_utf8_lossy(&got));
+    drop(echo_exact(stream, 3, 64 * 1024).await);
+    // Not in the server's allowlist: 403 with the server's reason, and nothing dialed.
+    let reply = exchange(&listen, &format!("CONNECT {} HTTP/1.1\r\n\r\n", other.addr)).await;
+    assert!(reply.starts_with("HTTP/1.1 403 "), "{reply}");
+    assert!(
+        reply.contains(&format!(
+            "{} is not an allowed control-plane endpoint",
+            other.addr
+        )),
+        "{reply}"
+    );
+    // Anything but CONNECT: 405; garbage: 400.
+    let reply = exchange(&listen, "GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.1 405 "), "{reply}");
+    let reply = exchange(&listen, "\x01\x02 not http\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.1 400 "), "{reply}");
+}
+
+/// Sends `request` to the listener and reads its answer to the end.
+async fn exchange(listen: &str, request: &str) -> String {
+    let mut stream = TcpStream::connect(listen).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .expect("answer in time")
+        .unwrap();
+    String::from_utf8_lossy(&reply).into_owned()
 }

@@ -168,6 +168,18 @@ pub(crate) struct AgentArgs {
     )]
     control_plane_max_connections: u32,
 
+    /// What clients speak on --control-plane-listen: tcp (each connection goes to
+    /// --control-plane-endpoint) or http-connect (an HTTPS_PROXY for node components: each
+    /// CONNECT names an endpoint, which must be in the server's --control-plane-endpoints).
+    #[arg(
+        long,
+        help_heading = "Control plane (tether)",
+        value_name = "tcp|http-connect",
+        default_value = "tcp",
+        value_parser = ["tcp", "http-connect"]
+    )]
+    control_plane_protocol: String,
+
     /// Re-read --ca-cert, --agent-cert and --agent-key before each new server connection
     /// when they changed (certificate rotation without a restart); a file that does not load
     /// keeps the previous ones.
@@ -438,6 +450,9 @@ impl AgentArgs {
             if self.control_plane_max_connections != DEFAULT_CONTROL_PLANE_MAX_CONNECTIONS {
                 bail!("--control-plane-max-connections needs --control-plane-listen");
             }
+            if self.control_plane_protocol != "tcp" {
+                bail!("--control-plane-protocol needs --control-plane-listen");
+            }
             return Ok(None);
         }
         let listen = self
@@ -452,6 +467,10 @@ impl AgentArgs {
             listen,
             endpoint: self.control_plane_endpoint.clone(),
             max_connections: self.control_plane_max_connections as usize,
+            protocol: match self.control_plane_protocol.as_str() {
+                "http-connect" => tether_agent::ControlPlaneProtocol::HttpConnect,
+                _ => tether_agent::ControlPlaneProtocol::Tcp,
+            },
         }))
     }
 

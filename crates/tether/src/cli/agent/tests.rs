@@ -399,6 +399,17 @@ fn the_control_plane_listener_takes_an_address_or_a_socket() {
     .control_plane
     .unwrap();
     assert_eq!(cp.max_connections, 5);
+    assert_eq!(cp.protocol, tether_agent::ControlPlaneProtocol::Tcp);
+    let cp = agent(
+        &files,
+        "--control-plane-listen=127.0.0.1:3128 --control-plane-protocol=http-connect",
+    )
+    .unwrap()
+    .control_plane
+    .unwrap();
+    assert_eq!(cp.protocol, tether_agent::ControlPlaneProtocol::HttpConnect);
+    let err = error(agent(&files, "--control-plane-protocol=http-connect"));
+    assert!(err.contains("needs --control-plane-listen"), "{err}");
     let err = error(agent(&files, "--control-plane-max-connections=5"));
     assert!(err.contains("needs --control-plane-listen"), "{err}");
     assert!(

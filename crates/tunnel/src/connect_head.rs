@@ -1,5 +1,6 @@
-//! The HTTP CONNECT frontend's request head, parsed without I/O so that it can be fuzzed: the
-//! reader appends bytes and asks again until the head is complete or refused.
+//! An HTTP CONNECT request head, parsed without I/O so that it can be fuzzed: the reader
+//! appends bytes and asks again until the head is complete or refused. The server's HTTP
+//! CONNECT frontend and the agent's control-plane proxy read their clients with it.
 
 use bytes::BytesMut;
 
@@ -30,8 +31,8 @@ pub enum Parsed {
     Refuse(&'static [u8]),
 }
 
-pub(crate) const TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large";
-pub(crate) const BAD_REQUEST: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request";
+pub const TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large";
+pub const BAD_REQUEST: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request";
 
 /// Parses the head at the front of `buf`.
 pub fn parse(buf: &mut BytesMut) -> Parsed {
