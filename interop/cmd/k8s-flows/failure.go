@@ -85,7 +85,7 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 	for _, kc := range cases {
 		k := killCase{flow: kc.flow}
 		before, _ := metricSum(p.metricsURL(), closesMetric, `initiator="agent"`, `outcome="error"`)
-		s, conn, err := kc.start()
+		s, conn, err := startKillCase(kc.start)
 		if err != nil {
 			k.err = fmt.Errorf("setting up: %v", err)
 		} else {
@@ -111,6 +111,31 @@ func (e *env) runKills(ctx context.Context, r *row, c *cluster, p *proxy) {
 				return
 			}
 		}
+	}
+}
+
+// setupAttempts bounds how often a kill case's stream is set up before the kill: the
+// observation is what the kill does to an open stream, so a stream that never opened (right
+// after the previous case's agent restart, upstream's server may still pick the agent it lost)
+// is set up again rather than recorded.
+const setupAttempts = 3
+
+// startKillCase runs start until the stream is up, at most setupAttempts times, 2 s apart;
+// the error is the last attempt's.
+func startKillCase(start func() (*stream, net.Conn, error)) (*stream, net.Conn, error) {
+	for attempt := 1; ; attempt++ {
+		s, conn, err := start()
+		if err == nil || attempt == setupAttempts {
+			return s, conn, err
+		}
+		fmt.Printf("   (set-up attempt %d failed: %v; trying again)\n", attempt, err)
+		if s != nil {
+			s.stop()
+		}
+		if conn != nil {
+			conn.Close()
+		}
+		time.Sleep(2 * time.Second)
 	}
 }
 
