@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tether_proto::DialId;
-use tether_tunnel::connect_head::{self, Head, Parsed};
+use tether_tunnel::connect_head::{self, Head};
 use tether_tunnel::{CloseError, ConnEvent, DialError, DialFacts, MAX_CHUNK, Tunnel};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -309,25 +309,9 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// or the response that refuses the request (empty: the client left or was too slow).
 async fn read_connect<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(String, Bytes), Vec<u8>> {
     let mut buf = BytesMut::new();
-    let read = async {
-        loop {
-            match connect_head::parse(&mut buf) {
-                Parsed::Head(Head::Connect(target)) => return Ok(target),
-                Parsed::Head(Head::OtherMethod) => {
-                    return Err(http_error(405, "only CONNECT is proxied here"));
-                }
-                Parsed::Refuse(reply) => return Err(reply.to_vec()),
-                Parsed::Partial => {}
-            }
-            buf.reserve(4096);
-            match stream.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return Err(Vec::new()),
-                Ok(_) => {}
-            }
-        }
-    };
-    match tokio::time::timeout(HEAD_TIMEOUT, read).await {
-        Ok(Ok(target)) => Ok((target, buf.freeze())),
+    match tokio::time::timeout(HEAD_TIMEOUT, connect_head::read(stream, &mut buf)).await {
+        Ok(Ok(Head::Connect(target))) => Ok((target, buf.freeze())),
+        Ok(Ok(Head::OtherMethod)) => Err(http_error(405, "only CONNECT is proxied here")),
         Ok(Err(reply)) => Err(reply),
         Err(_) => Err(Vec::new()),
     }

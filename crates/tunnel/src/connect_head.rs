@@ -3,6 +3,7 @@
 //! CONNECT frontend and the agent's control-plane proxy read their clients with it.
 
 use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 
 /// The head limit upstream's frontend enforces (Go's 1 MiB `MaxHeaderBytes` plus the 4 KiB
 /// slack net/http adds), on every transport.
@@ -57,5 +58,23 @@ pub fn parse(buf: &mut BytesMut) -> Parsed {
         Ok(httparse::Status::Partial) => Parsed::Partial,
         Err(httparse::Error::TooManyHeaders) => Parsed::Refuse(TOO_LARGE),
         Err(_) => Parsed::Refuse(BAD_REQUEST),
+    }
+}
+
+/// Reads from `io` into `buf` until the head is complete; `Err` carries the response for a
+/// bad request (empty when the client left). What follows the head stays in `buf`. No
+/// deadline of its own: callers bound it.
+pub async fn read<R: AsyncRead + Unpin>(io: &mut R, buf: &mut BytesMut) -> Result<Head, Vec<u8>> {
+    loop {
+        match parse(buf) {
+            Parsed::Head(head) => return Ok(head),
+            Parsed::Refuse(reply) => return Err(reply.to_vec()),
+            Parsed::Partial => {}
+        }
+        buf.reserve(4096);
+        match io.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(Vec::new()),
+            Ok(_) => {}
+        }
     }
 }

@@ -20,7 +20,7 @@ use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
 use crate::request::{FrontendKind, RequestContext};
 use crate::tenant::Tenant;
-use tether_tunnel::connect_head::{self, Head, Parsed};
+use tether_tunnel::connect_head::{self, Head};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -59,7 +59,8 @@ async fn handle(
     tenant: Option<Arc<Tenant>>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(4096);
-    let head = tokio::time::timeout(READ_HEADER_TIMEOUT, read_head(&mut io, &mut buf)).await;
+    let head =
+        tokio::time::timeout(READ_HEADER_TIMEOUT, connect_head::read(&mut io, &mut buf)).await;
     let target = match head {
         Err(_) => return Ok(()),
         Ok(Err(reply)) => return respond(&mut io, &reply).await,
@@ -189,23 +190,6 @@ async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
                 Err(Some("timed out waiting for the agent to close".to_owned())),
             ),
         },
-    }
-}
-
-/// Reads until the request head is complete; `Err` carries the response for a bad request
-/// (empty when the client left).
-async fn read_head(io: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<Head, Vec<u8>> {
-    loop {
-        match connect_head::parse(buf) {
-            Parsed::Head(head) => return Ok(head),
-            Parsed::Refuse(reply) => return Err(reply.to_vec()),
-            Parsed::Partial => {}
-        }
-        buf.reserve(4096);
-        match io.read_buf(buf).await {
-            Ok(0) | Err(_) => return Err(Vec::new()),
-            Ok(_) => {}
-        }
     }
 }
 
