@@ -376,21 +376,21 @@ impl Tenants {
     pub(crate) fn new(strategies: &[Strategy], routing: &RoutingConfig, metrics: &Metrics) -> Self {
         let shared = Arc::new(routing.clone());
         let metrics = Arc::new(TenantMetrics::register(metrics));
-        // The implicit tenant, alone, has the whole bandwidth.
-        let weights: Vec<u32> = if routing.tenants.is_empty() {
-            vec![1]
-        } else {
-            routing.tenants.iter().map(|t| t.weight).collect()
-        };
         let bandwidth = routing.bandwidth.map(|rate| {
-            let names: Vec<&str> = if routing.tenants.is_empty() {
-                vec![""]
+            // The implicit tenant, alone, has the whole bandwidth.
+            let tenants: Vec<(&str, u32)> = if routing.tenants.is_empty() {
+                vec![("", 1)]
             } else {
-                routing.tenants.iter().map(|t| t.name.as_str()).collect()
+                routing
+                    .tenants
+                    .iter()
+                    .map(|t| (t.name.as_str(), t.weight))
+                    .collect()
             };
-            let gauges = names
+            let weights: Vec<u32> = tenants.iter().map(|(_, weight)| *weight).collect();
+            let gauges = tenants
                 .iter()
-                .map(|name| metrics.bandwidth_share.with(&[name]))
+                .map(|(name, _)| metrics.bandwidth_share.with(&[name]))
                 .collect();
             Arc::new(Bandwidth::new(rate, &weights, gauges, Instant::now()))
         });
