@@ -22,28 +22,32 @@ async fn over_limit(agent: &TestAgent) -> f64 {
     .unwrap_or(0.0)
 }
 
-#[tokio::test]
-async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
-    let pki = Pki::generate().unwrap();
-    let echo = EchoServer::start().await.unwrap();
+/// An in-process server whose only control-plane endpoint is `endpoint`, and a ready agent
+/// whose control-plane listener speaks `protocol` and carries at most `max_connections`.
+async fn start(
+    pki: &Pki,
+    endpoint: &EchoServer,
+    protocol: ControlPlaneProtocol,
+    max_connections: usize,
+) -> (TestServer, TestAgent) {
     let server = TestServer::start(
-        &pki,
+        pki,
         ServerOptions {
-            control_plane: ControlPlaneEndpoints::new(vec![echo.addr.to_string()]),
+            control_plane: ControlPlaneEndpoints::new(vec![endpoint.addr.to_string()]),
             ..Default::default()
         },
     )
     .await
     .unwrap();
     let agent = TestAgent::start(
-        &pki,
+        pki,
         server.agent_addr,
         AgentOptions {
             control_plane: Some(ControlPlaneConfig {
                 listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
                 endpoint: String::new(),
-                max_connections: 2,
-                protocol: ControlPlaneProtocol::Tcp,
+                max_connections,
+                protocol,
             }),
             ..Default::default()
         },
@@ -51,6 +55,14 @@ async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
     .await
     .unwrap();
     agent.wait_ready().await.unwrap();
+    (server, agent)
+}
+
+#[tokio::test]
+async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
+    let pki = Pki::generate().unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let (_server, agent) = start(&pki, &echo, ControlPlaneProtocol::Tcp, 2).await;
     let listen = agent.control_plane_addr.clone().unwrap();
     // Two connections are carried to the echo server and stay open.
     let first = echo_exact(TcpStream::connect(&listen).await.unwrap(), 1, 4096).await;
@@ -93,31 +105,7 @@ async fn the_http_connect_listener_carries_each_connect_to_the_endpoint_it_names
     let echo = EchoServer::start().await.unwrap();
     // Allowed by the server, but never named: a CONNECT to it must be refused.
     let other = EchoServer::start().await.unwrap();
-    let server = TestServer::start(
-        &pki,
-        ServerOptions {
-            control_plane: ControlPlaneEndpoints::new(vec![echo.addr.to_string()]),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let agent = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            control_plane: Some(ControlPlaneConfig {
-                listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
-                endpoint: String::new(),
-                max_connections: 10,
-                protocol: ControlPlaneProtocol::HttpConnect,
-            }),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    agent.wait_ready().await.unwrap();
+    let (_server, agent) = start(&pki, &echo, ControlPlaneProtocol::HttpConnect, 10).await;
     let listen = agent.control_plane_addr.clone().unwrap();
     // CONNECT with early bytes right behind the head: 200, then the echo of every byte.
     let mut stream = TcpStream::connect(&listen).await.unwrap();
