@@ -57,15 +57,7 @@ func (e *env) markdown() string {
 		"TokenRequest token for that audience, and the API server's `apiserver_request_total{resource=\"tokenreviews\"}` must have risen "+
 		"once the agent is admitted). kubectl runs each flow against the pods of the fake nodes. A flow passes when kubectl's output is what the "+
 		"fake kubelet serves **and** the proxy server's `konnectivity_network_proxy_server_stream_packets_total{segment=\"from_agent\",packet_type=\"DATA\"}` rose during it (the bytes crossed the tunnel; kube-apiserver reuses idle kubelet connections, so not every flow dials).\n\n", e.upVersion)
-	fmt.Fprintln(&b, "| Proxy | Egress | Agent auth | "+strings.Join(flowNames, " | ")+" |")
-	fmt.Fprintln(&b, "|---|---|---|"+strings.Repeat("---|", len(flowNames)))
-	for _, r := range e.rows {
-		cells := []string{}
-		for _, n := range flowNames {
-			cells = append(cells, r.flowResult(n))
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
-	}
+	e.flowTable(&b, flowNames)
 	fmt.Fprintln(&b, "\nFlows: `logs` and `logs (node-b)` print the pod's CRI log file; `logs -f` also prints a line appended while it follows; "+
 		"`exec` runs `sh -c 'echo exec-ok FAKE_POD=$FAKE_POD'` (kwok runs it on the host with the pod's env) and checks stdout; "+
 		"`attach` sees a line appended to the container's output; `port-forward` GETs `/` (body `ok`) and a 1 MiB body from a loopback HTTP backend through the forwarded port.")
@@ -76,15 +68,8 @@ func (e *env) markdown() string {
 		"`exec` (stdout checked), each also checked on the server's `tether_server_control_plane_dials_total{result=\"connected\"}`. "+
 		"The streams of `logs -f` and `exec` then go from kube-apiserver to the kubelet through the same proxy's forward "+
 		"direction, so each crosses the tunnel twice. Upstream has no reverse direction: its rows show the flows as not run.")
-	fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | "+strings.Join(reverseFlowNames, " | ")+" |")
-	fmt.Fprintln(&b, "|---|---|---|"+strings.Repeat("---|", len(reverseFlowNames)))
-	for _, r := range e.rows {
-		cells := []string{}
-		for _, n := range reverseFlowNames {
-			cells = append(cells, r.flowResult(n))
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
-	}
+	fmt.Fprintln(&b)
+	e.flowTable(&b, reverseFlowNames)
 	fmt.Fprintln(&b, "\n#### Flows kube-apiserver refuses for loopback addresses, in a network namespace")
 	if e.outside == nil {
 		fmt.Fprintln(&b, "\nNot run: they need the network namespace `run.sh` creates (as root, with `ip netns`).")
@@ -104,15 +89,8 @@ func (e *env) markdown() string {
 			"Fail must refuse the next ConfigMap with kube-apiserver's `failed calling webhook` error carrying the proxy's failure "+
 			"(the server's dial error on gRPC, the CONNECT answer on HTTP CONNECT), Ignore must admit it, each within timeoutSeconds "+
 			"plus 5 s.")
-		fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | "+strings.Join(outsideFlowNames, " | ")+" |")
-		fmt.Fprintln(&b, "|---|---|---|"+strings.Repeat("---|", len(outsideFlowNames)))
-		for _, r := range e.rows {
-			cells := []string{}
-			for _, n := range outsideFlowNames {
-				cells = append(cells, r.flowResult(n))
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
-		}
+		fmt.Fprintln(&b)
+		e.flowTable(&b, outsideFlowNames)
 		fmt.Fprintln(&b, "\nWhat kubectl prints when the `failurePolicy: Fail` webhook's agent is gone (its last stderr line, ports and paths replaced):")
 		fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | kubectl's error |\n|---|---|---|---|")
 		for _, r := range e.rows {
@@ -143,6 +121,19 @@ func (e *env) markdown() string {
 	}
 	fmt.Fprintln(&b, "\n"+endMarker)
 	return b.String()
+}
+
+// flowTable writes one row per proxy, shape and auth mode with each flow's result.
+func (e *env) flowTable(b *strings.Builder, names []string) {
+	fmt.Fprintln(b, "| Proxy | Egress | Agent auth | "+strings.Join(names, " | ")+" |")
+	fmt.Fprintln(b, "|---|---|---|"+strings.Repeat("---|", len(names)))
+	for _, r := range e.rows {
+		cells := []string{}
+		for _, n := range names {
+			cells = append(cells, r.flowResult(n))
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", r.impl, r.shape.name, r.auth, strings.Join(cells, " | "))
+	}
 }
 
 // report prints failures (with the last log lines of every process), writes the block into out
