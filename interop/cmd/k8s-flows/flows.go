@@ -69,29 +69,10 @@ func (e *env) runFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 		return "", e.wantOutput(e.kubectl(ctx, c, 30*time.Second, "logs", "pod-b").run(), "flow-line-1")
 	}))
 	r.run("logs -f", crossed(p, func() (string, error) {
-		s, err := e.kubectl(ctx, c, 60*time.Second, "logs", "-f", "pod-a").start()
-		if err != nil {
-			return "", err
-		}
-		defer s.stop()
-		if err := s.waitLine("flow-line-1", 20*time.Second); err != nil {
-			return "", err
-		}
-		line := "appended-" + tag
-		if err := appendLine(e.logsFile, line); err != nil {
-			return "", err
-		}
-		return "", s.waitLine(line, 20*time.Second)
+		return "", e.followLogs(ctx, c, "appended-"+tag)
 	}))
 	r.run("exec", crossed(p, func() (string, error) {
-		res := e.kubectl(ctx, c, 30*time.Second, "exec", "pod-a", "--", "sh", "-c", "echo exec-ok FAKE_POD=$FAKE_POD").run()
-		if res.err != nil {
-			return "", fmt.Errorf("%s: %s", describe(res), strings.TrimSpace(res.stderr))
-		}
-		if got := strings.TrimSpace(res.stdout); got != "exec-ok FAKE_POD=yes" {
-			return "", fmt.Errorf("stdout %q, want %q", got, "exec-ok FAKE_POD=yes")
-		}
-		return "", nil
+		return "", e.execEcho(ctx, c)
 	}))
 	r.run("attach", crossed(p, func() (string, error) {
 		s, err := e.kubectl(ctx, c, 60*time.Second, "attach", "pod-a").start()
@@ -134,6 +115,36 @@ func (e *env) runFlows(ctx context.Context, r *row, c *cluster, p *proxy) {
 		}
 		return "GET / ok, 1 MiB body ok", nil
 	}))
+}
+
+// followLogs follows pod-a's log with kubectl (extra flags first, e.g. --server), then
+// appends line to the container's log file and waits for kubectl to print it.
+func (e *env) followLogs(ctx context.Context, c *cluster, line string, flags ...string) error {
+	s, err := e.kubectl(ctx, c, 60*time.Second, append(flags, "logs", "-f", "pod-a")...).start()
+	if err != nil {
+		return err
+	}
+	defer s.stop()
+	if err := s.waitLine("flow-line-1", 20*time.Second); err != nil {
+		return err
+	}
+	if err := appendLine(e.logsFile, line); err != nil {
+		return err
+	}
+	return s.waitLine(line, 20*time.Second)
+}
+
+// execEcho runs a command in pod-a with kubectl exec (extra flags first) and checks stdout.
+func (e *env) execEcho(ctx context.Context, c *cluster, flags ...string) error {
+	res := e.kubectl(ctx, c, 30*time.Second,
+		append(flags, "exec", "pod-a", "--", "sh", "-c", "echo exec-ok FAKE_POD=$FAKE_POD")...).run()
+	if res.err != nil {
+		return fmt.Errorf("%s: %s", describe(res), strings.TrimSpace(res.stderr))
+	}
+	if got := strings.TrimSpace(res.stdout); got != "exec-ok FAKE_POD=yes" {
+		return fmt.Errorf("stdout %q, want %q", got, "exec-ok FAKE_POD=yes")
+	}
+	return nil
 }
 
 func (e *env) wantOutput(res kubectlResult, want string) error {

@@ -34,29 +34,10 @@ func (e *env) runReverseFlows(ctx context.Context, r *row, c *cluster, p *proxy)
 		return "", nil
 	}))
 	r.run("logs -f (node → API server)", reversed(p, func() (string, error) {
-		s, err := e.kubectl(ctx, c, 60*time.Second, server, "logs", "-f", "pod-a").start()
-		if err != nil {
-			return "", err
-		}
-		defer s.stop()
-		if err := s.waitLine("flow-line-1", 20*time.Second); err != nil {
-			return "", err
-		}
-		line := "reverse-appended-" + strings.ReplaceAll(p.name, " ", "-")
-		if err := appendLine(e.logsFile, line); err != nil {
-			return "", err
-		}
-		return "", s.waitLine(line, 20*time.Second)
+		return "", e.followLogs(ctx, c, "reverse-appended-"+strings.ReplaceAll(p.name, " ", "-"), server)
 	}))
 	r.run("exec (node → API server)", reversed(p, func() (string, error) {
-		res := e.kubectl(ctx, c, 30*time.Second, server, "exec", "pod-a", "--", "sh", "-c", "echo exec-ok FAKE_POD=$FAKE_POD").run()
-		if res.err != nil {
-			return "", fmt.Errorf("%s: %s", describe(res), strings.TrimSpace(res.stderr))
-		}
-		if got := strings.TrimSpace(res.stdout); got != "exec-ok FAKE_POD=yes" {
-			return "", fmt.Errorf("stdout %q, want %q", got, "exec-ok FAKE_POD=yes")
-		}
-		return "", nil
+		return "", e.execEcho(ctx, c, server)
 	}))
 }
 
