@@ -58,6 +58,7 @@ impl ServerSession {
             // Only reverse connections, which the agent dialed, wait for a close.
             close_timeout: CLOSE_TIMEOUT,
             limits: Limits::default(),
+            resumable: false,
         };
         let stream_audit = |side| {
             audit.clone().map(|log| {

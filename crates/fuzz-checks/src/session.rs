@@ -71,6 +71,7 @@ pub fn check(data: &[u8]) {
         dial_timeout: Duration::from_secs(30),
         close_timeout: Duration::from_secs(10),
         limits,
+        resumable: false,
     });
     let mut now = Instant::now();
     let mut opened: HashMap<ConnectId, u32> = HashMap::new();

@@ -84,11 +84,16 @@ pub enum Packet {
     ReverseCloseDial {
         random: DialId,
     },
+    /// tether extension (resumable streams): the peer received `received` of this end's
+    /// numbered packets in total, so it may forget them. Not numbered itself.
+    ResumeAck {
+        received: u64,
+    },
 }
 
 impl Packet {
     /// Every packet type's upstream enum name, indexed by [`type_index`](Self::type_index).
-    pub const TYPE_NAMES: [&'static str; 11] = [
+    pub const TYPE_NAMES: [&'static str; 12] = [
         "DIAL_REQ",
         "DIAL_RSP",
         "CLOSE_REQ",
@@ -100,6 +105,7 @@ impl Packet {
         "REVERSE_DIAL_REQ",
         "REVERSE_DIAL_RSP",
         "REVERSE_DIAL_CLS",
+        "RESUME_ACK",
     ];
 
     /// A dense index of the packet's type, so per-type metric handles can live in an array.
@@ -116,6 +122,7 @@ impl Packet {
             Self::ReverseDialRequest { .. } => 8,
             Self::ReverseDialResponse { .. } => 9,
             Self::ReverseCloseDial { .. } => 10,
+            Self::ResumeAck { .. } => 11,
         }
     }
 
@@ -133,6 +140,7 @@ impl Packet {
             Self::ReverseDialRequest { .. } => "REVERSE_DIAL_REQ",
             Self::ReverseDialResponse { .. } => "REVERSE_DIAL_RSP",
             Self::ReverseCloseDial { .. } => "REVERSE_DIAL_CLS",
+            Self::ResumeAck { .. } => "RESUME_ACK",
         }
     }
 }
@@ -152,6 +160,8 @@ pub enum ProtoError {
     ZeroConnectId(&'static str),
     #[error("credit of {0} bytes is out of range")]
     BadCredit(i64),
+    #[error("acknowledgement of {0} packets is out of range")]
+    BadAck(i64),
 }
 
 impl TryFrom<pb::Packet> for Packet {
@@ -228,6 +238,9 @@ impl TryFrom<pb::Packet> for Packet {
                     .filter(|b| *b > 0)
                     .ok_or(ProtoError::BadCredit(c.bytes))?,
             },
+            (pb::PacketType::ResumeAck, Payload::ResumeAck(a)) => Self::ResumeAck {
+                received: u64::try_from(a.received).map_err(|_| ProtoError::BadAck(a.received))?,
+            },
             _ => return Err(ProtoError::MismatchedPayload(name)),
         })
     }
@@ -294,6 +307,13 @@ impl From<&Packet> for pb::Packet {
                 Payload::Credit(pb::Credit {
                     connect_id: connect_id.0,
                     bytes: i64::from(*bytes),
+                }),
+            ),
+            Packet::ResumeAck { received } => (
+                pb::PacketType::ResumeAck,
+                Payload::ResumeAck(pb::ResumeAck {
+                    // A count of packets never nears 2^63; saturate rather than wrap.
+                    received: i64::try_from(*received).unwrap_or(i64::MAX),
                 }),
             ),
         };
@@ -384,6 +404,7 @@ mod tests {
                 result: Err("not allowed".into()),
             },
             Packet::ReverseCloseDial { random: DialId(7) },
+            Packet::ResumeAck { received: 12 },
         ];
         for packet in packets {
             let wire = pb::Packet::from(&packet);

@@ -41,6 +41,7 @@ mod tests {
                 bytes: 1,
             },
             crate::Packet::ReverseCloseDial { random: DialId(1) },
+            crate::Packet::ResumeAck { received: 1 },
         ];
         for p in packets {
             assert_eq!(crate::Packet::TYPE_NAMES[p.type_index()], p.type_name());

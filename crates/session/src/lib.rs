@@ -21,11 +21,13 @@ mod conn;
 mod fair;
 pub mod flow;
 mod outcome;
+mod resume;
 mod session;
 mod timers;
 
 pub use flow::{Flow, FlowConfig, MIN_WINDOW, chunk_cost};
 pub use outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
+pub use resume::{Replayed, ResumeError};
 pub use session::{
     Abandoned, ConnInfo, ConnState, Event, Limits, Outgoing, PendingDialInfo, Recv, Role,
     SendError, Session, SessionConfig, Violation,

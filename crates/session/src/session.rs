@@ -11,6 +11,7 @@ use crate::conn::{Conn, Owner};
 use crate::fair::{self, FairQueue};
 use crate::flow::{Flow, chunk_cost};
 use crate::outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
+use crate::resume::{Replay, Replayed, ResumeError};
 use crate::timers::{Timer, Timers};
 
 /// Which end of the stream this table is.
@@ -65,13 +66,25 @@ pub struct SessionConfig {
     /// As dialer: how long, after a local close, the peer's CLOSE_RSP may take.
     pub close_timeout: Duration,
     pub limits: Limits,
+    /// Both ends announced `tether-resume`: packets are numbered and logged until
+    /// acknowledged, so the session can [`suspend`](Session::suspend) when its transport
+    /// breaks and [`resume`](Session::resume) on a new one.
+    pub resumable: bool,
 }
 
 /// The peer broke the protocol badly enough that the stream must end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Violation {
-    TooManyUnknown { limit: u64 },
-    ReplyBacklog { limit: usize },
+    TooManyUnknown {
+        limit: u64,
+    },
+    ReplyBacklog {
+        limit: usize,
+    },
+    /// A RESUME_ACK for packets never written, or going back.
+    BadAck {
+        received: u64,
+    },
 }
 
 impl std::fmt::Display for Violation {
@@ -84,6 +97,10 @@ impl std::fmt::Display for Violation {
             Self::ReplyBacklog { limit } => write!(
                 f,
                 "peer left more than {limit} replies unread (it does not read its stream)"
+            ),
+            Self::BadAck { received } => write!(
+                f,
+                "peer acknowledged {received} packets, which is not what this end wrote"
             ),
         }
     }
@@ -282,6 +299,10 @@ pub struct Session {
     timers: Timers,
     events: VecDeque<Event>,
     peer_draining: bool,
+    /// Numbering, acknowledgements and the replay log, on a resumable session.
+    replay: Option<Replay>,
+    /// Suspended: the transport is gone and the session waits for a new one until then.
+    suspended: Option<Instant>,
 }
 
 impl Session {
@@ -303,6 +324,8 @@ impl Session {
             timers: Timers::default(),
             events: VecDeque::new(),
             peer_draining: false,
+            replay: cfg.resumable.then(Replay::default),
+            suspended: None,
         }
     }
 
@@ -405,6 +428,67 @@ impl Session {
         self.outbox.len()
     }
 
+    // ---- resuming on a new transport ---------------------------------------------------
+
+    pub fn is_resumable(&self) -> bool {
+        self.replay.is_some() && self.closed.is_none()
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.suspended.is_some() && self.closed.is_none()
+    }
+
+    /// What this end tells the peer when resuming: how many of its packets arrived here.
+    pub fn resume_point(&self) -> Option<u64> {
+        self.replay.as_ref().map(Replay::received)
+    }
+
+    /// DATA payload bytes and packets kept until the peer acknowledges them.
+    pub fn replay_log(&self) -> (usize, usize) {
+        self.replay
+            .as_ref()
+            .map_or((0, 0), |r| (r.log_bytes(), r.log_len()))
+    }
+
+    /// The transport broke. A resumable session keeps every dial and connection as it is
+    /// (owners see only a pause: their queues drain, their windows fill) for at most
+    /// `window`; then [`handle_timeout`](Self::handle_timeout) ends it as
+    /// [`close_stream`](Self::close_stream) would. False (nothing changed) if the session
+    /// is not resumable: close it.
+    pub fn suspend(&mut self, now: Instant, window: Duration) -> bool {
+        if !self.is_resumable() {
+            return false;
+        }
+        if self.suspended.is_none() {
+            let deadline = now + window;
+            self.suspended = Some(deadline);
+            self.arm(deadline, Timer::Resume);
+        }
+        true
+    }
+
+    /// The session continues on a new transport, whose peer received `peer_received` of
+    /// this end's packets: the rest of the log is written again, first.
+    pub fn resume(&mut self, peer_received: u64) -> Result<Replayed, ResumeError> {
+        if self.closed.is_some() {
+            return Err(ResumeError::NotResumable);
+        }
+        let replay = self.replay.as_mut().ok_or(ResumeError::NotResumable)?;
+        let replayed = replay.resume(peer_received)?;
+        self.suspended = None;
+        self.transmit_waiting = false;
+        self.events.push_back(Event::Transmit);
+        Ok(replayed)
+    }
+
+    /// A message from the peer did not decode. It still counts as received: the peer
+    /// numbered it.
+    pub fn count_undecodable(&mut self) {
+        if let Some(replay) = &mut self.replay {
+            replay.on_received(&Packet::Drain);
+        }
+    }
+
     // ---- the peer's packets ------------------------------------------------------------
 
     /// Takes one packet from the peer. Must not be called while [`is_parked`](Self::is_parked).
@@ -412,6 +496,25 @@ impl Session {
         debug_assert!(self.parked.is_none(), "a packet handed over while parked");
         if self.closed.is_some() {
             return Ok(());
+        }
+        if let Packet::ResumeAck { received } = packet {
+            return match &mut self.replay {
+                Some(replay) => match replay.on_ack(received) {
+                    true => Ok(()),
+                    false => Err(Violation::BadAck { received }),
+                },
+                None => {
+                    self.events.push_back(Event::Ignored {
+                        packet: "RESUME_ACK",
+                    });
+                    Ok(())
+                }
+            };
+        }
+        if let Some(replay) = &mut self.replay
+            && replay.on_received(&packet)
+        {
+            self.wake_transmit();
         }
         match (self.cfg.role, packet) {
             (_, Packet::Data { connect_id, data }) => self.on_data(now, connect_id, data),
@@ -671,6 +774,11 @@ impl Session {
                     }
                     self.remove_if_done(id);
                 }
+                Timer::Resume => {
+                    if self.suspended == Some(at) {
+                        self.close_stream(now, "not resumed within --resume-window");
+                    }
+                }
                 Timer::Stall(id) => {
                     let stalled = self
                         .parked
@@ -749,6 +857,10 @@ impl Session {
         self.outbox.clear();
         self.replies_queued = 0;
         self.timers.clear();
+        self.suspended = None;
+        if let Some(replay) = &mut self.replay {
+            replay.clear();
+        }
     }
 
     // ---- the dialer: server (forward) or agent (reverse) ---------------------------------
@@ -1040,11 +1152,22 @@ impl Session {
     /// Moves queued packets into `batch`, about `max_bytes` of payload at most. False when
     /// nothing was queued: [`Event::Transmit`] follows.
     pub fn poll_transmit(&mut self, batch: &mut Vec<Outgoing>, max_bytes: usize) -> bool {
-        if self.outbox.is_empty() {
+        let replay_work = self.replay.as_ref().is_some_and(Replay::has_work);
+        if (self.outbox.is_empty() && !replay_work) || self.is_suspended() {
             self.transmit_waiting = true;
             return false;
         }
         let mut bytes = 0;
+        if let Some(replay) = &mut self.replay {
+            // The acknowledgement first, then what a resume writes again, then the new.
+            batch.extend(replay.take_ack().map(direct));
+            while bytes < max_bytes
+                && let Some(packet) = replay.next_unsent()
+            {
+                bytes += fair::cost(&packet);
+                batch.push(direct(packet));
+            }
+        }
         while bytes < max_bytes {
             let Some(item) = self.outbox.pop() else {
                 break;
@@ -1053,6 +1176,9 @@ impl Session {
                 self.replies_queued -= 1;
             }
             bytes += fair::cost(&item.packet);
+            if let Some(replay) = &mut self.replay {
+                replay.record(&item.packet);
+            }
             batch.push(item);
         }
         true
@@ -1268,6 +1394,15 @@ impl Session {
                 self.unpark();
             }
         }
+    }
+}
+
+/// A packet for the writer from beside the outbox: an acknowledgement or a replay.
+fn direct(packet: Packet) -> Outgoing {
+    Outgoing {
+        packet,
+        release: None,
+        reply: false,
     }
 }
 

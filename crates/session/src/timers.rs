@@ -15,6 +15,8 @@ pub(crate) enum Timer {
     Dial(DialId),
     Close(ConnectId),
     Stall(ConnectId),
+    /// The suspended session's resume window.
+    Resume,
 }
 
 #[derive(Debug, Default)]

@@ -3,7 +3,7 @@
 pub struct Packet {
     #[prost(enumeration = "PacketType", tag = "1")]
     pub r#type: i32,
-    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8, 100")]
+    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8, 100, 104")]
     pub payload: ::core::option::Option<packet::Payload>,
 }
 /// Nested message and enum types in `Packet`.
@@ -26,6 +26,8 @@ pub mod packet {
         Drain(super::Drain),
         #[prost(message, tag = "100")]
         Credit(super::Credit),
+        #[prost(message, tag = "104")]
+        ResumeAck(super::ResumeAck),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -89,6 +91,12 @@ pub struct Credit {
     #[prost(int64, tag = "2")]
     pub bytes: i64,
 }
+/// The count of the peer's numbered packets this end has received, in total.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResumeAck {
+    #[prost(int64, tag = "1")]
+    pub received: i64,
+}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum PacketType {
@@ -110,6 +118,12 @@ pub enum PacketType {
     ReverseDialReq = 101,
     ReverseDialRsp = 102,
     ReverseDialCls = 103,
+    /// tether extension: resumable streams, sent only on a stream where both ends announced
+    /// `tether-resume`. Every other packet of such a session is numbered from 1 in the order
+    /// it was written, across all the transports the session ran on; RESUME_ACK (payload
+    /// resumeAck) tells the peer how many of its packets this end has received, so the peer
+    /// may forget them. RESUME_ACK itself is not numbered.
+    ResumeAck = 104,
 }
 impl PacketType {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -129,6 +143,7 @@ impl PacketType {
             Self::ReverseDialReq => "REVERSE_DIAL_REQ",
             Self::ReverseDialRsp => "REVERSE_DIAL_RSP",
             Self::ReverseDialCls => "REVERSE_DIAL_CLS",
+            Self::ResumeAck => "RESUME_ACK",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -145,6 +160,7 @@ impl PacketType {
             "REVERSE_DIAL_REQ" => Some(Self::ReverseDialReq),
             "REVERSE_DIAL_RSP" => Some(Self::ReverseDialRsp),
             "REVERSE_DIAL_CLS" => Some(Self::ReverseDialCls),
+            "RESUME_ACK" => Some(Self::ResumeAck),
             _ => None,
         }
     }

@@ -153,6 +153,7 @@ impl AgentService {
                 dial_timeout: self.dial_timeout,
                 close_timeout: CLOSE_TIMEOUT,
                 limits: Limits::default(),
+                resumable: false,
             },
             hub.metrics.clone(),
             hub.watch(&tenant),

@@ -33,6 +33,7 @@ pub fn config(role: Role, flow: Flow) -> SessionConfig {
         },
         close_timeout: CLOSE_TIMEOUT,
         limits: Limits::default(),
+        resumable: false,
     }
 }
 
