@@ -14,7 +14,9 @@ use rustls_pki_types::ServerName;
 use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings};
 use tether_proto::metadata;
+use tether_tunnel::{ResumeFailure, TransportEnd};
 use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -50,6 +52,8 @@ pub(crate) struct ClientSet {
     draining: AtomicBool,
     /// Connected servers beyond the count without a valid Lease, and since when.
     uncounted: Mutex<Uncounted>,
+    /// Wakes the sync loop: a stream was suspended and wants a new transport now.
+    reconnect: Notify,
 }
 
 /// A server stream, and the token that lets go of it when its server's Lease expired.
@@ -57,6 +61,20 @@ pub(crate) struct ClientSet {
 struct Held {
     session: Arc<ServerSession>,
     dismiss: CancellationToken,
+    /// Where a new transport for a resumable stream goes.
+    handover: Option<mpsc::Sender<Resume>>,
+    /// The stream's transport broke; it waits to be resumed (not counted as connected).
+    suspended: bool,
+}
+
+/// What the sync loop found for a suspended stream.
+#[derive(Debug)]
+enum Resume {
+    /// The server continues the stream on this new transport (boxed: it is large, and
+    /// there is one per resume).
+    Transport(Box<Connected>),
+    /// The server no longer knows it: it restarted, or was replaced.
+    Gone(String),
 }
 
 /// Why one connection attempt did not add a session.
@@ -79,6 +97,7 @@ enum ConnectError {
 }
 
 /// A freshly opened stream, before it is known to be a new server.
+#[derive(Debug)]
 struct Connected {
     server_id: String,
     server_count: usize,
@@ -89,6 +108,10 @@ struct Connected {
     reverse: bool,
     sender: tether_grpc::PacketSender,
     receiver: tether_grpc::PacketReceiver,
+    /// The server keeps this stream resumable under this name (`tether-resume`).
+    resume_token: Option<String>,
+    /// The stream continues a suspended one; the server received this many of its packets.
+    resumed: Option<u64>,
 }
 
 impl ClientSet {
@@ -107,6 +130,7 @@ impl ClientSet {
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
             uncounted: Mutex::new(Uncounted::default()),
+            reconnect: Notify::new(),
         }
     }
 
@@ -136,7 +160,7 @@ impl ClientSet {
         let sessions = self.sessions();
         let kept = sessions
             .iter()
-            .filter(|(_, held)| !held.dismiss.is_cancelled())
+            .filter(|(_, held)| !held.dismiss.is_cancelled() && !held.suspended)
             .map(|(id, _)| id.as_str());
         server_count::satisfied(kept, self.target(), self.leases().as_ref())
     }
@@ -172,9 +196,12 @@ impl ClientSet {
         &self.config.agent_id
     }
 
-    /// Servers currently connected.
+    /// Servers currently connected (suspended streams are not).
     pub(crate) fn connected(&self) -> usize {
-        self.sessions().len()
+        self.sessions()
+            .values()
+            .filter(|held| !held.suspended)
+            .count()
     }
 
     /// The current server sessions, for introspection.
@@ -190,7 +217,7 @@ impl ClientSet {
     pub(crate) fn reverse_session(&self) -> Option<Arc<ServerSession>> {
         self.sessions()
             .values()
-            .filter(|held| held.session.reverse && !held.dismiss.is_cancelled())
+            .filter(|held| held.session.reverse && !held.dismiss.is_cancelled() && !held.suspended)
             .min_by_key(|held| held.session.link.inspect(|s| s.connection_count()))
             .map(|held| held.session.clone())
     }
@@ -270,6 +297,7 @@ impl ClientSet {
                         lease_updates = None;
                     }
                 }
+                () = self.reconnect.notified() => backoff = self.config.sync_interval,
                 () = sleep(wait) => {}
             }
         }
@@ -294,27 +322,23 @@ impl ClientSet {
         format!("{}:{}", self.config.server_host, self.config.server_port)
     }
 
-    /// Registers a new stream unless its server is already connected; false for a duplicate.
+    /// Registers a new stream unless its server is already connected (false for a
+    /// duplicate), or hands it to the suspended stream it resumes.
     fn add(
         self: &Arc<Self>,
         connected: Connected,
         tasks: &TaskTracker,
         stop: &CancellationToken,
     ) -> bool {
-        let Connected {
-            server_id,
-            server_count,
-            channel,
-            server_flow,
-            reverse,
-            sender,
-            receiver,
-        } = connected;
         self.server_count
-            .store(server_count.max(1), Ordering::Release);
+            .store(connected.server_count.max(1), Ordering::Release);
         self.metrics.known_server_count.set(self.target() as i64);
-        let flow = self.config.flow.negotiate(server_flow.as_deref());
+        let Some(connected) = self.resume_suspended(connected) else {
+            return true;
+        };
+        let flow = self.config.flow.negotiate(connected.server_flow.as_deref());
         let credit = flow.is_credit();
+        let server_id = connected.server_id.clone();
         let session = Arc::new(ServerSession::new(
             &self.config.agent_id,
             server_id.clone(),
@@ -322,17 +346,19 @@ impl ClientSet {
             self.metrics.clone(),
             self.destinations.clone(),
             self.config.dial_timeout,
-            channel.last_pong(),
+            connected.channel.last_pong(),
             self.audit.clone(),
-            reverse,
+            connected.reverse,
+            connected.resume_token.clone().filter(|_| credit),
         ));
         let dismiss = CancellationToken::new();
+        let (handover, resumes) = mpsc::channel(1);
         {
             let mut sessions = self.sessions();
             if sessions.contains_key(&server_id) {
                 tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
                 drop(sessions);
-                sender.abort();
+                connected.sender.abort();
                 return false;
             }
             sessions.insert(
@@ -340,10 +366,78 @@ impl ClientSet {
                 Held {
                     session: session.clone(),
                     dismiss: dismiss.clone(),
+                    handover: session.resume_token.is_some().then_some(handover),
+                    suspended: false,
                 },
             );
         }
         self.metrics.open_server_connections.inc();
+        self.start_keepalive(&connected.channel, credit);
+        if self.draining.load(Ordering::Acquire) {
+            session.drain();
+        }
+        tracing::info!(server.id = %server_id, server.count = connected.server_count, credit, reverse = connected.reverse, resumable = session.resume_token.is_some(), "connected to proxy server");
+        if self.config.control_plane.is_some() && !connected.reverse {
+            // Once per server stream: the listener carries nothing through this server.
+            tracing::warn!(
+                server.id = %server_id,
+                "this proxy server does not accept control-plane connections (an upstream proxy-server, or a tether server without --control-plane-endpoints): --control-plane-listen is off through it"
+            );
+        }
+        let span = tracing::info_span!("server", server.id = %server_id);
+        tasks.spawn(
+            self.clone()
+                .hold(session, connected, dismiss, resumes, stop.clone())
+                .instrument(span),
+        );
+        true
+    }
+
+    /// A new stream from a server whose stream is suspended: hands it over when the server
+    /// resumed that stream, and otherwise ends the suspended streams it shows are gone (the
+    /// same server ID without the stream: it restarted; the only server, under another
+    /// ID: it was replaced). Gives the stream back when it is a new one.
+    fn resume_suspended(&self, connected: Connected) -> Option<Connected> {
+        let mut sessions = self.sessions();
+        let suspended = |held: &&Held| held.suspended && held.handover.is_some();
+        if let Some(held) = sessions.get(&connected.server_id).filter(suspended) {
+            let handover = held.handover.clone()?;
+            let same = connected.resume_token.is_some()
+                && connected.resume_token == held.session.resume_token;
+            if connected.resumed.is_none() || !same {
+                // Its task ends it; the new stream takes its place at once.
+                sessions.remove(&connected.server_id);
+            }
+            drop(sessions);
+            return match connected.resumed.filter(|_| same) {
+                Some(_) => {
+                    // A full or closed hand-over means the stream's task is ending; the
+                    // transport is dropped with the message and the next sync starts anew.
+                    let _ = handover.try_send(Resume::Transport(Box::new(connected)));
+                    None
+                }
+                None => {
+                    let _ = handover.try_send(Resume::Gone(
+                        "the proxy server no longer knows this stream (it restarted)".into(),
+                    ));
+                    Some(connected)
+                }
+            };
+        }
+        if connected.server_count <= 1 {
+            for (id, held) in sessions.iter().filter(|(_, h)| suspended(h)) {
+                if let Some(handover) = &held.handover {
+                    let _ = handover.try_send(Resume::Gone(format!(
+                        "the only proxy server is now {} (server {id} is gone)",
+                        connected.server_id
+                    )));
+                }
+            }
+        }
+        Some(connected)
+    }
+
+    fn start_keepalive(&self, channel: &Channel, credit: bool) {
         let keepalive = if credit {
             self.config.keepalive
         } else {
@@ -352,47 +446,116 @@ impl ClientSet {
         if let Some(k) = keepalive {
             channel.start_keepalive(k);
         }
-        if self.draining.load(Ordering::Acquire) {
-            session.drain();
+    }
+
+    /// Marks a stream suspended or not, if it is still this set's stream for its server.
+    fn set_suspended(&self, session: &Arc<ServerSession>, suspended: bool) {
+        if let Some(held) = self.sessions().get_mut(&session.server_id)
+            && Arc::ptr_eq(&held.session, session)
+        {
+            held.suspended = suspended;
         }
-        tracing::info!(server.id = %server_id, server.count = server_count, credit, reverse, "connected to proxy server");
-        if self.config.control_plane.is_some() && !reverse {
-            // Once per server stream: the listener carries nothing through this server.
-            tracing::warn!(
-                server.id = %server_id,
-                "this proxy server does not accept control-plane connections (an upstream proxy-server, or a tether server without --control-plane-endpoints): --control-plane-listen is off through it"
-            );
-        }
-        let set = self.clone();
-        let stop = stop.clone();
-        let span = tracing::info_span!("server", server.id = %server_id);
-        tasks.spawn(
-            async move {
-                let dismissed = async {
-                    dismiss.cancelled().await;
-                    session.drain();
-                    let idle = async {
-                        while !session.is_idle() {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    };
-                    let _ = tokio::time::timeout(DISMISS_GRACE, idle).await;
-                };
-                let ended = async {
-                    tokio::select! {
-                        reason = channel.closed() => reason,
-                        () = stop.cancelled() => "agent stopping".to_owned(),
-                        () = dismissed => "its Lease no longer counts".to_owned(),
+    }
+
+    /// Owns one server stream across the transports it runs on, until it ends for good.
+    async fn hold(
+        self: Arc<Self>,
+        session: Arc<ServerSession>,
+        connected: Connected,
+        dismiss: CancellationToken,
+        mut resumes: mpsc::Receiver<Resume>,
+        stop: CancellationToken,
+    ) {
+        let Connected {
+            mut channel,
+            mut sender,
+            mut receiver,
+            ..
+        } = connected;
+        let metrics = &self.metrics.resume;
+        let window = self.config.resume_window;
+        let reason = loop {
+            let dismissed = async {
+                dismiss.cancelled().await;
+                session.drain();
+                let idle = async {
+                    while !session.is_idle() {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 };
-                let reason = session.run(receiver, sender, ended).await;
-                tracing::info!(%reason, "disconnected from proxy server");
-                set.sessions().remove(&session.server_id);
-                set.metrics.open_server_connections.dec();
+                let _ = tokio::time::timeout(DISMISS_GRACE, idle).await;
+            };
+            let ended = async {
+                tokio::select! {
+                    reason = channel.closed() => TransportEnd::Broken(reason),
+                    () = stop.cancelled() => TransportEnd::Final("agent stopping".to_owned()),
+                    () = dismissed => TransportEnd::Final("its Lease no longer counts".to_owned()),
+                }
+            };
+            let end = session.link.run_transport(receiver, sender, ended).await;
+            let TransportEnd::Broken(why) = end else {
+                break end.reason().to_owned();
+            };
+            if stop.is_cancelled() || dismiss.is_cancelled() {
+                break why;
             }
-            .instrument(span),
-        );
-        true
+            let Some(suspension) = session.link.suspend(window, metrics) else {
+                break why;
+            };
+            self.set_suspended(&session, true);
+            self.metrics.open_server_connections.dec();
+            tracing::info!(%why, ?window, "server stream broke; reconnecting to resume it");
+            self.reconnect.notify_one();
+            let next = session
+                .link
+                .wait_resumed(async {
+                    tokio::select! {
+                        () = stop.cancelled() => None,
+                        next = resumes.recv() => next,
+                    }
+                })
+                .await
+                .flatten();
+            let resumed = match next {
+                Some(Resume::Transport(resumed)) => resumed,
+                Some(Resume::Gone(gone)) => {
+                    metrics.failed(ResumeFailure::Unknown);
+                    break format!("{gone}; the stream broke: {why}");
+                }
+                None if stop.is_cancelled() => {
+                    metrics.failed(ResumeFailure::Stopping);
+                    break format!("agent stopping while the stream was suspended ({why})");
+                }
+                None => {
+                    metrics.failed(ResumeFailure::WindowExpired);
+                    break format!("not resumed within --resume-window {window:?} ({why})");
+                }
+            };
+            let server_received = resumed.resumed.unwrap_or(0);
+            if let Err(e) = session.link.resume(server_received, suspension, metrics) {
+                metrics.failed(ResumeFailure::BadSequence);
+                resumed.sender.abort();
+                break format!("cannot resume: {e}");
+            }
+            session.set_keepalive(resumed.channel.last_pong());
+            self.start_keepalive(&resumed.channel, true);
+            let resumed = *resumed;
+            (channel, sender, receiver) = (resumed.channel, resumed.sender, resumed.receiver);
+            self.set_suspended(&session, false);
+            self.metrics.open_server_connections.inc();
+            tracing::info!("server stream resumed");
+        };
+        session.close(&reason).await;
+        tracing::info!(%reason, "disconnected from proxy server");
+        let mut sessions = self.sessions();
+        if let Some(held) = sessions.get(&session.server_id)
+            && Arc::ptr_eq(&held.session, &session)
+        {
+            if !held.suspended {
+                self.metrics.open_server_connections.dec();
+            }
+            sessions.remove(&session.server_id);
+        }
     }
 
     /// Connects and opens `Connect`; the connection's driver runs on `tasks`, so stopping the
@@ -445,6 +608,28 @@ impl ClientSet {
                 metadata::TETHER_REVERSE_VERSION.to_owned(),
             ));
         }
+        let offers_resume = !self.config.resume_window.is_zero();
+        if offers_resume {
+            metadata.push((
+                metadata::TETHER_RESUME,
+                metadata::TETHER_RESUME_VERSION.to_owned(),
+            ));
+            let asked: Vec<(String, u64)> = self
+                .sessions()
+                .values()
+                .filter(|held| held.suspended)
+                .filter_map(|held| {
+                    let token = held.session.resume_token.clone()?;
+                    Some((token, held.session.link.resume_point()?))
+                })
+                .collect();
+            if !asked.is_empty() {
+                metadata.push((
+                    metadata::TETHER_RESUME_FROM,
+                    tether_tunnel::format_resume_from(&asked),
+                ));
+            }
+        }
         let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, &metadata).await?;
         let headers = receiver.response_headers().await?;
         let one = |key: &str| -> Result<String, ConnectError> {
@@ -470,6 +655,13 @@ impl ClientSet {
             && headers
                 .get(metadata::TETHER_REVERSE)
                 .is_some_and(|v| v.as_bytes() == metadata::TETHER_REVERSE_VERSION.as_bytes());
+        let text = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
+        let resume_token = text(metadata::TETHER_RESUME)
+            .filter(|token| {
+                offers_resume && token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
+            })
+            .map(str::to_owned);
+        let resumed = text(metadata::TETHER_RESUMED).and_then(|v| v.parse().ok());
         Ok(Connected {
             server_id,
             server_count,
@@ -478,6 +670,8 @@ impl ClientSet {
             reverse,
             sender,
             receiver,
+            resume_token,
+            resumed,
         })
     }
 }

@@ -81,6 +81,10 @@ pub struct Config {
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
     /// `--control-plane-listen`: carry node-side connections to the control plane.
     pub control_plane: Option<ControlPlaneConfig>,
+    /// `--resume-window`: how long a server stream whose transport broke keeps its
+    /// connections while the agent reconnects to resume it (tether servers only); zero
+    /// turns it off.
+    pub resume_window: Duration,
 }
 
 /// Start-up failures.

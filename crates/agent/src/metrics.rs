@@ -28,6 +28,8 @@ pub(crate) struct AgentMetrics {
     pub(crate) control_plane_connections: Arc<Gauge>,
     /// tether: reverse dials by result.
     control_plane_dials: Arc<CounterVec>,
+    /// tether: suspended and resumed agent streams.
+    pub(crate) resume: tether_tunnel::ResumeMetrics,
 }
 
 /// How a reverse dial from the control-plane listener ended: the `result` label.
@@ -115,6 +117,7 @@ impl AgentMetrics {
                 "Reverse dials from the control-plane listener, by result (connected, refused, timeout, unavailable, lost)",
                 &["result"],
             ),
+            resume: tether_tunnel::ResumeMetrics::register(registry, "agent"),
         };
         // Registered, never counted, as upstream's (which sends watch results to
         // lease_lists_total). lease_lists_total and lease_list_latency_seconds belong to

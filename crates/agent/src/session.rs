@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tether_grpc::{GrpcError, PacketReceiver, PacketSender};
+use tether_grpc::GrpcError;
 use tether_observe::audit::AuditLog;
 use tether_proto::Packet;
 use tether_tunnel::{
@@ -23,8 +23,11 @@ pub(crate) struct ServerSession {
     pub(crate) server_id: String,
     pub(crate) link: Arc<Link>,
     pub(crate) connected_at: Instant,
-    /// The server connection's keepalive answers, for `/debug/agents`.
-    pub(crate) keepalive: Arc<tether_grpc::LastPong>,
+    /// The server connection's keepalive answers, for `/debug/agents`: the connection the
+    /// stream runs on now (it changes when the stream resumes on another).
+    keepalive: std::sync::Mutex<Arc<tether_grpc::LastPong>>,
+    /// The server's name for this stream when it is resumable (`tether-resume`).
+    pub(crate) resume_token: Option<String>,
     /// The server accepted reverse dials (`tether-reverse`) on this stream.
     pub(crate) reverse: bool,
     /// The audit trail of reverse dials on this stream, when auditing.
@@ -48,6 +51,7 @@ impl ServerSession {
         keepalive: Arc<tether_grpc::LastPong>,
         audit: Option<AuditLog>,
         reverse: bool,
+        resume_token: Option<String>,
     ) -> Self {
         let tasks = TaskTracker::new();
         let config = SessionConfig {
@@ -58,7 +62,7 @@ impl ServerSession {
             // Only reverse connections, which the agent dialed, wait for a close.
             close_timeout: CLOSE_TIMEOUT,
             limits: Limits::default(),
-            resumable: false,
+            resumable: resume_token.is_some(),
         };
         let stream_audit = |side| {
             audit.clone().map(|log| {
@@ -87,7 +91,8 @@ impl ServerSession {
             server_id,
             link: Link::new(config, hooks),
             connected_at: Instant::now(),
-            keepalive,
+            keepalive: std::sync::Mutex::new(keepalive),
+            resume_token,
             reverse,
             reverse_audit,
             tasks,
@@ -105,19 +110,25 @@ impl ServerSession {
             .update(|s, _| s.connection_count() == 0 && s.pending_dial_count() == 0)
     }
 
-    /// Runs the stream until it ends or `stop` resolves, then waits for its connections'
-    /// tasks (each ends promptly: the table ended their dials and connections). Returns why
-    /// the stream ended.
-    pub(crate) async fn run(
-        &self,
-        receiver: PacketReceiver,
-        sender: PacketSender,
-        stop: impl Future<Output = String>,
-    ) -> String {
-        let reason = self.link.drive(receiver, sender, stop).await;
+    /// When the server last answered a keepalive PING on the stream's current connection.
+    pub(crate) fn last_pong(&self) -> Option<Instant> {
+        self.keepalive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get()
+    }
+
+    /// The stream resumed on another connection.
+    pub(crate) fn set_keepalive(&self, keepalive: Arc<tether_grpc::LastPong>) {
+        *self.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = keepalive;
+    }
+
+    /// Ends the stream with `reason`, then waits for its connections' tasks (each ends
+    /// promptly: the table ended their dials and connections).
+    pub(crate) async fn close(&self, reason: &str) {
+        self.link.close(reason);
         self.tasks.close();
         self.tasks.wait().await;
-        reason
     }
 }
 

@@ -15,6 +15,7 @@ impl Code {
     pub const ALREADY_EXISTS: Self = Self(6);
     pub const PERMISSION_DENIED: Self = Self(7);
     pub const RESOURCE_EXHAUSTED: Self = Self(8);
+    pub const FAILED_PRECONDITION: Self = Self(9);
     pub const UNIMPLEMENTED: Self = Self(12);
     pub const INTERNAL: Self = Self(13);
     pub const UNAVAILABLE: Self = Self(14);

@@ -25,3 +25,19 @@ pub const TETHER_LABELS: &str = "tether-labels";
 pub const TETHER_REVERSE: &str = "tether-reverse";
 /// The version of the reverse-dial extension this build speaks.
 pub const TETHER_REVERSE_VERSION: &str = "1";
+/// tether extension, both directions: resumable streams (sessions that outlive their
+/// transport). In a request, the agent offers them with [`TETHER_RESUME_VERSION`]; in the
+/// response, a server that keeps the stream resumable names its session with a token
+/// (32 lower-case hex digits). Only on such a stream are packets numbered and
+/// acknowledged (`RESUME_ACK`).
+pub const TETHER_RESUME: &str = "tether-resume";
+/// The version of the resume extension this build speaks.
+pub const TETHER_RESUME_VERSION: &str = "1";
+/// tether extension, agent → server: the suspended sessions the agent asks to continue on
+/// this stream, as `token:received` pairs separated by commas, where `received` is how many
+/// of the server's numbered packets the agent received in that session.
+pub const TETHER_RESUME_FROM: &str = "tether-resume-from";
+/// tether extension, server → agent: present when the stream continues the session named by
+/// the response's [`TETHER_RESUME`] token; the value is how many of the agent's numbered
+/// packets the server received in it.
+pub const TETHER_RESUMED: &str = "tether-resumed";

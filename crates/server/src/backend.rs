@@ -3,6 +3,7 @@
 pub(crate) mod admission;
 pub(crate) mod outlier;
 pub(crate) mod registry;
+pub(crate) mod resume;
 pub(crate) mod selection;
 pub(crate) mod selection_metrics;
 pub(crate) mod service;

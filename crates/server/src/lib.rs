@@ -112,6 +112,9 @@ pub struct Config {
     /// `--control-plane-endpoints`: agents' reverse dials may reach these, nothing else;
     /// `None` refuses every reverse dial.
     pub control_plane: Option<ControlPlaneEndpoints>,
+    /// `--resume-window`: how long an agent stream whose transport broke keeps its
+    /// connections for the agent to resume it (tether agents only); zero turns it off.
+    pub resume_window: Duration,
 }
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
@@ -292,6 +295,8 @@ impl Server {
             config.server_id.clone(),
         ));
         hub.refresh_backend_gauges();
+        // Ends every connection at once: after the grace period, or immediately without one.
+        let stop = CancellationToken::new();
         let agent_service = Arc::new(AgentService {
             hub: hub.clone(),
             server_id: config.server_id.clone(),
@@ -307,10 +312,12 @@ impl Server {
             limit_metrics: limit_metrics.clone(),
             token_auth: config.agent_token_auth.clone(),
             control_plane: config.control_plane.clone().map(Arc::new),
+            resumable: (!config.resume_window.is_zero())
+                .then(|| backend::resume::Resumable::new(config.resume_window)),
+            streams: TaskTracker::new(),
+            stop: stop.clone(),
         });
         let shutting_down = Arc::new(AtomicBool::new(false));
-        // Ends every connection at once: after the grace period, or immediately without one.
-        let stop = CancellationToken::new();
         let frontends = TaskTracker::new();
         let agents = TaskTracker::new();
         let endpoints = TaskTracker::new();
@@ -466,6 +473,7 @@ impl Server {
         drop(frontend);
         frontends.close();
         agents.close();
+        agent_service.streams.close();
         let grace = config.graceful_shutdown_timeout;
         if !grace.is_zero() {
             tracing::info!(?grace, "draining live connections");
@@ -476,6 +484,7 @@ impl Server {
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             frontends.wait().await;
             agents.wait().await;
+            agent_service.streams.wait().await;
         })
         .await;
         endpoints.close();

@@ -100,6 +100,8 @@ pub(crate) struct ServerMetrics {
     pub(crate) control_plane_connections: Arc<Gauge>,
     /// tether: reverse dials by result.
     control_plane_dials: Arc<CounterVec>,
+    /// tether: suspended and resumed agent streams.
+    pub(crate) resume: tether_tunnel::ResumeMetrics,
 }
 
 /// How an agent's reverse dial ended on the server: the `result` label.
@@ -203,6 +205,7 @@ impl ServerMetrics {
                 "Agents' reverse dials to control-plane endpoints, by result (connected, refused, failed, cancelled)",
                 &["result"],
             ),
+            resume: tether_tunnel::ResumeMetrics::register(registry, "server"),
         };
         // Upstream exposes these even when they stay at zero; keep the names present.
         // full_receive_channels stays 0: tether never blocks a stream reader.

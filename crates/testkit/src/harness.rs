@@ -82,6 +82,8 @@ pub struct ServerOptions {
     pub ipv6: bool,
     /// `--control-plane-endpoints`: where agents' reverse dials may go (`None`: off).
     pub control_plane: Option<tether_server::ControlPlaneEndpoints>,
+    /// `--resume-window` (zero: off).
+    pub resume_window: Duration,
 }
 
 impl Default for ServerOptions {
@@ -108,6 +110,7 @@ impl Default for ServerOptions {
             audit_log: None,
             ipv6: false,
             control_plane: None,
+            resume_window: RESUME_WINDOW,
         }
     }
 }
@@ -130,6 +133,8 @@ pub struct TestServer {
 }
 
 const LOOPBACK_ANY: &str = "127.0.0.1:0";
+/// The product's default `--resume-window`, on both ends.
+const RESUME_WINDOW: Duration = Duration::from_secs(30);
 
 impl TestServer {
     pub async fn start(pki: &Pki, opts: ServerOptions) -> anyhow::Result<Self> {
@@ -191,6 +196,7 @@ impl TestServer {
             agent_token_auth: opts.agent_token_auth,
             audit_log: opts.audit_log,
             control_plane: opts.control_plane,
+            resume_window: opts.resume_window,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -270,6 +276,8 @@ pub struct AgentOptions {
     pub client_cert: Option<(PathBuf, PathBuf)>,
     /// `--control-plane-listen` and its settings.
     pub control_plane: Option<tether_agent::ControlPlaneConfig>,
+    /// `--resume-window` (zero: off).
+    pub resume_window: Duration,
 }
 
 impl Default for AgentOptions {
@@ -288,6 +296,7 @@ impl Default for AgentOptions {
             audit_log: None,
             client_cert: None,
             control_plane: None,
+            resume_window: RESUME_WINDOW,
         }
     }
 }
@@ -367,6 +376,7 @@ impl TestAgent {
             tls_reload,
             audit_log: opts.audit_log,
             control_plane: opts.control_plane,
+            resume_window: opts.resume_window,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

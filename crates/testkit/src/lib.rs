@@ -7,6 +7,7 @@
 
 pub mod balancer;
 pub mod control_plane;
+pub mod cut_relay;
 pub mod harness;
 pub mod http;
 pub mod process;

@@ -221,6 +221,7 @@ async fn start_pair(
             tls_reload: None,
             agent_token_auth: None,
             control_plane: None,
+            resume_window: Duration::from_secs(30),
         },
         Registry::new(),
     )
@@ -264,6 +265,7 @@ async fn start_pair(
             audit_log: None,
             tls_reload: None,
             control_plane: None,
+            resume_window: Duration::from_secs(30),
         },
         Registry::new(),
     )

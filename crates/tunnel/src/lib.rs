@@ -20,6 +20,7 @@ mod introspect;
 mod link;
 mod log;
 mod relay;
+mod resume;
 mod stream;
 
 pub use audit::{AuditSide, DialFacts, StreamAudit};
@@ -29,9 +30,15 @@ pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
 pub use log::log_ended;
 pub use relay::relay_tcp;
+pub use resume::{
+    MAX_RESUME_FROM, ResumeFailure, ResumeMetrics, Suspension, format_resume_from,
+    parse_resume_from,
+};
+pub use stream::TransportEnd;
 pub use tether_session::{
     Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,
-    FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Role, Session, SessionConfig,
+    FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Replayed, ResumeError, Role, Session,
+    SessionConfig,
 };
 
 /// Largest DATA payload either end sends, and the size of relay reads.

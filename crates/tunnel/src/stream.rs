@@ -6,13 +6,33 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether_grpc::{GrpcError, PacketReceiver, PacketSender};
+use tether_grpc::{GrpcError, PacketReceiver, PacketSender, Status};
 use tether_session::Role;
 
 use crate::link::{Direction, Link, Waiter};
 
 /// Largest batch the writer encodes before flushing.
 const BATCH_BYTES: usize = 256 * 1024;
+/// How long a stream ended on purpose waits for its writer to end it cleanly.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How one transport of a stream ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportEnd {
+    /// The transport broke (reading or writing failed, its connection went away): a
+    /// resumable session may go on over another.
+    Broken(String),
+    /// The stream is over: the peer ended it or broke the protocol, or its owner stopped it.
+    Final(String),
+}
+
+impl TransportEnd {
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::Broken(reason) | Self::Final(reason) => reason,
+        }
+    }
+}
 
 impl Link {
     /// Runs the stream until the peer ends it, it fails, the peer breaks the protocol, or
@@ -20,11 +40,29 @@ impl Link {
     /// [`close_stream`](tether_session::Session::close_stream)). Returns why it ended.
     pub async fn drive(
         self: &Arc<Self>,
-        mut receiver: PacketReceiver,
+        receiver: PacketReceiver,
         sender: PacketSender,
         stop: impl Future<Output = String>,
     ) -> String {
-        let mut writer = tokio::spawn(write(self.clone(), sender));
+        let end = self
+            .run_transport(receiver, sender, async { TransportEnd::Final(stop.await) })
+            .await;
+        let reason = end.reason().to_owned();
+        self.close(&reason);
+        reason
+    }
+
+    /// Runs one transport of the stream: its packets go to the table and the table's
+    /// outbox to it, until it ends or `stop` resolves. The table is left as it is: the
+    /// caller closes it, or suspends it to resume on another transport.
+    pub async fn run_transport(
+        self: &Arc<Self>,
+        mut receiver: PacketReceiver,
+        sender: PacketSender,
+        stop: impl Future<Output = TransportEnd>,
+    ) -> TransportEnd {
+        let (finish, finish_requested) = tokio::sync::oneshot::channel();
+        let mut writer = tokio::spawn(write(self.clone(), sender, finish_requested));
         let mut stop = pin!(stop);
         let sleep = tokio::time::sleep(Duration::ZERO);
         let mut sleep = pin!(sleep);
@@ -34,7 +72,8 @@ impl Link {
         };
         let (mut parked, mut next) = self.reader_state();
         let mut armed = None;
-        let reason = loop {
+        let mut writer_done = false;
+        let end = loop {
             if next != armed {
                 armed = next;
                 if let Some(at) = next {
@@ -56,30 +95,50 @@ impl Link {
                         });
                         match handled {
                             Ok(state) => (parked, next) = state,
-                            Err(violation) => break format!("protocol violation: {violation}"),
+                            Err(violation) => {
+                                break TransportEnd::Final(format!("protocol violation: {violation}"));
+                            }
                         }
                     }
-                    Some(Err(e)) if e.is_bad_packet() => self.hooks().on_bad_packet(&e),
+                    Some(Err(e)) if e.is_bad_packet() => {
+                        self.hooks().on_bad_packet(&e);
+                        self.update(|s, _| s.count_undecodable());
+                    }
                     Some(Err(e)) => {
                         self.hooks().on_stream_error(Direction::In, &e);
-                        break format!("{peer} stream failed: {e}");
+                        break TransportEnd::Broken(format!("{peer} stream failed: {e}"));
                     }
-                    None => break format!("{peer} closed the stream"),
+                    None => break TransportEnd::Final(format!("{peer} closed the stream")),
                 },
-                result = &mut writer => break match result {
-                    Ok(Err(e)) => {
-                        self.hooks().on_stream_error(Direction::Out, &e);
-                        format!("writing to {peer} failed: {e}")
+                result = &mut writer => {
+                    writer_done = true;
+                    break match result {
+                        Ok(Err(e)) => {
+                            self.hooks().on_stream_error(Direction::Out, &e);
+                            TransportEnd::Broken(format!("writing to {peer} failed: {e}"))
+                        }
+                        _ => TransportEnd::Final("stream writer ended".to_owned()),
+                    };
+                }
+                end = &mut stop => {
+                    if matches!(end, TransportEnd::Final(_)) {
+                        // Ended on purpose: the peer hears a clean end of the stream, not a
+                        // reset it would take for a broken transport to resume.
+                        let _ = finish.send(());
+                        let finished = tokio::time::timeout(FINISH_TIMEOUT, &mut writer).await;
+                        writer_done = finished.is_ok();
                     }
-                    _ => "stream writer ended".to_owned(),
-                },
-                reason = &mut stop => break reason,
+                    break end;
+                }
             }
         };
-        self.close(&reason);
-        writer.abort();
-        let _ = writer.await;
-        reason
+        // A join handle that returned its output must not be polled again.
+        if !writer_done {
+            writer.abort();
+            let _ = writer.await;
+        }
+        self.forget(Waiter::Writer);
+        end
     }
 
     /// Ends every dial and connection of the stream with `reason`, and wakes their owners.
@@ -90,11 +149,31 @@ impl Link {
     }
 }
 
-/// The stream's one writer: coalesces whatever is queued into one HTTP/2 write.
-async fn write(link: Arc<Link>, mut sender: PacketSender) -> Result<(), GrpcError> {
+/// The stream's one writer: coalesces whatever is queued into one HTTP/2 write. Ends the
+/// stream cleanly (end of stream, or OK trailers) when `finish` fires.
+async fn write(
+    link: Arc<Link>,
+    mut sender: PacketSender,
+    mut finish: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), GrpcError> {
     let mut batch = Vec::new();
     let mut releases = Vec::new();
-    while poll_fn(|cx| link.poll_transmit(cx, &mut batch, BATCH_BYTES)).await {
+    let mut may_finish = true;
+    loop {
+        let more = tokio::select! {
+            biased;
+            asked = &mut finish, if may_finish => {
+                if asked.is_ok() {
+                    return sender.finish(&Status::ok());
+                }
+                may_finish = false;
+                continue;
+            }
+            more = poll_fn(|cx| link.poll_transmit(cx, &mut batch, BATCH_BYTES)) => more,
+        };
+        if !more {
+            break;
+        }
         for item in batch.drain(..) {
             sender.buffer(&item.packet);
             link.hooks().on_packet(Direction::Out, &item.packet);

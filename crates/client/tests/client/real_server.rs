@@ -53,6 +53,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         agent_token_auth: None,
         audit_log: None,
         control_plane: None,
+        resume_window: Duration::from_secs(30),
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

@@ -11,7 +11,13 @@ use tether_proto::{Identifiers, Labels, metadata};
 use tether_tunnel::{FlowConfig, Limits, Role, SessionConfig};
 use tracing::Instrument;
 
+use tether_grpc::{PacketReceiver, PacketSender};
+use tether_tunnel::{ResumeFailure, TransportEnd};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
 use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES};
+use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
@@ -36,6 +42,12 @@ pub(crate) struct AgentService {
     pub(crate) token_auth: Option<AgentTokenAuth>,
     /// `--control-plane-endpoints`, offered to agents that announce `tether-reverse`.
     pub(crate) control_plane: Option<Arc<crate::ControlPlaneEndpoints>>,
+    /// `--resume-window` above zero: streams with tether agents survive a broken transport.
+    pub(crate) resumable: Option<Arc<Resumable>>,
+    /// Every agent stream's task: a stream may outlive the connection it arrived on.
+    pub(crate) streams: TaskTracker,
+    /// Cancelled when the server stops: ends suspended streams at once.
+    pub(crate) stop: CancellationToken,
 }
 
 impl AgentService {
@@ -100,7 +112,7 @@ impl AgentService {
                 return;
             }
         };
-        let _claim = match self
+        let claim = match self
             .admission
             .admit(&agent_id, &identifiers, call.peer(), token)
         {
@@ -113,6 +125,45 @@ impl AgentService {
         let flow = self
             .flow
             .negotiate(header(call.metadata(), metadata::TETHER_FLOW));
+        let resumable = self.resumable.clone().filter(|_| {
+            flow.is_credit()
+                && header(call.metadata(), metadata::TETHER_RESUME)
+                    == Some(metadata::TETHER_RESUME_VERSION)
+        });
+        let call = match (
+            &resumable,
+            header(call.metadata(), metadata::TETHER_RESUME_FROM),
+        ) {
+            (Some(table), None) => {
+                table.end_abandoned(&[], &agent_id, &tenant.name);
+                call
+            }
+            (Some(table), Some(value)) => {
+                let Some(asked) = tether_tunnel::parse_resume_from(value) else {
+                    call.reject(&Status::new(
+                        Code::INVALID_ARGUMENT,
+                        format!("malformed {} header", metadata::TETHER_RESUME_FROM),
+                    ));
+                    return;
+                };
+                match table.hand_over(&asked, &agent_id, &tenant.name, call) {
+                    HandOver::Taken => return,
+                    HandOver::Busy(call) => {
+                        call.reject(&Status::new(
+                            Code::UNAVAILABLE,
+                            "a resume of this stream is already under way",
+                        ));
+                        return;
+                    }
+                    HandOver::Unknown(call) => {
+                        table.end_abandoned(&asked, &agent_id, &tenant.name);
+                        tracing::info!(agent.id = %LogText(&agent_id), "agent asks to resume a stream this server does not know (it restarted, or the stream's resume window passed): starting a new one");
+                        call
+                    }
+                }
+            }
+            _ => call,
+        };
         let mut response = vec![
             (metadata::SERVER_ID, self.server_id.clone()),
             (metadata::SERVER_COUNT, self.server_count.to_string()),
@@ -131,8 +182,13 @@ impl AgentService {
         } else if asks_reverse {
             tracing::info!(agent.id = %LogText(&agent_id), "agent offers control-plane connections, but this server has no --control-plane-endpoints: declined");
         }
+        let registration = resumable.map(|table| table.register(&agent_id, &tenant.name));
+        let mut answer = response.clone();
+        if let Some(r) = &registration {
+            answer.push((metadata::TETHER_RESUME, r.token.clone()));
+        }
         let keepalive = call.last_pong().clone();
-        let (sender, receiver) = match call.accept(&response) {
+        let (sender, receiver) = match call.accept(&answer) {
             Ok(halves) => halves,
             Err(e) => {
                 tracing::warn!(agent.id = %agent_id, error = %e, "could not answer agent stream");
@@ -140,8 +196,6 @@ impl AgentService {
             }
         };
         let hub = &self.hub;
-        let stream_gauge = hub.metrics.grpc_stream("Connect");
-        stream_gauge.inc();
         let session = Arc::new(AgentSession::new(
             agent_id,
             self.next_stream_id.fetch_add(1, Ordering::Relaxed),
@@ -153,7 +207,7 @@ impl AgentService {
                 dial_timeout: self.dial_timeout,
                 close_timeout: CLOSE_TIMEOUT,
                 limits: Limits::default(),
-                resumable: false,
+                resumable: registration.is_some(),
             },
             hub.metrics.clone(),
             hub.watch(&tenant),
@@ -161,32 +215,177 @@ impl AgentService {
             &self.server_id,
             control_plane.clone(),
         ));
-        let span =
-            tracing::info_span!("agent", agent.id = %session.agent_id, stream = session.stream_id);
+        let owner = StreamOwner {
+            service: self.clone(),
+            session,
+            tenant,
+            response,
+            registration,
+            _claim: claim,
+        };
+        tracing::info!(agent.id = %owner.session.agent_id, stream = owner.session.stream_id, credit = flow.is_credit(), reverse = control_plane.is_some(), resumable = owner.registration.is_some(), tenant = %owner.tenant.name, "agent connected");
+        // The stream outlives this call when it resumes on another: it has its own task.
+        self.streams.spawn(owner.run(receiver, sender));
+    }
+}
+
+/// The task that owns one agent stream, across the transports it runs on.
+#[derive(Debug)]
+struct StreamOwner {
+    service: Arc<AgentService>,
+    session: Arc<AgentSession>,
+    tenant: Arc<crate::tenant::Tenant>,
+    /// The response headers a resumed stream is answered with, besides its token.
+    response: Vec<(&'static str, String)>,
+    /// Set on a resumable stream.
+    registration: Option<Registration>,
+    _claim: super::admission::Claim,
+}
+
+impl StreamOwner {
+    async fn run(mut self, receiver: PacketReceiver, sender: PacketSender) {
+        let span = tracing::info_span!("agent", agent.id = %self.session.agent_id, stream = self.session.stream_id);
+        let hub = self.service.hub.clone();
+        let stream_gauge = hub.metrics.grpc_stream("Connect");
+        stream_gauge.inc();
         async {
-            tracing::info!(credit = flow.is_credit(), reverse = control_plane.is_some(), tenant = %tenant.name, "agent connected");
-            tenant.registry().add(session.clone(), &session.identifiers);
+            self.tenant
+                .registry()
+                .add(self.session.clone(), &self.session.identifiers);
             hub.refresh_backend_gauges();
-            let reason = session
-                .link
-                .drive(receiver, sender, std::future::pending())
-                .await;
-            session.reverse_tasks.close();
-            session.reverse_tasks.wait().await;
+            let reason = self.serve(receiver, sender).await;
+            let link = &self.session.link;
+            link.close(&reason);
+            self.session.reverse_tasks.close();
+            self.session.reverse_tasks.wait().await;
             tracing::info!(%reason, "agent disconnected");
             let gone = {
-                let mut registry = tenant.registry();
-                registry.remove(&session.agent_id, session.stream_id);
-                !registry.contains(&session.agent_id)
+                let mut registry = self.tenant.registry();
+                registry.remove(&self.session.agent_id, self.session.stream_id);
+                !registry.contains(&self.session.agent_id)
             };
             hub.refresh_backend_gauges();
             if gone {
-                hub.metrics.forget_agent(&session.agent_id);
+                hub.metrics.forget_agent(&self.session.agent_id);
             }
         }
         .instrument(span)
         .await;
         stream_gauge.dec();
+    }
+
+    /// Runs the stream's transports until it ends for good; returns why.
+    async fn serve(&mut self, mut receiver: PacketReceiver, mut sender: PacketSender) -> String {
+        let link = self.session.link.clone();
+        let stop = self.service.stop.clone();
+        let metrics = &self.service.hub.metrics.resume;
+        loop {
+            let mut taken_over = None;
+            let resumptions = self.registration.as_mut().map(|r| &mut r.resumptions);
+            let end = link
+                .run_transport(receiver, sender, async {
+                    tokio::select! {
+                        () = stop.cancelled() => TransportEnd::Final("server stopping".into()),
+                        Some(r) = next_resumption(resumptions) => {
+                            taken_over = Some(r);
+                            TransportEnd::Broken("the agent resumed the stream on a new connection".into())
+                        }
+                    }
+                })
+                .await;
+            let TransportEnd::Broken(why) = end else {
+                return end.reason().to_owned();
+            };
+            let Some(registration) = self.registration.as_mut() else {
+                return why;
+            };
+            if stop.is_cancelled() {
+                return why;
+            }
+            let window = self
+                .service
+                .resumable
+                .as_ref()
+                .map_or(Duration::ZERO, |r| r.window);
+            let Some(suspension) = link.suspend(window, metrics) else {
+                return why;
+            };
+            self.tenant
+                .registry()
+                .remove(&self.session.agent_id, self.session.stream_id);
+            self.service.hub.refresh_backend_gauges();
+            tracing::info!(%why, ?window, "agent stream broke; its connections wait for it to resume");
+            registration.set_suspended(true);
+            let abandoned = registration.abandoned.clone();
+            let next = match taken_over {
+                Some(r) => Some(r),
+                None => link
+                    .wait_resumed(async {
+                        tokio::select! {
+                            () = stop.cancelled() => None,
+                            () = abandoned.cancelled() => None,
+                            r = registration.resumptions.recv() => r,
+                        }
+                    })
+                    .await
+                    .flatten(),
+            };
+            registration.set_suspended(false);
+            let Some(Resumption {
+                call,
+                agent_received,
+            }) = next
+            else {
+                let (failure, ended) = if stop.is_cancelled() {
+                    (ResumeFailure::Stopping, "server stopping".to_owned())
+                } else if registration.abandoned.is_cancelled() {
+                    (
+                        ResumeFailure::Unknown,
+                        "the agent connected again without this stream (it restarted)".to_owned(),
+                    )
+                } else {
+                    (
+                        ResumeFailure::WindowExpired,
+                        format!("not resumed within --resume-window {window:?}"),
+                    )
+                };
+                metrics.failed(failure);
+                return format!("{ended}; the stream broke: {why}");
+            };
+            // Nothing arrives while suspended: this count is final until the new transport.
+            let received = link.resume_point().unwrap_or(0);
+            if let Err(e) = link.resume(agent_received, suspension, metrics) {
+                metrics.failed(ResumeFailure::BadSequence);
+                call.reject(&Status::new(
+                    Code::FAILED_PRECONDITION,
+                    format!("cannot resume: {e}"),
+                ));
+                return format!("cannot resume: {e}");
+            }
+            let mut answer = self.response.clone();
+            answer.push((metadata::TETHER_RESUME, registration.token.clone()));
+            answer.push((metadata::TETHER_RESUMED, received.to_string()));
+            self.session.set_keepalive(call.last_pong().clone());
+            (sender, receiver) = match call.accept(&answer) {
+                Ok(halves) => halves,
+                Err(e) => return format!("answering the resumed stream: {e}"),
+            };
+            self.tenant
+                .registry()
+                .add(self.session.clone(), &self.session.identifiers);
+            self.service.hub.refresh_backend_gauges();
+            tracing::info!("agent stream resumed");
+        }
+    }
+}
+
+/// The next resumption of a resumable stream; never for one that is not.
+async fn next_resumption(
+    resumptions: Option<&mut tokio::sync::mpsc::Receiver<Resumption>>,
+) -> Option<Resumption> {
+    match resumptions {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
     }
 }
 

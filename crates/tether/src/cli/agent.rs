@@ -438,6 +438,7 @@ impl AgentArgs {
             lease_counting: None,
             audit_log: tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path),
             control_plane,
+            resume_window: self.flow.resume_window,
         })
     }
 

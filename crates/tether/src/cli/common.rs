@@ -182,6 +182,12 @@ pub(crate) struct FlowArgs {
     /// error and the stream moves on.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = go_duration)]
     pub(crate) legacy_stall_timeout: std::time::Duration,
+
+    /// How long the connections of an agent stream whose transport broke (a reset, a
+    /// timeout, a middlebox) wait for the agent to reconnect and resume the stream, losing
+    /// nothing; then they close with an error. Between tether peers only; 0 turns it off.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = go_duration)]
+    pub(crate) resume_window: std::time::Duration,
 }
 
 impl FlowArgs {
@@ -291,6 +297,7 @@ mod tests {
             connection_window: window,
             legacy_connection_buffer: legacy,
             legacy_stall_timeout: std::time::Duration::from_secs(2),
+            resume_window: std::time::Duration::from_secs(30),
         };
         let config = flow(1 << 20, 8 << 20).to_config().unwrap();
         assert_eq!(

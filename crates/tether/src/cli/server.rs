@@ -393,6 +393,7 @@ impl ServerArgs {
                 ControlPlane::Listed(list) => Some(list.clone()),
                 ControlPlane::Default | ControlPlane::Off => None,
             },
+            resume_window: self.flow.resume_window,
         };
         Ok(ServerLaunch {
             config,

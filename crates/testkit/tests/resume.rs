@@ -1,0 +1,474 @@
+//! Resumable agent streams: a loopback relay between the agent and the server is cut (every
+//! connection through it reset), and the tunnelled connections go on as if nothing happened,
+//! byte-exact, or, when the cut outlasts the resume window or the server lost its state,
+//! end with an error and leave nothing behind.
+//!
+//! Its own test binary, and its tests take turns (`SERIAL`), so that descriptor counts
+//! compare with a baseline nothing else in the process moves.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tether_agent::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
+use tether_client::{GrpcClient, Transport};
+use tether_observe::metrics::open_fds;
+use tether_server::ControlPlaneEndpoints;
+use tether_testkit::cut_relay::CuttingRelay;
+use tether_testkit::http::metric_value;
+use tether_testkit::targets::EchoServer;
+use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Bounds that only catch a hang.
+const STEP: Duration = Duration::from_secs(30);
+const GIB: u64 = 1 << 30;
+
+/// Polls `check` every 20 ms until it holds or `STEP` passes.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = Instant::now() + STEP;
+    while !check().await {
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A server, an agent that reaches it through a cutting relay, an echo target and a gRPC
+/// client on the server's Unix socket (kube-apiserver's usual frontend).
+struct Setup {
+    pki: Pki,
+    server: TestServer,
+    relay: CuttingRelay,
+    agent: TestAgent,
+    echo: EchoServer,
+    client: GrpcClient,
+}
+
+impl Setup {
+    async fn start(window: Duration) -> Self {
+        Self::start_with(
+            ServerOptions {
+                resume_window: window,
+                ..Default::default()
+            },
+            AgentOptions {
+                resume_window: window,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn start_with(server: ServerOptions, agent: AgentOptions) -> Self {
+        tether_testkit::init_logging();
+        let pki = Pki::generate().unwrap();
+        let server = TestServer::start(&pki, server).await.unwrap();
+        let relay = CuttingRelay::start(server.agent_addr).await.unwrap();
+        let agent = TestAgent::start(&pki, relay.addr, agent).await.unwrap();
+        server.wait_ready().await.unwrap();
+        agent.wait_ready().await.unwrap();
+        let echo = EchoServer::start().await.unwrap();
+        let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
+            .await
+            .unwrap();
+        Self {
+            pki,
+            server,
+            relay,
+            agent,
+            echo,
+            client,
+        }
+    }
+
+    async fn agent_metric(&self, sample: &str) -> f64 {
+        metric_value(&self.agent.metrics().await.unwrap(), sample).unwrap_or(0.0)
+    }
+
+    async fn server_metric(&self, sample: &str) -> f64 {
+        metric_value(&self.server.metrics().await.unwrap(), sample).unwrap_or(0.0)
+    }
+
+    /// Cuts the agent's stream and waits until both ends resumed it.
+    async fn cut_and_wait(&self) {
+        let before = self.agent_metric(RESUMES_AGENT).await;
+        self.relay.cut();
+        eventually("both ends resumed the stream", || async {
+            self.agent_metric(RESUMES_AGENT).await > before
+                && self.server_metric(RESUMES_SERVER).await > before
+        })
+        .await;
+    }
+}
+
+const RESUMES_AGENT: &str = "tether_agent_resumes_total";
+const RESUMES_SERVER: &str = "tether_server_resumes_total";
+
+/// The byte at `offset` of the stream: any loss, duplicate or reordering shows.
+fn byte_at(offset: u64) -> u8 {
+    let x = offset.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 56) as u8 ^ (offset >> 20) as u8
+}
+
+fn fill(buf: &mut [u8], offset: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = byte_at(offset + i as u64);
+    }
+}
+
+/// Sends `total` bytes of the pattern and checks the echo, while `progress` counts what
+/// came back.
+async fn echo_pattern<S>(stream: S, total: u64, progress: Arc<AtomicU64>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let writer = tokio::spawn(async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut sent = 0;
+        while sent < total {
+            let n = (total - sent).min(buf.len() as u64) as usize;
+            fill(&mut buf[..n], sent);
+            wr.write_all(&buf[..n])
+                .await
+                .expect("write through the tunnel");
+            sent += n as u64;
+        }
+        wr
+    });
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut expected = vec![0u8; 256 * 1024];
+    let mut got = 0;
+    while got < total {
+        let n = rd.read(&mut buf).await.expect("read through the tunnel");
+        assert!(n > 0, "the tunnel ended after {got} of {total} bytes");
+        fill(&mut expected[..n], got);
+        assert!(
+            buf[..n] == expected[..n],
+            "bytes {got}..{} differ from what was sent",
+            got + n as u64
+        );
+        got += n as u64;
+        progress.store(got, Ordering::Relaxed);
+    }
+    writer.await.expect("writer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gib_each_way_stays_byte_exact_across_five_cuts() {
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    let progress = Arc::new(AtomicU64::new(0));
+    let transfer = tokio::spawn(echo_pattern(tunnel, GIB, progress.clone()));
+    // Five cuts at random points of the transfer, each once the last one resumed.
+    let mut points: Vec<u64> = (0..5)
+        .map(|_| tether_proto::random_u64() % (GIB - GIB / 8))
+        .collect();
+    points.sort_unstable();
+    for point in points {
+        eventually("the transfer reaches the next cut point", || async {
+            progress.load(Ordering::Relaxed) >= point
+        })
+        .await;
+        s.cut_and_wait().await;
+    }
+    tokio::time::timeout(Duration::from_secs(300), transfer)
+        .await
+        .expect("the transfer ends")
+        .expect("byte-exact both ways");
+    assert_eq!(s.agent_metric(RESUMES_AGENT).await, 5.0);
+    assert_eq!(s.server_metric(RESUMES_SERVER).await, 5.0);
+    for (side, text) in [
+        ("agent", s.agent.metrics().await.unwrap()),
+        ("server", s.server.metrics().await.unwrap()),
+    ] {
+        assert!(
+            !text.contains("resume_failures_total{"),
+            "{side} reports a failed resume"
+        );
+        eprintln!(
+            "{side}: replayed {} bytes in {} packets over 5 resumes, pause sum {:.1} ms",
+            metric_value(&text, &format!("tether_{side}_resume_replayed_bytes_total")).unwrap(),
+            metric_value(
+                &text,
+                &format!("tether_{side}_resume_replayed_packets_total")
+            )
+            .unwrap(),
+            metric_value(&text, &format!("tether_{side}_resume_pause_seconds_sum")).unwrap()
+                * 1000.0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_pong_keeps_going_across_cuts() {
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let mut tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    let mut round_trips = Vec::new();
+    let mut cut_rounds = Vec::new();
+    let mut ping = [0u8; 64];
+    let mut pong = [0u8; 64];
+    for round in 0..600u32 {
+        if round % 100 == 50 {
+            s.relay.cut();
+            cut_rounds.push(round_trips.len());
+        }
+        ping[..4].copy_from_slice(&round.to_be_bytes());
+        let started = Instant::now();
+        tunnel.write_all(&ping).await.unwrap();
+        tokio::time::timeout(STEP, tunnel.read_exact(&mut pong))
+            .await
+            .expect("the pong arrives")
+            .unwrap();
+        round_trips.push(started.elapsed());
+        assert_eq!(pong, ping, "round {round}");
+    }
+    assert_eq!(s.agent_metric(RESUMES_AGENT).await, 6.0);
+    let mut pauses: Vec<Duration> = cut_rounds.iter().map(|&i| round_trips[i]).collect();
+    pauses.sort_unstable();
+    let mut all = round_trips.clone();
+    all.sort_unstable();
+    eprintln!(
+        "ping-pong across 6 cuts: the round trip at a cut p50 {:?}, max {:?}; all rounds p50 {:?}",
+        pauses[pauses.len() / 2],
+        pauses[pauses.len() - 1],
+        all[all.len() / 2]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_connections_all_survive_a_cut() {
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let mut tunnels = Vec::new();
+    for _ in 0..200 {
+        tunnels.push(s.client.dial(&s.echo.addr.to_string()).await.unwrap());
+    }
+    async fn exchange(tunnels: &mut [tether_client::TunnelStream], seed: u64) {
+        for (i, t) in tunnels.iter_mut().enumerate() {
+            let data = tether_testkit::targets::pattern(seed + i as u64, 1024);
+            t.write_all(&data).await.unwrap();
+        }
+        for (i, t) in tunnels.iter_mut().enumerate() {
+            let data = tether_testkit::targets::pattern(seed + i as u64, 1024);
+            let mut got = vec![0u8; data.len()];
+            tokio::time::timeout(STEP, t.read_exact(&mut got))
+                .await
+                .expect("echo in time")
+                .unwrap();
+            assert!(got == data, "connection {i} after seed {seed}");
+        }
+    }
+    exchange(&mut tunnels, 1).await;
+    assert_eq!(
+        s.agent_metric("konnectivity_network_proxy_agent_open_endpoint_connections")
+            .await,
+        200.0
+    );
+    // Half of them have bytes in flight when the stream is cut.
+    for (i, t) in tunnels.iter_mut().enumerate().step_by(2) {
+        t.write_all(&tether_testkit::targets::pattern(1000 + i as u64, 1024))
+            .await
+            .unwrap();
+    }
+    s.cut_and_wait().await;
+    for (i, t) in tunnels.iter_mut().enumerate().step_by(2) {
+        let data = tether_testkit::targets::pattern(1000 + i as u64, 1024);
+        let mut got = vec![0u8; data.len()];
+        tokio::time::timeout(STEP, t.read_exact(&mut got))
+            .await
+            .expect("echo in time")
+            .unwrap();
+        assert!(got == data, "connection {i}'s bytes in flight at the cut");
+    }
+    exchange(&mut tunnels, 2).await;
+    assert_eq!(
+        s.server_metric("konnectivity_network_proxy_server_established_connections")
+            .await,
+        200.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() {
+    let _serial = SERIAL.lock().await;
+    let window = Duration::from_secs(1);
+    let s = Setup::start(window).await;
+    let fds = open_fds().unwrap();
+    let mut tunnels = Vec::new();
+    for i in 0..20 {
+        let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+        tunnels.push(echo_once(t, i).await);
+    }
+    // An outage: the stream is cut and the agent cannot reach the server for 3 windows.
+    s.relay.set_refusing(true);
+    s.relay.cut();
+    let cut_at = Instant::now();
+    for (i, t) in tunnels.iter_mut().enumerate() {
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(STEP, t.read(&mut buf))
+            .await
+            .expect("the connection ends");
+        assert!(
+            read.is_err(),
+            "connection {i} ended without an error: {read:?}"
+        );
+    }
+    let ended_after = cut_at.elapsed();
+    assert!(
+        ended_after >= window,
+        "the connections ended after {ended_after:?}, before the window"
+    );
+    drop(tunnels);
+    for (side, metric) in [
+        (
+            "agent",
+            "tether_agent_resume_failures_total{reason=\"window_expired\"}",
+        ),
+        (
+            "server",
+            "tether_server_resume_failures_total{reason=\"window_expired\"}",
+        ),
+    ] {
+        let value = if side == "agent" {
+            s.agent_metric(metric).await
+        } else {
+            s.server_metric(metric).await
+        };
+        assert_eq!(value, 1.0, "{metric}");
+    }
+    tokio::time::sleep(window * 2).await;
+    s.relay.set_refusing(false);
+    eventually("the agent is back, and every count is zero", || async {
+        s.server_metric("konnectivity_network_proxy_server_ready_backend_connections")
+            .await
+            == 1.0
+            && s.server_metric("konnectivity_network_proxy_server_established_connections")
+                .await
+                == 0.0
+            && s.server_metric("tether_server_suspended_connections").await == 0.0
+            && s.agent_metric("tether_agent_suspended_connections").await == 0.0
+            && s.agent_metric("konnectivity_network_proxy_agent_open_endpoint_connections")
+                .await
+                == 0.0
+            && s.server_metric("tether_server_agent_pending_dials{agent_id=\"\"}")
+                .await
+                == 0.0
+    })
+    .await;
+    eventually("descriptors are back to the baseline", || async {
+        open_fds().unwrap() <= fds
+    })
+    .await;
+    // The new stream carries connections again.
+    let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    echo_once(t, 99).await;
+}
+
+async fn echo_once<S: AsyncRead + AsyncWrite + Unpin>(mut t: S, seed: u64) -> S {
+    let data = tether_testkit::targets::pattern(seed, 512);
+    t.write_all(&data).await.unwrap();
+    let mut got = vec![0u8; data.len()];
+    tokio::time::timeout(STEP, t.read_exact(&mut got))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert!(got == data);
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_lost_the_stream_ends_its_connections_at_once() {
+    let _serial = SERIAL.lock().await;
+    let mut s = Setup::start(Duration::from_secs(30)).await;
+    // The destination is a listener here, to see when the agent lets go of it.
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tunnel = s
+        .client
+        .dial(&target.local_addr().unwrap().to_string())
+        .await
+        .unwrap();
+    let (mut far_end, _) = target.accept().await.unwrap();
+    // The server goes away while the agent cannot reach it; a new one (same ID, same
+    // port, none of the old one's state) takes its place.
+    s.relay.set_refusing(true);
+    s.relay.cut();
+    let agent_addr = s.server.agent_addr;
+    drop(tunnel);
+    s.server.stop().await;
+    s.server = TestServer::start(
+        &s.pki,
+        ServerOptions {
+            agent_addr: Some(agent_addr),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let back = Instant::now();
+    s.relay.set_refusing(false);
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(STEP, far_end.read(&mut buf))
+        .await
+        .expect("the agent closes the destination connection");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let took = back.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the agent held the connection {took:?}, as if waiting out its 30 s window"
+    );
+    assert_eq!(
+        s.agent_metric("tether_agent_resume_failures_total{reason=\"unknown_session\"}")
+            .await,
+        1.0
+    );
+    s.server.wait_ready().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_connection_from_the_node_survives_a_cut() {
+    let _serial = SERIAL.lock().await;
+    let endpoint = EchoServer::start().await.unwrap();
+    let s = Setup::start_with(
+        ServerOptions {
+            control_plane: ControlPlaneEndpoints::new(vec![endpoint.addr.to_string()]),
+            ..Default::default()
+        },
+        AgentOptions {
+            control_plane: Some(ControlPlaneConfig {
+                listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+                endpoint: String::new(),
+                max_connections: 10,
+                protocol: ControlPlaneProtocol::Tcp,
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let listen = s.agent.control_plane_addr.clone().unwrap();
+    let stream = TcpStream::connect(&listen).await.unwrap();
+    // A long-lived stream, as a watch is: 64 MiB echoed, cut twice on the way.
+    let progress = Arc::new(AtomicU64::new(0));
+    let transfer = tokio::spawn(echo_pattern(stream, 64 << 20, progress.clone()));
+    for point in [16 << 20, 40 << 20] {
+        eventually("the transfer reaches the cut point", || async {
+            progress.load(Ordering::Relaxed) >= point
+        })
+        .await;
+        s.cut_and_wait().await;
+    }
+    tokio::time::timeout(Duration::from_secs(120), transfer)
+        .await
+        .expect("the transfer ends")
+        .expect("byte-exact both ways");
+}
