@@ -49,7 +49,8 @@ impl Input<'_> {
 
 pub fn check(data: &[u8]) {
     let mut input = Input(data);
-    let role = if input.byte() % 2 == 0 {
+    let first = input.byte();
+    let role = if first % 2 == 0 {
         Role::Server
     } else {
         Role::Agent
@@ -71,7 +72,8 @@ pub fn check(data: &[u8]) {
         dial_timeout: Duration::from_secs(30),
         close_timeout: Duration::from_secs(10),
         limits,
-        resumable: false,
+        // Resumable sessions number, log and acknowledge every packet; only with credit.
+        resumable: flow.is_credit() && first & 2 != 0,
     });
     let mut now = Instant::now();
     let mut opened: HashMap<ConnectId, u32> = HashMap::new();
@@ -172,7 +174,24 @@ pub fn check(data: &[u8]) {
                 now += Duration::from_millis(u64::from(input.byte()) * 200);
                 s.handle_timeout(now);
             }
-            _ => s.drain(),
+            _ => match input.byte() % 4 {
+                0 => s.drain(),
+                // A broken transport, and a resume with whatever count the peer claims.
+                1 => {
+                    s.suspend(now, Duration::from_secs(5));
+                }
+                2 => {
+                    let _ = s.resume(u64::from(input.byte()));
+                }
+                _ => {
+                    let ack = Packet::ResumeAck {
+                        received: u64::from(input.byte()),
+                    };
+                    if s.handle_packet(now, ack).is_err() {
+                        s.close_stream(now, "violation");
+                    }
+                }
+            },
         }
         record(&mut s, &mut opened, &mut ended);
         check_bounds(&s);
@@ -195,6 +214,7 @@ pub fn check(data: &[u8]) {
     assert_eq!(s.connection_count(), 0, "a connection outlived its stream");
     assert_eq!(s.pending_dial_count(), 0, "a pending dial never ended");
     assert_eq!(s.queued_bytes(), 0);
+    assert_eq!(s.replay_log(), (0, 0), "the replay log outlived its stream");
     assert_eq!(opened, ended, "every opened connection ends exactly once");
 }
 

@@ -69,6 +69,10 @@ impl Setup {
 
     async fn start_with(server: ServerOptions, agent: AgentOptions) -> Self {
         tether_testkit::init_logging();
+        let agent = AgentOptions {
+            agent_id: AGENT_ID.into(),
+            ..agent
+        };
         let pki = Pki::generate().unwrap();
         let server = TestServer::start(&pki, server).await.unwrap();
         let relay = CuttingRelay::start(server.agent_addr).await.unwrap();
@@ -109,6 +113,7 @@ impl Setup {
     }
 }
 
+const AGENT_ID: &str = "resume-agent";
 const RESUMES_AGENT: &str = "tether_agent_resumes_total";
 const RESUMES_SERVER: &str = "tether_server_resumes_total";
 
@@ -275,13 +280,43 @@ async fn two_hundred_connections_all_survive_a_cut() {
             .await,
         200.0
     );
-    // Half of them have bytes in flight when the stream is cut.
+    // Half of them have bytes in flight when the stream is cut, and the agent cannot
+    // reconnect at once: both ends hold every connection, suspended.
+    s.relay.set_refusing(true);
     for (i, t) in tunnels.iter_mut().enumerate().step_by(2) {
         t.write_all(&tether_testkit::targets::pattern(1000 + i as u64, 1024))
             .await
             .unwrap();
     }
-    s.cut_and_wait().await;
+    s.relay.cut();
+    eventually("both ends suspended all 200 connections", || async {
+        s.agent_metric("tether_agent_suspended_connections").await == 200.0
+            && s.server_metric("tether_server_suspended_connections").await == 200.0
+    })
+    .await;
+    let replay = (
+        s.server_metric("tether_server_suspended_replay_bytes")
+            .await,
+        s.agent_metric("tether_agent_suspended_replay_bytes").await,
+    );
+    eprintln!(
+        "200 suspended connections (100 with 1 KiB in flight): replay logs hold {} bytes on the server, {} on the agent: {:.0} and {:.0} bytes per connection",
+        replay.0,
+        replay.1,
+        replay.0 / 200.0,
+        replay.1 / 200.0
+    );
+    // What was unacknowledged at the cut is at most the 100 KiB in flight, each way.
+    assert!(
+        replay.0 <= 100.0 * 1024.0 && replay.1 <= 100.0 * 1024.0,
+        "{replay:?}"
+    );
+    let before = s.agent_metric(RESUMES_AGENT).await;
+    s.relay.set_refusing(false);
+    eventually("the agent resumed the stream", || async {
+        s.agent_metric(RESUMES_AGENT).await > before
+    })
+    .await;
     for (i, t) in tunnels.iter_mut().enumerate().step_by(2) {
         let data = tether_testkit::targets::pattern(1000 + i as u64, 1024);
         let mut got = vec![0u8; data.len()];
@@ -361,7 +396,12 @@ async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() 
             && s.agent_metric("konnectivity_network_proxy_agent_open_endpoint_connections")
                 .await
                 == 0.0
-            && s.server_metric("tether_server_agent_pending_dials{agent_id=\"\"}")
+            && s.server_metric(&format!(
+                "tether_server_agent_pending_dials{{agent_id=\"{AGENT_ID}\"}}"
+            ))
+            .await
+                == 0.0
+            && s.server_metric("tether_server_suspended_replay_bytes")
                 .await
                 == 0.0
     })

@@ -1,7 +1,8 @@
 //! Node → API server through the agent's tunnel (tether's reverse dials), with the real
 //! kube-apiserver and kubectl: `kubectl --server https://127.0.0.1:<agent's listener>` runs
 //! `get`, a large `get` and a `watch` that stays open across several events, through
-//! agent → server → API server. A reverse dial to an address outside the server's
+//! agent → server → API server. The agent reaches the server through a relay that the test
+//! cuts mid-watch: the watch goes on over the resumed stream, on the same connection. A reverse dial to an address outside the server's
 //! `--control-plane-endpoints` is refused, counted and audited; against upstream's
 //! proxy-server the agent says the feature is off and forward traffic still works.
 //!
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use tether_testkit::Pki;
 use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
+use tether_testkit::cut_relay::CuttingRelay;
 use tether_testkit::http::metric_value;
 use tether_testkit::process::{Frontend, Process, free_port, spawn_agent, spawn_server};
 use tether_testkit::targets::EchoServer;
@@ -111,7 +113,8 @@ async fn kubectl_reaches_the_api_server_through_the_agents_tunnel() -> anyhow::R
     .await?;
     let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let listen_flag = format!("--control-plane-listen={listener}");
-    let agent = spawn_agent(tether_bin(), &pki, server.agent_addr, &[&listen_flag]).await?;
+    let relay = CuttingRelay::start(server.agent_addr).await?;
+    let agent = spawn_agent(tether_bin(), &pki, relay.addr, &[&listen_flag]).await?;
     eventually("the agent's stream accepted for reverse dials", || async {
         metric(
             &server.process,
@@ -183,8 +186,20 @@ async fn kubectl_reaches_the_api_server_through_the_agents_tunnel() -> anyhow::R
             assert!(open_before >= 1.0, "the watch holds a reverse connection");
             dials = metric(&server.process, connected).await;
         }
+        if i == 2 {
+            // Mid-watch, the agent's stream is cut: the watch pauses, then goes on.
+            relay.cut();
+            eventually("the agent resumed its stream", || async {
+                metric(&agent, "tether_agent_resumes_total").await >= 1.0
+            })
+            .await?;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    assert_eq!(
+        metric(&server.process, "tether_server_resumes_total").await,
+        1.0
+    );
     assert!(watch.try_wait()?.is_none(), "the watch is still running");
     assert_eq!(
         metric(&server.process, connected).await,

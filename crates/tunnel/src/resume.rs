@@ -47,6 +47,8 @@ impl ResumeFailure {
 pub struct ResumeMetrics {
     /// Connections on suspended streams.
     pub suspended_connections: Arc<Gauge>,
+    /// What suspended streams keep to write again: DATA payload bytes of their replay logs.
+    suspended_replay_bytes: Arc<Gauge>,
     resumes: Arc<Counter>,
     replayed_bytes: Arc<Counter>,
     replayed_packets: Arc<Counter>,
@@ -62,6 +64,10 @@ impl ResumeMetrics {
             suspended_connections: registry.gauge(
                 &name("suspended_connections"),
                 "Connections on agent streams whose transport broke, waiting to resume.",
+            ),
+            suspended_replay_bytes: registry.gauge(
+                &name("suspended_replay_bytes"),
+                "DATA payload bytes suspended agent streams keep to write again after a resume.",
             ),
             resumes: registry.counter(
                 &name("resumes_total"),
@@ -105,12 +111,15 @@ impl ResumeMetrics {
 pub struct Suspension {
     pub since: Instant,
     connections: i64,
-    gauge: Arc<Gauge>,
+    replay_bytes: i64,
+    connections_gauge: Arc<Gauge>,
+    replay_gauge: Arc<Gauge>,
 }
 
 impl Drop for Suspension {
     fn drop(&mut self) {
-        self.gauge.add(-self.connections);
+        self.connections_gauge.add(-self.connections);
+        self.replay_gauge.add(-self.replay_bytes);
     }
 }
 
@@ -122,13 +131,18 @@ impl Link {
         window: Duration,
         metrics: &ResumeMetrics,
     ) -> Option<Suspension> {
-        let connections =
-            self.update(|s, now| s.suspend(now, window).then(|| s.connection_count() as i64))?;
+        let (connections, replay_bytes) = self.update(|s, now| {
+            s.suspend(now, window)
+                .then(|| (s.connection_count() as i64, s.replay_log().0 as i64))
+        })?;
         metrics.suspended_connections.add(connections);
+        metrics.suspended_replay_bytes.add(replay_bytes);
         Some(Suspension {
             since: Instant::now(),
             connections,
-            gauge: metrics.suspended_connections.clone(),
+            replay_bytes,
+            connections_gauge: metrics.suspended_connections.clone(),
+            replay_gauge: metrics.suspended_replay_bytes.clone(),
         })
     }
 
