@@ -365,23 +365,14 @@ async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() 
         "the connections ended after {ended_after:?}, before the window"
     );
     drop(tunnels);
-    for (side, metric) in [
-        (
-            "agent",
-            "tether_agent_resume_failures_total{reason=\"window_expired\"}",
-        ),
-        (
-            "server",
-            "tether_server_resume_failures_total{reason=\"window_expired\"}",
-        ),
-    ] {
-        let value = if side == "agent" {
-            s.agent_metric(metric).await
-        } else {
-            s.server_metric(metric).await
+    eventually("both ends counted the expired window", || async {
+        let expired = |side: &str| {
+            format!("tether_{side}_resume_failures_total{{reason=\"window_expired\"}}")
         };
-        assert_eq!(value, 1.0, "{metric}");
-    }
+        s.agent_metric(&expired("agent")).await == 1.0
+            && s.server_metric(&expired("server")).await == 1.0
+    })
+    .await;
     tokio::time::sleep(window * 2).await;
     s.relay.set_refusing(false);
     eventually("the agent is back, and every count is zero", || async {
@@ -406,10 +397,21 @@ async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() 
                 == 0.0
     })
     .await;
-    eventually("descriptors are back to the baseline", || async {
-        open_fds().unwrap() <= fds
-    })
-    .await;
+    let settled = Instant::now() + STEP;
+    while open_fds().unwrap() > fds {
+        if Instant::now() > settled {
+            let list: Vec<String> = std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .map(|p| p.display().to_string())
+                .collect();
+            panic!(
+                "descriptors {} > baseline {fds}: {list:?}",
+                open_fds().unwrap()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // The new stream carries connections again.
     let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
     echo_once(t, 99).await;
@@ -511,4 +513,118 @@ async fn a_control_plane_connection_from_the_node_survives_a_cut() {
         .await
         .expect("the transfer ends")
         .expect("byte-exact both ways");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dials_racing_a_cut_all_succeed() {
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let target = s.echo.addr.to_string();
+    for round in 0..20u64 {
+        // The DIAL_REQ or its answer is in flight (or just through) when the stream breaks.
+        let dial = s.client.dial(&target);
+        let cut = async {
+            tokio::time::sleep(Duration::from_micros(round * 150)).await;
+            s.relay.cut();
+        };
+        let (tunnel, ()) = tokio::join!(dial, cut);
+        let tunnel = tunnel.unwrap_or_else(|e| panic!("dial {round} failed across a cut: {e}"));
+        echo_once(tunnel, round).await;
+    }
+    assert!(
+        !s.agent
+            .metrics()
+            .await
+            .unwrap()
+            .contains("resume_failures_total{"),
+        "every cut was resumed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
+    use tether_grpc::client::Channel;
+    use tether_grpc::{Code, GrpcError, H2Settings};
+    use tether_proto::metadata;
+
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    let mut tunnel = echo_once(tunnel, 1).await;
+    // The real agent's stream is suspended: it cannot reach the server.
+    s.relay.set_refusing(true);
+    s.relay.cut();
+    eventually("the server suspended the agent's stream", || async {
+        s.server_metric("tether_server_suspended_connections").await == 1.0
+    })
+    .await;
+    // Another agent (same CA, another agent ID) guesses tokens and sends junk.
+    let tls = tether_tls::client_config(
+        &s.pki.files.ca_cert,
+        Some((&s.pki.files.agent_cert, &s.pki.files.agent_key)),
+        vec![b"h2".to_vec()],
+        &tether_tls::TlsOptions::default(),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(s.server.agent_addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
+        .await
+        .unwrap();
+    tokio::spawn(driver.run());
+    let connect = |resume_from: &str| {
+        let metadata = vec![
+            (metadata::AGENT_ID, "intruder".to_owned()),
+            tether_server::FlowConfig::default().announce(),
+            (metadata::TETHER_RESUME, "1".to_owned()),
+            (metadata::TETHER_RESUME_FROM, resume_from.to_owned()),
+        ];
+        let channel = &channel;
+        async move {
+            let (_tx, mut rx) = channel
+                .call(tether_proto::path::CONNECT, &metadata)
+                .await
+                .unwrap();
+            tokio::time::timeout(STEP, rx.response_headers())
+                .await
+                .unwrap()
+                .map(Clone::clone)
+        }
+    };
+    let guessed = format!("{}:0", "0123456789abcdef".repeat(2));
+    let headers = connect(&guessed)
+        .await
+        .expect("a new stream, not a refusal");
+    assert!(
+        headers.get(metadata::TETHER_RESUMED).is_none(),
+        "a guessed token resumed nothing"
+    );
+    assert!(headers.get(metadata::TETHER_RESUME).is_some());
+    for junk in ["nonsense", "abc:1", &format!("{}:x", "ab".repeat(16))] {
+        match connect(junk).await {
+            Err(GrpcError::Status(status)) => {
+                assert_eq!(status.code, Code::INVALID_ARGUMENT, "{junk:?}: {status:?}");
+            }
+            other => panic!("{junk:?} was not refused: {other:?}"),
+        }
+    }
+    // The real agent resumes its stream as if nothing happened.
+    s.relay.set_refusing(false);
+    eventually("the agent resumed", || async {
+        s.agent_metric(RESUMES_AGENT).await == 1.0
+    })
+    .await;
+    tunnel = echo_once(tunnel, 2).await;
+    drop(tunnel);
+    assert!(
+        !s.server
+            .metrics()
+            .await
+            .unwrap()
+            .contains("resume_failures_total{")
+    );
 }
