@@ -592,7 +592,7 @@ async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
             tokio::time::timeout(STEP, rx.response_headers())
                 .await
                 .unwrap()
-                .map(Clone::clone)
+                .cloned()
         }
     };
     let guessed = format!("{}:0", "0123456789abcdef".repeat(2));
