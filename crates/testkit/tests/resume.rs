@@ -628,3 +628,52 @@ async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
             .contains("resume_failures_total{")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_restarted_ends_its_old_streams_connections_at_once() {
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    let mut tunnel = echo_once(tunnel, 1).await;
+    // The stream breaks, and the agent goes away before it can resume it.
+    s.relay.set_refusing(true);
+    s.relay.cut();
+    eventually("the server suspended the agent's stream", || async {
+        s.server_metric("tether_server_suspended_connections").await == 1.0
+    })
+    .await;
+    s.agent.stop().await;
+    // The agent comes back (same ID, none of its old state) and connects directly.
+    let restarted = Instant::now();
+    let agent = TestAgent::start(
+        &s.pki,
+        s.server.agent_addr,
+        AgentOptions {
+            agent_id: AGENT_ID.into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(STEP, tunnel.read(&mut buf))
+        .await
+        .expect("the old connection ends");
+    assert!(read.is_err(), "the old connection ended without an error");
+    let took = restarted.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the server held the old stream {took:?}, as if waiting out its 30 s window"
+    );
+    let text = s.server.metrics().await.unwrap();
+    assert_eq!(
+        metric_value(
+            &text,
+            "tether_server_resume_failures_total{reason=\"unknown_session\"}"
+        ),
+        Some(1.0)
+    );
+    agent.wait_ready().await.unwrap();
+    let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    echo_once(t, 2).await;
+}
