@@ -106,6 +106,9 @@ enum Cmd {
         /// Mutual TLS from incoming connections, as a server.
         #[arg(long, requires_all = ["ca", "cert", "key"])]
         tls_accept: bool,
+        /// SIGUSR1 closes every connection through the relay (a middlebox cutting flows).
+        #[arg(long)]
+        cut_on_sigusr1: bool,
         /// CA bundle that verifies the TLS peer.
         #[arg(long)]
         ca: Option<PathBuf>,
@@ -172,6 +175,7 @@ fn main() -> ExitCode {
                 ref to,
                 tls_connect,
                 tls_accept,
+                cut_on_sigusr1,
                 ref ca,
                 ref cert,
                 ref key,
@@ -188,7 +192,7 @@ fn main() -> ExitCode {
                 } else {
                     relay::Tls::None
                 };
-                relay::serve(listen, to, tls)
+                relay::serve(listen, to, tls, cut_on_sigusr1)
                     .await
                     .map(|()| ExitCode::SUCCESS)
             }
@@ -253,6 +257,8 @@ enum Task {
         agents: usize,
         large: bool,
     },
+    /// A fresh tether system whose agent link is cut again and again.
+    Resume { run: usize, system: System },
 }
 
 fn rewrite_report(dir: &Path) -> anyhow::Result<ExitCode> {
@@ -406,6 +412,14 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        if workloads.contains(&Workload::Resume) {
+            // A tether-only extension: the agent link is the same whatever the frontend,
+            // so kube-apiserver's default shape (gRPC on a Unix socket) stands for all.
+            let system = System::Konn(Impl::Tether, Frontend::GrpcUds);
+            if systems.contains(&system) {
+                tasks.push(Task::Resume { run, system });
+            }
+        }
         if workloads.contains(&Workload::FanIn) {
             for imp in [Impl::Tether, Impl::TetherBefore, Impl::Upstream] {
                 if systems
@@ -436,6 +450,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 + workloads.iter().map(|w| w.weight(&p)).sum::<f64>()
         }
         Task::IdleConns { .. } => 2.0 + Workload::IdleConns.weight(&p),
+        Task::Resume { .. } => 2.0 + Workload::Resume.weight(&p),
         Task::FanIn { agents, large, .. } => {
             1.0 + *agents as f64 / 800.0
                 + 4.0 * p.settle.as_secs_f64()
@@ -523,6 +538,38 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                         ));
                     }
                     Err(e) => fail(&progress, &mut results, *system, "idle-conns", &e),
+                }
+            }
+            Task::Resume { run, system } => {
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · {} · ping-pong across {} cuts of the agent's stream",
+                        p.runs,
+                        system.name(),
+                        p.resume_cuts
+                    ),
+                    weight(task),
+                );
+                let outcome = async {
+                    let r = Running::start_with_cut_relay(&env, *system).await?;
+                    let res = tokio::time::timeout(
+                        Duration::from_secs(120),
+                        workloads::resume::run(&r, &p),
+                    )
+                    .await;
+                    r.stop().await;
+                    res.map_err(|_| anyhow::anyhow!("timed out"))?
+                }
+                .await;
+                match outcome {
+                    Ok([p50, max]) => {
+                        results.add(*system, Metric::ResumePauseP50, *run, p50);
+                        results.add(*system, Metric::ResumePauseMax, *run, max);
+                        progress.note(&format!(
+                            "resume: the round trip across a cut p50 {p50:.1} ms, max {max:.1} ms"
+                        ));
+                    }
+                    Err(e) => fail(&progress, &mut results, *system, "resume", &e),
                 }
             }
             Task::FanIn {
@@ -795,7 +842,7 @@ async fn run_instance(
                         x.bulk_ratio()
                     ));
                 }
-                Workload::IdleConns | Workload::FanIn => {}
+                Workload::IdleConns | Workload::FanIn | Workload::Resume => {}
             }
             anyhow::Ok(())
         }
@@ -875,6 +922,7 @@ fn missing_figures(results: &Results, tasks: &[Task]) -> Vec<String> {
                 (*system, m)
             }
             Task::IdleConns { system, .. } => (*system, vec![Metric::ConnTotal]),
+            Task::Resume { system, .. } => (*system, vec![Metric::ResumePauseP50]),
             Task::FanIn { imp, large, .. } => (
                 System::Konn(*imp, Frontend::HttpConnectUds),
                 vec![if *large {

@@ -7,7 +7,8 @@
 //! `--tls-connect` the outgoing leg is mutual TLS as a client, with `--tls-accept` the
 //! incoming leg is mutual TLS as a server: the same rustls (ring) configs, cipher suites and
 //! protocol versions as tether's agent link. Runs on a single-threaded runtime (see
-//! BENCHMARKS.md).
+//! BENCHMARKS.md). With `--cut-on-sigusr1` it stands for a middlebox between an agent and
+//! its server (the `resume` workload): SIGUSR1 closes every connection through it at once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,14 +48,30 @@ pub struct TlsFiles {
 }
 
 /// Serves until killed; prints `127.0.0.1:<port>` on stdout once listening.
-pub async fn serve(listen: &str, to: &str, tls: Tls) -> anyhow::Result<()> {
+pub async fn serve(listen: &str, to: &str, tls: Tls, cut_on_signal: bool) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     println!("{}", listener.local_addr()?);
-    run(listener, to, tls).await
+    let cuts = tokio::sync::watch::Sender::new(0u64);
+    if cut_on_signal {
+        let mut signals =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+        let cuts = cuts.clone();
+        tokio::spawn(async move {
+            while signals.recv().await.is_some() {
+                cuts.send_modify(|n| *n += 1);
+            }
+        });
+    }
+    run(listener, to, tls, cuts).await
 }
 
-/// Forwards every connection accepted on `listener` to `to`.
-async fn run(listener: TcpListener, to: &str, tls: Tls) -> anyhow::Result<()> {
+/// Forwards every connection accepted on `listener` to `to`, until a cut closes it.
+async fn run(
+    listener: TcpListener,
+    to: &str,
+    tls: Tls,
+    cuts: tokio::sync::watch::Sender<u64>,
+) -> anyhow::Result<()> {
     let opts = TlsOptions::default();
     let (connector, acceptor) = match &tls {
         Tls::None => (None, None),
@@ -82,9 +99,14 @@ async fn run(listener: TcpListener, to: &str, tls: Tls) -> anyhow::Result<()> {
             }
         };
         let (to, connector, acceptor) = (Arc::clone(&to), connector.clone(), acceptor.clone());
+        let mut cut = cuts.subscribe();
         tokio::spawn(async move {
-            if let Err(e) = forward(socket, &to, connector, acceptor).await {
-                eprintln!("relay: {e:#}");
+            tokio::select! {
+                result = forward(socket, &to, connector, acceptor) => if let Err(e) = result {
+                    eprintln!("relay: {e:#}");
+                },
+                // Both sockets are dropped, unannounced: each end sees its connection gone.
+                _ = cut.changed() => {}
             }
         });
     }

@@ -37,6 +37,8 @@ pub enum Metric {
     AgentIdleCpu,
     AgentRssAfter,
     ConnRssAfter,
+    ResumePauseP50,
+    ResumePauseMax,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +48,7 @@ pub enum Better {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 29] = [
+    pub const ALL: [Metric; 31] = [
         Metric::BulkUp,
         Metric::BulkDown,
         Metric::CpuUp,
@@ -76,6 +78,8 @@ impl Metric {
         Metric::AgentIdleCpu,
         Metric::AgentRssAfter,
         Metric::ConnRssAfter,
+        Metric::ResumePauseP50,
+        Metric::ResumePauseMax,
     ];
 
     /// Stable key for CSV.
@@ -110,6 +114,8 @@ impl Metric {
             Metric::AgentIdleCpu => "fanin_large_idle_cpu_ms_per_agent_min",
             Metric::AgentRssAfter => "fanin_large_rss_after_ratio",
             Metric::ConnRssAfter => "idle_conn_rss_after_ratio",
+            Metric::ResumePauseP50 => "resume_pause_p50_ms",
+            Metric::ResumePauseMax => "resume_pause_max_ms",
         }
     }
 
@@ -180,6 +186,14 @@ impl Metric {
             Metric::ConnRssAfter => {
                 format!("Server + agent RSS after {conns} connections opened and closed ÷ before")
             }
+            Metric::ResumePauseP50 => {
+                "Pause a resume costs: the 64-byte round trip across a cut of the agent's stream, p50"
+                    .into()
+            }
+            Metric::ResumePauseMax => {
+                "Pause a resume costs: the 64-byte round trip across a cut of the agent's stream, max"
+                    .into()
+            }
         }
     }
 
@@ -202,6 +216,7 @@ impl Metric {
             | Metric::AgentRssAfter
             | Metric::ConnRssAfter => "ratio",
             Metric::AgentIdleCpu => "CPU ms per agent per minute",
+            Metric::ResumePauseP50 | Metric::ResumePauseMax => "ms",
             Metric::IdleRssServer
             | Metric::IdleRssAgent
             | Metric::IdleAnonServer

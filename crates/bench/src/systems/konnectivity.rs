@@ -97,12 +97,22 @@ fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
     s
 }
 
-/// Starts a server (and an agent unless `with_agent` is false) and connects a client.
+/// How the agent of a started system reaches its server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AgentLink {
+    /// No agent: a lone server (fan-in).
+    None,
+    Direct,
+    /// Through a `tether-bench relay --cut-on-sigusr1`: a middlebox the workload can cut.
+    CutRelay,
+}
+
+/// Starts a server (and an agent, unless `agent` is `None`) and connects a client.
 pub(super) async fn start(
     env: &Env,
     imp: Impl,
     frontend: Frontend,
-    with_agent: bool,
+    agent: AgentLink,
 ) -> anyhow::Result<Running> {
     let system = System::Konn(imp, frontend);
     let dir = env.instance_dir(&system)?;
@@ -155,12 +165,29 @@ pub(super) async fn start(
     )
     .await?;
 
-    let agent = if with_agent {
+    let cut_relay = if agent == AgentLink::CutRelay {
+        let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+        cmd.args([
+            "relay",
+            "--listen",
+            "127.0.0.1:0",
+            "--cut-on-sigusr1",
+            "--to",
+        ])
+        .arg(format!("127.0.0.1:{agent_port}"));
+        Some(Proc::spawn_listening("cut relay", cmd, &dir.join("cut-relay.log")).await?)
+    } else {
+        None
+    };
+    let agent = if agent != AgentLink::None {
         let a_health = free_port()?;
         let a_admin = free_port()?;
+        let server_port = cut_relay
+            .as_ref()
+            .map_or(agent_port, |(_, addr)| addr.port());
         let mut cmd = command(env, imp, "agent");
         cmd.arg("--proxy-server-host=127.0.0.1")
-            .arg(flag("proxy-server-port", agent_port.to_string()))
+            .arg(flag("proxy-server-port", server_port.to_string()))
             .arg(flag("ca-cert", &pki.ca_cert))
             .arg(flag("agent-cert", &pki.agent_cert))
             .arg(flag("agent-key", &pki.agent_key))
@@ -206,6 +233,7 @@ pub(super) async fn start(
         agent,
         server_health: Some(health_port),
         agent_port: Some(agent_port),
+        cut_relay: cut_relay.map(|(relay, _)| relay),
     })
 }
 

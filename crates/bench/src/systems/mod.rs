@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use crate::procs::Proc;
 use crate::target::{self, BoxStream};
 
+use konnectivity::AgentLink;
 pub use konnectivity::{Frontend, Impl};
 pub use rathole::{INSTALL as RATHOLE_INSTALL, VERSION as RATHOLE_VERSION};
 
@@ -210,6 +211,8 @@ pub struct Running {
     pub server_health: Option<u16>,
     /// Agent port of a Konnectivity server (fake agents connect there).
     pub agent_port: Option<u16>,
+    /// The relay between agent and server that [`cut`](Self::cut) cuts (resume workload).
+    pub cut_relay: Option<Proc>,
 }
 
 impl Running {
@@ -223,9 +226,10 @@ impl Running {
                 agent: None,
                 server_health: None,
                 agent_port: None,
+                cut_relay: None,
             },
             System::RelayLimit { tls } => relay::start(env, system, tls).await?,
-            System::Konn(i, f) => konnectivity::start(env, i, f, true).await?,
+            System::Konn(i, f) => konnectivity::start(env, i, f, AgentLink::Direct).await?,
             System::SshL | System::SshR => ssh::start(env, system).await?,
             System::Rathole => rathole::start(env, system).await?,
         };
@@ -235,7 +239,27 @@ impl Running {
 
     /// Starts a Konnectivity server with no agent (fan-in).
     pub async fn start_lone_server(env: &Env, imp: Impl) -> anyhow::Result<Running> {
-        konnectivity::start(env, imp, Frontend::HttpConnectUds, false).await
+        konnectivity::start(env, imp, Frontend::HttpConnectUds, AgentLink::None).await
+    }
+
+    /// Starts a Konnectivity system whose agent reaches the server through a relay the
+    /// workload can cut (resume).
+    pub async fn start_with_cut_relay(env: &Env, system: System) -> anyhow::Result<Running> {
+        let System::Konn(imp, frontend) = system else {
+            bail!("{} has no agent link to cut", system.name());
+        };
+        let running = konnectivity::start(env, imp, frontend, AgentLink::CutRelay).await?;
+        running.check_end_to_end().await?;
+        Ok(running)
+    }
+
+    /// Closes every connection through the agent's relay, as a middlebox dropping flows.
+    pub fn cut(&self) -> anyhow::Result<()> {
+        let relay = self.cut_relay.as_ref().context("no relay to cut")?;
+        let pid = rustix::process::Pid::from_raw(relay.pid as i32).context("relay pid")?;
+        rustix::process::kill_process(pid, rustix::process::Signal::USR1)
+            .context("signalling the relay")?;
+        Ok(())
     }
 
     /// One echo through the system, retried for a few seconds: an agent may be ready a
@@ -319,6 +343,9 @@ impl Running {
 
     pub async fn stop(self) {
         if let Some(p) = self.agent {
+            p.stop().await;
+        }
+        if let Some(p) = self.cut_relay {
             p.stop().await;
         }
         if let Some(p) = self.server {

@@ -91,6 +91,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         agent: Some(client),
         server_health: None,
         agent_port: None,
+        cut_relay: None,
     })
 }
 

@@ -50,5 +50,6 @@ pub(super) async fn start(env: &Env, system: System, tls: bool) -> anyhow::Resul
         agent: Some(b),
         server_health: None,
         agent_port: None,
+        cut_relay: None,
     })
 }

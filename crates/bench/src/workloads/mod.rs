@@ -8,6 +8,7 @@ pub mod fanin;
 pub mod hol;
 pub mod idle;
 pub mod pingpong;
+pub mod resume;
 
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub struct Profile {
     pub open_concurrency: usize,
     /// Deadline of one dial.
     pub dial_timeout: Duration,
+    /// Cuts of the agent's stream in the resume workload.
+    pub resume_cuts: usize,
 }
 
 impl Profile {
@@ -62,6 +65,7 @@ impl Profile {
             after_load: Duration::from_secs(10),
             open_concurrency: 64,
             dial_timeout: Duration::from_secs(10),
+            resume_cuts: 20,
         }
     }
 
@@ -83,6 +87,7 @@ impl Profile {
             after_load: Duration::from_millis(400),
             open_concurrency: 16,
             dial_timeout: Duration::from_secs(10),
+            resume_cuts: 3,
         }
     }
 }
@@ -101,10 +106,12 @@ pub enum Workload {
     IdleConns,
     /// Many fake agents on one server (own instance).
     FanIn,
+    /// A ping-pong across cuts of the agent's stream (own instance, tether only).
+    Resume,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 9] = [
         Workload::IdleRss,
         Workload::Bulk,
         Workload::PingPong,
@@ -113,6 +120,7 @@ impl Workload {
         Workload::Fairness,
         Workload::IdleConns,
         Workload::FanIn,
+        Workload::Resume,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -125,6 +133,7 @@ impl Workload {
             Workload::Fairness => "fairness",
             Workload::IdleConns => "idle-conns",
             Workload::FanIn => "fanin",
+            Workload::Resume => "resume",
         }
     }
 
@@ -148,6 +157,7 @@ impl Workload {
             Workload::FanIn => {
                 (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 8.0 * settle + p.idle_cpu_secs + 3.0
             }
+            Workload::Resume => 2.0 + p.resume_cuts as f64 * 0.1,
         }
     }
 }
