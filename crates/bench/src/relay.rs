@@ -208,10 +208,20 @@ mod tests {
     }
 
     async fn relay(to: SocketAddr, tls: Tls) -> SocketAddr {
+        cutting_relay(to, tls).await.0
+    }
+
+    /// A relay, and what cuts every connection through it.
+    async fn cutting_relay(
+        to: SocketAddr,
+        tls: Tls,
+    ) -> (SocketAddr, tokio::sync::watch::Sender<u64>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { run(listener, &to.to_string(), tls).await });
-        addr
+        let cuts = tokio::sync::watch::Sender::new(0);
+        let relay_cuts = cuts.clone();
+        tokio::spawn(async move { run(listener, &to.to_string(), tls, relay_cuts).await });
+        (addr, cuts)
     }
 
     /// A throwaway PKI in a directory removed on drop.
@@ -259,6 +269,28 @@ mod tests {
         let a = relay(b, Tls::None).await;
         tokio::time::timeout(LIMIT, round_trip(a)).await.unwrap();
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_cut_closes_every_connection_and_new_ones_pass() {
+        let (target, accepted) = echo_target().await;
+        let (relay, cuts) = cutting_relay(target, Tls::None).await;
+        let mut open = TcpStream::connect(relay).await.unwrap();
+        open.write_all(b"x").await.unwrap();
+        let mut byte = [0u8; 1];
+        open.read_exact(&mut byte).await.unwrap();
+        cuts.send_modify(|n| *n += 1);
+        let read = tokio::time::timeout(LIMIT, open.read(&mut byte))
+            .await
+            .unwrap();
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "the cut connection ended: {read:?}"
+        );
+        tokio::time::timeout(LIMIT, round_trip(relay))
+            .await
+            .unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
