@@ -28,6 +28,10 @@ type killCase struct {
 	localIn  time.Duration
 }
 
+// killResumeWindow is the tether server's --resume-window in these flows: how long a
+// killed agent's connections wait to be resumed before they end with an error.
+const killResumeWindow = "2s"
+
 const (
 	closesMetric      = "tether_server_connection_closes_total"
 	establishedMetric = "konnectivity_network_proxy_server_established_connections"

@@ -89,6 +89,10 @@ func (e *env) startServer(impl string, ep egress, tok *tokens, c *cluster, name 
 		// Reverse dials (node → API server) may reach this control plane's API server only.
 		args = append(args, fmt.Sprintf("--control-plane-endpoints=127.0.0.1:%d", ep.apiPort))
 		p.controlPlanePort = freePort()
+		// A killed agent cannot say it is gone: the server keeps its streams' connections
+		// for it to resume them, --resume-window (30 s by default). The kill cases read the
+		// outcome within 10 s, so the window is kept short here (stated in the report).
+		args = append(args, "--resume-window="+killResumeWindow)
 	}
 	if tok == nil {
 		args = append(args, "--cluster-ca-cert="+e.pki("ca.crt"))

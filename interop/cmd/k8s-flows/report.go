@@ -103,6 +103,7 @@ func (e *env) markdown() string {
 	}
 	fmt.Fprintln(&b, "\n#### The agent killed with SIGKILL under an open stream (upstream #748)")
 	fmt.Fprintln(&b, "\nEach stream is open end to end before the kill; one that does not open (kubectl exits first) is set up again, up to 3 times, 2 s apart, and only then recorded as a set-up failure.")
+	fmt.Fprintf(&b, "tether's server runs with `--resume-window=%s` here: a killed agent looks like a broken transport, so its connections wait that long for a resume before they end with an error (30 s by default; an agent that restarts ends them at once).\n", killResumeWindow)
 	fmt.Fprintln(&b, "\n| Proxy | Egress | Agent auth | Stream | kubectl | kubectl's last stderr line | Open local connection | Server's `established_connections` back to 0 | Server ends kube-apiserver's connection with an error |")
 	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range e.rows {
