@@ -677,3 +677,39 @@ async fn an_agent_that_restarted_ends_its_old_streams_connections_at_once() {
     let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
     echo_once(t, 2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_agents_broken_stream_is_not_waited_for() {
+    let _serial = SERIAL.lock().await;
+    let s = Setup::start(Duration::from_secs(30)).await;
+    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
+    let mut tunnel = echo_once(tunnel, 1).await;
+    // The agent says it is going away (a SIGTERM), then its stream breaks (its exit).
+    s.agent.drain();
+    eventually("the server knows the agent is draining", || async {
+        let agents = tether_testkit::http::get(s.server.admin_addr, "/debug/agents").await;
+        agents.is_ok_and(|(_, body)| body.replace([' ', '\n'], "").contains("\"draining\":true"))
+    })
+    .await;
+    s.relay.set_refusing(true);
+    let cut_at = Instant::now();
+    s.relay.cut();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(STEP, tunnel.read(&mut buf))
+        .await
+        .expect("the connection ends");
+    assert!(read.is_err(), "the connection ended without an error");
+    let took = cut_at.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the server held a draining agent's connection {took:?}, as if to resume it"
+    );
+    assert_eq!(s.server_metric("tether_server_resumes_total").await, 0.0);
+    assert!(
+        !s.server
+            .metrics()
+            .await
+            .unwrap()
+            .contains("resume_failures_total{")
+    );
+}

@@ -299,7 +299,9 @@ impl StreamOwner {
             let Some(registration) = self.registration.as_mut() else {
                 return why;
             };
-            if stop.is_cancelled() {
+            // An agent that announced it is going away (DRAIN) is not waited for: a break
+            // is most likely its exit, and its connections end now, as without resuming.
+            if stop.is_cancelled() || self.session.is_draining() {
                 return why;
             }
             let window = self
