@@ -537,7 +537,7 @@ impl ClientSet {
                 resumed.sender.abort();
                 break format!("cannot resume: {e}");
             }
-            session.set_keepalive(resumed.channel.last_pong());
+            session.keepalive.replace(resumed.channel.last_pong());
             self.start_keepalive(&resumed.channel, true);
             let resumed = *resumed;
             (channel, sender, receiver) = (resumed.channel, resumed.sender, resumed.receiver);

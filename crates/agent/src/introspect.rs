@@ -69,7 +69,8 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
                     .saturating_duration_since(session.connected_at)
                     .as_secs_f64(),
                 last_ping_seconds: session
-                    .last_pong()
+                    .keepalive
+                    .get()
                     .map(|at| now.saturating_duration_since(at).as_secs_f64()),
                 pending_dials: pending_dials as u64,
                 connections: connections as u64,

@@ -25,7 +25,7 @@ pub(crate) struct ServerSession {
     pub(crate) connected_at: Instant,
     /// The server connection's keepalive answers, for `/debug/agents`: the connection the
     /// stream runs on now (it changes when the stream resumes on another).
-    keepalive: std::sync::Mutex<Arc<tether_grpc::LastPong>>,
+    pub(crate) keepalive: tether_grpc::CurrentPong,
     /// The server's name for this stream when it is resumable (`tether-resume`).
     pub(crate) resume_token: Option<String>,
     /// The server accepted reverse dials (`tether-reverse`) on this stream.
@@ -91,7 +91,7 @@ impl ServerSession {
             server_id,
             link: Link::new(config, hooks),
             connected_at: Instant::now(),
-            keepalive: std::sync::Mutex::new(keepalive),
+            keepalive: tether_grpc::CurrentPong::new(keepalive),
             resume_token,
             reverse,
             reverse_audit,
@@ -108,19 +108,6 @@ impl ServerSession {
     pub(crate) fn is_idle(&self) -> bool {
         self.link
             .update(|s, _| s.connection_count() == 0 && s.pending_dial_count() == 0)
-    }
-
-    /// When the server last answered a keepalive PING on the stream's current connection.
-    pub(crate) fn last_pong(&self) -> Option<Instant> {
-        self.keepalive
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get()
-    }
-
-    /// The stream resumed on another connection.
-    pub(crate) fn set_keepalive(&self, keepalive: Arc<tether_grpc::LastPong>) {
-        *self.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = keepalive;
     }
 
     /// Ends the stream with `reason`, then waits for its connections' tasks (each ends

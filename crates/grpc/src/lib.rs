@@ -162,6 +162,27 @@ impl LastPong {
     }
 }
 
+/// The [`LastPong`] of whichever connection a stream runs on now: a resumable agent stream
+/// moves to a new connection when it resumes.
+#[derive(Debug)]
+pub struct CurrentPong(std::sync::Mutex<std::sync::Arc<LastPong>>);
+
+impl CurrentPong {
+    pub fn new(last_pong: std::sync::Arc<LastPong>) -> Self {
+        Self(std::sync::Mutex::new(last_pong))
+    }
+
+    /// When the current connection's keepalive PING was last answered.
+    pub fn get(&self) -> Option<std::time::Instant> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get()
+    }
+
+    /// The stream moved to another connection.
+    pub fn replace(&self, last_pong: std::sync::Arc<LastPong>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = last_pong;
+    }
+}
+
 /// Drives pings on `ping_pong` until one goes unanswered; used by both ends.
 pub(crate) async fn keep_alive(
     mut ping_pong: h2::PingPong,

@@ -367,7 +367,7 @@ impl StreamOwner {
             let mut answer = self.response.clone();
             answer.push((metadata::TETHER_RESUME, registration.token.clone()));
             answer.push((metadata::TETHER_RESUMED, received.to_string()));
-            self.session.set_keepalive(call.last_pong().clone());
+            self.session.keepalive.replace(call.last_pong().clone());
             (sender, receiver) = match call.accept(&answer) {
                 Ok(halves) => halves,
                 Err(e) => return format!("answering the resumed stream: {e}"),

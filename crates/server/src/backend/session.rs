@@ -136,27 +136,12 @@ pub(crate) struct AgentSession {
     pub(crate) connected_at: Instant,
     /// The agent connection's keepalive answers, for `/debug/agents`: the connection the
     /// stream runs on now (it changes when the stream resumes on another).
-    keepalive: Mutex<Arc<tether_grpc::LastPong>>,
+    pub(crate) keepalive: tether_grpc::CurrentPong,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
     /// The tasks answering the agent's reverse dials; the stream waits for them when it
     /// ends (each ends promptly: the table ended their dials and connections).
     pub(crate) reverse_tasks: tokio_util::task::TaskTracker,
-}
-
-impl AgentSession {
-    /// When the agent last answered a keepalive PING on the stream's current connection.
-    pub(crate) fn last_pong(&self) -> Option<Instant> {
-        self.keepalive
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get()
-    }
-
-    /// The stream resumed on another connection.
-    pub(crate) fn set_keepalive(&self, keepalive: Arc<tether_grpc::LastPong>) {
-        *self.keepalive.lock().unwrap_or_else(|e| e.into_inner()) = keepalive;
-    }
 }
 
 impl Backend for Arc<AgentSession> {
@@ -270,7 +255,7 @@ impl AgentSession {
             pending_gauge,
             requests,
             connected_at: Instant::now(),
-            keepalive: Mutex::new(keepalive),
+            keepalive: tether_grpc::CurrentPong::new(keepalive),
             audit,
             reverse_tasks,
         }
