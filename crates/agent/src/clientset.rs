@@ -496,7 +496,7 @@ impl ClientSet {
             let TransportEnd::Broken(why) = end else {
                 break end.reason().to_owned();
             };
-            if stop.is_cancelled() || dismiss.is_cancelled() || self.is_draining() {
+            if stop.is_cancelled() || dismiss.is_cancelled() {
                 break why;
             }
             let Some(suspension) = session.link.suspend(window, metrics) else {

@@ -99,14 +99,12 @@ impl Replay {
         self.log.len()
     }
 
-    /// A numbered packet from the peer arrived; true when an acknowledgement is due now.
-    pub(crate) fn on_received(&mut self, packet: &Packet) -> bool {
+    /// A numbered packet with `data_len` payload bytes arrived from the peer; true when an
+    /// acknowledgement is due now.
+    pub(crate) fn on_received(&mut self, data_len: usize) -> bool {
         self.received += 1;
-        if let Packet::Data { data, .. } = packet {
-            self.bytes_since_ack += data.len();
-        }
-        self.received - self.ack_sent >= ACK_EVERY_PACKETS
-            || self.bytes_since_ack >= ACK_EVERY_BYTES
+        self.bytes_since_ack += data_len;
+        self.ack_due()
     }
 
     /// Whether an acknowledgement or a replay waits for the writer.
@@ -199,7 +197,8 @@ impl Replay {
     }
 }
 
-fn data_len(packet: &Packet) -> usize {
+/// DATA payload bytes of a packet; none for any other.
+pub(crate) fn data_len(packet: &Packet) -> usize {
     match packet {
         Packet::Data { data, .. } => data.len(),
         _ => 0,
@@ -256,13 +255,11 @@ mod tests {
     fn an_acknowledgement_is_due_after_a_burst_and_carries_the_count() {
         let mut r = Replay::default();
         assert_eq!(r.take_ack(), None);
-        let due = (0..ACK_EVERY_PACKETS)
-            .map(|_| r.on_received(&data(1)))
-            .last();
+        let due = (0..ACK_EVERY_PACKETS).map(|_| r.on_received(1)).last();
         assert_eq!(due, Some(true));
         assert!(r.has_work());
         assert_eq!(r.take_ack(), Some(Packet::ResumeAck { received: 64 }));
         assert!(!r.has_work());
-        assert!(r.on_received(&data(ACK_EVERY_BYTES)));
+        assert!(r.on_received(ACK_EVERY_BYTES));
     }
 }

@@ -11,7 +11,7 @@ use crate::conn::{Conn, Owner};
 use crate::fair::{self, FairQueue};
 use crate::flow::{Flow, chunk_cost};
 use crate::outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
-use crate::resume::{Replay, Replayed, ResumeError};
+use crate::resume::{Replay, Replayed, ResumeError, data_len};
 use crate::timers::{Timer, Timers};
 
 /// Which end of the stream this table is.
@@ -299,6 +299,8 @@ pub struct Session {
     timers: Timers,
     events: VecDeque<Event>,
     peer_draining: bool,
+    /// Agent: this end announced it is going away (DRAIN sent).
+    draining: bool,
     /// Numbering, acknowledgements and the replay log, on a resumable session.
     replay: Option<Replay>,
     /// Suspended: the transport is gone and the session waits for a new one until then.
@@ -324,6 +326,7 @@ impl Session {
             timers: Timers::default(),
             events: VecDeque::new(),
             peer_draining: false,
+            draining: false,
             replay: cfg.resumable.then(Replay::default),
             suspended: None,
         }
@@ -454,9 +457,10 @@ impl Session {
     /// (owners see only a pause: their queues drain, their windows fill) for at most
     /// `window`; then [`handle_timeout`](Self::handle_timeout) ends it as
     /// [`close_stream`](Self::close_stream) would. False (nothing changed) if the session
-    /// is not resumable: close it.
+    /// is not resumable, or the agent announced it is going away (DRAIN, either end's
+    /// view): then a break is most likely its exit, and the caller closes the session.
     pub fn suspend(&mut self, now: Instant, window: Duration) -> bool {
-        if !self.is_resumable() {
+        if !self.is_resumable() || self.peer_draining || self.draining {
             return false;
         }
         if self.suspended.is_none() {
@@ -476,8 +480,6 @@ impl Session {
         let replay = self.replay.as_mut().ok_or(ResumeError::NotResumable)?;
         let replayed = replay.resume(peer_received)?;
         self.suspended = None;
-        self.transmit_waiting = false;
-        self.events.push_back(Event::Transmit);
         Ok(replayed)
     }
 
@@ -485,7 +487,7 @@ impl Session {
     /// numbered it.
     pub fn count_undecodable(&mut self) {
         if let Some(replay) = &mut self.replay {
-            replay.on_received(&Packet::Drain);
+            replay.on_received(0);
         }
     }
 
@@ -512,7 +514,7 @@ impl Session {
             };
         }
         if let Some(replay) = &mut self.replay
-            && replay.on_received(&packet)
+            && replay.on_received(data_len(&packet))
         {
             self.wake_transmit();
         }
@@ -1000,6 +1002,7 @@ impl Session {
     /// Agent: tells the server this agent is going away.
     pub fn drain(&mut self) {
         if self.closed.is_none() {
+            self.draining = true;
             self.queue(Packet::Drain, None);
         }
     }

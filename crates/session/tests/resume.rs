@@ -407,3 +407,22 @@ fn an_acknowledgement_beyond_what_was_written_is_a_violation() {
         .unwrap_err();
     assert!(err.to_string().contains("acknowledged 99"), "{err}");
 }
+
+#[test]
+fn a_session_whose_agent_is_going_away_is_not_suspended() {
+    let now = Instant::now();
+    let mut server = End::new(Role::Server, 0);
+    let mut agent = End::new(Role::Agent, 0);
+    agent.session.drain();
+    agent.write(usize::MAX);
+    deliver(&mut agent, &mut server, usize::MAX, now);
+    assert!(server.session.peer_draining());
+    assert!(
+        !server.session.suspend(now, RESUME_WINDOW),
+        "the peer said DRAIN"
+    );
+    assert!(
+        !agent.session.suspend(now, RESUME_WINDOW),
+        "this end said DRAIN"
+    );
+}

@@ -299,9 +299,7 @@ impl StreamOwner {
             let Some(registration) = self.registration.as_mut() else {
                 return why;
             };
-            // An agent that announced it is going away (DRAIN) is not waited for: a break
-            // is most likely its exit, and its connections end now, as without resuming.
-            if stop.is_cancelled() || self.session.is_draining() {
+            if stop.is_cancelled() {
                 return why;
             }
             let window = self
