@@ -657,9 +657,7 @@ impl ClientSet {
                 .is_some_and(|v| v.as_bytes() == metadata::TETHER_REVERSE_VERSION.as_bytes());
         let text = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
         let resume_token = text(metadata::TETHER_RESUME)
-            .filter(|token| {
-                offers_resume && token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
-            })
+            .filter(|token| offers_resume && tether_tunnel::is_resume_token(token))
             .map(str::to_owned);
         let resumed = text(metadata::TETHER_RESUMED).and_then(|v| v.parse().ok());
         Ok(Connected {

@@ -31,7 +31,7 @@ pub use link::{Direction, Hooks, Link};
 pub use log::log_ended;
 pub use relay::relay_tcp;
 pub use resume::{
-    MAX_RESUME_FROM, ResumeFailure, ResumeMetrics, Suspension, format_resume_from,
+    MAX_RESUME_FROM, ResumeFailure, ResumeMetrics, Suspension, format_resume_from, is_resume_token,
     parse_resume_from,
 };
 pub use stream::TransportEnd;

@@ -195,14 +195,21 @@ pub fn format_resume_from(sessions: &[(String, u64)]) -> String {
         .join(",")
 }
 
+/// Whether `token` has the form of a session token a server hands out (`tether-resume`).
+pub fn is_resume_token(token: &str) -> bool {
+    token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Parses `tether-resume-from`; `None` if it is malformed or names too many sessions.
 pub fn parse_resume_from(value: &str) -> Option<Vec<(String, u64)>> {
     let pairs: Vec<(String, u64)> = value
         .split(',')
         .map(|pair| {
             let (token, received) = pair.trim().split_once(':')?;
-            let valid = token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit());
-            Some((valid.then(|| token.to_owned())?, received.parse().ok()?))
+            Some((
+                is_resume_token(token).then(|| token.to_owned())?,
+                received.parse().ok()?,
+            ))
         })
         .collect::<Option<_>>()?;
     (pairs.len() <= MAX_RESUME_FROM).then_some(pairs)

@@ -50,6 +50,11 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
+    /// How long the stream waits for a resume when suspended (`--resume-window`).
+    pub(crate) fn window(&self) -> Duration {
+        self.table.window
+    }
+
     /// Marks the stream suspended (its agent may resume it) or running.
     pub(crate) fn set_suspended(&self, suspended: bool) {
         self.suspended.store(suspended, Ordering::Release);

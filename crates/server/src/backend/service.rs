@@ -302,11 +302,7 @@ impl StreamOwner {
             if stop.is_cancelled() {
                 return why;
             }
-            let window = self
-                .service
-                .resumable
-                .as_ref()
-                .map_or(Duration::ZERO, |r| r.window);
+            let window = registration.window();
             let Some(suspension) = link.suspend(window, metrics) else {
                 return why;
             };
