@@ -236,6 +236,41 @@ impl TestServer {
         Ok(crate::http::get(self.health_addr, "/metrics").await?.1)
     }
 
+    /// An HTTP/2 connection to the agent listener as the PKI's agent opens it, for tests
+    /// that speak `AgentService.Connect` themselves.
+    pub async fn agent_channel(&self, pki: &Pki) -> anyhow::Result<tether_grpc::client::Channel> {
+        let f = &pki.files;
+        let tls = tether_tls::client_config(
+            &f.ca_cert,
+            Some((&f.agent_cert, &f.agent_key)),
+            vec![b"h2".to_vec()],
+            &TlsOptions::default(),
+        )?;
+        self.agent_channel_with(tls).await
+    }
+
+    /// An HTTP/2 connection to the agent listener with `tls` (some agent certificate); its
+    /// driver runs on its own task until the connection ends.
+    pub async fn agent_channel_with(
+        &self,
+        tls: std::sync::Arc<rustls::ClientConfig>,
+    ) -> anyhow::Result<tether_grpc::client::Channel> {
+        let tcp = tokio::net::TcpStream::connect(self.agent_addr).await?;
+        let name = rustls::pki_types::ServerName::try_from(self.agent_addr.ip().to_string())?;
+        let tls = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await?;
+        let (channel, driver) = tether_grpc::client::Channel::handshake(
+            tls,
+            &tether_grpc::H2Settings::agent_stream(),
+            &self.agent_addr.ip().to_string(),
+            true,
+        )
+        .await?;
+        tokio::spawn(driver.run());
+        Ok(channel)
+    }
+
     /// Waits until `/readyz` says an agent is connected.
     pub async fn wait_ready(&self) -> anyhow::Result<()> {
         crate::http::wait_for_200(self.health_addr, "/readyz", Duration::from_secs(20)).await

@@ -101,6 +101,25 @@ impl Setup {
         metric_value(&self.server.metrics().await.unwrap(), sample).unwrap_or(0.0)
     }
 
+    /// A tunnel to the echo target, proven by one echo (`seed` picks the bytes).
+    async fn echoed_tunnel(&self, seed: u64) -> tether_client::TunnelStream {
+        let tunnel = self.client.dial(&self.echo.addr.to_string()).await.unwrap();
+        echo_once(tunnel, seed).await
+    }
+
+    /// Cuts the agent's stream and keeps the agent from reconnecting, until the server
+    /// holds its one connection suspended.
+    async fn cut_and_hold_off(&self) {
+        self.relay.set_refusing(true);
+        self.relay.cut();
+        eventually("the server suspended the agent's stream", || async {
+            self.server_metric("tether_server_suspended_connections")
+                .await
+                == 1.0
+        })
+        .await;
+    }
+
     /// Cuts the agent's stream and waits until both ends resumed it.
     async fn cut_and_wait(&self) {
         let before = self.agent_metric(RESUMES_AGENT).await;
@@ -116,6 +135,23 @@ impl Setup {
 const AGENT_ID: &str = "resume-agent";
 const RESUMES_AGENT: &str = "tether_agent_resumes_total";
 const RESUMES_SERVER: &str = "tether_server_resumes_total";
+
+/// Whether a process's metrics count no suspended stream that ended without resuming.
+fn no_resume_failure(metrics: &str) -> bool {
+    !metrics.contains("resume_failures_total{")
+}
+
+/// Reads `tunnel` until it ends, which must be with an error, not a clean close.
+async fn ends_with_error<S: AsyncRead + Unpin>(tunnel: &mut S) {
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(STEP, tunnel.read(&mut buf))
+        .await
+        .expect("the connection ends");
+    assert!(
+        read.is_err(),
+        "the connection ended without an error: {read:?}"
+    );
+}
 
 /// The byte at `offset` of the stream: any loss, duplicate or reordering shows.
 fn byte_at(offset: u64) -> u8 {
@@ -196,10 +232,7 @@ async fn a_gib_each_way_stays_byte_exact_across_five_cuts() {
         ("agent", s.agent.metrics().await.unwrap()),
         ("server", s.server.metrics().await.unwrap()),
     ] {
-        assert!(
-            !text.contains("resume_failures_total{"),
-            "{side} reports a failed resume"
-        );
+        assert!(no_resume_failure(&text), "{side} reports a failed resume");
         eprintln!(
             "{side}: replayed {} bytes in {} packets over 5 resumes, pause sum {:.1} ms",
             metric_value(&text, &format!("tether_{side}_resume_replayed_bytes_total")).unwrap(),
@@ -342,22 +375,14 @@ async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() 
     let fds = open_fds().unwrap();
     let mut tunnels = Vec::new();
     for i in 0..20 {
-        let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
-        tunnels.push(echo_once(t, i).await);
+        tunnels.push(s.echoed_tunnel(i).await);
     }
     // An outage: the stream is cut and the agent cannot reach the server for 3 windows.
     s.relay.set_refusing(true);
     s.relay.cut();
     let cut_at = Instant::now();
-    for (i, t) in tunnels.iter_mut().enumerate() {
-        let mut buf = [0u8; 1];
-        let read = tokio::time::timeout(STEP, t.read(&mut buf))
-            .await
-            .expect("the connection ends");
-        assert!(
-            read.is_err(),
-            "connection {i} ended without an error: {read:?}"
-        );
+    for t in &mut tunnels {
+        ends_with_error(t).await;
     }
     let ended_after = cut_at.elapsed();
     assert!(
@@ -413,8 +438,7 @@ async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The new stream carries connections again.
-    let t = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
-    echo_once(t, 99).await;
+    s.echoed_tunnel(99).await;
 }
 
 async fn echo_once<S: AsyncRead + AsyncWrite + Unpin>(mut t: S, seed: u64) -> S {
@@ -532,50 +556,23 @@ async fn dials_racing_a_cut_all_succeed() {
         echo_once(tunnel, round).await;
     }
     assert!(
-        !s.agent
-            .metrics()
-            .await
-            .unwrap()
-            .contains("resume_failures_total{"),
+        no_resume_failure(&s.agent.metrics().await.unwrap()),
         "every cut was resumed"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
-    use tether_grpc::client::Channel;
-    use tether_grpc::{Code, GrpcError, H2Settings};
+    use tether_grpc::{Code, GrpcError};
     use tether_proto::metadata;
 
     let _serial = SERIAL.lock().await;
     let s = Setup::start(Duration::from_secs(30)).await;
-    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
-    let mut tunnel = echo_once(tunnel, 1).await;
+    let mut tunnel = s.echoed_tunnel(1).await;
     // The real agent's stream is suspended: it cannot reach the server.
-    s.relay.set_refusing(true);
-    s.relay.cut();
-    eventually("the server suspended the agent's stream", || async {
-        s.server_metric("tether_server_suspended_connections").await == 1.0
-    })
-    .await;
+    s.cut_and_hold_off().await;
     // Another agent (same CA, another agent ID) guesses tokens and sends junk.
-    let tls = tether_tls::client_config(
-        &s.pki.files.ca_cert,
-        Some((&s.pki.files.agent_cert, &s.pki.files.agent_key)),
-        vec![b"h2".to_vec()],
-        &tether_tls::TlsOptions::default(),
-    )
-    .unwrap();
-    let tcp = TcpStream::connect(s.server.agent_addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
-        .await
-        .unwrap();
-    tokio::spawn(driver.run());
+    let channel = s.server.agent_channel(&s.pki).await.unwrap();
     let connect = |resume_from: &str| {
         let metadata = vec![
             (metadata::AGENT_ID, "intruder".to_owned()),
@@ -620,28 +617,16 @@ async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
     .await;
     tunnel = echo_once(tunnel, 2).await;
     drop(tunnel);
-    assert!(
-        !s.server
-            .metrics()
-            .await
-            .unwrap()
-            .contains("resume_failures_total{")
-    );
+    assert!(no_resume_failure(&s.server.metrics().await.unwrap()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_restarted_ends_its_old_streams_connections_at_once() {
     let _serial = SERIAL.lock().await;
     let s = Setup::start(Duration::from_secs(30)).await;
-    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
-    let mut tunnel = echo_once(tunnel, 1).await;
+    let mut tunnel = s.echoed_tunnel(1).await;
     // The stream breaks, and the agent goes away before it can resume it.
-    s.relay.set_refusing(true);
-    s.relay.cut();
-    eventually("the server suspended the agent's stream", || async {
-        s.server_metric("tether_server_suspended_connections").await == 1.0
-    })
-    .await;
+    s.cut_and_hold_off().await;
     s.agent.stop().await;
     // The agent comes back (same ID, none of its old state) and connects directly.
     let restarted = Instant::now();
@@ -655,11 +640,7 @@ async fn an_agent_that_restarted_ends_its_old_streams_connections_at_once() {
     )
     .await
     .unwrap();
-    let mut buf = [0u8; 1];
-    let read = tokio::time::timeout(STEP, tunnel.read(&mut buf))
-        .await
-        .expect("the old connection ends");
-    assert!(read.is_err(), "the old connection ended without an error");
+    ends_with_error(&mut tunnel).await;
     let took = restarted.elapsed();
     assert!(
         took < Duration::from_secs(15),
@@ -682,8 +663,7 @@ async fn an_agent_that_restarted_ends_its_old_streams_connections_at_once() {
 async fn a_draining_agents_broken_stream_is_not_waited_for() {
     let _serial = SERIAL.lock().await;
     let s = Setup::start(Duration::from_secs(30)).await;
-    let tunnel = s.client.dial(&s.echo.addr.to_string()).await.unwrap();
-    let mut tunnel = echo_once(tunnel, 1).await;
+    let mut tunnel = s.echoed_tunnel(1).await;
     // The agent says it is going away (a SIGTERM), then its stream breaks (its exit).
     s.agent.drain();
     eventually("the server knows the agent is draining", || async {
@@ -694,22 +674,12 @@ async fn a_draining_agents_broken_stream_is_not_waited_for() {
     s.relay.set_refusing(true);
     let cut_at = Instant::now();
     s.relay.cut();
-    let mut buf = [0u8; 1];
-    let read = tokio::time::timeout(STEP, tunnel.read(&mut buf))
-        .await
-        .expect("the connection ends");
-    assert!(read.is_err(), "the connection ended without an error");
+    ends_with_error(&mut tunnel).await;
     let took = cut_at.elapsed();
     assert!(
         took < Duration::from_secs(15),
         "the server held a draining agent's connection {took:?}, as if to resume it"
     );
     assert_eq!(s.server_metric("tether_server_resumes_total").await, 0.0);
-    assert!(
-        !s.server
-            .metrics()
-            .await
-            .unwrap()
-            .contains("resume_failures_total{")
-    );
+    assert!(no_resume_failure(&s.server.metrics().await.unwrap()));
 }

@@ -1,10 +1,7 @@
 //! Malformed input gets a clear answer and costs nobody else anything.
 
-use std::sync::Arc;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
-use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings};
 use tether_proto::{ConnectId, Packet, pb};
 use tether_testkit::targets::EchoServer;
@@ -152,28 +149,6 @@ async fn grpc_frontend_ignores_unknown_and_undecodable_packets() {
     }
 }
 
-async fn agent_channel(pki: &Pki, server: &TestServer) -> Channel {
-    let f = &pki.files;
-    let tls = tether_tls::client_config(
-        &f.ca_cert,
-        Some((&f.agent_cert, &f.agent_key)),
-        vec![b"h2".to_vec()],
-        &Default::default(),
-    )
-    .unwrap();
-    let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::clone(&tls))
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
-        .await
-        .unwrap();
-    tokio::spawn(driver.run());
-    channel
-}
-
 #[tokio::test]
 async fn agent_listener_refuses_bad_agents_and_answers_unknown_connections() {
     let Stack {
@@ -186,7 +161,7 @@ async fn agent_listener_refuses_bad_agents_and_answers_unknown_connections() {
         .unwrap();
 
     // No agent ID: refused before any header, with upstream's message.
-    let channel = agent_channel(&pki, &server).await;
+    let channel = server.agent_channel(&pki).await.unwrap();
     let (_tx, mut rx) = channel
         .call(tether_proto::path::CONNECT, &[])
         .await

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tether_client::{DialError, GrpcClient, Transport};
 use tether_grpc::client::Channel;
-use tether_grpc::{Code, GrpcError, H2Settings};
+use tether_grpc::{Code, GrpcError};
 use tether_server::{Mode, Strategy};
 use tether_testkit::http::metric_value;
 use tether_testkit::targets::EchoServer;
@@ -26,17 +26,7 @@ async fn channel_as(pki: &Pki, server: &TestServer, cert: &IssuedClient) -> Chan
         vec![b"h2".to_vec()],
     )
     .unwrap();
-    let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::clone(&tls))
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), "127.0.0.1", true)
-        .await
-        .unwrap();
-    tokio::spawn(driver.run());
-    channel
+    server.agent_channel_with(tls).await.unwrap()
 }
 
 /// Opens `AgentService.Connect` with `metadata` and returns the refusal status, if refused.
