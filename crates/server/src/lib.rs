@@ -401,7 +401,8 @@ impl Server {
                 let settings = agent_settings.clone();
                 let metrics = limit_metrics.clone();
                 async move {
-                    let (io, peer) = ready(conn, deadline, &metrics).await?;
+                    // Boxed: the TLS handshake's state is not held for the stream's life.
+                    let (io, peer) = Box::pin(ready(conn, deadline, &metrics)).await?;
                     let connection = Connection {
                         peer: Arc::new(peer),
                         setup_deadline: Some(deadline),
@@ -627,7 +628,10 @@ async fn accept_loop<F, Fut>(
                     }
                 };
                 let deadline = tokio::time::Instant::now() + gate.setup_timeout;
-                let fut = serve(conn, deadline);
+                // Boxed: an async block that captures a future and awaits it keeps two
+                // copies of it for the task's life (the capture and the awaited local), and
+                // a connection's future is 3.6–4 KiB.
+                let fut = Box::pin(serve(conn, deadline));
                 let stop = stop.clone();
                 tasks.spawn(async move {
                     let _slot = slot;

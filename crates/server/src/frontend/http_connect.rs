@@ -112,6 +112,12 @@ async fn handle(
             }
         };
         let dialed = hub.dial(&request, frontend_gone).await;
+        // Nothing came early: give the head's buffer back rather than hold it idle.
+        let early = if early.is_empty() {
+            Bytes::new()
+        } else {
+            early.freeze()
+        };
         (dialed, early)
     };
     let (mut tunnel, byte_rate) = match dialed {
@@ -128,14 +134,8 @@ async fn handle(
     let (initiator, closed, mut io): (_, _, Box<dyn Io>) = match io.into_unix() {
         Ok(unix) => {
             let (mut rd, mut wr) = unix.into_split();
-            let (initiator, closed) = relay(
-                &mut tunnel,
-                &mut rd,
-                &mut wr,
-                early.freeze(),
-                byte_rate.as_deref(),
-            )
-            .await;
+            let (initiator, closed) =
+                relay(&mut tunnel, &mut rd, &mut wr, early, byte_rate.as_deref()).await;
             let unix = rd
                 .reunite(wr)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -143,14 +143,8 @@ async fn handle(
         }
         Err(io) => {
             let (mut rd, mut wr) = tokio::io::split(io);
-            let (initiator, closed) = relay(
-                &mut tunnel,
-                &mut rd,
-                &mut wr,
-                early.freeze(),
-                byte_rate.as_deref(),
-            )
-            .await;
+            let (initiator, closed) =
+                relay(&mut tunnel, &mut rd, &mut wr, early, byte_rate.as_deref()).await;
             (initiator, closed, rd.unsplit(wr))
         }
     };
