@@ -169,6 +169,8 @@ where
         .max_concurrent_streams(settings.max_concurrent_streams)
         .max_header_list_size(1024 * 1024)
         .handshake::<_, Bytes>(io);
+    // Boxed, so the connection's future does not keep room for it (about 1.3 KiB) after.
+    let handshake = Box::pin(handshake);
     let mut conn = match connection.setup_deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, handshake)
             .await

@@ -35,7 +35,9 @@ impl FrontendService {
         tenant: Option<Arc<Tenant>>,
     ) -> std::io::Result<()> {
         let metrics = &self.metrics;
-        let (io, peer) = crate::ready(conn, deadline, metrics).await?;
+        // The TLS handshake's state (about 2 KiB) is boxed, and so is each mode's: a
+        // connection's task then holds only what its own mode needs once set up.
+        let (io, peer) = Box::pin(crate::ready(conn, deadline, metrics)).await?;
         let unix = peer.transport == PeerTransport::Unix;
         let connection = Connection {
             peer: Arc::new(peer),
@@ -59,23 +61,23 @@ impl FrontendService {
                 } else {
                     io
                 };
-                tether_grpc::server::serve_connection(
+                Box::pin(tether_grpc::server::serve_connection(
                     io,
                     &self.settings,
                     connection,
                     on_call,
                     self.shutdown.cancelled(),
-                )
+                ))
                 .await
             }
             Mode::HttpConnect => {
-                super::http_connect::serve(
+                Box::pin(super::http_connect::serve(
                     self.hub.clone(),
                     metrics.clone(),
                     io,
                     connection.peer,
                     tenant,
-                )
+                ))
                 .await;
                 Ok(())
             }
