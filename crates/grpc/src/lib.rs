@@ -64,6 +64,12 @@ const MIB: u32 = 1024 * 1024;
 pub const MIN_STREAM_WINDOW: u32 =
     (tether_proto::frame::MAX_MESSAGE_LEN + tether_proto::frame::PREFIX_LEN) as u32;
 
+/// The largest HTTP/2 frame a tether end accepts: one DATA packet of the largest chunk
+/// (64 KiB of payload) and its framing, so a tether peer sends each such packet in one
+/// frame and the receiver decodes it in place (see `tether_proto::frame::Decoder`). At
+/// 64 KiB exactly, every full packet came in two frames and was copied to be joined.
+pub const MAX_FRAME_SIZE: u32 = 64 * 1024 + 1024;
+
 /// Concurrent streams per frontend connection. kube-apiserver opens one connection per
 /// tunnel; a thousand streams leave room for multiplexing clients while bounding what one
 /// connection can hold (each stream may buffer up to its window).
@@ -76,7 +82,7 @@ impl H2Settings {
         Self {
             stream_window: 16 * MIB,
             connection_window: 32 * MIB,
-            max_frame_size: 64 * 1024,
+            max_frame_size: MAX_FRAME_SIZE,
             max_send_buffer: 4 * MIB as usize,
             max_concurrent_streams: 16,
             keepalive: None,
@@ -92,7 +98,7 @@ impl H2Settings {
         Self {
             stream_window: MIN_STREAM_WINDOW,
             connection_window: 64 * MIB,
-            max_frame_size: 64 * 1024,
+            max_frame_size: MAX_FRAME_SIZE,
             max_send_buffer: 2 * MIB as usize,
             max_concurrent_streams: DEFAULT_FRONTEND_STREAMS,
             keepalive: None,

@@ -42,61 +42,96 @@ pub enum FrameError {
 }
 
 /// Incremental decoder: feed it the chunks a transport delivers, take packets out.
+///
+/// A chunk that holds whole messages (tether's peers send each DATA packet in one HTTP/2
+/// frame, see `tether_grpc::MAX_FRAME_SIZE`) is decoded in place: each message, and the
+/// payload inside it, is a slice of the chunk. Only a message that spans chunks is copied,
+/// into `partial`, to be assembled. At most one of the two holds bytes.
 #[derive(Debug, Default)]
 pub struct Decoder {
-    buf: BytesMut,
+    chunk: Bytes,
+    partial: BytesMut,
 }
 
 impl Decoder {
-    /// Adds received bytes. When the buffer is empty the chunk is kept as is, so a chunk that
-    /// holds whole messages is decoded without a copy of its payloads.
+    /// Adds received bytes.
     pub fn push(&mut self, chunk: Bytes) {
-        if self.buf.is_empty() {
-            // `BytesMut::from(Bytes)` reuses the allocation when the Bytes is unique.
-            self.buf = BytesMut::from(chunk);
-        } else {
-            self.buf.extend_from_slice(&chunk);
+        if self.partial.is_empty() && self.chunk.is_empty() {
+            self.chunk = chunk;
+            return;
         }
+        if !self.chunk.is_empty() {
+            let held = std::mem::take(&mut self.chunk);
+            self.partial.extend_from_slice(&held);
+        }
+        self.partial.extend_from_slice(&chunk);
     }
 
     /// Next complete packet, `Ok(None)` if more bytes are needed.
     pub fn next_packet(&mut self) -> Result<Option<Packet>, FrameError> {
-        if self.buf.len() < PREFIX_LEN {
-            return Ok(None);
+        if !self.chunk.is_empty() {
+            if let Some(len) = whole_message(&self.chunk)? {
+                let mut message = self.chunk.split_to(PREFIX_LEN + len);
+                message.advance(PREFIX_LEN);
+                return decode(message).map(Some);
+            }
+            // The chunk ends inside a message: assemble it from here on.
+            let held = std::mem::take(&mut self.chunk);
+            self.partial.extend_from_slice(&held);
         }
-        if self.buf[0] != 0 {
-            return Err(FrameError::Compressed);
-        }
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if len > MAX_MESSAGE_LEN {
-            return Err(FrameError::TooLarge(len));
-        }
-        if self.buf.len() < PREFIX_LEN + len {
-            let want = (PREFIX_LEN + len).min(EAGER_RESERVE);
-            if self.buf.capacity() < want {
-                self.buf.reserve(want - self.buf.len());
+        let Some(len) = whole_message(&self.partial)? else {
+            if self.partial.len() >= PREFIX_LEN {
+                let len = announced_len(&self.partial);
+                let want = (PREFIX_LEN + len).min(EAGER_RESERVE);
+                if self.partial.capacity() < want {
+                    self.partial.reserve(want - self.partial.len());
+                }
             }
             return Ok(None);
-        }
-        self.buf.advance(PREFIX_LEN);
-        let message = self.buf.split_to(len).freeze();
-        let wire = pb::Packet::decode(message).map_err(ProtoError::Decode)?;
-        Ok(Some(Packet::try_from(wire)?))
+        };
+        self.partial.advance(PREFIX_LEN);
+        decode(self.partial.split_to(len).freeze()).map(Some)
     }
 
     /// Bytes received and not yet taken out as packets (the start of a partial message).
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.chunk.len() + self.partial.len()
     }
 
     /// Call at end of stream: leftover bytes mean the peer cut a message short.
     pub fn finish(&self) -> Result<(), FrameError> {
-        if self.buf.is_empty() {
+        if self.buffered() == 0 {
             Ok(())
         } else {
             Err(FrameError::Truncated)
         }
     }
+}
+
+/// The length of the message at the front of `buf` if all of it is there, after checking
+/// its prefix; `None` while the prefix or the message is incomplete.
+fn whole_message(buf: &[u8]) -> Result<Option<usize>, FrameError> {
+    if buf.len() < PREFIX_LEN {
+        return Ok(None);
+    }
+    if buf[0] != 0 {
+        return Err(FrameError::Compressed);
+    }
+    let len = announced_len(buf);
+    if len > MAX_MESSAGE_LEN {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok((buf.len() >= PREFIX_LEN + len).then_some(len))
+}
+
+/// The length a prefix announces; `buf` holds at least the prefix.
+fn announced_len(buf: &[u8]) -> usize {
+    u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize
+}
+
+fn decode(message: Bytes) -> Result<Packet, FrameError> {
+    let wire = pb::Packet::decode(message).map_err(ProtoError::Decode)?;
+    Ok(Packet::try_from(wire)?)
 }
 
 #[cfg(test)]
@@ -117,7 +152,7 @@ mod tests {
         // Two chunks, as HTTP/2 frames of 64 KiB deliver it: one reservation holds it all.
         d.push(framed.slice(..100));
         assert!(d.next_packet().unwrap().is_none());
-        assert!(d.buf.capacity() >= framed.len());
+        assert!(d.partial.capacity() >= framed.len());
         d.push(framed.slice(100..));
         assert_eq!(d.next_packet().unwrap(), Some(data));
 
@@ -128,10 +163,37 @@ mod tests {
         d.push(Bytes::from(prefix));
         assert!(d.next_packet().unwrap().is_none());
         assert!(
-            d.buf.capacity() <= 2 * EAGER_RESERVE,
+            d.partial.capacity() <= 2 * EAGER_RESERVE,
             "{}",
-            d.buf.capacity()
+            d.partial.capacity()
         );
+    }
+
+    #[test]
+    fn a_chunk_of_whole_messages_is_decoded_in_place() {
+        let data = Packet::Data {
+            connect_id: ConnectId(3),
+            data: Bytes::from(vec![9u8; 64 * 1024]),
+        };
+        let mut framed = BytesMut::new();
+        encode(&data, &mut framed);
+        encode(&data, &mut framed);
+        let framed = framed.freeze();
+        let range = framed.as_ptr_range();
+        let mut d = Decoder::default();
+        d.push(framed.clone());
+        for _ in 0..2 {
+            let Some(Packet::Data { data: payload, .. }) = d.next_packet().unwrap() else {
+                panic!("a DATA packet");
+            };
+            assert_eq!(payload.len(), 64 * 1024);
+            assert!(
+                range.contains(&payload.as_ptr()),
+                "the payload is a slice of the chunk, not a copy"
+            );
+        }
+        assert!(d.next_packet().unwrap().is_none());
+        d.finish().unwrap();
     }
 
     fn sample() -> Vec<Packet> {
