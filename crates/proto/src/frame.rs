@@ -60,10 +60,7 @@ impl Decoder {
             self.chunk = chunk;
             return;
         }
-        if !self.chunk.is_empty() {
-            let held = std::mem::take(&mut self.chunk);
-            self.partial.extend_from_slice(&held);
-        }
+        self.assemble_from_chunk();
         self.partial.extend_from_slice(&chunk);
     }
 
@@ -76,8 +73,7 @@ impl Decoder {
                 return decode(message).map(Some);
             }
             // The chunk ends inside a message: assemble it from here on.
-            let held = std::mem::take(&mut self.chunk);
-            self.partial.extend_from_slice(&held);
+            self.assemble_from_chunk();
         }
         let Some(len) = whole_message(&self.partial)? else {
             if self.partial.len() >= PREFIX_LEN {
@@ -91,6 +87,14 @@ impl Decoder {
         };
         self.partial.advance(PREFIX_LEN);
         decode(self.partial.split_to(len).freeze()).map(Some)
+    }
+
+    /// Moves what is left of the held chunk to the front of the assembly buffer.
+    fn assemble_from_chunk(&mut self) {
+        if !self.chunk.is_empty() {
+            let held = std::mem::take(&mut self.chunk);
+            self.partial.extend_from_slice(&held);
+        }
     }
 
     /// Bytes received and not yet taken out as packets (the start of a partial message).

@@ -115,14 +115,23 @@ async fn two_hundred_connections_all_survive_a_cut() {
             t.write_all(&data).await.unwrap();
         }
         for (i, t) in tunnels.iter_mut().enumerate() {
-            let data = tether_testkit::targets::pattern(seed + i as u64, 1024);
-            let mut got = vec![0u8; data.len()];
-            tokio::time::timeout(STEP, t.read_exact(&mut got))
-                .await
-                .expect("echo in time")
-                .unwrap();
-            assert!(got == data, "connection {i} after seed {seed}");
+            read_pattern(
+                t,
+                seed + i as u64,
+                &format!("connection {i} after seed {seed}"),
+            )
+            .await;
         }
+    }
+    /// Reads back the 1 KiB pattern of `seed` and checks it.
+    async fn read_pattern(t: &mut tether_client::TunnelStream, seed: u64, what: &str) {
+        let data = tether_testkit::targets::pattern(seed, 1024);
+        let mut got = vec![0u8; data.len()];
+        tokio::time::timeout(STEP, t.read_exact(&mut got))
+            .await
+            .expect("echo in time")
+            .unwrap();
+        assert!(got == data, "{what}");
     }
     exchange(&mut tunnels, 1).await;
     assert_eq!(
@@ -168,13 +177,12 @@ async fn two_hundred_connections_all_survive_a_cut() {
     })
     .await;
     for (i, t) in tunnels.iter_mut().enumerate().step_by(2) {
-        let data = tether_testkit::targets::pattern(1000 + i as u64, 1024);
-        let mut got = vec![0u8; data.len()];
-        tokio::time::timeout(STEP, t.read_exact(&mut got))
-            .await
-            .expect("echo in time")
-            .unwrap();
-        assert!(got == data, "connection {i}'s bytes in flight at the cut");
+        read_pattern(
+            t,
+            1000 + i as u64,
+            &format!("connection {i}'s bytes in flight at the cut"),
+        )
+        .await;
     }
     exchange(&mut tunnels, 2).await;
     assert_eq!(
