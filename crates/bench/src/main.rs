@@ -50,12 +50,17 @@ struct Args {
     /// Only these systems (comma-separated names or ids, e.g. `direct,tether-grpc-uds`).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
-    /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, fairness, idle-conns, fanin.
+    /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, fairness, idle-conns,
+    /// scale-conns, fanin, resume.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Idle connections to hold open (default 10000; 200 with --quick).
     #[arg(long)]
     idle_conns: Option<usize>,
+    /// Idle connections of the scale workload, over several agents (default 50000; 300
+    /// with --quick).
+    #[arg(long)]
+    scale_conns: Option<usize>,
     /// The two fan-in sizes, small and large (default 1000,5000; 20,50 with --quick).
     #[arg(long, value_delimiter = ',')]
     fanin: Vec<usize>,
@@ -250,6 +255,8 @@ enum Task {
     },
     /// A fresh system holding many idle connections.
     IdleConns { run: usize, system: System },
+    /// A fresh system with several agents and targets, holding even more idle connections.
+    ScaleConns { run: usize, system: System },
     /// A fresh server with many fake agents.
     FanIn {
         run: usize,
@@ -288,6 +295,9 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(n) = args.idle_conns {
         p.idle_conns = n.max(1);
+    }
+    if let Some(n) = args.scale_conns {
+        p.scale_conns = n.max(1);
     }
     match args.fanin[..] {
         [] => {}
@@ -338,8 +348,10 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     };
 
     // Our process holds the client side of every idle connection (or fake agent), the
-    // target their far side; children inherit the limit.
-    let want_fds = p.idle_conns.max(p.fanin[1]) as u64 + 4096;
+    // target their far side; children inherit the limit. In the scale workload each agent
+    // and each target holds its share of the connections.
+    let scale_share = p.scale_conns.div_ceil(p.scale_agents);
+    let want_fds = p.idle_conns.max(p.fanin[1]).max(scale_share) as u64 + 4096;
     let fds = procs::raise_fd_limit(want_fds);
     if fds < want_fds {
         eprintln!(
@@ -360,12 +372,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     };
     let pki = tether_tls::pki::Pki::generate()?.write_to(&work.join("pki"))?;
 
-    // The target, as its own process.
-    let exe = std::env::current_exe()?;
-    let mut cmd = tokio::process::Command::new(&exe);
-    cmd.args(["target", "--listen", "127.0.0.1:0"]);
-    let (mut target_proc, target) =
-        procs::Proc::spawn_listening("target", cmd, &work.join("target.log")).await?;
+    let (mut target_proc, target) = spawn_target(&work.join("target.log")).await?;
 
     let env = Env {
         dir: work.clone(),
@@ -412,6 +419,15 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        if workloads.contains(&Workload::ScaleConns) {
+            for &system in &systems {
+                // One gRPC connection carries every tunnel, so the client and the server
+                // hold a handful of sockets; HTTP CONNECT would need one per tunnel on both.
+                if matches!(system, System::Konn(_, Frontend::GrpcUds)) {
+                    tasks.push(Task::ScaleConns { run, system });
+                }
+            }
+        }
         if workloads.contains(&Workload::Resume) {
             // A tether-only extension: the agent link is the same whatever the frontend,
             // so kube-apiserver's default shape (gRPC on a Unix socket) stands for all.
@@ -450,11 +466,16 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 + workloads.iter().map(|w| w.weight(&p)).sum::<f64>()
         }
         Task::IdleConns { .. } => 2.0 + Workload::IdleConns.weight(&p),
+        Task::ScaleConns { .. } => 2.0 + Workload::ScaleConns.weight(&p),
         Task::Resume { .. } => 2.0 + Workload::Resume.weight(&p),
         Task::FanIn { agents, large, .. } => {
             1.0 + *agents as f64 / 800.0
                 + 4.0 * p.settle.as_secs_f64()
-                + if *large { p.idle_cpu_secs } else { 0.0 }
+                + if *large {
+                    p.idle_cpu_secs
+                } else {
+                    p.churn_secs
+                }
         }
     };
     let total: f64 = tasks.iter().map(weight).sum();
@@ -519,7 +540,13 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                     let r = Running::start(&env, *system).await?;
                     let res = tokio::time::timeout(
                         Duration::from_secs(300),
-                        workloads::idle::run(&r, &p, &progress),
+                        workloads::idle::run(
+                            &r,
+                            std::slice::from_ref(&r.dialer),
+                            p.idle_conns,
+                            &p,
+                            &progress,
+                        ),
                     )
                     .await;
                     r.stop().await;
@@ -538,6 +565,37 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                         ));
                     }
                     Err(e) => fail(&progress, &mut results, *system, "idle-conns", &e),
+                }
+            }
+            Task::ScaleConns { run, system } => {
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · {} · {} idle tunnelled connections over {} agents",
+                        p.runs,
+                        system.name(),
+                        p.scale_conns,
+                        p.scale_agents
+                    ),
+                    weight(task),
+                );
+                let outcome = scale_conns(&env, &p, *run, *system, &progress).await;
+                match outcome {
+                    Ok(x) => {
+                        results.add(*system, Metric::ScaleServer, *run, x.server_kib);
+                        results.add(*system, Metric::ScaleAgents, *run, x.agent_kib);
+                        results.add(
+                            *system,
+                            Metric::ScaleTotal,
+                            *run,
+                            x.server_kib + x.agent_kib,
+                        );
+                        results.add(*system, Metric::ScaleRssAfter, *run, x.rss_after_ratio);
+                        progress.note(&format!(
+                            "{} open: server {:.1} KiB + agents {:.1} KiB per connection; RSS after they closed ×{:.2} of before",
+                            x.open, x.server_kib, x.agent_kib, x.rss_after_ratio
+                        ));
+                    }
+                    Err(e) => fail(&progress, &mut results, *system, "scale-conns", &e),
                 }
             }
             Task::Resume { run, system } => {
@@ -595,7 +653,11 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                             &r,
                             &p,
                             *agents,
-                            *large,
+                            if *large {
+                                workloads::fanin::Extra::IdleCpu
+                            } else {
+                                workloads::fanin::Extra::SpreadDials
+                            },
                             fanin_tls.clone(),
                             &progress,
                         ),
@@ -618,6 +680,30 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                         }
                         if *large {
                             results.add(system, Metric::AgentRssAfter, *run, x.rss_after_ratio);
+                        }
+                        if let Some(d) = &x.dials {
+                            let c = &d.churn;
+                            results.add(system, Metric::FanInChurnRate, *run, c.conns_per_s);
+                            results.add(system, Metric::FanInChurnDialP50, *run, c.dial_p50_us);
+                            results.add(system, Metric::FanInChurnDialP99, *run, c.dial_p99_us);
+                            if let Some(cpu) = c.cpu_us_per_conn {
+                                results.add(system, Metric::FanInChurnCpu, *run, cpu);
+                            }
+                            results.add(system, Metric::FanInDialSpread, *run, d.max_over_mean);
+                            progress.note(&format!(
+                                "churn c=64 across {agents} agents: {:.0} conn/s, dial p50 {:.0} µs, p99 {:.0} µs; dials per agent {}–{} (busiest ÷ mean {:.2}, {} answered){}",
+                                c.conns_per_s,
+                                c.dial_p50_us,
+                                c.dial_p99_us,
+                                d.min,
+                                d.max,
+                                d.max_over_mean,
+                                d.answered,
+                                if c.errors.is_empty() { String::new() } else { format!(", {} errors", c.errors.len()) }
+                            ));
+                            for (msg, n) in group(&c.errors) {
+                                results.error(system, "fanin churn", format!("{n}× {msg}"));
+                            }
                         }
                         progress.note(&format!(
                             "server +{:.1} KiB per agent (server counts {}); idle CPU {} ms per agent per minute; RSS after they left ×{:.2} of before",
@@ -691,6 +777,48 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The target, as its own process: (process, address).
+async fn spawn_target(log: &Path) -> anyhow::Result<(procs::Proc, std::net::SocketAddr)> {
+    let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+    cmd.args(["target", "--listen", "127.0.0.1:0"]);
+    procs::Proc::spawn_listening("target", cmd, log).await
+}
+
+/// The scale workload: `p.scale_agents` agents and as many targets of their own, and
+/// `p.scale_conns` idle connections spread over them, so that no process holds more than
+/// its share of the sockets.
+async fn scale_conns(
+    env: &Env,
+    p: &Profile,
+    run: usize,
+    system: System,
+    progress: &Progress,
+) -> anyhow::Result<workloads::idle::IdleResult> {
+    let mut targets = Vec::with_capacity(p.scale_agents);
+    for i in 0..p.scale_agents {
+        let log = env
+            .dir
+            .join(format!("scale-{run}-{}-target-{i}.log", system.id()));
+        targets.push(spawn_target(&log).await?);
+    }
+    let outcome = async {
+        let r = Running::start_scaled(env, system, p.scale_agents).await?;
+        let dialers: Vec<_> = targets.iter().map(|(_, a)| r.dialer.aimed_at(*a)).collect();
+        let res = tokio::time::timeout(
+            Duration::from_secs(600),
+            workloads::idle::run(&r, &dialers, p.scale_conns, p, progress),
+        )
+        .await;
+        r.stop().await;
+        res.map_err(|_| anyhow::anyhow!("timed out"))?
+    }
+    .await;
+    for (t, _) in targets {
+        t.stop().await;
+    }
+    outcome
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -842,7 +970,10 @@ async fn run_instance(
                         x.bulk_ratio()
                     ));
                 }
-                Workload::IdleConns | Workload::FanIn | Workload::Resume => {}
+                Workload::IdleConns
+                | Workload::ScaleConns
+                | Workload::FanIn
+                | Workload::Resume => {}
             }
             anyhow::Ok(())
         }
@@ -922,14 +1053,15 @@ fn missing_figures(results: &Results, tasks: &[Task]) -> Vec<String> {
                 (*system, m)
             }
             Task::IdleConns { system, .. } => (*system, vec![Metric::ConnTotal]),
+            Task::ScaleConns { system, .. } => (*system, vec![Metric::ScaleTotal]),
             Task::Resume { system, .. } => (*system, vec![Metric::ResumePauseP50]),
             Task::FanIn { imp, large, .. } => (
                 System::Konn(*imp, Frontend::HttpConnectUds),
-                vec![if *large {
-                    Metric::AgentLarge
+                if *large {
+                    vec![Metric::AgentLarge]
                 } else {
-                    Metric::AgentSmall
-                }],
+                    vec![Metric::AgentSmall, Metric::FanInChurnRate]
+                },
             ),
         };
         for m in metrics {

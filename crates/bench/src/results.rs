@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::stats::Summary;
 use crate::systems::System;
+use crate::workloads::Profile;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Metric {
@@ -32,10 +33,19 @@ pub enum Metric {
     ConnServer,
     ConnAgent,
     ConnTotal,
+    ScaleServer,
+    ScaleAgents,
+    ScaleTotal,
+    ScaleRssAfter,
     AgentSmall,
     AgentLarge,
     AgentIdleCpu,
     AgentRssAfter,
+    FanInChurnRate,
+    FanInChurnDialP50,
+    FanInChurnDialP99,
+    FanInChurnCpu,
+    FanInDialSpread,
     ConnRssAfter,
     ResumePauseP50,
     ResumePauseMax,
@@ -48,7 +58,7 @@ pub enum Better {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 31] = [
+    pub const ALL: [Metric; 40] = [
         Metric::BulkUp,
         Metric::BulkDown,
         Metric::CpuUp,
@@ -73,10 +83,19 @@ impl Metric {
         Metric::ConnServer,
         Metric::ConnAgent,
         Metric::ConnTotal,
+        Metric::ScaleServer,
+        Metric::ScaleAgents,
+        Metric::ScaleTotal,
+        Metric::ScaleRssAfter,
         Metric::AgentSmall,
         Metric::AgentLarge,
         Metric::AgentIdleCpu,
         Metric::AgentRssAfter,
+        Metric::FanInChurnRate,
+        Metric::FanInChurnDialP50,
+        Metric::FanInChurnDialP99,
+        Metric::FanInChurnCpu,
+        Metric::FanInDialSpread,
         Metric::ConnRssAfter,
         Metric::ResumePauseP50,
         Metric::ResumePauseMax,
@@ -109,10 +128,19 @@ impl Metric {
             Metric::ConnServer => "idle_conn_server_kib",
             Metric::ConnAgent => "idle_conn_agent_kib",
             Metric::ConnTotal => "idle_conn_total_kib",
+            Metric::ScaleServer => "scale_conn_server_kib",
+            Metric::ScaleAgents => "scale_conn_agents_kib",
+            Metric::ScaleTotal => "scale_conn_total_kib",
+            Metric::ScaleRssAfter => "scale_conn_rss_after_ratio",
             Metric::AgentSmall => "fanin_small_kib_per_agent",
             Metric::AgentLarge => "fanin_large_kib_per_agent",
             Metric::AgentIdleCpu => "fanin_large_idle_cpu_ms_per_agent_min",
             Metric::AgentRssAfter => "fanin_large_rss_after_ratio",
+            Metric::FanInChurnRate => "fanin_small_churn_c64_conn_s",
+            Metric::FanInChurnDialP50 => "fanin_small_churn_c64_dial_p50_us",
+            Metric::FanInChurnDialP99 => "fanin_small_churn_c64_dial_p99_us",
+            Metric::FanInChurnCpu => "fanin_small_churn_c64_server_cpu_us_per_conn",
+            Metric::FanInDialSpread => "fanin_small_churn_max_over_mean_dials",
             Metric::ConnRssAfter => "idle_conn_rss_after_ratio",
             Metric::ResumePauseP50 => "resume_pause_p50_ms",
             Metric::ResumePauseMax => "resume_pause_max_ms",
@@ -124,8 +152,10 @@ impl Metric {
         Metric::ALL.into_iter().find(|m| m.key() == key)
     }
 
-    /// Heading in the report; `fanin` fills in the agent counts.
-    pub fn title(&self, conns: usize, fanin: [usize; 2]) -> String {
+    /// Heading in the report, with the profile's counts.
+    pub fn title(&self, p: &Profile) -> String {
+        let (conns, fanin) = (p.idle_conns, p.fanin);
+        let (scale, agents) = (p.scale_conns, p.scale_agents);
         match self {
             Metric::BulkUp => "Bulk throughput, upload (client → target), one connection".into(),
             Metric::BulkDown => {
@@ -173,6 +203,18 @@ impl Metric {
             Metric::ConnTotal => {
                 format!("Server + agent RSS per idle tunnelled connection ({conns} open)")
             }
+            Metric::ScaleServer => {
+                format!("Server RSS per idle tunnelled connection ({scale} open over {agents} agents)")
+            }
+            Metric::ScaleAgents => format!(
+                "RSS of the {agents} agents together per idle tunnelled connection ({scale} open)"
+            ),
+            Metric::ScaleTotal => format!(
+                "Server + agents RSS per idle tunnelled connection ({scale} open over {agents} agents)"
+            ),
+            Metric::ScaleRssAfter => format!(
+                "Server + agents RSS after {scale} connections opened and closed ÷ before"
+            ),
             Metric::AgentSmall => format!("Server RSS per connected agent ({} agents)", fanin[0]),
             Metric::AgentLarge => format!("Server RSS per connected agent ({} agents)", fanin[1]),
             Metric::AgentIdleCpu => format!(
@@ -182,6 +224,26 @@ impl Metric {
             Metric::AgentRssAfter => format!(
                 "Server RSS after {} agents connected and left ÷ before they came",
                 fanin[1]
+            ),
+            Metric::FanInChurnRate => format!(
+                "Connection churn at concurrency 64, dials spread over {} agents",
+                fanin[0]
+            ),
+            Metric::FanInChurnDialP50 => format!(
+                "Dial latency p50 during churn at concurrency 64 over {} agents",
+                fanin[0]
+            ),
+            Metric::FanInChurnDialP99 => format!(
+                "Dial latency p99 during churn at concurrency 64 over {} agents",
+                fanin[0]
+            ),
+            Metric::FanInChurnCpu => format!(
+                "Server CPU per connection, churn at concurrency 64 over {} agents",
+                fanin[0]
+            ),
+            Metric::FanInDialSpread => format!(
+                "Dial spread over {} agents: the busiest agent's dials ÷ the mean",
+                fanin[0]
             ),
             Metric::ConnRssAfter => {
                 format!("Server + agent RSS after {conns} connections opened and closed ÷ before")
@@ -207,14 +269,18 @@ impl Metric {
             | Metric::Churn1DialP50
             | Metric::Churn1DialP99
             | Metric::Churn64DialP50
-            | Metric::Churn64DialP99 => "µs",
-            Metric::ChurnCpu => "CPU µs/conn",
-            Metric::Churn1Rate | Metric::Churn64Rate => "conn/s",
+            | Metric::Churn64DialP99
+            | Metric::FanInChurnDialP50
+            | Metric::FanInChurnDialP99 => "µs",
+            Metric::ChurnCpu | Metric::FanInChurnCpu => "CPU µs/conn",
+            Metric::Churn1Rate | Metric::Churn64Rate | Metric::FanInChurnRate => "conn/s",
+            Metric::FanInDialSpread => "ratio",
             Metric::HolRatio
             | Metric::FairP99Ratio
             | Metric::FairBulkRatio
             | Metric::AgentRssAfter
-            | Metric::ConnRssAfter => "ratio",
+            | Metric::ConnRssAfter
+            | Metric::ScaleRssAfter => "ratio",
             Metric::AgentIdleCpu => "CPU ms per agent per minute",
             Metric::ResumePauseP50 | Metric::ResumePauseMax => "ms",
             Metric::IdleRssServer
@@ -224,6 +290,9 @@ impl Metric {
             Metric::ConnServer
             | Metric::ConnAgent
             | Metric::ConnTotal
+            | Metric::ScaleServer
+            | Metric::ScaleAgents
+            | Metric::ScaleTotal
             | Metric::AgentSmall
             | Metric::AgentLarge => "KiB",
         }
@@ -235,6 +304,7 @@ impl Metric {
             | Metric::BulkDown
             | Metric::Churn1Rate
             | Metric::Churn64Rate
+            | Metric::FanInChurnRate
             | Metric::HolRatio
             | Metric::FairBulkRatio => Better::Higher,
             _ => Better::Lower,

@@ -75,6 +75,11 @@ fn goals() -> Vec<Goal> {
         g("churn c=64 ≥ 3× upstream", Churn64Rate, VsUpstream(3.0)),
         g("churn c=64 ≥ rathole", Churn64Rate, VsRathole(1.0)),
         g(
+            "churn c=64 over the small fan-in's agents ≥ 3× upstream",
+            FanInChurnRate,
+            VsUpstream(3.0),
+        ),
+        g(
             "server RSS per agent (small) ≤ 16 KiB",
             AgentSmall,
             Absolute(16.0),
@@ -87,6 +92,11 @@ fn goals() -> Vec<Goal> {
         g(
             "RSS per idle connection, server + agent ≤ 4 KiB",
             ConnTotal,
+            Absolute(4.0),
+        ),
+        g(
+            "RSS per idle connection at scale, server + agents ≤ 4 KiB",
+            ScaleTotal,
             Absolute(4.0),
         ),
         g(
@@ -215,12 +225,7 @@ fn before_and_after(s: &mut String, meta: &Meta, results: &Results, p: &Profile)
         if cells.iter().all(String::is_empty) {
             continue;
         }
-        let _ = write!(
-            s,
-            "| {} ({}) |",
-            metric.title(p.idle_conns, p.fanin),
-            metric.unit()
-        );
+        let _ = write!(s, "| {} ({}) |", metric.title(p), metric.unit());
         for c in cells {
             let _ = write!(s, " {c} |");
         }
@@ -402,12 +407,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
             Better::Higher => "higher is better",
             Better::Lower => "lower is better",
         };
-        let _ = writeln!(
-            s,
-            "### {} ({}, {better})\n",
-            metric.title(p.idle_conns, p.fanin),
-            metric.unit()
-        );
+        let _ = writeln!(s, "### {} ({}, {better})\n", metric.title(p), metric.unit());
         let _ = writeln!(
             s,
             "| system | median | min–max | runs | ×upstream | ×direct | ×relay | ×relay-tls |"
@@ -554,6 +554,18 @@ fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
             ),
         ),
         (
+            "fanin-churn.svg".into(),
+            chart(
+                &format!(
+                    "Connection churn at concurrency 64 through a lone server, its dials spread over {} fake agents",
+                    p.fanin[0]
+                ),
+                "connections per second (higher is better)",
+                false,
+                vec![series("concurrency 64", Metric::FanInChurnRate)],
+            ),
+        ),
+        (
             "dial-latency.svg".into(),
             chart(
                 "Dial latency during churn",
@@ -586,6 +598,13 @@ fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
                     series("server", Metric::ConnServer),
                     series("agent", Metric::ConnAgent),
                     series("server + agent", Metric::ConnTotal),
+                    series(
+                        &format!(
+                            "server + agents, {} open over {} agents",
+                            p.scale_conns, p.scale_agents
+                        ),
+                        Metric::ScaleTotal,
+                    ),
                 ],
             ),
         ),

@@ -51,6 +51,7 @@ pub fn run_file(results: &Results, meta: &Meta, p: &Profile) -> String {
     let _ = writeln!(s, "runs {}", p.runs);
     let _ = writeln!(s, "idle_conns {}", p.idle_conns);
     let _ = writeln!(s, "fanin {},{}", p.fanin[0], p.fanin[1]);
+    let _ = writeln!(s, "scale {},{}", p.scale_conns, p.scale_agents);
     for line in meta.machine.lines() {
         let _ = writeln!(s, "machine {}", escape(line));
     }
@@ -88,7 +89,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
         notes: Vec::new(),
     };
     let mut results = Results::default();
-    let (mut runs, mut idle_conns, mut fanin) = (None, None, None);
+    let (mut runs, mut idle_conns, mut fanin, mut scale) = (None, None, None, None);
     for (n, line) in run.lines().enumerate() {
         let at = || format!("{}:{}", run_path.display(), n + 1);
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
@@ -110,6 +111,10 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
             "fanin" => {
                 let (a, b) = value.split_once(',').with_context(at)?;
                 fanin = Some([a.parse().with_context(at)?, b.parse().with_context(at)?]);
+            }
+            "scale" => {
+                let (a, b) = value.split_once(',').with_context(at)?;
+                scale = Some((a.parse().with_context(at)?, b.parse().with_context(at)?));
             }
             "machine" => {
                 meta.machine.push_str(&unescape(value));
@@ -134,6 +139,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
     p.runs = runs.with_context(|| format!("{}: no runs", run_path.display()))?;
     p.idle_conns = idle_conns.unwrap_or(p.idle_conns);
     p.fanin = fanin.unwrap_or(p.fanin);
+    (p.scale_conns, p.scale_agents) = scale.unwrap_or((p.scale_conns, p.scale_agents));
 
     let csv_path = dir.join("results.csv");
     let csv =
@@ -179,6 +185,7 @@ mod tests {
         let mut p = Profile::full();
         p.runs = 2;
         p.idle_conns = 123;
+        p.scale_conns = 4_567;
         fs::write(dir.path().join(RUN_FILE), run_file(&results, &meta, &p)).unwrap();
         fs::write(dir.path().join("results.csv"), results.csv()).unwrap();
 
@@ -190,6 +197,7 @@ mod tests {
         assert_eq!(m.systems, systems);
         assert_eq!(m.notes, meta.notes);
         assert_eq!((q.runs, q.idle_conns, q.fanin), (2, 123, p.fanin));
+        assert_eq!((q.scale_conns, q.scale_agents), (4_567, p.scale_agents));
         assert_eq!(r.csv(), results.csv());
         assert_eq!(r.errors, results.errors);
     }

@@ -102,7 +102,8 @@ fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
 pub(super) enum AgentLink {
     /// No agent: a lone server (fan-in).
     None,
-    Direct,
+    /// This many agents, each with its own ID, straight to the server.
+    Direct(usize),
     /// Through a `tether-bench relay --cut-on-sigusr1`: a middlebox the workload can cut.
     CutRelay,
 }
@@ -179,12 +180,23 @@ pub(super) async fn start(
     } else {
         None
     };
-    let agent = if agent != AgentLink::None {
+    let agent_count = match agent {
+        AgentLink::None => 0,
+        AgentLink::Direct(n) => n,
+        AgentLink::CutRelay => 1,
+    };
+    let mut agents = Vec::with_capacity(agent_count);
+    for i in 0..agent_count {
         let a_health = free_port()?;
         let a_admin = free_port()?;
         let server_port = cut_relay
             .as_ref()
             .map_or(agent_port, |(_, addr)| addr.port());
+        let id = if agent_count == 1 {
+            "bench-agent".to_owned()
+        } else {
+            format!("bench-agent-{i}")
+        };
         let mut cmd = command(env, imp, "agent");
         cmd.arg("--proxy-server-host=127.0.0.1")
             .arg(flag("proxy-server-port", server_port.to_string()))
@@ -195,15 +207,15 @@ pub(super) async fn start(
             .arg(flag("health-server-port", a_health.to_string()))
             .arg("--admin-bind-address=127.0.0.1")
             .arg(flag("admin-server-port", a_admin.to_string()))
-            .arg("--agent-id=bench-agent")
+            .arg(flag("agent-id", &id))
             .arg("-v=0");
-        let mut agent = Proc::spawn("agent", cmd, &dir.join("agent.log"))?;
+        let mut agent = Proc::spawn("agent", cmd, &dir.join(format!("{id}.log")))?;
         wait_http_ok(&mut agent, a_health, "/readyz", Duration::from_secs(30)).await?;
+        agents.push(agent);
+    }
+    if agent_count > 0 {
         wait_http_ok(&mut server, health_port, "/readyz", Duration::from_secs(30)).await?;
-        Some(agent)
-    } else {
-        None
-    };
+    }
 
     let transport = match frontend_port {
         None => Transport::Unix(uds),
@@ -230,7 +242,7 @@ pub(super) async fn start(
         system,
         dialer,
         server: Some(server),
-        agent,
+        agents,
         server_health: Some(health_port),
         agent_port: Some(agent_port),
         cut_relay: cut_relay.map(|(relay, _)| relay),

@@ -189,6 +189,17 @@ impl Dialer {
         })
     }
 
+    /// The same way through the system, to another target.
+    pub fn aimed_at(&self, target: SocketAddr) -> Dialer {
+        match self {
+            Dialer::Tcp(_) => Dialer::Tcp(target),
+            Dialer::HttpConnect(transport, _) => {
+                Dialer::HttpConnect(transport.clone(), target.to_string())
+            }
+            Dialer::Grpc(client, _) => Dialer::Grpc(client.clone(), target.to_string()),
+        }
+    }
+
     /// Dial with a deadline.
     pub async fn dial_timeout(&self, timeout: Duration) -> anyhow::Result<BoxStream> {
         match tokio::time::timeout(timeout, self.dial()).await {
@@ -205,8 +216,9 @@ pub struct Running {
     pub dialer: Dialer,
     /// The proxy server (or sshd, or relay A); `None` for direct.
     pub server: Option<Proc>,
-    /// The agent (or the ssh client, or relay B); `None` for direct and for a lone server.
-    pub agent: Option<Proc>,
+    /// The agents (or the ssh client, or relay B): one, except none for direct and for a lone
+    /// server, and several in the scale workload.
+    pub agents: Vec<Proc>,
     /// Health port of a Konnectivity server, for its metrics.
     pub server_health: Option<u16>,
     /// Agent port of a Konnectivity server (fake agents connect there).
@@ -223,16 +235,41 @@ impl Running {
                 system,
                 dialer: Dialer::Tcp(env.target),
                 server: None,
-                agent: None,
+                agents: Vec::new(),
                 server_health: None,
                 agent_port: None,
                 cut_relay: None,
             },
             System::RelayLimit { tls } => relay::start(env, system, tls).await?,
-            System::Konn(i, f) => konnectivity::start(env, i, f, AgentLink::Direct).await?,
+            System::Konn(i, f) => konnectivity::start(env, i, f, AgentLink::Direct(1)).await?,
             System::SshL | System::SshR => ssh::start(env, system).await?,
             System::Rathole => rathole::start(env, system).await?,
         };
+        running.check_end_to_end().await?;
+        Ok(running)
+    }
+
+    /// Starts a Konnectivity system with `agents` agents, each with its own ID, and waits
+    /// until the server counts all of them (scale).
+    pub async fn start_scaled(env: &Env, system: System, agents: usize) -> anyhow::Result<Running> {
+        let System::Konn(imp, frontend) = system else {
+            bail!("{} has no agents to scale", system.name());
+        };
+        let running = konnectivity::start(env, imp, frontend, AgentLink::Direct(agents)).await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let counted = running
+                .server_metric("konnectivity_network_proxy_server_ready_backend_connections")
+                .await
+                .unwrap_or(0.0);
+            if counted as usize >= agents {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the server counts {counted} of {agents} agents after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         running.check_end_to_end().await?;
         Ok(running)
     }
@@ -289,7 +326,7 @@ impl Running {
         if let Some(p) = &mut self.server {
             p.check_alive()?;
         }
-        if let Some(p) = &mut self.agent {
+        for p in &mut self.agents {
             p.check_alive()?;
         }
         Ok(())
@@ -303,12 +340,14 @@ impl Running {
         self.server.as_ref().map(Proc::rss_anon)
     }
 
+    /// Of every agent together.
     pub fn agent_rss_anon(&self) -> Option<u64> {
-        self.agent.as_ref().map(Proc::rss_anon)
+        (!self.agents.is_empty()).then(|| self.agents.iter().map(Proc::rss_anon).sum())
     }
 
+    /// Of every agent together.
     pub fn agent_rss(&self) -> Option<u64> {
-        self.agent.as_ref().map(Proc::rss)
+        (!self.agents.is_empty()).then(|| self.agents.iter().map(Proc::rss).sum())
     }
 
     /// CPU seconds of the server so far.
@@ -316,14 +355,14 @@ impl Running {
         self.server.as_ref().map(Proc::cpu_seconds)
     }
 
-    /// CPU seconds of server + agent so far.
+    /// CPU seconds of server + agents so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
-        if self.server.is_none() && self.agent.is_none() {
+        if self.server.is_none() && self.agents.is_empty() {
             return None;
         }
         Some(
             self.server.as_ref().map_or(0.0, Proc::cpu_seconds)
-                + self.agent.as_ref().map_or(0.0, Proc::cpu_seconds),
+                + self.agents.iter().map(Proc::cpu_seconds).sum::<f64>(),
         )
     }
 
@@ -342,7 +381,7 @@ impl Running {
     }
 
     pub async fn stop(self) {
-        if let Some(p) = self.agent {
+        for p in self.agents {
             p.stop().await;
         }
         if let Some(p) = self.cut_relay {

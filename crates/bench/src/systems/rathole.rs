@@ -88,7 +88,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         system,
         dialer: Dialer::Tcp(SocketAddr::from(([127, 0, 0, 1], service_port))),
         server: Some(server),
-        agent: Some(client),
+        agents: vec![client],
         server_health: None,
         agent_port: None,
         cut_relay: None,

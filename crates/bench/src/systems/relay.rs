@@ -47,7 +47,7 @@ pub(super) async fn start(env: &Env, system: System, tls: bool) -> anyhow::Resul
         dialer: Dialer::Tcp(a_addr),
         // A plays the server's part (the client's side), B the agent's (the target's side).
         server: Some(a),
-        agent: Some(b),
+        agents: vec![b],
         server_health: None,
         agent_port: None,
         cut_relay: None,

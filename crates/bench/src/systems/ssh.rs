@@ -78,7 +78,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         system,
         dialer: Dialer::Tcp(SocketAddr::from(([127, 0, 0, 1], forward_port))),
         server: Some(sshd),
-        agent: Some(ssh),
+        agents: vec![ssh],
         server_health: None,
         agent_port: None,
         cut_relay: None,

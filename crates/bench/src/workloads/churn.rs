@@ -1,4 +1,5 @@
 //! Connection churn: dial, one 64-byte echo, close, as fast as `concurrency` workers can.
+//! Also run across many fake agents by [`fanin`](super::fanin).
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -12,6 +13,8 @@ use crate::target;
 #[derive(Clone, Debug)]
 pub struct ChurnResult {
     pub conns_per_s: f64,
+    /// Connections that completed (dial, echo, close).
+    pub succeeded: usize,
     pub dial_p50_us: f64,
     pub dial_p99_us: f64,
     /// Server + agent CPU per connection; `None` for direct TCP.
@@ -68,6 +71,7 @@ pub async fn run(r: &Running, p: &Profile, concurrency: usize) -> ChurnResult {
     let v = sorted(&mut dials);
     ChurnResult {
         conns_per_s: n as f64 / elapsed,
+        succeeded: n,
         dial_p50_us: quantile(v, 0.5),
         dial_p99_us: quantile(v, 0.99),
         cpu_us_per_conn: cpu0

@@ -1,24 +1,33 @@
 //! Agent fan-in: many agents on one server. A light fake agent speaks the real Connect
-//! protocol (mutual TLS, HTTP/2, `AgentService.Connect` with an `agentid`) and then idles;
-//! the server's RSS growth per agent is the figure; with the larger count also the server's
-//! CPU per idle agent, and whether its RSS comes back down once every agent has left.
+//! protocol (mutual TLS, HTTP/2, `AgentService.Connect` with an `agentid`), answers the
+//! dials the server sends it (echoing their data itself, so that the figures are the
+//! server's), and otherwise idles. The server's RSS growth per agent is the figure; with the
+//! smaller count also churn through the server with its dials spread over every agent; with
+//! the larger count the server's CPU per idle agent, and whether its RSS comes back down
+//! once every agent has left.
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use rustls::pki_types::ServerName;
 use tether_grpc::H2Settings;
 use tether_grpc::client::Channel;
+use tether_grpc::{PacketReceiver, PacketSender};
+use tether_proto::{ConnectId, Packet};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
 
 use super::Profile;
+use super::churn::{self, ChurnResult};
 use crate::progress::{Progress, Ticker};
 use crate::systems::Running;
+use crate::target;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct FanInResult {
     pub kib_per_agent: f64,
     /// What the server's `ready_backend_connections` gauge said, if it has one.
@@ -27,15 +36,31 @@ pub struct FanInResult {
     pub idle_cpu_ms_per_agent_min: Option<f64>,
     /// Server RSS after every agent left ÷ before they came.
     pub rss_after_ratio: f64,
+    /// Churn through the server while every agent is connected (when asked for).
+    pub dials: Option<SpreadDials>,
+}
+
+/// Churn whose dials the server spread over the fake agents.
+#[derive(Clone, Debug)]
+pub struct SpreadDials {
+    /// Its CPU figure is the server's alone: the agents are this process.
+    pub churn: ChurnResult,
+    /// The most dials one agent answered ÷ the mean over all agents.
+    pub max_over_mean: f64,
+    pub min: u64,
+    pub max: u64,
+    /// Every agent's answered dials together (at least the churn's successful ones).
+    pub answered: u64,
 }
 
 /// A connected fake agent; dropping it disconnects: its stream and its connection end (the
 /// connection's driver is aborted too, or the TCP connection would outlive the stream).
 struct FakeAgent {
     _channel: Channel,
-    _sender: tether_grpc::PacketSender,
     reader: tokio::task::JoinHandle<()>,
     driver: tokio::task::JoinHandle<()>,
+    /// Dials it answered.
+    dials: Arc<AtomicU64>,
 }
 
 impl Drop for FakeAgent {
@@ -79,13 +104,111 @@ async fn connect(
         .response_headers()
         .await
         .context("Connect response headers")?;
-    // Drain whatever the server sends (nothing, unless it dials) until the stream ends.
-    let reader = tokio::spawn(async move { while let Some(Ok(_)) = receiver.next().await {} });
+    let dials = Arc::new(AtomicU64::new(0));
+    let reader = tokio::spawn(answer(sender, receiver, dials.clone()));
     Ok(FakeAgent {
         _channel: channel,
-        _sender: sender,
         reader,
         driver,
+        dials,
+    })
+}
+
+/// Serves the server's packets until the stream ends, as the target's echo mode would: every
+/// dial succeeds at once, the first byte of a connection picks the mode (only echo is
+/// served), everything after it comes back as it came, and a close is confirmed.
+async fn answer(mut sender: PacketSender, mut receiver: PacketReceiver, dials: Arc<AtomicU64>) {
+    let mut last_id = 0;
+    // Connections whose mode byte has not come yet.
+    let mut fresh = HashSet::new();
+    while let Some(Ok(packet)) = receiver.next().await {
+        let reply = match packet {
+            Packet::DialRequest { random, .. } => {
+                dials.fetch_add(1, Ordering::Relaxed);
+                last_id += 1;
+                fresh.insert(last_id);
+                Packet::DialResponse {
+                    random,
+                    result: Ok(ConnectId(last_id)),
+                }
+            }
+            Packet::Data {
+                connect_id,
+                mut data,
+            } => {
+                if fresh.remove(&connect_id.0) {
+                    if data.first() != Some(&target::ECHO) {
+                        let error = Some("a fake agent serves only the echo mode".to_owned());
+                        let _ = sender
+                            .send(&Packet::CloseResponse { connect_id, error })
+                            .await;
+                        continue;
+                    }
+                    data = data.slice(1..);
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                Packet::Data { connect_id, data }
+            }
+            Packet::CloseRequest { connect_id } => {
+                fresh.remove(&connect_id.0);
+                Packet::CloseResponse {
+                    connect_id,
+                    error: None,
+                }
+            }
+            _ => continue,
+        };
+        if sender.send(&reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Dials per agent: (min, max, max ÷ mean, sum).
+fn spread(agents: &[FakeAgent]) -> (u64, u64, f64, u64) {
+    let counts: Vec<u64> = agents
+        .iter()
+        .map(|a| a.dials.load(Ordering::Relaxed))
+        .collect();
+    let sum: u64 = counts.iter().sum();
+    let min = counts.iter().copied().min().unwrap_or(0);
+    let max = counts.iter().copied().max().unwrap_or(0);
+    let mean = sum as f64 / counts.len().max(1) as f64;
+    (min, max, max as f64 / mean.max(f64::MIN_POSITIVE), sum)
+}
+
+/// Churns at concurrency 64 through the server, whose dials land on the fake agents.
+async fn churn_across(
+    r: &Running,
+    p: &Profile,
+    connected: &[FakeAgent],
+    progress: &Progress,
+) -> anyhow::Result<SpreadDials> {
+    let before: u64 = connected
+        .iter()
+        .map(|a| a.dials.load(Ordering::Relaxed))
+        .sum();
+    if before != 0 {
+        bail!("the server sent {before} dials before any client dialled");
+    }
+    progress.note(&format!(
+        "churn at concurrency 64 across {} agents",
+        connected.len()
+    ));
+    let churn = churn::run(r, p, 64).await;
+    let (min, max, max_over_mean, answered) = spread(connected);
+    let succeeded = churn.succeeded as u64;
+    if answered < succeeded {
+        bail!("the agents answered {answered} dials, the clients completed {succeeded}");
+    }
+    Ok(SpreadDials {
+        churn,
+        max_over_mean,
+        min,
+        max,
+        answered,
     })
 }
 
@@ -111,13 +234,22 @@ async fn wait_until_none_counted(r: &Running, timeout: Duration) -> anyhow::Resu
     }
 }
 
-/// Connects `agents` fake agents, samples the server, and disconnects them; with
-/// `sample_idle_cpu`, also samples the server's CPU for `p.idle_cpu_secs` while they idle.
+/// What a fan-in run measures besides the server's RSS per agent.
+#[derive(Clone, Copy, Debug)]
+pub enum Extra {
+    /// Churn through the server while every agent is connected.
+    SpreadDials,
+    /// The server's CPU for `p.idle_cpu_secs` while every agent idles, and its RSS after
+    /// they all left.
+    IdleCpu,
+}
+
+/// Connects `agents` fake agents, samples the server, measures `extra`, and disconnects them.
 pub async fn run(
     r: &Running,
     p: &Profile,
     agents: usize,
-    sample_idle_cpu: bool,
+    extra: Extra,
     tls: Arc<rustls::ClientConfig>,
     progress: &Progress,
 ) -> anyhow::Result<FanInResult> {
@@ -172,8 +304,12 @@ pub async fn run(
             bail!("the server closed a fake agent's stream");
         }
     }
-    let idle_cpu_ms_per_agent_min = match (sample_idle_cpu, r.server_cpu_seconds()) {
-        (true, Some(cpu0)) => {
+    let dials = match extra {
+        Extra::SpreadDials => Some(churn_across(r, p, &connected, progress).await?),
+        Extra::IdleCpu => None,
+    };
+    let idle_cpu_ms_per_agent_min = match (extra, r.server_cpu_seconds()) {
+        (Extra::IdleCpu, Some(cpu0)) => {
             progress.note(&format!(
                 "sampling the server's CPU for {} s with {agents} idle agents",
                 p.idle_cpu_secs
@@ -196,5 +332,6 @@ pub async fn run(
         server_counted: counted,
         idle_cpu_ms_per_agent_min,
         rss_after_ratio: left as f64 / before.max(1) as f64,
+        dials,
     })
 }

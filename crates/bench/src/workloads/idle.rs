@@ -1,5 +1,6 @@
-//! Many concurrent idle tunnelled connections: RSS of server and agent per connection, and
-//! whether it comes back down once they are closed.
+//! Many concurrent idle tunnelled connections: RSS of server and agents per connection, and
+//! whether it comes back down once they are closed. The scale workload runs it with several
+//! agents and targets, so that no process holds more sockets than its file limit allows.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use tokio::sync::Semaphore;
 
 use super::Profile;
 use crate::progress::{Progress, Ticker};
-use crate::systems::Running;
+use crate::systems::{Dialer, Running};
 use crate::target::{self, BoxStream};
 
 #[derive(Clone, Copy, Debug)]
@@ -21,18 +22,24 @@ pub struct IdleResult {
     pub rss_after_ratio: f64,
 }
 
-/// Opens `p.idle_conns` connections (each proven with a 1-byte echo), waits for RSS to
-/// settle, and divides the growth of each process by the count. Every connection is checked
-/// again (one echo each) after the sample, then all are closed and RSS sampled once more.
-pub async fn run(r: &Running, p: &Profile, progress: &Progress) -> anyhow::Result<IdleResult> {
+/// Opens `n` connections, taking `dialers` in turn (each connection proven with a 1-byte
+/// echo), waits for RSS to settle, and divides the growth of the server and of the agents
+/// together by the count. Every connection is checked again (one echo each) after the
+/// sample, then all are closed and RSS sampled once more.
+pub async fn run(
+    r: &Running,
+    dialers: &[Dialer],
+    n: usize,
+    p: &Profile,
+    progress: &Progress,
+) -> anyhow::Result<IdleResult> {
     tokio::time::sleep(p.settle).await;
     let (s0, a0) = (r.server_rss().unwrap_or(0), r.agent_rss().unwrap_or(0));
-    let n = p.idle_conns;
     let gate = Arc::new(Semaphore::new(p.open_concurrency));
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..n {
+    for dialer in dialers.iter().cycle().take(n) {
         let permit = gate.clone().acquire_owned().await?;
-        let dialer = r.dialer.clone();
+        let dialer = dialer.clone();
         let timeout = p.dial_timeout;
         tasks.spawn(async move {
             let mut s = dialer.dial_timeout(timeout).await?;

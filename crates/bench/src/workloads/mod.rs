@@ -30,6 +30,10 @@ pub struct Profile {
     /// How long the stalled connection fills its buffers before measuring.
     pub hol_fill_secs: f64,
     pub idle_conns: usize,
+    /// Idle connections of the scale workload, spread over `scale_agents` agents and as
+    /// many targets.
+    pub scale_conns: usize,
+    pub scale_agents: usize,
     pub fanin: [usize; 2],
     /// How long the server's CPU is sampled with the larger fan-in connected and idle.
     pub idle_cpu_secs: f64,
@@ -59,6 +63,10 @@ impl Profile {
             hol_secs: 2.0,
             hol_fill_secs: 1.0,
             idle_conns: 10_000,
+            scale_conns: 50_000,
+            // 12,500 sockets each: below the 20,000 files a process may hold on the machines
+            // this runs on, with room for the spread of random agent choice.
+            scale_agents: 4,
             fanin: [1_000, 5_000],
             idle_cpu_secs: 20.0,
             settle: Duration::from_millis(2_000),
@@ -81,6 +89,8 @@ impl Profile {
             hol_secs: 0.3,
             hol_fill_secs: 0.2,
             idle_conns: 200,
+            scale_conns: 300,
+            scale_agents: 2,
             fanin: [20, 50],
             idle_cpu_secs: 0.5,
             settle: Duration::from_millis(200),
@@ -104,6 +114,8 @@ pub enum Workload {
     Fairness,
     /// Many idle tunnelled connections (own instance).
     IdleConns,
+    /// Even more idle tunnelled connections, over several agents (own instance).
+    ScaleConns,
     /// Many fake agents on one server (own instance).
     FanIn,
     /// A ping-pong across cuts of the agent's stream (own instance, tether only).
@@ -111,7 +123,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub const ALL: [Workload; 9] = [
+    pub const ALL: [Workload; 10] = [
         Workload::IdleRss,
         Workload::Bulk,
         Workload::PingPong,
@@ -119,6 +131,7 @@ impl Workload {
         Workload::Hol,
         Workload::Fairness,
         Workload::IdleConns,
+        Workload::ScaleConns,
         Workload::FanIn,
         Workload::Resume,
     ];
@@ -132,6 +145,7 @@ impl Workload {
             Workload::Hol => "hol",
             Workload::Fairness => "fairness",
             Workload::IdleConns => "idle-conns",
+            Workload::ScaleConns => "scale-conns",
             Workload::FanIn => "fanin",
             Workload::Resume => "resume",
         }
@@ -154,8 +168,15 @@ impl Workload {
             Workload::IdleConns => {
                 p.idle_conns as f64 / 600.0 + 2.0 * settle + p.after_load.as_secs_f64() + 2.0
             }
+            Workload::ScaleConns => {
+                p.scale_conns as f64 / 600.0 + 2.0 * settle + p.after_load.as_secs_f64() + 4.0
+            }
             Workload::FanIn => {
-                (p.fanin[0] + p.fanin[1]) as f64 / 800.0 + 8.0 * settle + p.idle_cpu_secs + 3.0
+                (p.fanin[0] + p.fanin[1]) as f64 / 800.0
+                    + 8.0 * settle
+                    + p.idle_cpu_secs
+                    + p.churn_secs
+                    + 3.0
             }
             Workload::Resume => 2.0 + p.resume_cuts as f64 * 0.1,
         }
