@@ -1396,7 +1396,22 @@ impl Session {
             if self.parked.as_ref().is_some_and(|p| p.id == id) {
                 self.unpark();
             }
+            shrink_when_sparse(&mut self.conns);
         }
+    }
+}
+
+/// Capacity a connection table keeps however empty it gets: small enough not to matter,
+/// large enough that ordinary churn never reallocates.
+const MIN_TABLE_CAPACITY: usize = 1024;
+
+/// Gives a table's room back once three quarters of it stand empty: a hash table never
+/// shrinks by itself, and a stream that once held 12,500 connections would keep room for
+/// them (about 300 bytes each) for the rest of its life. Halving only below a quarter full
+/// keeps the cost amortised: each shrink follows as many removals as it moves entries.
+fn shrink_when_sparse<K: Eq + std::hash::Hash, V>(table: &mut HashMap<K, V>) {
+    if table.capacity() > MIN_TABLE_CAPACITY && table.len() < table.capacity() / 4 {
+        table.shrink_to((table.len() * 2).max(MIN_TABLE_CAPACITY));
     }
 }
 
@@ -1419,5 +1434,36 @@ fn wake_writer(c: &mut Conn, id: ConnectId, events: &mut VecDeque<Event>) {
     if c.write_waiting && c.window > 0 {
         c.write_waiting = false;
         events.push_back(Event::Writable(id));
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn a_table_gives_back_its_room_once_mostly_empty_and_keeps_its_entries() {
+        let mut table: HashMap<u32, [u8; 64]> = HashMap::new();
+        for i in 0..12_500 {
+            table.insert(i, [1; 64]);
+        }
+        let full = table.capacity();
+        for i in 100..12_500 {
+            table.remove(&i);
+            shrink_when_sparse(&mut table);
+        }
+        assert!(
+            table.capacity() < full / 8,
+            "{} of {full}",
+            table.capacity()
+        );
+        assert!(table.capacity() >= MIN_TABLE_CAPACITY);
+        assert!((0..100).all(|i| table.contains_key(&i)));
+        // Removing the rest never goes below the floor.
+        for i in 0..100 {
+            table.remove(&i);
+            shrink_when_sparse(&mut table);
+        }
+        assert!(table.is_empty() && table.capacity() >= MIN_TABLE_CAPACITY);
     }
 }
