@@ -1452,8 +1452,9 @@ mod table_tests {
             table.remove(&i);
             shrink_when_sparse(&mut table);
         }
+        // The floor's own table: hashbrown rounds 1,024 up to 2,048 buckets.
         assert!(
-            table.capacity() < full / 8,
+            table.capacity() <= 2 * MIN_TABLE_CAPACITY,
             "{} of {full}",
             table.capacity()
         );

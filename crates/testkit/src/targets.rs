@@ -43,6 +43,9 @@ impl LoopbackServer {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, _)) => {
+                            // As tether's own sockets: with Nagle on, an echo's second write
+                            // waits for the peer's delayed ACK, 40 ms per round trip.
+                            let _ = stream.set_nodelay(true);
                             connections.spawn(handle(stream));
                         }
                         Err(_) => return,
