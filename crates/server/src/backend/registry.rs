@@ -177,9 +177,13 @@ impl<B: Backend> Registry<B> {
             .client_affinity
             .then(|| request.peer.principal().to_string());
         let selected = self.indexes.iter().find_map(|index| {
-            let candidates: Vec<&B> = match index.strategy {
+            // The chosen stream and how many the strategy chose among.
+            let (backend, candidates) = match index.strategy {
                 // Streams that advertised the host, oldest first.
-                Strategy::DestHost => index.keys.get(host)?.iter().collect(),
+                Strategy::DestHost => {
+                    let streams = index.keys.get(host)?;
+                    (first_preferring_active(streams, now)?, streams.len())
+                }
                 Strategy::Topology | Strategy::DestCidr | Strategy::LeastLoaded => {
                     let streams: Vec<&B> = self.agents.values().filter_map(|s| s.first()).collect();
                     let snapshot: Vec<Candidate<'_>> =
@@ -192,11 +196,7 @@ impl<B: Backend> Registry<B> {
                     let set = selection::candidate_set(index.strategy, &snapshot, &request)?;
                     let chosen =
                         selection::pick(&snapshot, &set, request.affinity_key, &mut random_below)?;
-                    return Some(Selected {
-                        backend: streams[chosen].clone(),
-                        strategy: index.strategy,
-                        candidates: set.len(),
-                    });
+                    (streams[chosen].clone(), set.len())
                 }
                 Strategy::Default | Strategy::DefaultRoute => {
                     // One candidate per agent ID (its oldest stream), from a random start in
@@ -212,18 +212,13 @@ impl<B: Backend> Registry<B> {
                     let from_start = index.keys.values().skip(start);
                     let wrapped = index.keys.values().take(start);
                     let oldest = from_start.chain(wrapped).filter_map(|s| s.first());
-                    return first_preferring_active(oldest, now).map(|backend| Selected {
-                        backend,
-                        strategy: index.strategy,
-                        candidates: count,
-                    });
+                    (first_preferring_active(oldest, now)?, count)
                 }
             };
-            let count = candidates.len();
-            first_preferring_active(candidates, now).map(|backend| Selected {
+            Some(Selected {
                 backend,
                 strategy: index.strategy,
-                candidates: count,
+                candidates,
             })
         });
         if let Some(selected) = &selected {
