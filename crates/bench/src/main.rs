@@ -553,17 +553,14 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                     res.map_err(|_| anyhow::anyhow!("timed out"))?
                 }
                 .await;
+                let figures = [
+                    Metric::ConnServer,
+                    Metric::ConnAgent,
+                    Metric::ConnTotal,
+                    Metric::ConnRssAfter,
+                ];
                 match outcome {
-                    Ok(x) => {
-                        results.add(*system, Metric::ConnServer, *run, x.server_kib);
-                        results.add(*system, Metric::ConnAgent, *run, x.agent_kib);
-                        results.add(*system, Metric::ConnTotal, *run, x.server_kib + x.agent_kib);
-                        results.add(*system, Metric::ConnRssAfter, *run, x.rss_after_ratio);
-                        progress.note(&format!(
-                            "{} open: server {:.1} KiB + agent {:.1} KiB per connection; RSS after they closed ×{:.2} of before",
-                            x.open, x.server_kib, x.agent_kib, x.rss_after_ratio
-                        ));
-                    }
+                    Ok(x) => record_idle(&progress, &mut results, *system, *run, &x, figures),
                     Err(e) => fail(&progress, &mut results, *system, "idle-conns", &e),
                 }
             }
@@ -578,23 +575,14 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                     ),
                     weight(task),
                 );
-                let outcome = scale_conns(&env, &p, *run, *system, &progress).await;
-                match outcome {
-                    Ok(x) => {
-                        results.add(*system, Metric::ScaleServer, *run, x.server_kib);
-                        results.add(*system, Metric::ScaleAgents, *run, x.agent_kib);
-                        results.add(
-                            *system,
-                            Metric::ScaleTotal,
-                            *run,
-                            x.server_kib + x.agent_kib,
-                        );
-                        results.add(*system, Metric::ScaleRssAfter, *run, x.rss_after_ratio);
-                        progress.note(&format!(
-                            "{} open: server {:.1} KiB + agents {:.1} KiB per connection; RSS after they closed ×{:.2} of before",
-                            x.open, x.server_kib, x.agent_kib, x.rss_after_ratio
-                        ));
-                    }
+                let figures = [
+                    Metric::ScaleServer,
+                    Metric::ScaleAgents,
+                    Metric::ScaleTotal,
+                    Metric::ScaleRssAfter,
+                ];
+                match scale_conns(&env, &p, *run, *system, &progress).await {
+                    Ok(x) => record_idle(&progress, &mut results, *system, *run, &x, figures),
                     Err(e) => fail(&progress, &mut results, *system, "scale-conns", &e),
                 }
             }
@@ -689,16 +677,16 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                             if let Some(cpu) = c.cpu_us_per_conn {
                                 results.add(system, Metric::FanInChurnCpu, *run, cpu);
                             }
-                            results.add(system, Metric::FanInDialSpread, *run, d.max_over_mean);
+                            results.add(system, Metric::FanInDialSpread, *run, d.max_over_mean());
                             progress.note(&format!(
                                 "churn c=64 across {agents} agents: {:.0} conn/s, dial p50 {:.0} µs, p99 {:.0} µs; dials per agent {}–{} (busiest ÷ mean {:.2}, {} answered){}",
                                 c.conns_per_s,
                                 c.dial_p50_us,
                                 c.dial_p99_us,
-                                d.min,
-                                d.max,
-                                d.max_over_mean,
-                                d.answered,
+                                d.min(),
+                                d.max(),
+                                d.max_over_mean(),
+                                d.answered(),
                                 if c.errors.is_empty() { String::new() } else { format!(", {} errors", c.errors.len()) }
                             ));
                             for (msg, n) in group(&c.errors) {
@@ -777,6 +765,26 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Files an idle-connections result under `figures` (server, agents, both, RSS after).
+fn record_idle(
+    progress: &Progress,
+    results: &mut Results,
+    system: System,
+    run: usize,
+    x: &workloads::idle::IdleResult,
+    figures: [Metric; 4],
+) {
+    let [server, agents, total, after] = figures;
+    results.add(system, server, run, x.server_kib);
+    results.add(system, agents, run, x.agent_kib);
+    results.add(system, total, run, x.server_kib + x.agent_kib);
+    results.add(system, after, run, x.rss_after_ratio);
+    progress.note(&format!(
+        "{} open: server {:.1} KiB + agents {:.1} KiB per connection; RSS after they closed ×{:.2} of before",
+        x.open, x.server_kib, x.agent_kib, x.rss_after_ratio
+    ));
 }
 
 /// The target, as its own process: (process, address).

@@ -154,7 +154,8 @@ impl Metric {
 
     /// Heading in the report, with the profile's counts.
     pub fn title(&self, p: &Profile) -> String {
-        let (conns, fanin) = (p.idle_conns, p.fanin);
+        let conns = p.idle_conns;
+        let [small, large] = p.fanin;
         let (scale, agents) = (p.scale_conns, p.scale_agents);
         match self {
             Metric::BulkUp => "Bulk throughput, upload (client → target), one connection".into(),
@@ -215,36 +216,29 @@ impl Metric {
             Metric::ScaleRssAfter => format!(
                 "Server + agents RSS after {scale} connections opened and closed ÷ before"
             ),
-            Metric::AgentSmall => format!("Server RSS per connected agent ({} agents)", fanin[0]),
-            Metric::AgentLarge => format!("Server RSS per connected agent ({} agents)", fanin[1]),
-            Metric::AgentIdleCpu => format!(
-                "Server CPU per idle connected agent ({} agents connected)",
-                fanin[1]
-            ),
-            Metric::AgentRssAfter => format!(
-                "Server RSS after {} agents connected and left ÷ before they came",
-                fanin[1]
-            ),
-            Metric::FanInChurnRate => format!(
-                "Connection churn at concurrency 64, dials spread over {} agents",
-                fanin[0]
-            ),
-            Metric::FanInChurnDialP50 => format!(
-                "Dial latency p50 during churn at concurrency 64 over {} agents",
-                fanin[0]
-            ),
-            Metric::FanInChurnDialP99 => format!(
-                "Dial latency p99 during churn at concurrency 64 over {} agents",
-                fanin[0]
-            ),
-            Metric::FanInChurnCpu => format!(
-                "Server CPU per connection, churn at concurrency 64 over {} agents",
-                fanin[0]
-            ),
-            Metric::FanInDialSpread => format!(
-                "Dial spread over {} agents: the busiest agent's dials ÷ the mean",
-                fanin[0]
-            ),
+            Metric::AgentSmall => format!("Server RSS per connected agent ({small} agents)"),
+            Metric::AgentLarge => format!("Server RSS per connected agent ({large} agents)"),
+            Metric::AgentIdleCpu => {
+                format!("Server CPU per idle connected agent ({large} agents connected)")
+            }
+            Metric::AgentRssAfter => {
+                format!("Server RSS after {large} agents connected and left ÷ before they came")
+            }
+            Metric::FanInChurnRate => {
+                format!("Connection churn at concurrency 64, dials spread over {small} agents")
+            }
+            Metric::FanInChurnDialP50 => {
+                format!("Dial latency p50 during churn at concurrency 64 over {small} agents")
+            }
+            Metric::FanInChurnDialP99 => {
+                format!("Dial latency p99 during churn at concurrency 64 over {small} agents")
+            }
+            Metric::FanInChurnCpu => {
+                format!("Server CPU per connection, churn at concurrency 64 over {small} agents")
+            }
+            Metric::FanInDialSpread => {
+                format!("Dial spread over {small} agents: the busiest agent's dials ÷ the mean")
+            }
             Metric::ConnRssAfter => {
                 format!("Server + agent RSS after {conns} connections opened and closed ÷ before")
             }

@@ -74,6 +74,14 @@ fn system(s: &str) -> anyhow::Result<System> {
     System::parse(s).with_context(|| format!("unknown system {s:?}"))
 }
 
+/// `A,B` as two counts.
+fn pair(value: &str) -> anyhow::Result<(usize, usize)> {
+    let (a, b) = value
+        .split_once(',')
+        .context("two comma-separated counts")?;
+    Ok((a.parse()?, b.parse()?))
+}
+
 /// Reads a run saved in `dir`.
 pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
     let run_path = dir.join(RUN_FILE);
@@ -108,14 +116,8 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
             }
             "runs" => runs = Some(value.parse().with_context(at)?),
             "idle_conns" => idle_conns = Some(value.parse().with_context(at)?),
-            "fanin" => {
-                let (a, b) = value.split_once(',').with_context(at)?;
-                fanin = Some([a.parse().with_context(at)?, b.parse().with_context(at)?]);
-            }
-            "scale" => {
-                let (a, b) = value.split_once(',').with_context(at)?;
-                scale = Some((a.parse().with_context(at)?, b.parse().with_context(at)?));
-            }
+            "fanin" => fanin = Some(pair(value).with_context(at)?.into()),
+            "scale" => scale = Some(pair(value).with_context(at)?),
             "machine" => {
                 meta.machine.push_str(&unescape(value));
                 meta.machine.push('\n');

@@ -256,20 +256,13 @@ impl Running {
             bail!("{} has no agents to scale", system.name());
         };
         let running = konnectivity::start(env, imp, frontend, AgentLink::Direct(agents)).await?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let counted = running
-                .server_metric("konnectivity_network_proxy_server_ready_backend_connections")
-                .await
-                .unwrap_or(0.0);
-            if counted as usize >= agents {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the server counts {counted} of {agents} agents after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        running
+            .wait_for_agents(
+                |counted| counted >= agents,
+                &format!("{agents} agents"),
+                Duration::from_secs(30),
+            )
+            .await?;
         running.check_end_to_end().await?;
         Ok(running)
     }
@@ -366,6 +359,32 @@ impl Running {
         )
     }
 
+    /// How many agents the Konnectivity server counts ready (its gauge), if it has metrics.
+    pub async fn agents_counted(&self) -> Option<usize> {
+        self.server_metric(READY_BACKENDS).await.map(|c| c as usize)
+    }
+
+    /// Waits until the server's count of ready agents satisfies `done` (`wanted` names it
+    /// for the error), polling its gauge.
+    pub async fn wait_for_agents(
+        &self,
+        done: impl Fn(usize) -> bool,
+        wanted: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let counted = self.agents_counted().await.unwrap_or(0);
+            if done(counted) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the server counts {counted} agents after {timeout:?}, waiting for {wanted}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Reads one gauge or counter from the server's Prometheus metrics.
     pub async fn server_metric(&self, name: &str) -> Option<f64> {
         let port = self.server_health?;
@@ -392,6 +411,9 @@ impl Running {
         }
     }
 }
+
+/// The Konnectivity server's gauge of connected agents (upstream's name, which tether keeps).
+const READY_BACKENDS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
 
 /// Client TLS config with the agent's certificate, for fake agents.
 pub fn konnectivity_agent_tls(env: &Env) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {

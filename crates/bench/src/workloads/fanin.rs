@@ -31,7 +31,7 @@ use crate::target;
 pub struct FanInResult {
     pub kib_per_agent: f64,
     /// What the server's `ready_backend_connections` gauge said, if it has one.
-    pub server_counted: Option<f64>,
+    pub server_counted: Option<usize>,
     /// Server CPU ms per agent per minute while all of them idle (when sampled).
     pub idle_cpu_ms_per_agent_min: Option<f64>,
     /// Server RSS after every agent left ÷ before they came.
@@ -45,12 +45,29 @@ pub struct FanInResult {
 pub struct SpreadDials {
     /// Its CPU figure is the server's alone: the agents are this process.
     pub churn: ChurnResult,
-    /// The most dials one agent answered ÷ the mean over all agents.
-    pub max_over_mean: f64,
-    pub min: u64,
-    pub max: u64,
+    /// Dials each agent answered.
+    pub per_agent: Vec<u64>,
+}
+
+impl SpreadDials {
     /// Every agent's answered dials together (at least the churn's successful ones).
-    pub answered: u64,
+    pub fn answered(&self) -> u64 {
+        self.per_agent.iter().sum()
+    }
+
+    pub fn min(&self) -> u64 {
+        self.per_agent.iter().copied().min().unwrap_or(0)
+    }
+
+    pub fn max(&self) -> u64 {
+        self.per_agent.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The most dials one agent answered ÷ the mean over all agents.
+    pub fn max_over_mean(&self) -> f64 {
+        let mean = self.answered() as f64 / self.per_agent.len().max(1) as f64;
+        self.max() as f64 / mean.max(f64::MIN_POSITIVE)
+    }
 }
 
 /// A connected fake agent; dropping it disconnects: its stream and its connection end (the
@@ -166,17 +183,12 @@ async fn answer(mut sender: PacketSender, mut receiver: PacketReceiver, dials: A
     }
 }
 
-/// Dials per agent: (min, max, max ÷ mean, sum).
-fn spread(agents: &[FakeAgent]) -> (u64, u64, f64, u64) {
-    let counts: Vec<u64> = agents
+/// Dials each agent answered so far.
+fn dials_per_agent(agents: &[FakeAgent]) -> Vec<u64> {
+    agents
         .iter()
         .map(|a| a.dials.load(Ordering::Relaxed))
-        .collect();
-    let sum: u64 = counts.iter().sum();
-    let min = counts.iter().copied().min().unwrap_or(0);
-    let max = counts.iter().copied().max().unwrap_or(0);
-    let mean = sum as f64 / counts.len().max(1) as f64;
-    (min, max, max as f64 / mean.max(f64::MIN_POSITIVE), sum)
+        .collect()
 }
 
 /// Churns at concurrency 64 through the server, whose dials land on the fake agents.
@@ -186,10 +198,7 @@ async fn churn_across(
     connected: &[FakeAgent],
     progress: &Progress,
 ) -> anyhow::Result<SpreadDials> {
-    let before: u64 = connected
-        .iter()
-        .map(|a| a.dials.load(Ordering::Relaxed))
-        .sum();
+    let before: u64 = dials_per_agent(connected).iter().sum();
     if before != 0 {
         bail!("the server sent {before} dials before any client dialled");
     }
@@ -198,41 +207,19 @@ async fn churn_across(
         connected.len()
     ));
     let churn = churn::run(r, p, 64).await;
-    let (min, max, max_over_mean, answered) = spread(connected);
-    let succeeded = churn.succeeded as u64;
+    let spread = SpreadDials {
+        churn,
+        per_agent: dials_per_agent(connected),
+    };
+    let (answered, succeeded) = (spread.answered(), spread.churn.succeeded as u64);
     if answered < succeeded {
         bail!("the agents answered {answered} dials, the clients completed {succeeded}");
     }
-    Ok(SpreadDials {
-        churn,
-        max_over_mean,
-        min,
-        max,
-        answered,
-    })
+    Ok(spread)
 }
 
 /// How long the server may take to forget every agent once they all left.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Waits until the server's gauge counts no agent, so the RSS after they left is measured
-/// with every agent gone, not still closing.
-async fn wait_until_none_counted(r: &Running, timeout: Duration) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let counted = r
-            .server_metric("konnectivity_network_proxy_server_ready_backend_connections")
-            .await
-            .unwrap_or(0.0);
-        if counted == 0.0 {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("the server still counts {counted} agents {timeout:?} after they all left");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// What a fan-in run measures besides the server's RSS per agent.
 #[derive(Clone, Copy, Debug)]
@@ -291,11 +278,9 @@ pub async fn run(
     }
     tokio::time::sleep(p.settle).await;
     let after = r.server_rss().unwrap_or(0);
-    let counted = r
-        .server_metric("konnectivity_network_proxy_server_ready_backend_connections")
-        .await;
+    let counted = r.agents_counted().await;
     if let Some(c) = counted
-        && (c as usize) < agents
+        && c < agents
     {
         bail!("the server counts {c} ready backends, {agents} agents connected");
     }
@@ -321,9 +306,10 @@ pub async fn run(
         _ => None,
     };
     drop(connected);
-    // Every stream ends and the server forgets each agent; then what it keeps is the figure.
+    // Every stream ends and the server forgets each agent; then what it keeps is the figure,
+    // measured with every agent gone, not still closing.
     if counted.is_some() {
-        wait_until_none_counted(r, LEAVE_TIMEOUT).await?;
+        r.wait_for_agents(|c| c == 0, "none", LEAVE_TIMEOUT).await?;
     }
     tokio::time::sleep(p.after_load).await;
     let left = r.server_rss().unwrap_or(0);
