@@ -813,7 +813,11 @@ async fn scale_conns(
     }
     let outcome = async {
         let r = Running::start_scaled(env, system, p.scale_agents).await?;
-        let dialers: Vec<_> = targets.iter().map(|(_, a)| r.dialer.aimed_at(*a)).collect();
+        // On an error, dropping `r` kills its processes.
+        let dialers = targets
+            .iter()
+            .map(|(_, a)| r.dialer.aimed_at(*a))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let res = tokio::time::timeout(
             Duration::from_secs(600),
             workloads::idle::run(&r, &dialers, p.scale_conns, p, progress),

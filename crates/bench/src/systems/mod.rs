@@ -189,15 +189,16 @@ impl Dialer {
         })
     }
 
-    /// The same way through the system, to another target.
-    pub fn aimed_at(&self, target: SocketAddr) -> Dialer {
-        match self {
-            Dialer::Tcp(_) => Dialer::Tcp(target),
+    /// The same way through the system, to another target. A TCP dialer's address is the
+    /// system's entry (an SSH forward, a relay), which fixes the target itself.
+    pub fn aimed_at(&self, target: SocketAddr) -> anyhow::Result<Dialer> {
+        Ok(match self {
+            Dialer::Tcp(_) => bail!("a plain TCP entry cannot be aimed at another target"),
             Dialer::HttpConnect(transport, _) => {
                 Dialer::HttpConnect(transport.clone(), target.to_string())
             }
             Dialer::Grpc(client, _) => Dialer::Grpc(client.clone(), target.to_string()),
-        }
+        })
     }
 
     /// Dial with a deadline.
