@@ -8,6 +8,7 @@ use std::task::Poll;
 use bytes::Bytes;
 use tether_proto::ConnectId;
 use tether_session::{CloseError, Recv, SendError};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::MAX_CHUNK;
 use crate::link::{Link, Waiter};
@@ -138,6 +139,20 @@ impl TunnelDown {
                 })
         })
         .await
+    }
+
+    /// The next event, flushing `wr` first when none is waiting. A writer that buffers
+    /// (TLS keeps the records its socket did not take) then holds nothing back while the
+    /// connection waits for more. Cancel-safe.
+    pub async fn recv_flushed<W: AsyncWrite + Unpin>(
+        &mut self,
+        wr: &mut W,
+    ) -> std::io::Result<ConnEvent> {
+        if let Some(event) = self.try_recv() {
+            return Ok(event);
+        }
+        wr.flush().await?;
+        Ok(self.recv().await)
     }
 
     /// An event if one is waiting.

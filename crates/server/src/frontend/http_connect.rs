@@ -280,7 +280,11 @@ async fn agent_to_client<W: AsyncWrite + Unpin>(
     byte_rate: Option<&ByteRate>,
 ) -> Result<(), Option<String>> {
     loop {
-        match down.recv().await {
+        let event = down
+            .recv_flushed(wr)
+            .await
+            .map_err(|e| Some(e.to_string()))?;
+        match event {
             ConnEvent::Data(data) => {
                 wr.write_all(&data).await.map_err(|e| Some(e.to_string()))?;
                 // Over the tenant's rate: return the agent's credit only once it refills.

@@ -6,6 +6,7 @@ use tether_client::{DialError, GrpcClient, Transport as ClientTransport};
 use tether_server::Mode;
 use tether_testkit::targets::{EchoServer, refused_addr};
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::STEP;
 use crate::support::{dial, echo_exact};
@@ -141,6 +142,97 @@ async fn http_connect_over_uds() {
 #[tokio::test]
 async fn http_connect_over_mtls_tcp() {
     frontend_round_trip(Mode::HttpConnect, Transport::Tls, false).await;
+}
+
+/// When a client reads nothing for a while, the server's socket fills and the TLS layer
+/// keeps the records that did not fit. Once the relay runs out of data, those records must
+/// still reach the client while the connection idles (the echo target keeps it open).
+/// kube-apiserver's dialer met this under load. A burst of each size from 8 KiB to 504 KiB,
+/// all at once, so that some burst ends with a full socket and a part kept by TLS.
+#[tokio::test]
+async fn http_connect_over_mtls_delivers_a_burst_after_the_client_paused() {
+    let pki = Pki::generate().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            transport: Transport::Tls,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Upstream's agent grants no credit: the server queues what it sends.
+    let legacy = AgentOptions {
+        legacy: true,
+        ..Default::default()
+    };
+    let _agent = TestAgent::start(&pki, server.agent_addr, legacy)
+        .await
+        .unwrap();
+    server.wait_ready().await.unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let f = &pki.files;
+    let tls = tether_tls::client_config(
+        &f.ca_cert,
+        Some((f.client_cert.as_path(), f.client_key.as_path())),
+        Vec::new(),
+        &Default::default(),
+    )
+    .unwrap();
+    let bursts = (0..32u64).map(|i| {
+        let (tls, frontend, target) = (tls.clone(), server.frontend_tcp.unwrap(), echo.addr);
+        tokio::spawn(async move {
+            let len = (8 + 16 * i as usize) * 1024;
+            // A small receive window and segment size (loopback's 64 KiB segments would grow
+            // the server's send buffer past every burst), so that the server's socket fills.
+            let tcp = small_window_connect(frontend);
+            let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let mut stream = tokio_rustls::TlsConnector::from(tls)
+                .connect(name, tcp)
+                .await
+                .unwrap();
+            let head = format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            stream.write_all(head.as_bytes()).await.unwrap();
+            stream.flush().await.unwrap();
+            let mut answer = Vec::new();
+            while !answer.ends_with(b"\r\n\r\n") {
+                answer.push(stream.read_u8().await.expect("the CONNECT answer"));
+            }
+            assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+
+            let data = tether_testkit::targets::pattern(i, len);
+            stream.write_all(&data).await.unwrap();
+            stream.flush().await.unwrap();
+            // Read nothing while the echo comes back and the server's socket fills.
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let mut got = vec![0u8; len];
+            let read = tokio::time::timeout(STEP, stream.read_exact(&mut got)).await;
+            assert!(
+                read.is_ok(),
+                "burst {i} ({len} bytes): the echo's tail never came"
+            );
+            read.unwrap().expect("read through tunnel");
+            assert!(got == data, "burst {i}: the bytes differ");
+        })
+    });
+    for burst in bursts.collect::<Vec<_>>() {
+        tokio::time::timeout(STEP * 2, burst)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// A loopback TCP connection with a small receive buffer and segment size.
+fn small_window_connect(to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.set_tcp_mss(1460).unwrap();
+    socket.connect(&to.into()).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    tokio::net::TcpStream::from_std(socket.into()).unwrap()
 }
 
 #[tokio::test]
