@@ -9,24 +9,26 @@ use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Tr
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::STEP;
-use crate::support::{dial, echo_exact};
+use crate::support::{dial, echo_exact, http_connect_on};
 
 const BIG: usize = 64 << 20;
 
 fn client_transport(pki: &Pki, server: &TestServer, client_cert: bool) -> ClientTransport {
     match &server.uds {
         Some(path) => ClientTransport::Unix(path.clone()),
-        None => {
-            let f = &pki.files;
-            let cert = client_cert.then_some((f.client_cert.as_path(), f.client_key.as_path()));
-            ClientTransport::Tls {
-                addr: server.frontend_tcp.unwrap().to_string(),
-                server_name: "127.0.0.1".into(),
-                tls: tether_tls::client_config(&f.ca_cert, cert, Vec::new(), &Default::default())
-                    .unwrap(),
-            }
-        }
+        None => ClientTransport::Tls {
+            addr: server.frontend_tcp.unwrap().to_string(),
+            server_name: "127.0.0.1".into(),
+            tls: client_tls(pki, client_cert),
+        },
     }
+}
+
+/// A client's TLS settings for the test CA, with the client certificate or without.
+fn client_tls(pki: &Pki, client_cert: bool) -> Arc<rustls::ClientConfig> {
+    let f = &pki.files;
+    let cert = client_cert.then_some((f.client_cert.as_path(), f.client_key.as_path()));
+    tether_tls::client_config(&f.ca_cert, cert, Vec::new(), &Default::default()).unwrap()
 }
 
 /// `ipv6`: every server listener (frontend TCP, agent, health) on `[::1]`.
@@ -172,34 +174,21 @@ async fn http_connect_over_mtls_delivers_a_burst_after_the_client_paused() {
         .unwrap();
     server.wait_ready().await.unwrap();
     let echo = EchoServer::start().await.unwrap();
-    let f = &pki.files;
-    let tls = tether_tls::client_config(
-        &f.ca_cert,
-        Some((f.client_cert.as_path(), f.client_key.as_path())),
-        Vec::new(),
-        &Default::default(),
-    )
-    .unwrap();
+    let tls = client_tls(&pki, true);
     let bursts = (0..32u64).map(|i| {
         let (tls, frontend, target) = (tls.clone(), server.frontend_tcp.unwrap(), echo.addr);
         tokio::spawn(async move {
             let len = (8 + 16 * i as usize) * 1024;
             // A small receive window and segment size (loopback's 64 KiB segments would grow
             // the server's send buffer past every burst), so that the server's socket fills.
-            let tcp = small_window_connect(frontend);
+            let tcp = small_window_connect(frontend).await;
             let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-            let mut stream = tokio_rustls::TlsConnector::from(tls)
+            let tls = tokio_rustls::TlsConnector::from(tls)
                 .connect(name, tcp)
                 .await
                 .unwrap();
-            let head = format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-            stream.write_all(head.as_bytes()).await.unwrap();
-            stream.flush().await.unwrap();
-            let mut answer = Vec::new();
-            while !answer.ends_with(b"\r\n\r\n") {
-                answer.push(stream.read_u8().await.expect("the CONNECT answer"));
-            }
-            assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+            let (mut stream, head) = http_connect_on(tls, &target.to_string()).await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
             let data = tether_testkit::targets::pattern(i, len);
             stream.write_all(&data).await.unwrap();
@@ -207,12 +196,10 @@ async fn http_connect_over_mtls_delivers_a_burst_after_the_client_paused() {
             // Read nothing while the echo comes back and the server's socket fills.
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             let mut got = vec![0u8; len];
-            let read = tokio::time::timeout(STEP, stream.read_exact(&mut got)).await;
-            assert!(
-                read.is_ok(),
-                "burst {i} ({len} bytes): the echo's tail never came"
-            );
-            read.unwrap().expect("read through tunnel");
+            tokio::time::timeout(STEP, stream.read_exact(&mut got))
+                .await
+                .unwrap_or_else(|_| panic!("burst {i} ({len} bytes): the echo's tail never came"))
+                .expect("read through tunnel");
             assert!(got == data, "burst {i}: the bytes differ");
         })
     });
@@ -225,14 +212,15 @@ async fn http_connect_over_mtls_delivers_a_burst_after_the_client_paused() {
 }
 
 /// A loopback TCP connection with a small receive buffer and segment size.
-fn small_window_connect(to: std::net::SocketAddr) -> tokio::net::TcpStream {
+async fn small_window_connect(to: std::net::SocketAddr) -> tokio::net::TcpStream {
     use socket2::{Domain, Socket, Type};
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    // tokio sets the receive buffer but not TCP_MAXSEG.
+    let shaped = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    shaped.set_tcp_mss(1460).unwrap();
+    shaped.set_nonblocking(true).unwrap();
+    let socket = tokio::net::TcpSocket::from_std_stream(shaped.into());
     socket.set_recv_buffer_size(4096).unwrap();
-    socket.set_tcp_mss(1460).unwrap();
-    socket.connect(&to.into()).unwrap();
-    socket.set_nonblocking(true).unwrap();
-    tokio::net::TcpStream::from_std(socket.into()).unwrap()
+    socket.connect(to).await.unwrap()
 }
 
 #[tokio::test]

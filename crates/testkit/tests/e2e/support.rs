@@ -15,13 +15,22 @@ use crate::STEP;
 /// Sends `CONNECT target` as kube-apiserver does and reads the response head byte by byte
 /// (so nothing after it is consumed).
 pub(crate) async fn http_connect_uds(uds: &Path, target: &str) -> (UnixStream, String) {
-    let mut stream = UnixStream::connect(uds)
+    let stream = UnixStream::connect(uds)
         .await
         .expect("connect to frontend socket");
+    http_connect_on(stream, target).await
+}
+
+/// The same over a stream already connected to the frontend (TLS, shaped sockets).
+pub(crate) async fn http_connect_on<S>(mut stream: S, target: &str) -> (S, String)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     stream
         .write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .expect("write CONNECT");
+    stream.flush().await.expect("write CONNECT");
     let head = read_head(&mut stream).await;
     (stream, head)
 }
