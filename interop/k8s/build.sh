@@ -33,6 +33,8 @@ kube_version=v1.37.2
 sample_apiserver_version=v0.37.2
 # Bump recipe when the way the binaries are built changes (flags below), so old caches are not reused.
 recipe="recipe=1 CGO_ENABLED=0 -trimpath version-ldflags"
+first_line() { printf '%s\n' "${1%%$'\n'*}"; }
+
 case $set_name in
 kubernetes)
 	pins=(kube/go.mod kube/go.sum etcd/go.mod etcd/go.sum kwok/go.mod kwok/go.sum)
@@ -102,8 +104,10 @@ kubernetes)
 	build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver -ldflags "$kube_ldflags"
 	build kubectl kube k8s.io/kubernetes/cmd/kubectl -ldflags "$kube_ldflags"
 	"$cache/bin/kube-apiserver" --version
-	"$cache/bin/kubectl" version --client 2>/dev/null | head -1
-	"$cache/bin/etcd" --version | head -1
+	# The first line of each, read from a captured output: piping into `head -1` under pipefail
+	# fails the script when the writer is killed by SIGPIPE (it happened on a cold cache).
+	first_line "$("$cache/bin/kubectl" version --client 2>/dev/null)"
+	first_line "$("$cache/bin/etcd" --version)"
 	;;
 sample-apiserver)
 	build sample-apiserver sample-apiserver k8s.io/sample-apiserver
