@@ -15,7 +15,6 @@ use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings};
 use tether_proto::metadata;
 use tether_tunnel::{ResumeFailure, TransportEnd};
-use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -80,8 +79,8 @@ enum Resume {
 /// Why one connection attempt did not add a session.
 #[derive(Debug, thiserror::Error)]
 enum ConnectError {
-    #[error("connecting to {0}: {1}")]
-    Tcp(String, std::io::Error),
+    #[error(transparent)]
+    Dial(#[from] crate::egress_proxy::DialError),
     #[error("TLS handshake with {0}: {1}")]
     Tls(String, std::io::Error),
     #[error("invalid server name {0:?}")]
@@ -561,18 +560,26 @@ impl ClientSet {
     /// Connects and opens `Connect`; the connection's driver runs on `tasks`, so stopping the
     /// agent waits for it too.
     async fn connect_once(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
-        tokio::time::timeout(CONNECT_TIMEOUT, self.connect(tasks))
+        let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        tokio::time::timeout_at(deadline, self.connect(tasks, deadline))
             .await
             .map_err(|_| ConnectError::Timeout(CONNECT_TIMEOUT))?
     }
 
-    async fn connect(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
+    /// One connection attempt; steps with an HTTP(S) proxy end by `deadline` with their own
+    /// error (which proxy, which step), before the attempt's overall timeout says less.
+    async fn connect(
+        &self,
+        tasks: &TaskTracker,
+        deadline: tokio::time::Instant,
+    ) -> Result<Connected, ConnectError> {
         let address = self.address();
-        let tcp = TcpStream::connect((self.config.server_host.as_str(), self.config.server_port))
-            .await
-            .map_err(|e| ConnectError::Tcp(address.clone(), e))?;
-        tcp.set_nodelay(true)
-            .map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+        let host = self.config.server_host.as_str();
+        let stream = self
+            .config
+            .egress
+            .dial(host, self.config.server_port, deadline)
+            .await?;
         let name = ServerName::try_from(self.config.server_host.clone())
             .map_err(|_| ConnectError::ServerName(self.config.server_host.clone()))?;
         let tls_config = match &self.config.tls_reload {
@@ -580,9 +587,12 @@ impl ClientSet {
             None => self.config.tls.clone(),
         };
         let tls = tokio_rustls::TlsConnector::from(tls_config)
-            .connect(name, tcp)
+            .connect(name, stream)
             .await
-            .map_err(|e| ConnectError::Tls(address.clone(), e))?;
+            .map_err(|e| match self.config.egress.proxy() {
+                Some(proxy) => ConnectError::Tls(format!("{address} through proxy {proxy}"), e),
+                None => ConnectError::Tls(address.clone(), e),
+            })?;
         let (channel, driver) =
             Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
         tasks.spawn(driver.run());

@@ -6,6 +6,7 @@
 //!
 //! Layout:
 //! - `clientset`: connecting to servers until the server count is reached;
+//! - `egress_proxy`: the TCP connection to a server, directly or through an HTTP(S) proxy;
 //! - `server_count`: the count, announced by servers or counted from their Leases;
 //! - `session`: one server stream and the connections multiplexed on it;
 //! - `destination`: resolving, checking against the destination policy, and dialing;
@@ -18,6 +19,7 @@
 mod clientset;
 mod control_plane;
 mod destination;
+pub mod egress_proxy;
 mod health;
 mod introspect;
 mod metrics;
@@ -46,6 +48,8 @@ pub struct Config {
     /// `--proxy-server-host`: dialed for every server connection (normally a load balancer).
     pub server_host: String,
     pub server_port: u16,
+    /// `--https-proxy` or `HTTPS_PROXY`/`NO_PROXY`: directly, or through this proxy.
+    pub egress: egress_proxy::Egress,
     /// TLS to the server; ALPN must include `h2`.
     pub tls: Arc<rustls::ClientConfig>,
     /// When set, replaces `tls`: rebuilt from its files (client certificate, key, CA)

@@ -384,6 +384,7 @@ impl TestAgent {
         let config = tether_agent::Config {
             server_host: server_agent_addr.ip().to_string(),
             server_port: server_agent_addr.port(),
+            egress: tether_agent::egress_proxy::Egress::Direct,
             tls: tether_tls::client_config(
                 &f.ca_cert,
                 Some((&cert, &key)),

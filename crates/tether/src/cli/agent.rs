@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{ArgAction, Args};
+use tether_agent::egress_proxy::{
+    self, Egress, EgressProxy, ProxyEnvironment, ProxyScheme, ProxySetting,
+};
 use tether_agent::{Config, DestinationConfig};
 use tether_grpc::Keepalive;
 use tether_proto::Labels;
@@ -61,6 +64,28 @@ pub(crate) struct AgentArgs {
         default_value = ""
     )]
     ca_cert: String,
+
+    /// tether: reach the proxy servers through this HTTP(S) proxy, as
+    /// http://[USER:PASSWORD@]HOST[:PORT] or https://...; it overrides HTTPS_PROXY and
+    /// NO_PROXY, and `none` connects directly. Empty: HTTPS_PROXY/https_proxy unless
+    /// NO_PROXY/no_proxy or loopback excludes the server, as upstream's agent (grpc-go) does.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "URL|none",
+        default_value = ""
+    )]
+    https_proxy: String,
+
+    /// tether: CA bundle that verifies an https:// proxy's certificate (required for one;
+    /// system roots are not used).
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PATH",
+        default_value = ""
+    )]
+    https_proxy_ca_cert: String,
 
     /// Client certificate (PEM) for mutual TLS; needs --agent-key.
     #[arg(
@@ -386,6 +411,7 @@ impl AgentArgs {
         }
         let tls = self.tls()?;
         let tls_reload = self.tls_reload()?;
+        let egress = self.egress()?;
         let ignored = self.ignored();
         if !ignored.is_empty() {
             tracing::warn!(
@@ -397,6 +423,7 @@ impl AgentArgs {
         Ok(Config {
             server_host: self.proxy_server_host,
             server_port: self.proxy_server_port,
+            egress,
             tls,
             tls_reload,
             agent_id: id_or_random(self.agent_id),
@@ -473,6 +500,50 @@ impl AgentArgs {
                 _ => tether_agent::ControlPlaneProtocol::Tcp,
             },
         }))
+    }
+
+    /// `--https-proxy`, else the environment: directly or through a proxy to the servers.
+    fn egress(&self) -> anyhow::Result<Egress> {
+        let setting = ProxySetting::parse(&self.https_proxy)
+            .map_err(|e| anyhow::anyhow!("--https-proxy: {e}"))?;
+        let route = egress_proxy::route(
+            &setting,
+            &ProxyEnvironment::from_process(),
+            &self.proxy_server_host,
+            self.proxy_server_port,
+        )?;
+        let Some(url) = route.proxy else {
+            if !self.https_proxy_ca_cert.is_empty() {
+                tracing::warn!(why = %route.why, "--https-proxy-ca-cert has no effect: the agent connects to the servers directly");
+            }
+            tracing::debug!(why = %route.why, "connecting to the proxy servers directly");
+            return Ok(Egress::Direct);
+        };
+        let tls = match url.scheme {
+            ProxyScheme::Http => {
+                if !self.https_proxy_ca_cert.is_empty() {
+                    tracing::warn!(proxy = %url, "--https-proxy-ca-cert has no effect: the proxy is http://");
+                }
+                None
+            }
+            ProxyScheme::Https if self.https_proxy_ca_cert.is_empty() => bail!(
+                "--https-proxy-ca-cert is required for the https:// proxy {url} (from {}): the CA \
+                 bundle that verifies the proxy's certificate (system roots are not used)",
+                route.why
+            ),
+            ProxyScheme::Https => Some(
+                tether_tls::client_config(
+                    Path::new(&self.https_proxy_ca_cert),
+                    None,
+                    Vec::new(),
+                    &TlsOptions::default(),
+                )
+                .context("--https-proxy-ca-cert")?,
+            ),
+        };
+        tracing::info!(proxy = %url, from = %route.why, "connecting to the proxy servers through an HTTP proxy");
+        let proxy = EgressProxy::new(url, tls).map_err(anyhow::Error::msg)?;
+        Ok(Egress::Proxy(Arc::new(proxy)))
     }
 
     /// `--tls-reload`: the same config, rebuilt when its files change.

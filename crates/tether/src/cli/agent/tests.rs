@@ -420,3 +420,49 @@ fn the_control_plane_listener_takes_an_address_or_a_socket() {
         .is_err()
     );
 }
+
+/// `--https-proxy`: a URL (credentials never quoted back), `none`, or the environment; an
+/// https:// proxy needs its own CA bundle, and an http:// one takes none.
+#[test]
+fn https_proxy_flags() {
+    let (_dir, files) = pki();
+    let config = agent(&files, "--https-proxy=http://u:hunter2@proxy.example:3128").unwrap();
+    let proxy = config.egress.proxy().expect("a proxy").to_string();
+    assert_eq!(proxy, "http://REDACTED@proxy.example:3128");
+    assert!(!format!("{config:?}").contains("hunter2"));
+    let config = agent(&files, "--https-proxy=none").unwrap();
+    assert!(config.egress.proxy().is_none());
+
+    let err = error(agent(
+        &files,
+        "--https-proxy=socks5://u:hunter2@proxy.example:1080",
+    ));
+    assert!(err.starts_with("--https-proxy: proxy scheme"), "{err}");
+    let err = error(agent(
+        &files,
+        "--https-proxy=http://u:hunter2@proxy.example:port",
+    ));
+    assert!(
+        err.starts_with("--https-proxy: ") && !err.contains("hunter2"),
+        "{err}"
+    );
+
+    let err = error(agent(&files, "--https-proxy=https://proxy.example"));
+    assert!(
+        err.starts_with(
+            "--https-proxy-ca-cert is required for the https:// proxy https://proxy.example:443"
+        ),
+        "{err}"
+    );
+    let ca = format!("--https-proxy-ca-cert={}", files.ca_cert.display());
+    let config = agent(&files, &format!("--https-proxy=https://proxy.example {ca}")).unwrap();
+    assert_eq!(
+        config.egress.proxy().unwrap().to_string(),
+        "https://proxy.example:443"
+    );
+    let err = error(agent(
+        &files,
+        "--https-proxy=https://proxy.example --https-proxy-ca-cert=/nonexistent",
+    ));
+    assert!(err.starts_with("--https-proxy-ca-cert: "), "{err}");
+}
