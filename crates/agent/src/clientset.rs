@@ -79,8 +79,9 @@ enum Resume {
 /// Why one connection attempt did not add a session.
 #[derive(Debug, thiserror::Error)]
 enum ConnectError {
+    /// Boxed: a proxy's errors carry its URL.
     #[error(transparent)]
-    Dial(#[from] crate::egress_proxy::DialError),
+    Dial(Box<crate::egress_proxy::DialError>),
     #[error("TLS handshake with {0}: {1}")]
     Tls(String, std::io::Error),
     #[error("invalid server name {0:?}")]
@@ -579,7 +580,8 @@ impl ClientSet {
             .config
             .egress
             .dial(host, self.config.server_port, deadline)
-            .await?;
+            .await
+            .map_err(|e| ConnectError::Dial(Box::new(e)))?;
         let name = ServerName::try_from(self.config.server_host.clone())
             .map_err(|_| ConnectError::ServerName(self.config.server_host.clone()))?;
         let tls_config = match &self.config.tls_reload {

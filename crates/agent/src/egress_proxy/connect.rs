@@ -58,7 +58,8 @@ impl std::fmt::Display for Refusal {
             write!(f, " (Proxy-Authenticate: {challenge})")?;
         }
         match (self.status, self.sent_credentials) {
-            (407, true) => {
+            // tinyproxy answers a wrong password with 401.
+            (401 | 407, true) => {
                 f.write_str(": it refused the user and password in the proxy URL's user info")
             }
             (407, false) => f.write_str(

@@ -55,7 +55,7 @@ impl NoProxy {
                 continue;
             }
             let (host, port) = match split_host_port(&entry) {
-                Some((host, _)) if host.is_empty() => continue,
+                Some(("", _)) => continue,
                 Some((host, port)) => (
                     host.strip_prefix('[')
                         .and_then(|h| h.strip_suffix(']'))

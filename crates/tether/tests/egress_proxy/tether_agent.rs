@@ -97,6 +97,7 @@ async fn basic_authentication() -> anyhow::Result<()> {
         .wait_for_log("the proxy answered CONNECT LocalHost")
         .await?;
     assert!(log.contains("401 Unauthorized"), "{log}");
+    assert!(log.contains("it refused the user and password"), "{log}");
     assert!(log.contains("REDACTED@127.0.0.1"), "{log}");
     assert!(
         !log.contains("not-the-password"),
