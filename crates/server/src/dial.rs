@@ -166,7 +166,13 @@ impl Hub {
             error
         };
         let tenant = match &request.tenant {
-            Some(tenant) => tenant,
+            // Pinned by a tenant's own frontend: the client must still be the tenant's.
+            Some(tenant) => {
+                self.tenants
+                    .admit_own_frontend(tenant, &request.peer)
+                    .map_err(|why| refuse(DialError::NoTenant(why)))?;
+                tenant
+            }
             None => self
                 .tenants
                 .resolve(Side::Client, Proof::peer(&request.peer))

@@ -58,7 +58,7 @@ use crate::backend::admission::Admission;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
 use crate::limits::{ConnectionSlots, Limit, LimitMetrics};
-use crate::net::Listener;
+use crate::net::{Listener, TlsSource};
 
 /// Where the frontend listens.
 #[derive(Clone, Debug)]
@@ -180,14 +180,15 @@ impl Server {
                 .map_err(listen_err("frontend socket", path.display().to_string()))?,
             FrontendListen::Tls { addr, tls } => {
                 let reloading = config.tls_reload.as_ref().and_then(|r| r.frontend.clone());
-                Listener::tls(*addr, tls.clone(), reloading)
+                Listener::tls(*addr, TlsSource::new(tls.clone(), reloading))
                     .await
                     .map_err(listen_err("frontend", addr.to_string()))?
             }
         };
         let tenant_frontends = bind_tenant_frontends(&config).await?;
         let agent_reloading = config.tls_reload.as_ref().map(|r| r.agent.clone());
-        let agent = Listener::tls(config.agent_addr, config.agent_tls.clone(), agent_reloading)
+        let agent_tls = TlsSource::new(config.agent_tls.clone(), agent_reloading);
+        let agent = Listener::tls(config.agent_addr, agent_tls)
             .await
             .map_err(listen_err("agent", config.agent_addr.to_string()))?;
         let health = TcpListener::bind(config.health_addr)
@@ -428,6 +429,7 @@ impl Server {
             mode: config.mode,
             metrics: limit_metrics.clone(),
             first_packet_timeout: limits.first_packet_timeout,
+            strangers: warn_limit::WarnLimit::new(Duration::from_secs(1)),
         });
         let frontend_loop = accept_loop(
             &frontend,
@@ -551,13 +553,22 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                 }
             }
             let reloading = config.tls_reload.as_ref().and_then(|r| r.frontend.clone());
-            let listener = Listener::tls(addr, tls.clone(), reloading)
-                .await
-                .map_err(|source| ServerError::Listen {
-                    what: "tenant frontend",
-                    addr: addr.to_string(),
-                    source,
-                })?;
+            let main_tls = TlsSource::new(tls.clone(), reloading);
+            let tls = match &frontend.client_ca {
+                None => main_tls,
+                Some(ca) => TlsSource::TenantCa(Arc::new(
+                    tenant_frontend::TenantTls::new(main_tls, ca)
+                        .map_err(|e| refuse(format!("frontend.client_ca: {e}")))?,
+                )),
+            };
+            let listener =
+                Listener::tls(addr, tls)
+                    .await
+                    .map_err(|source| ServerError::Listen {
+                        what: "tenant frontend",
+                        addr: addr.to_string(),
+                        source,
+                    })?;
             bound.push((tenant.name.clone(), listener));
         }
     }

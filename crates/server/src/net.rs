@@ -102,19 +102,32 @@ pub(crate) enum Listener {
     },
 }
 
-/// The TLS config of a listener: fixed, or reloaded from its files (see `tls_reload`).
+/// The TLS config of a listener: fixed, reloaded from its files (see `tls_reload`), or a
+/// tenant's own CA over the main frontend's (see `tenant_frontend`).
 #[derive(Clone)]
 pub(crate) enum TlsSource {
-    Fixed(TlsAcceptor),
+    Fixed(Arc<rustls::ServerConfig>),
     Reloading(Arc<tether_tls::Reloading<rustls::ServerConfig>>),
+    TenantCa(Arc<crate::tenant_frontend::TenantTls>),
 }
 
 impl TlsSource {
-    /// The acceptor for a new handshake: the newest config.
-    fn acceptor(&self) -> TlsAcceptor {
+    pub(crate) fn new(
+        config: Arc<rustls::ServerConfig>,
+        reloading: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
+    ) -> Self {
+        match reloading {
+            Some(r) => Self::Reloading(r),
+            None => Self::Fixed(config),
+        }
+    }
+
+    /// The config for a new handshake: the newest.
+    pub(crate) fn config(&self) -> Arc<rustls::ServerConfig> {
         match self {
-            Self::Fixed(acceptor) => acceptor.clone(),
-            Self::Reloading(reloading) => TlsAcceptor::from(reloading.current()),
+            Self::Fixed(config) => config.clone(),
+            Self::Reloading(reloading) => reloading.current(),
+            Self::TenantCa(tenant) => tenant.config(),
         }
     }
 }
@@ -145,17 +158,10 @@ impl Listener {
         Ok(Self::Unix { listener, file })
     }
 
-    pub(crate) async fn tls(
-        addr: SocketAddr,
-        config: Arc<rustls::ServerConfig>,
-        reloading: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
-    ) -> io::Result<Self> {
+    pub(crate) async fn tls(addr: SocketAddr, tls: TlsSource) -> io::Result<Self> {
         Ok(Self::Tls {
             listener: TcpListener::bind(addr).await?,
-            tls: match reloading {
-                Some(r) => TlsSource::Reloading(r),
-                None => TlsSource::Fixed(TlsAcceptor::from(config)),
-            },
+            tls,
         })
     }
 
@@ -200,7 +206,7 @@ impl Listener {
                 let (stream, addr) = listener.accept().await?;
                 stream.set_nodelay(true)?;
                 Ok(Accepted {
-                    pending: Pending::Tls(stream, tls.acceptor()),
+                    pending: Pending::Tls(stream, TlsAcceptor::from(tls.config())),
                     peer: PeerIdentity {
                         transport: PeerTransport::Tls,
                         addr: Some(addr),

@@ -21,9 +21,13 @@
 //!     weight: 3             # 3 shares of bandwidth to 1 for each weightless tenant
 //!     limits: {connections: 1000, pending_dials: 100, dials_per_second: 50,
 //!              bytes_per_second: 104857600}  # both directions, all connections
-//!   - name: initech          # its own socket: every client on it is initech's
+//!   - name: initech          # its own socket, gated by its file mode
 //!     frontend: {unix: /run/tether/initech.sock}
 //!     agents: ["sa:initech"]  # ServiceAccounts of namespace initech (token authentication)
+//!   - name: hooli            # its own TCP port: clients of its own CA, with these names
+//!     clients: ["cert:apiserver.hooli"]
+//!     frontend: {tcp: "0.0.0.0:8132", client_ca: /etc/tether/hooli-ca.crt}
+//!     agents: ["cert:agent.hooli"]
 //! destinations:             # absent: no destination policy on the server, as upstream
 //!   - name: kubelets
 //!     clients: ["cert:apiserver.acme"]
@@ -119,6 +123,7 @@ struct TenantEntry {
 struct FrontendEntry {
     unix: Option<String>,
     tcp: Option<String>,
+    client_ca: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -272,7 +277,9 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
         }
         let frontend = entry
             .frontend
-            .map(|f| TenantFrontend::parse(f.unix.as_deref(), f.tcp.as_deref()))
+            .map(|f| {
+                TenantFrontend::parse(f.unix.as_deref(), f.tcp.as_deref(), f.client_ca.as_deref())
+            })
             .transpose()
             .map_err(|e| format!("{at}: {e}"))?;
         if let Some(frontend) = &frontend {
@@ -327,6 +334,9 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
         };
         let clients = parse("clients", false, &entry.clients)?;
         let agents = parse("agents", true, &entry.agents)?;
+        if let Some(frontend) = &frontend {
+            check_tcp_frontend_has_identities(&at, frontend, &clients)?;
+        }
         let limits = match entry.limits {
             None => TenantLimits::default(),
             Some(l) => {
@@ -394,6 +404,26 @@ fn check_frontend_is_its_own(
         }
     }
     Ok(())
+}
+
+/// Refuses a tenant's TCP frontend that could not tell the tenant's clients from others:
+/// the main frontend's CA signs every tenant's client certificates, so without `cert:`
+/// client identities or a CA of the tenant's own, any of them would be the tenant's.
+fn check_tcp_frontend_has_identities(
+    at: &str,
+    frontend: &TenantFrontend,
+    clients: &[Identity],
+) -> Result<(), String> {
+    let has_names = clients.iter().any(|id| matches!(id, Identity::CertName(_)));
+    match frontend.tcp {
+        Some(addr) if !has_names && frontend.client_ca.is_none() => Err(format!(
+            "{at}: frontend.tcp {addr} would admit every client certificate of the main \
+             frontend's CA: add the tenant's client certificate names to clients \
+             (\"cert:NAME\", the CN or a DNS/URI SAN), or a CA of the tenant's own as \
+             frontend.client_ca"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Validates the destination policies: unique names, each client identity in at most one
@@ -524,6 +554,30 @@ mod tests {
         let kubelets = &c.destinations[0].rules;
         assert!(kubelets.check_requested("10.0.3.4", 10250).is_ok());
         assert!(kubelets.check_requested("169.254.169.254", 10250).is_err());
+    }
+
+    #[test]
+    fn a_tcp_frontend_names_its_clients_or_its_own_ca() {
+        let tenants = |yaml: &str| RoutingConfig::from_yaml(yaml).unwrap().tenants;
+        let t = tenants(
+            "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"cert:ag.a\"], frontend: {tcp: \"127.0.0.1:8131\"}}\n",
+        );
+        let frontend = t[0].frontend.as_ref().unwrap();
+        assert_eq!(frontend.tcp, Some("127.0.0.1:8131".parse().unwrap()));
+        assert_eq!(frontend.client_ca, None);
+        let t = tenants(
+            "tenants:\n  - {name: a, agents: [\"cert:ag.a\"], frontend: {tcp: \"127.0.0.1:8131\", client_ca: /etc/a/ca.crt}}\n",
+        );
+        assert!(t[0].clients.is_empty(), "its own CA is the gate");
+        assert_eq!(
+            t[0].frontend.as_ref().unwrap().client_ca.as_deref(),
+            Some(std::path::Path::new("/etc/a/ca.crt"))
+        );
+        // A Unix socket alone needs no identity: its file mode is the gate.
+        let t = tenants(
+            "tenants:\n  - {name: a, agents: [\"cert:ag.a\"], frontend: {unix: /run/a.sock}}\n",
+        );
+        assert!(t[0].clients.is_empty());
     }
 
     #[test]
@@ -668,8 +722,20 @@ mod tests {
                 "tenants[1] (\"b\"): frontend.unix /run/t.sock is already tenant \"a\"'s socket",
             ),
             (
-                "tenants:\n  - {name: a, agents: [\"cert:y\"], frontend: {tcp: \"0.0.0.0:8131\"}}\n  - {name: b, agents: [\"cert:z\"], frontend: {tcp: \"127.0.0.1:8131\"}}\n",
+                "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], frontend: {tcp: \"0.0.0.0:8131\"}}\n  - {name: b, clients: [\"cert:w\"], agents: [\"cert:z\"], frontend: {tcp: \"127.0.0.1:8131\"}}\n",
                 "frontend.tcp 127.0.0.1:8131 overlaps tenant \"a\"'s 0.0.0.0:8131",
+            ),
+            (
+                "tenants:\n  - {name: a, agents: [\"cert:y\"], frontend: {tcp: \"127.0.0.1:8131\"}}\n",
+                "tenants[0] (\"a\"): frontend.tcp 127.0.0.1:8131 would admit every client certificate of the main frontend's CA: add the tenant's client certificate names to clients (\"cert:NAME\", the CN or a DNS/URI SAN), or a CA of the tenant's own as frontend.client_ca",
+            ),
+            (
+                "tenants:\n  - {name: a, clients: [\"uid:1001\"], agents: [\"cert:y\"], frontend: {unix: /run/a.sock, tcp: \"127.0.0.1:8131\"}}\n",
+                "tenants[0] (\"a\"): frontend.tcp 127.0.0.1:8131 would admit every client",
+            ),
+            (
+                "tenants:\n  - {name: a, agents: [\"cert:y\"], frontend: {unix: /run/a.sock, client_ca: /ca.crt}}\n",
+                "tenants[0] (\"a\"): frontend.client_ca verifies the tcp listener's client certificates: add frontend.tcp",
             ),
             (
                 "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], limits: {dials_per_second: 0}}\n",

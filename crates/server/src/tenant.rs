@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use tether_grpc::PeerIdentity;
+use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
 use crate::backend::registry::{Registry, Strategy};
@@ -121,6 +121,16 @@ impl Identity {
                     ns == namespace && name.as_ref().is_none_or(|name| name == n)
                 })
             }
+        }
+    }
+
+    /// Whether a peer arriving over `transport` can prove this identity at all: a
+    /// certificate name over TLS, a uid on a Unix socket (a token is agents' only).
+    fn provable_over(&self, transport: PeerTransport) -> bool {
+        match self {
+            Self::CertName(_) => transport == PeerTransport::Tls,
+            Self::UnixUid(_) => transport == PeerTransport::Unix,
+            Self::ServiceAccount { .. } => false,
         }
     }
 }
@@ -339,8 +349,8 @@ impl TenantMetrics {
             ),
             unknown: metrics.counter_vec(
                 "tether_server_tenant_unmapped_total",
-                "Frontend clients and agents refused because their identity maps to no tenant or to several, by side",
-                &["side"],
+                "Frontend clients and agents refused because their identity maps to no tenant or to several, by side; on a tenant's own frontend (listener=tenant), clients that are not that tenant's",
+                &["side", "listener"],
             ),
             byte_rate_waits: metrics.counter_vec(
                 "tether_server_tenant_byte_rate_waits_total",
@@ -432,8 +442,72 @@ impl Tenants {
         }
     }
 
-    /// The one tenant `proof` belongs to on `side`; `Err` names why there is none.
+    /// The one tenant `proof` belongs to on `side`, on a listener shared by every tenant;
+    /// `Err` names why there is none, and is counted.
     pub(crate) fn resolve(&self, side: Side, proof: Proof<'_>) -> Result<&Arc<Tenant>, String> {
+        let label = match side {
+            Side::Client => "client",
+            Side::Agent => "agent",
+        };
+        self.owner(side, proof).inspect_err(|_| {
+            self.metrics.unknown.with(&[label, "shared"]).inc();
+        })
+    }
+
+    /// Whether a client on `tenant`'s own frontend is that tenant's: decided at accept and
+    /// again at every dial. When the tenant lists client identities this transport can prove
+    /// (`cert:` over TLS, `uid:` on a Unix socket), the peer must resolve to this tenant
+    /// through the whole table, as on the main frontend: another tenant's certificate, or
+    /// one of no tenant, is refused. Otherwise the listener is the gate: the socket's file
+    /// mode, or the tenant's own `client_ca`; a TCP frontend with neither is refused (the
+    /// routing file's validation already refuses to start with one). `Err` is counted.
+    pub(crate) fn admit_own_frontend(
+        &self,
+        tenant: &Tenant,
+        peer: &PeerIdentity,
+    ) -> Result<(), String> {
+        let refuse = |why: String| {
+            self.metrics.unknown.with(&["client", "tenant"]).inc();
+            Err(why)
+        };
+        let Some((config, _)) = self.table.iter().find(|(_, t)| std::ptr::eq(&**t, tenant)) else {
+            return refuse(format!("tenant {} has no own frontend", tenant.name));
+        };
+        if !config
+            .clients
+            .iter()
+            .any(|id| id.provable_over(peer.transport))
+        {
+            let own_ca = config
+                .frontend
+                .as_ref()
+                .is_some_and(|f| f.client_ca.is_some());
+            return match peer.transport {
+                PeerTransport::Unix => Ok(()),
+                PeerTransport::Tls if own_ca => Ok(()),
+                _ => refuse(format!(
+                    "tenant {}'s frontend lists no client identity to check {} against",
+                    tenant.name,
+                    peer.principal()
+                )),
+            };
+        }
+        let proof = Proof::peer(peer);
+        match self.owner(Side::Client, proof) {
+            Ok(owner) if std::ptr::eq(&**owner, tenant) => Ok(()),
+            Ok(owner) => refuse(format!(
+                "client identity {proof} is tenant {}'s, not tenant {}'s, whose frontend this is",
+                owner.name, tenant.name
+            )),
+            Err(why) => refuse(format!(
+                "{why}; this is tenant {}'s own frontend",
+                tenant.name
+            )),
+        }
+    }
+
+    /// The one tenant `proof` belongs to on `side`; `Err` names why there is none.
+    fn owner(&self, side: Side, proof: Proof<'_>) -> Result<&Arc<Tenant>, String> {
         if let Some(implicit) = &self.implicit {
             return Ok(implicit);
         }
@@ -444,18 +518,14 @@ impl Tenants {
             };
             list.iter().any(|id| id.matches(&proof))
         });
-        let (label, what) = match side {
-            Side::Client => ("client", "client"),
-            Side::Agent => ("agent", "agent"),
-        };
-        let refuse = |why: String| {
-            self.metrics.unknown.with(&[label]).inc();
-            Err(why)
+        let what = match side {
+            Side::Client => "client",
+            Side::Agent => "agent",
         };
         match (found.next(), found.next()) {
             (Some((_, tenant)), None) => Ok(tenant),
-            (None, _) => refuse(format!("{what} identity {proof} belongs to no tenant")),
-            (Some((a, _)), Some((b, _))) => refuse(format!(
+            (None, _) => Err(format!("{what} identity {proof} belongs to no tenant")),
+            (Some((a, _)), Some((b, _))) => Err(format!(
                 "{what} identity {proof} matches tenants {} and {}; refusing rather than guessing",
                 a.name, b.name
             )),
@@ -598,6 +668,86 @@ pub(crate) mod tests {
         assert!(
             open.resolve(Side::Client, Proof::peer(&PeerIdentity::unknown()))
                 .is_ok()
+        );
+    }
+
+    fn unix(uid: u32) -> PeerIdentity {
+        PeerIdentity {
+            transport: PeerTransport::Unix,
+            addr: None,
+            certificate: None,
+            unix: Some(UnixCredentials {
+                uid,
+                gid: 0,
+                pid: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_tenants_own_frontend_admits_only_the_tenants_clients() {
+        let registry = Metrics::new();
+        let routing = RoutingConfig::from_yaml(
+            "tenants:
+  - {name: a, clients: [\"cert:api.a\", \"uid:1001\"], agents: [\"cert:ag.a\"], frontend: {tcp: \"127.0.0.1:0\", unix: /run/a.sock}}
+  - {name: b, clients: [\"cert:api.b\"], agents: [\"cert:ag.b\"], frontend: {tcp: \"127.0.0.1:0\", unix: /run/b.sock}}
+  - {name: c, agents: [\"cert:ag.c\"], frontend: {tcp: \"127.0.0.1:0\", client_ca: /c.crt}}
+  - {name: d, clients: [\"cert:api.d\"], agents: [\"cert:ag.d\"], frontend: {tcp: \"127.0.0.1:0\", client_ca: /d.crt}}
+",
+        )
+        .unwrap();
+        let tenants = Tenants::new(&[Strategy::Default], &routing, &registry);
+        let on = |name: &str, peer: &PeerIdentity| {
+            tenants.admit_own_frontend(tenants.by_name(name).unwrap(), peer)
+        };
+        // T3, T5b: one tenant's certificate on the other's frontend, both ways.
+        assert_eq!(on("b", &cert(&["api.b"])), Ok(()));
+        assert_eq!(
+            on("b", &cert(&["api.a"])).unwrap_err(),
+            "client identity certificate CN=api.a DNS=api.a is tenant a's, not tenant b's, whose frontend this is"
+        );
+        assert!(on("a", &cert(&["api.b"])).is_err());
+        // T5: a certificate of no tenant, or of two.
+        let none = on("b", &cert(&["proxy-client"])).unwrap_err();
+        assert!(
+            none.contains("belongs to no tenant; this is tenant b's own frontend"),
+            "{none}"
+        );
+        assert!(on("b", &cert(&["api.b", "api.a"])).is_err());
+        assert!(on("b", &PeerIdentity::unknown()).is_err());
+        // A Unix socket checks the uid: identities the tenant lists, else its mode is the gate.
+        assert_eq!(on("a", &unix(1001)), Ok(()));
+        assert!(on("a", &unix(1002)).is_err());
+        assert_eq!(on("b", &unix(1001)), Ok(()), "b lists no uid");
+        // With its own CA, the CA is the gate, and listed names still apply.
+        assert_eq!(on("c", &cert(&["anything"])), Ok(()));
+        assert_eq!(on("d", &cert(&["api.d"])), Ok(()));
+        assert!(on("d", &cert(&["other.d"])).is_err());
+        let text = registry.render();
+        assert!(
+            text.contains(
+                "tether_server_tenant_unmapped_total{listener=\"tenant\",side=\"client\"} 7\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_tcp_frontend_without_names_or_its_own_ca_admits_nobody() {
+        // The routing file refuses this; the check itself fails closed too.
+        let mut routing = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"cert:ag.a\"], frontend: {tcp: \"127.0.0.1:0\"}}\n",
+        )
+        .unwrap();
+        routing.tenants[0].clients.clear();
+        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let a = tenants.by_name("a").unwrap();
+        let err = tenants
+            .admit_own_frontend(a, &cert(&["api.a"]))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "tenant a's frontend lists no client identity to check certificate CN=api.a DNS=api.a against"
         );
     }
 

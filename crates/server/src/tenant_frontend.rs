@@ -1,7 +1,13 @@
-//! A tenant's own frontend listeners (`frontend:` in a routing file's tenant entry): every
-//! client that arrives on one belongs to that tenant, whatever it proves, as a hosted
-//! control plane gives each tenant's kube-apiserver its own socket. Access to a socket is
-//! gated by its file mode; a TCP listener asks for the main frontend's client certificates.
+//! A tenant's own frontend listeners (`frontend:` in a routing file's tenant entry), as a
+//! hosted control plane gives each tenant's kube-apiserver its own socket.
+//!
+//! A client on one must still prove it is the tenant's (`Tenants::admit_own_frontend`, at
+//! accept and again at each dial), as Envoy checks a client certificate's names per filter
+//! chain and linkerd authorizes per Server: the main frontend's CA signs every tenant's
+//! client, so the listener alone proves nothing. A TCP listener therefore needs `cert:`
+//! client identities or a client CA of the tenant's own (`client_ca`), whose certificates
+//! then verify instead of the main frontend's; the routing file is refused otherwise. A Unix
+//! socket is gated by its file mode, and by the tenant's `uid:` identities when it lists any.
 //!
 //! Two listeners that would share an address are refused at start-up: a Unix socket bound
 //! again silently takes the first one's clients (with `--delete-existing-uds-file`), and a
@@ -9,19 +15,29 @@
 
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::net::TlsSource;
 
 /// Where one tenant's own frontend listens; at least one of the two is set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TenantFrontend {
     /// A Unix socket (absolute path).
     pub unix: Option<PathBuf>,
-    /// A TCP listener with mutual TLS, using the main frontend's certificates.
+    /// A TCP listener with mutual TLS, using the main frontend's certificate.
     pub tcp: Option<SocketAddr>,
+    /// The CA bundle that verifies the TCP listener's clients instead of the main
+    /// frontend's (`--server-ca-cert`); read at start-up.
+    pub client_ca: Option<PathBuf>,
 }
 
 impl TenantFrontend {
-    /// Checks and normalises the routing file's `unix` and `tcp` values.
-    pub(crate) fn parse(unix: Option<&str>, tcp: Option<&str>) -> Result<Self, String> {
+    /// Checks and normalises the routing file's `unix`, `tcp` and `client_ca` values.
+    pub(crate) fn parse(
+        unix: Option<&str>,
+        tcp: Option<&str>,
+        client_ca: Option<&str>,
+    ) -> Result<Self, String> {
         if unix.is_none() && tcp.is_none() {
             return Err("frontend: name a unix socket path, a tcp address, or both".into());
         }
@@ -33,7 +49,66 @@ impl TenantFrontend {
                 })
             })
             .transpose()?;
-        Ok(Self { unix, tcp })
+        let client_ca = match client_ca {
+            None => None,
+            Some("") => return Err("frontend.client_ca: name a CA bundle file".into()),
+            Some(_) if tcp.is_none() => {
+                return Err(
+                    "frontend.client_ca verifies the tcp listener's client certificates: add frontend.tcp, or remove client_ca"
+                        .into(),
+                );
+            }
+            Some(path) => Some(PathBuf::from(path)),
+        };
+        Ok(Self {
+            unix,
+            tcp,
+            client_ca,
+        })
+    }
+}
+
+/// A tenant's TCP listener with its own client CA: the main frontend's TLS config, followed
+/// through its reloads (a rotated certificate), with the tenant's CA verifying clients.
+pub(crate) struct TenantTls {
+    main: TlsSource,
+    client_ca: tether_tls::ClientCa,
+    /// The main config last seen and the config derived from it.
+    derived: Mutex<(Arc<rustls::ServerConfig>, Arc<rustls::ServerConfig>)>,
+}
+
+impl TenantTls {
+    pub(crate) fn new(main: TlsSource, client_ca: &Path) -> Result<Self, tether_tls::TlsError> {
+        let base = main.config();
+        let client_ca = tether_tls::ClientCa::load(client_ca, base.crypto_provider())?;
+        let derived = client_ca.apply(&base)?;
+        Ok(Self {
+            main,
+            client_ca,
+            derived: Mutex::new((base, derived)),
+        })
+    }
+
+    /// The config for a new handshake, derived again when the main one was reloaded.
+    pub(crate) fn config(&self) -> Arc<rustls::ServerConfig> {
+        let base = self.main.config();
+        let mut derived = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        if !Arc::ptr_eq(&derived.0, &base) {
+            match self.client_ca.apply(&base) {
+                Ok(config) => *derived = (base, config),
+                // Not expected: the base was built the same way. The previous config stays.
+                Err(e) => {
+                    tracing::warn!(error = %e, "a tenant frontend keeps its previous TLS config")
+                }
+            }
+        }
+        derived.1.clone()
+    }
+}
+
+impl std::fmt::Debug for TenantTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantTls").finish_non_exhaustive()
     }
 }
 
@@ -84,7 +159,12 @@ mod tests {
             !tcp_overlaps(addr("127.0.0.1:0"), addr("127.0.0.1:0")),
             "ephemeral"
         );
-        let unix = |s: &str| TenantFrontend::parse(Some(s), None).unwrap().unix.unwrap();
+        let unix = |s: &str| {
+            TenantFrontend::parse(Some(s), None, None)
+                .unwrap()
+                .unix
+                .unwrap()
+        };
         assert!(unix_overlaps(
             &unix("/run//t/./a.sock"),
             Path::new("/run/t/a.sock")
@@ -97,13 +177,20 @@ mod tests {
 
     #[test]
     fn bad_frontends_are_refused_with_the_field() {
-        for (unix, tcp, expected) in [
-            (None, None, "name a unix socket path"),
-            (Some("run/a.sock"), None, "absolute path"),
-            (Some("/run/../a.sock"), None, "\"..\""),
-            (None, Some("localhost:80"), "not an IP:port"),
+        for (unix, tcp, ca, expected) in [
+            (None, None, None, "name a unix socket path"),
+            (Some("run/a.sock"), None, None, "absolute path"),
+            (Some("/run/../a.sock"), None, None, "\"..\""),
+            (None, Some("localhost:80"), None, "not an IP:port"),
+            (
+                Some("/run/a.sock"),
+                None,
+                Some("/ca.crt"),
+                "add frontend.tcp",
+            ),
+            (None, Some("127.0.0.1:80"), Some(""), "name a CA bundle"),
         ] {
-            let err = TenantFrontend::parse(unix, tcp).unwrap_err();
+            let err = TenantFrontend::parse(unix, tcp, ca).unwrap_err();
             assert!(err.contains(expected), "{err}");
         }
     }

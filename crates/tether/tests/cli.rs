@@ -201,7 +201,7 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
         std::fs::write(
             &routing,
             format!(
-                "tenants:\n  - {{name: a, agents: [\"cert:agent.a\"], frontend: {frontend}}}\n"
+                "tenants:\n  - {{name: a, clients: [\"cert:api.a\"], agents: [\"cert:agent.a\"], frontend: {frontend}}}\n"
             ),
         )
         .unwrap();
@@ -225,6 +225,60 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
         assert!(err.contains(&expected), "{err}");
     }
     assert!(!socket.exists(), "nothing was left listening");
+}
+
+#[test]
+fn a_tenant_tcp_frontend_that_cannot_tell_its_clients_apart_is_a_start_up_error() {
+    let (dir, files) = pki();
+    let routing = dir.path().join("routing.yaml");
+    let missing_ca = dir.path().join("missing-ca.crt");
+    let args = [
+        "server".to_owned(),
+        "--server-port=0".into(),
+        format!("--server-cert={}", files.server_cert.display()),
+        format!("--server-key={}", files.server_key.display()),
+        format!("--server-ca-cert={}", files.ca_cert.display()),
+        format!("--cluster-cert={}", files.server_cert.display()),
+        format!("--cluster-key={}", files.server_key.display()),
+        format!("--cluster-ca-cert={}", files.ca_cert.display()),
+        "--agent-port=0".into(),
+        "--health-port=0".into(),
+        "--admin-port=0".into(),
+        format!("--routing-config={}", routing.display()),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (frontend, expected) in [
+        // Every client certificate of the main frontend's CA would be tenant a's.
+        (
+            "{tcp: \"127.0.0.1:0\"}".to_owned(),
+            format!(
+                "error: --routing-config {}: tenants[0] (\"a\"): frontend.tcp 127.0.0.1:0 would admit every client certificate of the main frontend's CA: add the tenant's client certificate names to clients (\"cert:NAME\", the CN or a DNS/URI SAN), or a CA of the tenant's own as frontend.client_ca",
+                routing.display()
+            ),
+        ),
+        (
+            format!(
+                "{{tcp: \"127.0.0.1:0\", client_ca: \"{}\"}}",
+                missing_ca.display()
+            ),
+            format!(
+                "error: --routing-config: tenant \"a\"'s frontend.client_ca: reading client CA bundle {}: ",
+                missing_ca.display()
+            ),
+        ),
+    ] {
+        std::fs::write(
+            &routing,
+            format!(
+                "tenants:\n  - {{name: a, agents: [\"cert:agent.a\"], frontend: {frontend}}}\n"
+            ),
+        )
+        .unwrap();
+        // Bounded: a server that starts anyway is killed when `server` drops.
+        let mut server = Running::start(&args);
+        assert_eq!(server.exit_code(), Some(1), "the server started");
+        server.wait_for(&expected);
+    }
 }
 
 #[test]

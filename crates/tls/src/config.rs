@@ -17,7 +17,7 @@ use crate::{TlsError, TlsOptions, provider};
 /// Entries in the server's stateful session cache. TLS 1.2 clients without ticket support and
 /// TLS 1.3 clients resuming by session id land here; at a few hundred bytes each this bounds the
 /// cache to well under a megabyte while covering a kube-apiserver that redials per request.
-const SERVER_SESSION_CACHE_SIZE: usize = 4096;
+pub(crate) const SERVER_SESSION_CACHE_SIZE: usize = 4096;
 
 /// Server config: certificate chain and private key from PEM files, with optional mutual TLS.
 ///
@@ -262,7 +262,7 @@ where
 /// A trust store holding every certificate of a CA bundle. Unlike rustls'
 /// `add_parsable_certificates`, a certificate that cannot be used is an error: silently
 /// dropping a CA would only show up later as unexplained handshake failures.
-fn root_store<I>(
+pub(crate) fn root_store<I>(
     what: &'static str,
     origin: &PemOrigin,
     certs: Result<I, pem::Error>,

@@ -7,6 +7,8 @@
 //!   by `--server-cert`/`--server-key`, `--cluster-cert`/`--cluster-key`, `--server-ca-cert`,
 //!   `--cluster-ca-cert`, `--ca-cert` and `--agent-cert`/`--agent-key`, with mutual TLS and ALPN
 //!   (`h2` for gRPC, plus the agent's `--alpn-proto` ids).
+//! - [`ClientCa`] derives a listener's config from another's with a client CA of its own
+//!   (a tenant's own frontend), with its own session cache and ticket key.
 //! - tether's own certificates may be X.509 v1, as the kubernetes.io task's openssl recipe
 //!   makes them and Go accepts them; rustls alone refuses those ([`x509_version`]).
 //! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
@@ -21,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+mod client_ca;
 mod config;
 mod error;
 mod options;
@@ -28,6 +31,7 @@ pub mod pki;
 mod reload;
 mod x509_version;
 
+pub use client_ca::ClientCa;
 pub use config::{client_config, client_config_from_pem, server_config};
 pub use error::{PemOrigin, PemProblem, TlsError};
 pub use options::{TlsOptions, TlsVersion, provider};

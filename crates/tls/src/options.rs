@@ -172,12 +172,20 @@ fn tls12_suite(go_name: &str) -> Option<CipherSuite> {
 }
 
 /// The ring crypto provider with the TLS 1.2 suites restricted to `opts.cipher_suites` (all TLS
-/// 1.3 suites are always kept, as in Go). rustls' preference order is preserved.
+/// 1.3 suites are always kept, as in Go), and none at all when the minimum is TLS 1.3: the
+/// provider then says which versions a config built from it can negotiate, which a config
+/// derived from another one relies on ([`crate::ClientCa`]). rustls' preference order is
+/// preserved.
 ///
 /// Names that are not supported are skipped here; [`TlsOptions::from_go_flags`] and the
 /// config builders in this crate reject them first.
 pub fn provider(opts: &TlsOptions) -> Arc<CryptoProvider> {
     let mut provider = ring::default_provider();
+    if opts.min_version == TlsVersion::Tls13 {
+        provider
+            .cipher_suites
+            .retain(|suite| matches!(suite, SupportedCipherSuite::Tls13(_)));
+    }
     if !opts.cipher_suites.is_empty() {
         let wanted: Vec<CipherSuite> = opts
             .cipher_suites

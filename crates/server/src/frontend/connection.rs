@@ -1,6 +1,6 @@
 //! One accepted frontend connection, served in the server's mode: on the main frontend its
 //! clients' tenant is resolved from what they prove, on a tenant's own frontend it is that
-//! tenant.
+//! tenant, once the client proved it is one of the tenant's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +14,7 @@ use crate::dial::Hub;
 use crate::limits::LimitMetrics;
 use crate::net;
 use crate::tenant::Tenant;
+use crate::warn_limit::WarnLimit;
 
 /// What every frontend listener's connections share.
 #[derive(Debug)]
@@ -24,6 +25,8 @@ pub(crate) struct FrontendService {
     pub(crate) mode: Mode,
     pub(crate) metrics: LimitMetrics,
     pub(crate) first_packet_timeout: Duration,
+    /// Limits the warnings about clients refused on a tenant's own frontend.
+    pub(crate) strangers: WarnLimit,
 }
 
 impl FrontendService {
@@ -38,6 +41,22 @@ impl FrontendService {
         // The TLS handshake's state (about 2 KiB) is boxed, and so is each mode's: a
         // connection's task then holds only what its own mode needs once set up.
         let (io, peer) = Box::pin(crate::ready(conn, deadline, metrics)).await?;
+        // Before any request is read: a client that is not the tenant's gets nothing.
+        if let Some(tenant) = &tenant
+            && let Err(why) = self.hub.tenants.admit_own_frontend(tenant, &peer)
+        {
+            if let Some(suppressed) = self.strangers.allow() {
+                tracing::warn!(
+                    tenant = %tenant.name,
+                    peer = %peer.addr.map_or_else(|| "unix".to_owned(), |a| a.to_string()),
+                    reason = %why,
+                    suppressed,
+                    "refused a client on a tenant's own frontend"
+                );
+            }
+            io.abort_on_close();
+            return Ok(());
+        }
         let unix = peer.transport == PeerTransport::Unix;
         let connection = Connection {
             peer: Arc::new(peer),

@@ -14,6 +14,7 @@ use tether_testkit::http::metric_value;
 use tether_testkit::targets::{EchoServer, SourceServer};
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer, Transport};
 
+use crate::STEP;
 use crate::support::{agent_dials, client_certs, dial, echo_exact, eventually, http_connect_uds};
 
 const ROUTING: &str = "tenants:
@@ -58,15 +59,30 @@ async fn start_with(routing: &str, mode: Mode, transport: Transport) -> Tenancy 
 
 impl Tenancy {
     fn client(&self, cert: Option<&(PathBuf, PathBuf)>) -> ClientTransport {
+        tls_client(
+            &self.server.frontend_tcp.unwrap().to_string(),
+            self.client_tls(cert),
+        )
+    }
+
+    /// A client config that trusts the server and presents `cert` (the PKI's client
+    /// certificate, in no tenant, when `None`); it keeps its TLS sessions for resumption.
+    fn client_tls(&self, cert: Option<&(PathBuf, PathBuf)>) -> Arc<rustls::ClientConfig> {
         let f = &self.pki.files;
         let cert = cert.map(|(c, k)| (c.as_path(), k.as_path()));
         let cert = cert.or(Some((f.client_cert.as_path(), f.client_key.as_path())));
-        ClientTransport::Tls {
-            addr: self.server.frontend_tcp.unwrap().to_string(),
-            server_name: "127.0.0.1".into(),
-            tls: tether_tls::client_config(&f.ca_cert, cert, Vec::new(), &Default::default())
-                .unwrap(),
-        }
+        tether_tls::client_config(&f.ca_cert, cert, Vec::new(), &Default::default()).unwrap()
+    }
+
+    /// Where tenant `name`'s own frontend listens.
+    fn own_frontend(&self, name: &str) -> &str {
+        let (_, addr) = self
+            .server
+            .tenant_frontends
+            .iter()
+            .find(|(tenant, _)| tenant == name)
+            .expect("the tenant's frontend is bound");
+        addr
     }
 
     async fn agent(&self, cert: &(PathBuf, PathBuf)) -> TestAgent {
@@ -89,6 +105,15 @@ impl Tenancy {
     }
 }
 
+/// A TLS client of the frontend at `addr`, whose certificate names 127.0.0.1.
+fn tls_client(addr: &str, tls: Arc<rustls::ClientConfig>) -> ClientTransport {
+    ClientTransport::Tls {
+        addr: addr.to_owned(),
+        server_name: "127.0.0.1".into(),
+        tls,
+    }
+}
+
 async fn round_trip(client: &ClientTransport, target: &str) {
     let stream = tether_client::dial_http_connect(client, target)
         .await
@@ -106,7 +131,7 @@ async fn overlapping_destinations_reach_only_the_tenants_own_agents() {
         .await
         .unwrap();
     eventually("the stray agent is refused", || async {
-        t.metric("tether_server_tenant_unmapped_total{side=\"agent\"}")
+        t.metric("tether_server_tenant_unmapped_total{listener=\"shared\",side=\"agent\"}")
             .await
             >= 1.0
     })
@@ -261,6 +286,185 @@ async fn each_tenants_own_socket_reaches_only_its_own_agents() {
     })
     .await;
     assert_eq!(agent_dials(&globex_agent).await, 6.0);
+}
+
+/// Two tenants with their own TCP ports, both under the main frontend's CA: each port admits
+/// only its tenant's client certificate names.
+const OWN_PORTS: &str = "tenants:
+  - name: acme
+    clients: [\"cert:api.acme\"]
+    agents: [\"cert:agent.acme\"]
+    frontend: {tcp: \"127.0.0.1:0\"}
+  - name: globex
+    clients: [\"cert:api.globex\"]
+    agents: [\"cert:agent.globex\"]
+    frontend: {tcp: \"127.0.0.1:0\"}
+";
+
+#[tokio::test]
+async fn a_tenants_tcp_frontend_refuses_other_tenants_and_unmapped_certificates() {
+    for mode in [Mode::HttpConnect, Mode::Grpc] {
+        a_tenants_tcp_frontend_refuses_strangers(mode).await;
+    }
+}
+
+async fn a_tenants_tcp_frontend_refuses_strangers(mode: Mode) {
+    let t = start_with(OWN_PORTS, mode, Transport::Tls).await;
+    let acme_agent = t.agent(&t.certs[2]).await;
+    let globex_agent = t.agent(&t.certs[3]).await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    let on = |tenant: &str, cert: Option<&(PathBuf, PathBuf)>| {
+        tls_client(t.own_frontend(tenant), t.client_tls(cert))
+    };
+    // Each tenant's own client on its own port, byte-exact.
+    for n in 0..3 {
+        let stream = dial(mode, &on("globex", Some(&t.certs[1])), &target)
+            .await
+            .unwrap();
+        drop(echo_exact(stream, n, 4096).await);
+    }
+    let stream = dial(mode, &on("acme", Some(&t.certs[0])), &target)
+        .await
+        .unwrap();
+    drop(echo_exact(stream, 3, 4096).await);
+    // T3: acme's certificate on globex's port. T5b: globex's on acme's. T5: a certificate
+    // of no tenant (the PKI's own client) on globex's.
+    for (tenant, cert) in [
+        ("globex", Some(&t.certs[0])),
+        ("acme", Some(&t.certs[1])),
+        ("globex", None),
+    ] {
+        let client = on(tenant, cert);
+        let refused = tokio::time::timeout(STEP, dial(mode, &client, &target))
+            .await
+            .expect("refused in time");
+        // Closed before any request is read: no dial answer, just the transport's end.
+        assert!(
+            matches!(refused, Err(DialError::Proxy(_))),
+            "{mode:?}: {cert:?} on {tenant}'s port was not refused at accept"
+        );
+    }
+    assert_eq!(agent_dials(&globex_agent).await, 3.0, "{mode:?}");
+    assert_eq!(agent_dials(&acme_agent).await, 1.0, "{mode:?}");
+    assert_eq!(
+        t.metric("tether_server_tenant_unmapped_total{listener=\"tenant\",side=\"client\"}")
+            .await,
+        3.0,
+        "{mode:?}"
+    );
+    // The main frontend still resolves each client by its certificate.
+    round_trip_in(mode, &t.client(Some(&t.certs[1])), &target).await;
+    assert_eq!(agent_dials(&globex_agent).await, 4.0, "{mode:?}");
+}
+
+async fn round_trip_in(mode: Mode, client: &ClientTransport, target: &str) {
+    let stream = dial(mode, client, target).await.unwrap();
+    drop(echo_exact(stream, 7, 64).await);
+}
+
+#[tokio::test]
+async fn a_tenants_own_client_ca_admits_its_clients_and_no_certificate_of_the_main_ca() {
+    // globex's own CA, with a client of its own; its port serves the main certificate.
+    let (globex_pki, globex_certs) = client_certs(&["api.globex"]);
+    let routing = format!(
+        "tenants:
+  - name: acme
+    clients: [\"cert:api.acme\"]
+    agents: [\"cert:agent.acme\"]
+  - name: globex
+    agents: [\"cert:agent.globex\"]
+    frontend: {{tcp: \"127.0.0.1:0\", client_ca: \"{}\"}}
+",
+        globex_pki.files.ca_cert.display()
+    );
+    let t = start_with(&routing, Mode::HttpConnect, Transport::Tls).await;
+    let acme_agent = t.agent(&t.certs[2]).await;
+    let globex_agent = t.agent(&t.certs[3]).await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    let globex_port = t.own_frontend("globex");
+    let globex_tls = t.client_tls(Some(&globex_certs[0]));
+    for n in 0..2 {
+        let stream =
+            tether_client::dial_http_connect(&tls_client(globex_port, globex_tls.clone()), &target)
+                .await
+                .unwrap();
+        drop(echo_exact(stream, n, 4096).await);
+    }
+    // acme's client, first on the main frontend: its client config then holds a session
+    // ticket, which must not resume on globex's port (resuming skips the CA's check).
+    let acme_tls = t.client_tls(Some(&t.certs[0]));
+    round_trip(
+        &tls_client(
+            &t.server.frontend_tcp.unwrap().to_string(),
+            acme_tls.clone(),
+        ),
+        &target,
+    )
+    .await;
+    for tls in [
+        acme_tls,
+        t.client_tls(Some(&t.certs[1])),
+        t.client_tls(None),
+    ] {
+        let refused = tokio::time::timeout(
+            STEP,
+            tether_client::dial_http_connect(&tls_client(globex_port, tls), &target),
+        )
+        .await
+        .expect("refused in time");
+        assert!(
+            matches!(refused, Err(DialError::Proxy(_))),
+            "a main-CA certificate was not refused at the handshake"
+        );
+    }
+    assert_eq!(agent_dials(&globex_agent).await, 2.0);
+    assert_eq!(agent_dials(&acme_agent).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_tenants_own_socket_admits_only_the_uids_it_lists() {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = tempfile::tempfile().unwrap().metadata().unwrap().uid();
+    // This process is acme's apiserver by its uid; globex's apiserver runs as another user.
+    let routing = OWN_SOCKETS
+        .replace(
+            "  - name: acme\n",
+            &format!("  - name: acme\n    clients: [\"uid:{uid}\"]\n"),
+        )
+        .replace(
+            "  - name: globex\n",
+            &format!("  - name: globex\n    clients: [\"uid:{}\"]\n", uid + 1),
+        );
+    let t = start_with(&routing, Mode::HttpConnect, Transport::Uds).await;
+    let acme_agent = t.agent(&t.certs[2]).await;
+    let globex_agent = t.agent(&t.certs[3]).await;
+    let echo = EchoServer::start().await.unwrap();
+    let target = echo.addr.to_string();
+    let socket = |tenant| PathBuf::from(t.own_frontend(tenant));
+    let (stream, head) = http_connect_uds(&socket("acme"), &target).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(echo_exact(stream, 1, 4096).await);
+    // On globex's socket (its mode lets this process in) the uid is not globex's: closed
+    // before the request is read (the write may already fail).
+    let mut stranger = tokio::net::UnixStream::connect(socket("globex"))
+        .await
+        .unwrap();
+    let connect = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let _ = stranger.write_all(connect.as_bytes()).await;
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(STEP, stranger.read_to_end(&mut reply))
+        .await
+        .expect("closed in time");
+    assert!(reply.is_empty(), "{}", String::from_utf8_lossy(&reply));
+    assert_eq!(agent_dials(&acme_agent).await, 1.0);
+    assert_eq!(agent_dials(&globex_agent).await, 0.0);
+    assert_eq!(
+        t.metric("tether_server_tenant_unmapped_total{listener=\"tenant\",side=\"client\"}")
+            .await,
+        1.0
+    );
 }
 
 /// acme may move 2 MiB/s over all its connections, both directions together; globex has

@@ -179,7 +179,7 @@ async fn agents_join_the_tenant_of_their_service_account_namespace() -> anyhow::
     assert_eq!(
         metric_value(
             &metrics,
-            "tether_server_tenant_unmapped_total{side=\"agent\"}"
+            "tether_server_tenant_unmapped_total{listener=\"shared\",side=\"agent\"}"
         ),
         Some(2.0)
     );

@@ -29,6 +29,16 @@ fn min_version_go_names() {
 }
 
 #[test]
+fn min_version_tls13_leaves_the_provider_no_tls12_suite() {
+    let (opts, _) =
+        TlsOptions::from_go_flags("VersionTLS13", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256")
+            .expect("valid flags");
+    let provider = provider(&opts);
+    assert!(tls12_suites(&provider).is_empty());
+    assert_eq!(provider.cipher_suites.len(), 3, "the TLS 1.3 suites stay");
+}
+
+#[test]
 fn min_version_below_tls12_warns_and_uses_tls12() {
     for old in ["VersionTLS10", "VersionTLS11"] {
         let (opts, warning) = TlsOptions::from_go_flags(old, "").expect("accepted");
