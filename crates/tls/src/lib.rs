@@ -7,6 +7,8 @@
 //!   by `--server-cert`/`--server-key`, `--cluster-cert`/`--cluster-key`, `--server-ca-cert`,
 //!   `--cluster-ca-cert`, `--ca-cert` and `--agent-cert`/`--agent-key`, with mutual TLS and ALPN
 //!   (`h2` for gRPC, plus the agent's `--alpn-proto` ids).
+//! - tether's own certificate chain must be valid now: an expired or not yet valid one is an
+//!   error at start-up and is not loaded on reload ([`TlsError::OutsideValidity`]).
 //! - tether's own certificates may be X.509 v1, as the kubernetes.io task's openssl recipe
 //!   makes them and Go accepts them; rustls alone refuses those ([`x509_version`]).
 //! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
@@ -26,12 +28,14 @@ mod error;
 mod options;
 pub mod pki;
 mod reload;
+mod validity;
 mod x509_version;
 
 pub use config::{client_config, client_config_from_pem, server_config};
 pub use error::{PemOrigin, PemProblem, TlsError};
 pub use options::{TlsOptions, TlsVersion, provider};
 pub use reload::{ReloadOutcome, Reloading};
+pub use validity::{CertTime, OutsideValidity};
 pub use x509_version::x509_version;
 
 /// Installs rustls' `ring` provider as the process default, for callers that build rustls
