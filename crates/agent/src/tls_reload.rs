@@ -19,6 +19,10 @@ pub(crate) async fn refreshed(
             files = ?reloading.files(),
             "TLS client certificate or CA changed; new connections use them"
         ),
+        Ok(ReloadOutcome::Failed(e)) if e.is_outside_validity() => tracing::error!(
+            error = %e,
+            "TLS client certificate files hold a certificate outside its validity period; keeping the previous ones"
+        ),
         Ok(ReloadOutcome::Failed(e)) => tracing::warn!(
             error = %e,
             "TLS client certificate files changed but do not load; keeping the previous ones"

@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 
 use crate::cidr::Cidr;
-use crate::rule::{Action, PortRange, Rule};
+use crate::host;
+use crate::rule::{Action, Destination, PortRange, Rule};
 
 /// Link-local blocks (cloud metadata lives at 169.254.169.254) and AWS's IPv6 metadata
 /// address, which is not link-local.
@@ -22,6 +23,7 @@ pub struct Builtins {
     /// Allow link-local destinations, cloud metadata included. Off by default.
     pub allow_link_local: bool,
     /// The agent's own listeners (health, admin): never a destination, whatever else holds.
+    /// One bound to all interfaces is refused on every address of this host.
     pub own_listeners: Vec<SocketAddr>,
 }
 
@@ -39,18 +41,61 @@ impl Default for Builtins {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BuiltinRule {
     pub(crate) rule: Rule,
+    /// The rule also holds for every address of this host on its ports: a listener bound to
+    /// all interfaces answers on each of them, not only on loopback.
+    pub(crate) every_host_address: bool,
     pub(crate) why: &'static str,
+}
+
+impl BuiltinRule {
+    /// Whether the rule holds for `dest`. A rule about this host's addresses fails closed:
+    /// when the addresses cannot be listed, it holds, and the error says so.
+    pub(crate) fn holds(&self, dest: &Destination<'_>) -> Result<bool, String> {
+        if self.rule.matches(dest) {
+            return Ok(true);
+        }
+        match dest.ip {
+            Some(ip) if self.every_host_address && self.rule.port_matches(dest.port) => {
+                host::is_own_address(ip).map_err(|e| {
+                    format!(
+                        "{} (this host's addresses could not be listed: {e})",
+                        self.text()
+                    )
+                })
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// The rule as error messages show it: its syntax, what else it covers, and why.
+    pub(crate) fn text(&self) -> String {
+        if self.every_host_address {
+            format!(
+                "built-in rule: {} and every address of this host ({})",
+                self.rule, self.why
+            )
+        } else {
+            format!("built-in rule: {} ({})", self.rule, self.why)
+        }
+    }
 }
 
 impl Builtins {
     pub(crate) fn rules(&self) -> Vec<BuiltinRule> {
         let mut rules = Vec::new();
         for listener in &self.own_listeners {
-            let ip = listener.ip();
-            let reaches = if ip.is_unspecified() || ip.is_loopback() {
-                blocks(&LOOPBACK)
+            let ip = listener.ip().to_canonical();
+            // Bound to all interfaces, a listener answers on loopback and on every address
+            // of the host; bound to loopback, on all of loopback (Linux routes 127/8 to it).
+            let (reaches, every_host_address) = if ip.is_unspecified() {
+                (blocks(&LOOPBACK), true)
+            } else if ip.is_loopback() {
+                (blocks(&LOOPBACK), false)
             } else {
-                vec![Cidr::parse(&ip.to_string()).expect("an address is a block")]
+                (
+                    vec![Cidr::parse(&ip.to_string()).expect("an address is a block")],
+                    false,
+                )
             };
             rules.push(BuiltinRule {
                 rule: Rule {
@@ -60,18 +105,21 @@ impl Builtins {
                     }],
                     ..deny(reaches)
                 },
+                every_host_address,
                 why: "the agent's own listener",
             });
         }
         if !self.allow_link_local {
             rules.push(BuiltinRule {
                 rule: deny(blocks(&LINK_LOCAL)),
+                every_host_address: false,
                 why: "link-local and cloud metadata; --allow-link-local-destinations permits it",
             });
         }
         if !self.allow_loopback {
             rules.push(BuiltinRule {
                 rule: deny(blocks(&LOOPBACK)),
+                every_host_address: false,
                 why: "the agent node's loopback; --allow-loopback-destinations permits it",
             });
         }

@@ -24,6 +24,11 @@
 //! - `to CIDR,...`: the address is in one of the blocks (`10.0.0.0/8`, `fe80::/10`, or a
 //!   single address). Host bits must be zero. IPv4-mapped IPv6 addresses and blocks are
 //!   matched as the IPv4 addresses they are, so `::ffff:169.254.169.254` is 169.254.169.254.
+//!   An IPv6 address that embeds an IPv4 address a translator or tunnel leads to (NAT64
+//!   `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4 `2002::/16`, Teredo `2001::/32`, SIIT
+//!   `::ffff:0:0/96`, IPv4-compatible `::a.b.c.d`) is checked as itself and as that IPv4
+//!   address, and must be allowed as both: `deny to 169.254.169.254` refuses
+//!   `64:ff9b::a9fe:a9fe`.
 //! - `port P,LO-HI,...`: the destination port is one of these.
 //! - `name SUFFIX,...`: the requested host is a DNS name at or below a suffix, on label
 //!   boundaries (`cluster.local` matches `a.svc.cluster.local`, not `evilcluster.local`);
@@ -37,7 +42,9 @@
 //! # Built-in rules
 //!
 //! [`Builtins`] are checked before the file's rules and the file cannot override them:
-//! - the agent's own health and admin listeners are always denied;
+//! - the agent's own health and admin listeners are always denied: on their port, at the
+//!   address they are bound to, and, when bound to all interfaces, at every address of this
+//!   host (its interfaces' addresses, listed when a dial names such a port) and loopback;
 //! - link-local addresses (169.254.0.0/16, fe80::/10) and AWS's `fd00:ec2::254` are denied
 //!   unless `allow_link_local`;
 //! - the node's loopback (127.0.0.0/8, ::1, and 0.0.0.0/8 and ::, which Linux connects to
@@ -62,6 +69,8 @@
 
 mod builtin;
 mod cidr;
+mod embedded;
+mod host;
 mod parse;
 mod requested;
 mod rule;
@@ -109,21 +118,25 @@ impl Policy {
         }
     }
 
-    /// Checks every address `host` resolved to; the first denied one refuses the dial.
+    /// Checks every address `host` resolved to; the first denied one refuses the dial. An
+    /// IPv6 address that embeds an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible) is
+    /// judged as itself and as that IPv4 address, and refused if either is denied.
     /// `host` is the host as requested (a name or an IP literal, brackets allowed).
     pub fn check(&self, host: &str, port: u16, addrs: &[IpAddr]) -> Result<(), Denied> {
         let name = dns_name(host);
         for &ip in addrs {
-            let dest = Destination {
-                name: name.as_deref(),
-                port,
-                ip: Some(ip),
-            };
-            if let Some(rule) = self.denying_rule(&dest) {
-                return Err(Denied {
-                    address: SocketAddr::new(ip, port),
-                    rule,
-                });
+            for judged in embedded::judged_as(ip) {
+                let dest = Destination {
+                    name: name.as_deref(),
+                    port,
+                    ip: Some(judged.ip),
+                };
+                if let Some(rule) = self.denying_rule(&dest) {
+                    return Err(Denied {
+                        address: SocketAddr::new(ip, port),
+                        rule: judged.explain(rule),
+                    });
+                }
             }
         }
         Ok(())
@@ -132,13 +145,11 @@ impl Policy {
     /// The text of the rule that denies `dest`, or `None` if it is allowed.
     fn denying_rule(&self, dest: &Destination<'_>) -> Option<String> {
         for builtin in &self.builtins {
-            if builtin.rule.matches(dest) {
-                return match builtin.rule.action {
-                    Action::Allow => None,
-                    Action::Deny => {
-                        Some(format!("built-in rule: {} ({})", builtin.rule, builtin.why))
-                    }
-                };
+            match builtin.holds(dest) {
+                Ok(false) => continue,
+                Ok(true) if builtin.rule.action == Action::Allow => return None,
+                Ok(true) => return Some(builtin.text()),
+                Err(text) => return Some(text),
             }
         }
         let file = self.file.as_ref()?;
@@ -246,6 +257,116 @@ mod tests {
         assert!(e.rule.contains("own listener"), "{e}");
         assert!(policy.check("10.0.0.5", 8094, &ips(&["10.0.0.5"])).is_err());
         assert!(policy.check("10.0.0.6", 8094, &ips(&["10.0.0.6"])).is_ok());
+    }
+
+    /// The review's spellings of 169.254.169.254 that embed it in IPv6 (N8), and the other
+    /// embeddings of it.
+    const EMBEDDED_METADATA: [&str; 8] = [
+        "::169.254.169.254",
+        "::a9fe:a9fe",
+        "64:ff9b::a9fe:a9fe",
+        "2002:a9fe:a9fe::1",
+        "64:ff9b:1::a9fe:a9fe",
+        "::ffff:0:a9fe:a9fe",
+        "2001:0:4136:e378:8000:63bf:5601:5601",
+        "2001:0:a9fe:a9fe:8000:63bf:bec9:1c87",
+    ];
+
+    #[test]
+    fn a_deny_of_an_ipv4_address_refuses_every_ipv6_form_embedding_it() {
+        let policy = Policy::new(&Builtins::default(), None);
+        for ip in EMBEDDED_METADATA {
+            let e = policy.check(ip, 80, &ips(&[ip])).unwrap_err();
+            assert!(e.rule.contains("link-local"), "{ip}: {e}");
+            assert!(
+                e.rule
+                    .contains("as 169.254.169.254, the IPv4 address it embeds by"),
+                "{ip}: {e}"
+            );
+            assert_eq!(e.address, SocketAddr::new(ips(&[ip])[0], 80), "{ip}");
+        }
+        // A file's rule too, with the built-in one out of the way.
+        let open = Builtins {
+            allow_link_local: true,
+            ..Builtins::default()
+        };
+        let policy = Policy::new(&open, file("deny to 169.254.169.254\nallow all\n"));
+        for ip in EMBEDDED_METADATA {
+            let e = policy.check(ip, 80, &ips(&[ip])).unwrap_err();
+            assert!(
+                e.rule
+                    .starts_with("line 1: deny to 169.254.169.254/32, as "),
+                "{ip}: {e}"
+            );
+        }
+        assert!(policy.check("x", 80, &ips(&["64:ff9b::a9fe:a9ff"])).is_ok());
+        // The IPv6 form is judged as itself too, and must be allowed as both.
+        let policy = Policy::new(&open, file("deny to 2002::/16\nallow all\n"));
+        assert!(policy.check("x", 80, &ips(&["2002:a9fe:a9fe::1"])).is_err());
+        let policy = Policy::new(&open, file("allow to 64:ff9b::/96\n"));
+        let e = policy
+            .check("x", 443, &ips(&["64:ff9b::102:304"]))
+            .unwrap_err();
+        assert_eq!(
+            e.rule,
+            "the policy file: no rule allows it, as 1.2.3.4, the IPv4 address it embeds by NAT64 (64:ff9b::/96)"
+        );
+        let policy = Policy::new(&open, file("allow to 64:ff9b::/96,1.2.3.0/24\n"));
+        assert!(policy.check("x", 443, &ips(&["64:ff9b::102:304"])).is_ok());
+    }
+
+    #[test]
+    fn a_listener_on_all_interfaces_is_refused_on_every_address_of_the_host() {
+        let builtins = Builtins {
+            own_listeners: vec![
+                "0.0.0.0:8093".parse().unwrap(),
+                "[::]:8094".parse().unwrap(),
+            ],
+            ..Builtins::default()
+        };
+        let policy = Policy::new(&builtins, None);
+        let host: Vec<IpAddr> = if_addrs::get_if_addrs()
+            .unwrap()
+            .iter()
+            .map(if_addrs::Interface::ip)
+            .filter(|ip| {
+                !ip.is_loopback() && !matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local())
+            })
+            .collect();
+        // Whatever this host has (a node IP, a pod IP), and the loopback spellings.
+        for ip in
+            host.iter()
+                .copied()
+                .chain(ips(&["127.0.0.1", "127.3.2.1", "::1", "0.0.0.0", "::"]))
+        {
+            for port in [8093, 8094] {
+                let e = policy.check("node.test", port, &[ip]).unwrap_err();
+                assert!(
+                    e.rule.contains("the agent's own listener")
+                        && e.rule.contains("every address of this host"),
+                    "{ip}: {e}"
+                );
+            }
+            assert!(policy.check("node.test", 8095, &[ip]).is_ok(), "{ip}");
+        }
+        // The loopback address embedded by NAT64 is refused too.
+        assert!(policy.check("x", 8093, &ips(&["64:ff9b::7f00:1"])).is_err());
+        // Another host's listener on the same port is not this agent's.
+        assert!(
+            policy
+                .check("x", 8093, &ips(&["203.0.113.77", "2001:db8::77"]))
+                .is_ok()
+        );
+        // Bound to one address, a listener is refused there only.
+        let one = Builtins {
+            own_listeners: vec!["203.0.113.77:8093".parse().unwrap()],
+            ..Builtins::default()
+        };
+        let policy = Policy::new(&one, None);
+        assert!(policy.check("x", 8093, &ips(&["203.0.113.77"])).is_err());
+        for ip in host {
+            assert!(policy.check("x", 8093, &[ip]).is_ok(), "{ip}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::RuleSet;
+use crate::embedded::{Judged, judged_as};
 use crate::rule::{Action, Destination};
 
 /// What the denial says about a host that would resolve to an address no rule can see: an
@@ -34,7 +35,8 @@ impl RuleSet {
     /// Checks `host` (a name or an IP literal, brackets allowed) and `port` without
     /// resolving anything. An IP literal is matched by `to` blocks (IPv4-mapped IPv6 as the
     /// IPv4 address); a name by `name` suffixes, and never by `to`, since where it resolves is
-    /// unknown here. The first matching rule decides; no match denies. A host that is
+    /// unknown here. The first matching rule decides; no match denies. An IPv6 literal that
+    /// embeds an IPv4 address (NAT64, 6to4, ...) must be allowed as both. A host that is
     /// neither a DNS name nor a standard literal is denied before any rule: a numeric form
     /// such as `127.1` would otherwise pass as a name and resolve to a literal a `to` rule
     /// denies.
@@ -48,16 +50,29 @@ impl RuleSet {
         let Some((name, ip)) = classify(host) else {
             return deny(UNJUDGED_HOST.to_owned());
         };
-        let dest = Destination {
-            name: name.as_deref(),
-            port,
-            ip,
+        // A name is judged once, with no address; a literal as itself and as every IPv4
+        // address it embeds (NAT64, 6to4, ...), each of which must be allowed.
+        let judged: Vec<Option<Judged>> = match ip {
+            Some(ip) => judged_as(ip).map(Some).collect(),
+            None => vec![None],
         };
-        match self.first_match(&dest) {
-            Some((_, rule)) if rule.action == Action::Allow => Ok(()),
-            Some((line, rule)) => deny(format!("line {line}: {rule}")),
-            None => deny("no rule allows it".to_owned()),
+        for form in judged {
+            let dest = Destination {
+                name: name.as_deref(),
+                port,
+                ip: form.map(|j| j.ip),
+            };
+            let explain = |rule: String| match form {
+                Some(judged) => judged.explain(rule),
+                None => rule,
+            };
+            match self.first_match(&dest) {
+                Some((_, rule)) if rule.action == Action::Allow => {}
+                Some((line, rule)) => return deny(explain(format!("line {line}: {rule}"))),
+                None => return deny(explain("no rule allows it".to_owned())),
+            }
         }
+        Ok(())
     }
 }
 
@@ -139,6 +154,27 @@ mod tests {
         assert!(set.check_requested("evilsvc.cluster.local", 443).is_err());
         let e = set.check_requested("etcd.example", 2379).unwrap_err();
         assert_eq!(e.rule, "no rule allows it");
+    }
+
+    #[test]
+    fn literals_embedding_a_denied_ipv4_address_are_denied() {
+        let set = rules("deny to 169.254.169.254\nallow all\n");
+        for host in [
+            "[::169.254.169.254]",
+            "[64:ff9b::a9fe:a9fe]",
+            "[2002:a9fe:a9fe::1]",
+            "64:ff9b:1::a9fe:a9fe",
+            "[2001:0:4136:e378:8000:63bf:5601:5601]",
+        ] {
+            let e = set.check_requested(host, 80).unwrap_err();
+            assert!(
+                e.rule
+                    .starts_with("line 1: deny to 169.254.169.254/32, as 169.254.169.254, "),
+                "{host}: {e}"
+            );
+        }
+        assert!(set.check_requested("[64:ff9b::a9fe:a9ff]", 80).is_ok());
+        assert!(set.check_requested("[::1]", 80).is_ok());
     }
 
     #[test]

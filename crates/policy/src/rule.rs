@@ -88,11 +88,16 @@ impl Rule {
                 || dest
                     .name
                     .is_some_and(|n| self.names.iter().any(|s| s.matches(n))))
-            && (self.ports.is_empty()
-                || self
-                    .ports
-                    .iter()
-                    .any(|r| (r.first..=r.last).contains(&dest.port)))
+            && self.port_matches(dest.port)
+    }
+
+    /// Whether the rule's port condition (if any) holds for `port`.
+    pub(crate) fn port_matches(&self, port: u16) -> bool {
+        self.ports.is_empty()
+            || self
+                .ports
+                .iter()
+                .any(|r| (r.first..=r.last).contains(&port))
     }
 }
 

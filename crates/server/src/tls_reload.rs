@@ -62,6 +62,12 @@ async fn check(
             metrics.reloads.with(&[listener, "reloaded"]).inc();
             tracing::info!(listener, files = ?reloading.files(), "TLS certificates reloaded; new handshakes use them");
         }
+        // A certificate outside its validity is no half-written file that the next write
+        // fixes: it needs a new certificate, so it is an error.
+        ReloadOutcome::Failed(e) if e.is_outside_validity() => {
+            metrics.reloads.with(&[listener, "failed"]).inc();
+            tracing::error!(listener, error = %e, "TLS certificate files hold a certificate outside its validity period; keeping the previous ones");
+        }
         ReloadOutcome::Failed(e) => {
             metrics.reloads.with(&[listener, "failed"]).inc();
             tracing::warn!(listener, error = %e, "TLS certificate files changed but do not load; keeping the previous ones");

@@ -227,6 +227,73 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
     assert!(!socket.exists(), "nothing was left listening");
 }
 
+/// An expired certificate at start-up stops the process with the flag, the file and the
+/// time it expired: serving it would fail every handshake while health checks pass (N9).
+#[test]
+fn an_expired_certificate_stops_server_and_agent_naming_flag_file_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate().unwrap();
+    let files = pki.write_to(dir.path()).unwrap();
+    let now = std::time::SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let expired = |leaf, name: &str| {
+        let issued = pki.reissue(leaf, now - 2 * day, now - day).unwrap();
+        let (cert, key) = (
+            dir.path().join(format!("{name}.crt")),
+            dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&cert, issued.cert_pem).unwrap();
+        std::fs::write(&key, issued.key_pem).unwrap();
+        (cert, key)
+    };
+    let (cert, key) = expired(tether_tls::pki::Leaf::Server, "server");
+    let socket = dir.path().join("proxy.sock");
+    let args = [
+        "server".to_owned(),
+        format!("--uds-name={}", socket.display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", cert.display()),
+        format!("--cluster-key={}", key.display()),
+        format!("--cluster-ca-cert={}", files.ca_cert.display()),
+        "--agent-port=0".into(),
+        "--health-port=0".into(),
+        "--admin-port=0".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = run(Path::new(TETHER), &args);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    let expected = format!(
+        "error: --cluster-cert/--cluster-key/--cluster-ca-cert: certificate {}: expired at ",
+        cert.display()
+    );
+    assert!(
+        err.starts_with(&expected) && err.contains("(notAfter); the time is now "),
+        "{err}"
+    );
+    assert!(!socket.exists(), "nothing was left listening");
+
+    let (cert, key) = expired(tether_tls::pki::Leaf::Agent, "agent");
+    let args = [
+        "agent".to_owned(),
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--ca-cert={}", files.ca_cert.display()),
+        format!("--agent-cert={}", cert.display()),
+        format!("--agent-key={}", key.display()),
+        "--health-server-port=0".into(),
+        "--admin-server-port=0".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = run(Path::new(TETHER), &args);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    let expected = format!(
+        "error: --ca-cert/--agent-cert/--agent-key: certificate {}: expired at ",
+        cert.display()
+    );
+    assert!(err.starts_with(&expected), "{err}");
+}
+
 #[test]
 fn a_tenant_tcp_frontend_that_cannot_tell_its_clients_apart_is_a_start_up_error() {
     let (dir, files) = pki();

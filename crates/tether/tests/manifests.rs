@@ -72,6 +72,9 @@ const VARIANTS: &[Variant] = &[
             "server.count=3",
             "leases.enabled=true",
             "server.kubeconfigSecretName=hosted-kubeconfig",
+            "server.networkPolicy.enabled=true",
+            "server.networkPolicy.nodeCIDRs={192.0.2.0/24}",
+            "server.networkPolicy.healthFrom[0].namespaceSelector.matchLabels.name=monitoring",
         ],
         overlay: None,
     },
@@ -367,7 +370,30 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
             "{argv:?} passed the check"
         );
     }
-    let missing_host = helm_template_without_host(&helm()?);
+    let helm = helm()?;
+    let shared = helm_template(
+        &helm,
+        &["leases.enabled=true", "leases.namespace=kube-system"],
+        None,
+    );
+    ensure!(
+        shared
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("set leases.allowSharedNamespace=true")),
+        "helm rendered Lease permissions on kube-system: {shared:?}"
+    );
+    helm_template(
+        &helm,
+        &[
+            "leases.enabled=true",
+            "leases.namespace=kube-system",
+            "leases.allowSharedNamespace=true",
+            "leases.createNamespace=false",
+        ],
+        None,
+    )
+    .context("kube-system allowed explicitly")?;
+    let missing_host = helm_template_without_host(&helm);
     ensure!(
         missing_host
             .as_ref()
@@ -408,6 +434,11 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
     plane
         .apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: kube-system\n")
         .await?;
+    // The chart's own Lease namespace: a dry run creates nothing, so the Roles in it need it
+    // to exist.
+    plane
+        .apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: konnectivity-leases\n")
+        .await?;
 
     let mut checked = 0;
     for variant in VARIANTS {
@@ -447,6 +478,7 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
             }
         }
 
+        secure_defaults(&objects).with_context(|| format!("{}: secure defaults", variant.name))?;
         let containers = tether_containers(&objects);
         ensure!(
             !containers.is_empty(),
@@ -460,6 +492,104 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
         }
     }
     eprintln!("checked {checked} tether command lines");
+    Ok(())
+}
+
+/// What every variant renders with the chart's defaults (issue 25, N4 and N11): no Lease
+/// permission in kube-system, agents only listing Leases, token reviews and Node look-ups
+/// without system:auth-delegator, reverse dials off, agents with a destination policy that
+/// refuses their own ports and with loopback closed, and a static Pod that does not read
+/// kube-apiserver's serving key.
+fn secure_defaults(objects: &[Value]) -> anyhow::Result<()> {
+    let kind = |o: &Value| o["kind"].as_str().unwrap_or_default().to_owned();
+    let rules = |o: &Value| o["rules"].as_array().cloned().unwrap_or_default();
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let grants_leases = |rule: &Value| strings(&rule["resources"]).iter().any(|r| r == "leases");
+    for object in objects {
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        match kind(object).as_str() {
+            "Role" | "ClusterRole" => {
+                for rule in rules(object).iter().filter(|r| grants_leases(r)) {
+                    ensure!(
+                        kind(object) == "Role" && namespace == "konnectivity-leases",
+                        "{name} grants Leases outside the Lease namespace: {rule}"
+                    );
+                    if name == "konnectivity-agent-leases" {
+                        ensure!(strings(&rule["verbs"]) == ["list"], "agents: {rule}");
+                    }
+                }
+            }
+            "ClusterRoleBinding" | "RoleBinding" => {
+                let role = object["roleRef"]["name"].as_str().unwrap_or_default();
+                ensure!(role != "system:auth-delegator", "{name} binds {role}");
+            }
+            _ => {}
+        }
+    }
+    let token_mode = objects.iter().any(|o| {
+        kind(o) == "ClusterRole"
+            && rules(o)
+                .iter()
+                .any(|r| strings(&r["resources"]) == ["nodes"] && strings(&r["verbs"]) == ["get"])
+            && rules(o)
+                .iter()
+                .any(|r| strings(&r["resources"]) == ["tokenreviews"])
+    });
+    for (place, argv, _) in tether_containers(objects) {
+        if argv[0].ends_with("proxy-server") {
+            ensure!(
+                argv.iter().any(|a| a == "--control-plane-endpoints=none"),
+                "{place}: reverse dials are not off: {argv:?}"
+            );
+            ensure!(
+                !argv.iter().any(|a| a.contains("/pki/apiserver.")),
+                "{place}: kube-apiserver's serving key: {argv:?}"
+            );
+            if argv
+                .iter()
+                .any(|a| a.starts_with("--authentication-audience="))
+            {
+                ensure!(token_mode, "{place}: token mode without its ClusterRole");
+            }
+        } else {
+            for flag in [
+                "--destination-policy=/etc/tether/policy/destinations.policy",
+                "--allow-loopback-destinations=false",
+            ] {
+                ensure!(
+                    argv.iter().any(|a| a == flag),
+                    "{place}: no {flag}: {argv:?}"
+                );
+            }
+        }
+    }
+    let policy = objects
+        .iter()
+        .find(|o| {
+            kind(o) == "ConfigMap"
+                && o["metadata"]["name"] == "konnectivity-agent-destination-policy"
+        })
+        .context("no destination policy ConfigMap")?;
+    let text = policy["data"]["destinations.policy"]
+        .as_str()
+        .unwrap_or_default();
+    let rules: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    ensure!(
+        rules == ["deny port 8133,8134", "allow all"],
+        "agents' policy: {text:?}"
+    );
+    tether_policy::RuleSet::parse(text).context("the agents' policy file")?;
     Ok(())
 }
 

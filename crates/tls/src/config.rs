@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ServerSessionMemoryCache, WebPkiClientVerifier};
@@ -11,6 +12,7 @@ use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{PemOrigin, PemProblem};
+use crate::validity::{CertTime, first_outside};
 use crate::x509_version::{subject_public_key_info, x509_version};
 use crate::{TlsError, TlsOptions, provider};
 
@@ -202,7 +204,19 @@ fn build_client(
 /// Pairs a certificate chain with its private key, checking that they match, as rustls'
 /// `with_single_cert` does, but for X.509 v1 certificates too (see [`crate::x509_version`]):
 /// Go accepts a v1 certificate of one's own, and so does tether.
+///
+/// Every certificate of the chain must be valid now ([`crate::validity`]): one that expired or
+/// is not valid yet would fail every handshake.
 fn certified_key(id: Identity, provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
+    let now = SystemTime::now();
+    if let Some((index, outside)) = first_outside(&id.chain, now) {
+        return Err(TlsError::OutsideValidity {
+            cert: id.cert_origin,
+            index,
+            outside,
+            now: CertTime::from_system(now),
+        });
+    }
     let fail = |error| TlsError::CertifiedKey {
         cert: id.cert_origin.clone(),
         key: id.key_origin.clone(),

@@ -9,6 +9,9 @@
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
+use std::time::SystemTime;
+
+use crate::validity::{CertTime, OutsideValidity};
 
 /// Where a PEM document came from: a file named by a flag, or a string held in memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +97,20 @@ pub enum TlsError {
         /// What rustls said.
         error: rustls::Error,
     },
+    /// A certificate of one's own chain is outside its validity period: every peer would
+    /// refuse it, so it is not loaded (at start-up, an error; on reload, the previous
+    /// certificate stays).
+    #[error("certificate {cert}{}: {outside}; the time is now {now}", chain_position(*index))]
+    OutsideValidity {
+        /// Where the certificate chain came from.
+        cert: PemOrigin,
+        /// The certificate's position in the chain, 0 for the end entity.
+        index: usize,
+        /// Expired or not yet valid, and since or until when.
+        outside: OutsideValidity,
+        /// The time it was checked at.
+        now: CertTime,
+    },
     /// The client-certificate verifier could not be built from the CA bundle.
     #[error("client CA bundle {ca}: {error}")]
     ClientVerifier {
@@ -126,4 +143,33 @@ pub enum TlsError {
         /// The I/O error.
         error: io::Error,
     },
+}
+
+impl TlsError {
+    /// When a certificate that is not valid yet becomes valid: a reload tries the same files
+    /// again then.
+    pub fn valid_from(&self) -> Option<SystemTime> {
+        match self {
+            Self::OutsideValidity {
+                outside: OutsideValidity::NotYetValid { not_before },
+                ..
+            } => Some(not_before.to_system()),
+            _ => None,
+        }
+    }
+
+    /// Whether the error is a certificate outside its validity period (a file that needs a
+    /// new certificate, not a half-written one).
+    pub fn is_outside_validity(&self) -> bool {
+        matches!(self, Self::OutsideValidity { .. })
+    }
+}
+
+/// " (certificate N of its chain)" for a certificate after the end entity.
+fn chain_position(index: usize) -> String {
+    if index == 0 {
+        String::new()
+    } else {
+        format!(" (certificate {} of its chain)", index + 1)
+    }
 }

@@ -9,6 +9,8 @@
 //!   (`h2` for gRPC, plus the agent's `--alpn-proto` ids).
 //! - [`ClientCa`] derives a listener's config from another's with a client CA of its own
 //!   (a tenant's own frontend), with its own session cache and ticket key.
+//! - tether's own certificate chain must be valid now: an expired or not yet valid one is an
+//!   error at start-up and is not loaded on reload ([`TlsError::OutsideValidity`]).
 //! - tether's own certificates may be X.509 v1, as the kubernetes.io task's openssl recipe
 //!   makes them and Go accepts them; rustls alone refuses those ([`x509_version`]).
 //! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
@@ -29,6 +31,7 @@ mod error;
 mod options;
 pub mod pki;
 mod reload;
+mod validity;
 mod x509_version;
 
 pub use client_ca::ClientCa;
@@ -36,6 +39,7 @@ pub use config::{client_config, client_config_from_pem, server_config};
 pub use error::{PemOrigin, PemProblem, TlsError};
 pub use options::{TlsOptions, TlsVersion, provider};
 pub use reload::{ReloadOutcome, Reloading};
+pub use validity::{CertTime, OutsideValidity};
 pub use x509_version::x509_version;
 
 /// Installs rustls' `ring` provider as the process default, for callers that build rustls

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 
 use crate::TlsError;
@@ -51,6 +51,8 @@ pub struct Pki {
     pub client_cert_pem: String,
     /// Frontend client private key (PKCS#8).
     pub client_key_pem: String,
+    /// The CA's private key, for [`Pki::reissue`].
+    ca_key_pem: String,
 }
 
 impl fmt::Debug for Pki {
@@ -85,6 +87,15 @@ pub struct PkiFiles {
     pub client_key: PathBuf,
 }
 
+/// Which certificate of the PKI [`Pki::reissue`] issues again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leaf {
+    /// Like `server_cert_pem`: `CN=proxy-frontend`, serverAuth, the server's SANs.
+    Server,
+    /// Like `agent_cert_pem`: `CN=proxy-agent`, clientAuth.
+    Agent,
+}
+
 /// An extra client certificate for [`Pki::generate_with_clients`]: its subject CN and SANs
 /// (DNS names or IP literals).
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +104,7 @@ pub struct ClientSpec<'a> {
     pub sans: &'a [&'a str],
 }
 
-/// A certificate and key PEM issued by [`Pki::generate_with_clients`].
+/// A certificate and key PEM issued by [`Pki::generate_with_clients`] or [`Pki::reissue`].
 #[derive(Clone)]
 pub struct IssuedClient {
     pub cert_pem: String,
@@ -120,37 +131,17 @@ impl Pki {
         extra: &[ClientSpec<'_>],
     ) -> Result<(Self, Vec<IssuedClient>), TlsError> {
         let ca_key = new_key("CA key")?;
-        let mut ca_params = CertificateParams::default();
-        let ca_name = ca_common_name(&ca_params.key_identifier(&ca_key));
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, ca_name);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        set_validity(&mut ca_params);
-        let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(|error| {
+        let ca_key_pem = ca_key.serialize_pem();
+        let ca = CertifiedIssuer::self_signed(ca_params(&ca_key), ca_key).map_err(|error| {
             TlsError::Generate {
                 what: "CA certificate",
                 error,
             }
         })?;
 
+        let (not_before, not_after) = default_validity();
         let leaf = |what: &'static str, cn: &str, sans: &[&str], eku: ExtendedKeyUsagePurpose| {
-            let fail = |error| TlsError::Generate { what, error };
-            let key = new_key(what)?;
-            let sans: Vec<String> = sans.iter().map(|san| (*san).to_owned()).collect();
-            let mut params = CertificateParams::new(sans).map_err(fail)?;
-            params.distinguished_name.push(DnType::CommonName, cn);
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            params.extended_key_usages = vec![eku];
-            params.use_authority_key_identifier_extension = true;
-            set_validity(&mut params);
-            let cert = params.signed_by(&key, &ca).map_err(fail)?;
-            Ok::<_, TlsError>((cert.pem(), key.serialize_pem()))
+            issue_leaf(&ca, what, cn, sans, eku, not_before, not_after)
         };
 
         let (server_cert_pem, server_key_pem) = leaf(
@@ -193,8 +184,40 @@ impl Pki {
             agent_key_pem,
             client_cert_pem,
             client_key_pem,
+            ca_key_pem,
         };
         Ok((pki, issued))
+    }
+
+    /// A certificate and key like `leaf`'s, from the same CA, valid only from `not_before` to
+    /// `not_after`: an expired or not yet valid certificate, for tests of what refuses one.
+    pub fn reissue(
+        &self,
+        leaf: Leaf,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<IssuedClient, TlsError> {
+        let (what, cn, sans, eku) = match leaf {
+            Leaf::Server => (
+                "server certificate",
+                "proxy-frontend",
+                SERVER_SANS,
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ),
+            Leaf::Agent => (
+                "agent certificate",
+                "proxy-agent",
+                &[][..],
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ),
+        };
+        let ca_key = KeyPair::from_pem(&self.ca_key_pem).map_err(|error| TlsError::Generate {
+            what: "CA key",
+            error,
+        })?;
+        let ca = Issuer::new(ca_params(&ca_key), ca_key);
+        let (cert_pem, key_pem) = issue_leaf(&ca, what, cn, sans, eku, not_before, not_after)?;
+        Ok(IssuedClient { cert_pem, key_pem })
     }
 
     /// Writes `ca.crt`, `server.crt`, `server.key`, `agent.crt`, `agent.key`, `client.crt` and
@@ -228,19 +251,63 @@ impl Pki {
     }
 }
 
-/// Makes `params` valid from [`BACKDATE`] ago for [`VALIDITY`].
+/// The CA of a key: its name derives from the key, so the same key always makes the same
+/// issuer (see [`ca_common_name`]).
+fn ca_params(ca_key: &KeyPair) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let ca_name = ca_common_name(&params.key_identifier(ca_key));
+    params.distinguished_name.push(DnType::CommonName, ca_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let (not_before, not_after) = default_validity();
+    set_validity(&mut params, not_before, not_after);
+    params
+}
+
+/// A fresh key and a certificate for it signed by `ca`: `cn`, `sans` (DNS names or IP
+/// literals), one extended key usage, valid from `not_before` to `not_after`.
+fn issue_leaf(
+    ca: &Issuer<'_, KeyPair>,
+    what: &'static str,
+    cn: &str,
+    sans: &[&str],
+    eku: ExtendedKeyUsagePurpose,
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> Result<(String, String), TlsError> {
+    let fail = |error| TlsError::Generate { what, error };
+    let key = new_key(what)?;
+    let sans: Vec<String> = sans.iter().map(|san| (*san).to_owned()).collect();
+    let mut params = CertificateParams::new(sans).map_err(fail)?;
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![eku];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, not_before, not_after);
+    let cert = params.signed_by(&key, ca).map_err(fail)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Valid from [`BACKDATE`] ago for [`VALIDITY`].
+fn default_validity() -> (SystemTime, SystemTime) {
+    let now = SystemTime::now();
+    (now - BACKDATE, now + VALIDITY)
+}
+
+/// Makes `params` valid from `not_before` to `not_after`.
 ///
-/// "Now" is computed from the Unix epoch with `std` durations because rcgen builds `time`
-/// without its `std` feature (so there is no `OffsetDateTime::now_utc`), and this avoids a
-/// direct dependency on `time`.
-fn set_validity(params: &mut CertificateParams) {
-    // A clock before 1970 is broken beyond what a throwaway PKI can fix; treat it as the epoch.
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
-    params.not_before = now - BACKDATE;
-    params.not_after = now + VALIDITY;
+/// The times are converted from the Unix epoch with `std` durations because rcgen builds
+/// `time` without its `std` feature (so there is no `OffsetDateTime::now_utc`), and this
+/// avoids a direct dependency on `time`. A time before 1970 is treated as the epoch.
+fn set_validity(params: &mut CertificateParams, not_before: SystemTime, not_after: SystemTime) {
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    let since_epoch = |time: SystemTime| time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    params.not_before = epoch + since_epoch(not_before);
+    params.not_after = epoch + since_epoch(not_after);
 }
 
 /// A CA name unique to the CA's key (given as its subject key identifier), like upstream's

@@ -5,11 +5,14 @@
 //! hash of their contents; [`Reloading::reload_if_changed`] rebuilds the config when any of
 //! them changed. New handshakes then use the new config; established connections keep the
 //! one they were made with, so nothing is dropped. A file that does not build (half-written,
-//! wrong key) leaves the previous config in place: the caller logs and counts it.
+//! wrong key, a certificate that expired or is not valid yet) leaves the previous config in
+//! place: the caller logs and counts it. A certificate that is not valid yet is tried again
+//! once its `notBefore` has come, without any change to the files.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
 
 use crate::TlsError;
 
@@ -29,8 +32,17 @@ pub struct Reloading<C> {
     files: Vec<PathBuf>,
     build: Build<C>,
     current: RwLock<Arc<C>>,
-    /// Hash of the files' contents the last time they were read.
-    seen: Mutex<u64>,
+    seen: Mutex<Seen>,
+}
+
+/// What the files held the last time they were read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    /// Hash of their contents.
+    fingerprint: u64,
+    /// When the same contents are worth building again: a certificate that was not valid
+    /// yet becomes valid then. `None`: only changed contents are.
+    retry_at: Option<SystemTime>,
 }
 
 impl<C> std::fmt::Debug for Reloading<C> {
@@ -47,7 +59,10 @@ impl<C> Reloading<C> {
         files: Vec<PathBuf>,
         build: impl Fn() -> Result<Arc<C>, TlsError> + Send + Sync + 'static,
     ) -> Result<Self, TlsError> {
-        let seen = fingerprint(&files);
+        let seen = Seen {
+            fingerprint: fingerprint(&files),
+            retry_at: None,
+        };
         let current = build()?;
         Ok(Self {
             files,
@@ -65,21 +80,30 @@ impl<C> Reloading<C> {
             .clone()
     }
 
-    /// Rebuilds the config if any file's contents changed since the last check.
+    /// Rebuilds the config if any file's contents changed since the last check, or if
+    /// they held a certificate that was not valid yet and now may be.
     pub fn reload_if_changed(&self) -> ReloadOutcome {
         let now = fingerprint(&self.files);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if *seen == now {
+        let due = seen.retry_at.is_some_and(|at| SystemTime::now() >= at);
+        if seen.fingerprint == now && !due {
             return ReloadOutcome::Unchanged;
         }
-        // Remember the broken contents too: the failure is reported once, not every poll.
-        *seen = now;
+        // Remember the broken contents too: the failure is reported once, not every poll
+        // (once more when a not yet valid certificate's time comes).
+        *seen = Seen {
+            fingerprint: now,
+            retry_at: None,
+        };
         match (self.build)() {
             Ok(config) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = config;
                 ReloadOutcome::Reloaded
             }
-            Err(e) => ReloadOutcome::Failed(e),
+            Err(e) => {
+                seen.retry_at = e.valid_from();
+                ReloadOutcome::Failed(e)
+            }
         }
     }
 
@@ -104,6 +128,8 @@ fn fingerprint(files: &[PathBuf]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -144,5 +170,48 @@ mod tests {
             ReloadOutcome::Unchanged
         ));
         assert_eq!(*reloading.current(), 2, "the old config stays");
+    }
+
+    #[test]
+    fn a_certificate_not_valid_yet_is_tried_again_when_its_time_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("value");
+        std::fs::write(&file, "1").unwrap();
+        // Certificates state whole seconds: at least one second ahead once truncated.
+        let valid_from = crate::CertTime::from_system(SystemTime::now() + Duration::from_secs(2));
+        let path = file.clone();
+        let reloading = Reloading::new(vec![file.clone()], move || {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if text == "2" && SystemTime::now() < valid_from.to_system() {
+                return Err(TlsError::OutsideValidity {
+                    cert: crate::PemOrigin::File(path.clone()),
+                    index: 0,
+                    outside: crate::OutsideValidity::NotYetValid {
+                        not_before: valid_from,
+                    },
+                    now: crate::CertTime::from_system(SystemTime::now()),
+                });
+            }
+            Ok(Arc::new(text))
+        })
+        .unwrap();
+        std::fs::write(&file, "2").unwrap();
+        let ReloadOutcome::Failed(e) = reloading.reload_if_changed() else {
+            panic!("a certificate not valid yet was loaded");
+        };
+        assert!(e.to_string().contains("not valid before"), "{e}");
+        assert!(matches!(
+            reloading.reload_if_changed(),
+            ReloadOutcome::Unchanged
+        ));
+        assert_eq!(*reloading.current(), "1");
+        while SystemTime::now() < valid_from.to_system() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(matches!(
+            reloading.reload_if_changed(),
+            ReloadOutcome::Reloaded
+        ));
+        assert_eq!(*reloading.current(), "2");
     }
 }

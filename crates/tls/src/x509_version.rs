@@ -9,12 +9,26 @@
 
 /// The X.509 version (1, 2 or 3) of a DER certificate; `None` when it is not DER X.509.
 pub fn x509_version(cert: &[u8]) -> Option<u8> {
-    tbs_fields(cert).map(|(version, _)| version)
+    tbs_fields(cert).map(|fields| fields.version)
 }
 
 /// The DER `SubjectPublicKeyInfo` (the whole SEQUENCE) of a certificate.
 pub(crate) fn subject_public_key_info(cert: &[u8]) -> Option<&[u8]> {
-    tbs_fields(cert).map(|(_, spki)| spki)
+    tbs_fields(cert).map(|fields| fields.spki)
+}
+
+/// The contents of a certificate's `Validity` SEQUENCE: `notBefore` and `notAfter`.
+pub(crate) fn validity(cert: &[u8]) -> Option<&[u8]> {
+    tbs_fields(cert).map(|fields| fields.validity)
+}
+
+/// The fields of a `tbsCertificate` that tether reads.
+struct TbsFields<'a> {
+    version: u8,
+    /// The contents of the `Validity` SEQUENCE.
+    validity: &'a [u8],
+    /// The whole `SubjectPublicKeyInfo` SEQUENCE.
+    spki: &'a [u8],
 }
 
 const SEQUENCE: u8 = 0x30;
@@ -23,8 +37,8 @@ const INTEGER: u8 = 0x02;
 const VERSION_TAG: u8 = 0xa0;
 
 /// Walks `Certificate { tbsCertificate { [0] version?, serialNumber, signature, issuer,
-/// validity, subject, subjectPublicKeyInfo, ... }, ... }`: (version, subjectPublicKeyInfo).
-fn tbs_fields(cert: &[u8]) -> Option<(u8, &[u8])> {
+/// validity, subject, subjectPublicKeyInfo, ... }, ... }`.
+fn tbs_fields(cert: &[u8]) -> Option<TbsFields<'_>> {
     let certificate = Tlv::read(cert).filter(|t| t.tag == SEQUENCE)?;
     let tbs = Tlv::read(certificate.value).filter(|t| t.tag == SEQUENCE)?;
     let mut field = Tlv::read(tbs.value)?;
@@ -39,29 +53,40 @@ fn tbs_fields(cert: &[u8]) -> Option<(u8, &[u8])> {
     } else {
         1
     };
+    let mut validity = None;
     // serialNumber, signature, issuer, validity, subject.
-    for expected in [INTEGER, SEQUENCE, SEQUENCE, SEQUENCE, SEQUENCE] {
+    for (index, expected) in [INTEGER, SEQUENCE, SEQUENCE, SEQUENCE, SEQUENCE]
+        .into_iter()
+        .enumerate()
+    {
         if field.tag != expected {
             return None;
         }
+        if index == 3 {
+            validity = Some(field.value);
+        }
         field = Tlv::read(field.rest)?;
     }
-    (field.tag == SEQUENCE).then_some((version, field.whole))
+    (field.tag == SEQUENCE).then_some(TbsFields {
+        version,
+        validity: validity?,
+        spki: field.whole,
+    })
 }
 
 /// One DER tag-length-value.
-struct Tlv<'a> {
-    tag: u8,
-    value: &'a [u8],
+pub(crate) struct Tlv<'a> {
+    pub(crate) tag: u8,
+    pub(crate) value: &'a [u8],
     /// Tag, length and value.
     whole: &'a [u8],
     /// What follows it.
-    rest: &'a [u8],
+    pub(crate) rest: &'a [u8],
 }
 
 impl<'a> Tlv<'a> {
     /// Only the definite lengths DER allows, up to 4 length bytes.
-    fn read(input: &'a [u8]) -> Option<Self> {
+    pub(crate) fn read(input: &'a [u8]) -> Option<Self> {
         let (&tag, after_tag) = input.split_first()?;
         let (&first, after_len) = after_tag.split_first()?;
         let (len, header) = match first {

@@ -348,6 +348,62 @@ fn unsupported_cipher_suite_set_directly_is_rejected_by_config_builders() {
     );
 }
 
+/// A certificate of one's own outside its validity period is not loaded, on either side,
+/// and the error names the file and the time it ends or starts; one of the same CA valid now
+/// is loaded and handshakes.
+#[tokio::test]
+async fn certificates_outside_their_validity_are_refused_naming_file_and_time() {
+    let f = fixture();
+    let now = std::time::SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let write = |name: &str, issued: &tether_tls::pki::IssuedClient| {
+        let (cert, key) = (
+            f.files.dir.join(format!("{name}.crt")),
+            f.files.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert, &issued.cert_pem).expect("write");
+        std::fs::write(&key, &issued.key_pem).expect("write");
+        (cert, key)
+    };
+    let opts = TlsOptions::default();
+    for (name, not_before, not_after, expected) in [
+        ("expired", now - 2 * day, now - day, "expired at "),
+        ("future", now + day, now + 2 * day, "not valid before "),
+    ] {
+        let issued = f
+            .pki
+            .reissue(tether_tls::pki::Leaf::Server, not_before, not_after)
+            .expect("issue");
+        let (cert, key) = write(name, &issued);
+        let err = server_config(&cert, &key, Some(&f.files.ca_cert), &[H2], &opts)
+            .expect_err("loaded a certificate outside its validity");
+        assert!(
+            matches!(err, TlsError::OutsideValidity { index: 0, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("certificate {}: {expected}", cert.display()))
+                && text.contains("; the time is now "),
+            "{text}"
+        );
+        assert_eq!(err.valid_from().is_some(), name == "future", "{text}");
+        let err = client_config(&f.files.ca_cert, Some((&cert, &key)), Vec::new(), &opts)
+            .expect_err("a client certificate outside its validity was loaded");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    // Issued by the same CA, valid now: the only difference was the period.
+    let issued = f
+        .pki
+        .reissue(tether_tls::pki::Leaf::Server, now - day, now + day)
+        .expect("issue");
+    let (cert, key) = write("valid", &issued);
+    let server = server_config(&cert, &key, Some(&f.files.ca_cert), &[H2], &opts).expect("valid");
+    let (server, client) = exchange(server, agent_client(&f, vec![H2.to_vec()]), "localhost").await;
+    server.expect("server side");
+    client.expect("client side");
+}
+
 /// Asserts that `err` is a PEM error for `path` with the expected problem, and that its message
 /// names the path.
 fn assert_pem_error(err: &TlsError, path: &Path, expected: fn(&PemProblem) -> bool) {

@@ -132,6 +132,55 @@ async fn denied_destinations_are_refused_with_the_rule_and_reloads_apply() {
     );
 }
 
+/// The review's probe (N8): the metadata address in IPv6 forms that embed it (IPv4-compatible,
+/// NAT64, 6to4, Teredo) passed the policy and failed only when the connect found no route.
+/// Now each is refused by the policy, before any connect, naming the address it embeds; a
+/// file's deny of the IPv4 address refuses them too.
+#[tokio::test]
+async fn ipv6_forms_embedding_the_metadata_address_are_refused() {
+    let pki = Pki::generate().unwrap();
+    let spellings = [
+        "[::169.254.169.254]:80",
+        "[64:ff9b::a9fe:a9fe]:80",
+        "[2002:a9fe:a9fe::1]:80",
+        "[64:ff9b:1::a9fe:a9fe]:80",
+        "[2001:0:4136:e378:8000:63bf:5601:5601]:80",
+    ];
+    let (server, _agent) = start(&pki, DestinationConfig::default()).await.unwrap();
+    let uds = server.uds.clone().unwrap();
+    for target in spellings {
+        let body = refused(&uds, target).await;
+        assert!(
+            body.contains("built-in rule")
+                && body.contains("link-local")
+                && body.contains("as 169.254.169.254, the IPv4 address it embeds by"),
+            "{target}: {body}"
+        );
+    }
+    drop(server);
+
+    let policy = pki.dir().join("metadata.policy");
+    std::fs::write(&policy, "deny to 169.254.169.254\nallow all\n").unwrap();
+    let (server, _agent) = start(
+        &pki,
+        DestinationConfig {
+            policy_file: Some(policy),
+            allow_link_local: true,
+            ..DestinationConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let uds = server.uds.clone().unwrap();
+    for target in spellings {
+        let body = refused(&uds, target).await;
+        assert!(
+            body.contains("denied by line 1: deny to 169.254.169.254/32, as 169.254.169.254"),
+            "{target}: {body}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_name_resolving_to_denied_loopback_is_refused() {
     let pki = Pki::generate().unwrap();

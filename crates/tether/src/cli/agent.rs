@@ -562,9 +562,15 @@ impl AgentArgs {
         }
         let this = self.clone();
         let reloading = tether_tls::Reloading::new(files, move || {
-            this.tls().map_err(|e| tether_tls::TlsError::Rustls {
-                what: "reloading --ca-cert/--agent-cert/--agent-key",
-                error: rustls::Error::General(format!("{e:#}")),
+            // A TlsError as is: it names the file, and says when a certificate that is not
+            // valid yet is worth trying again.
+            this.tls().map_err(|e| {
+                e.downcast::<tether_tls::TlsError>().unwrap_or_else(|e| {
+                    tether_tls::TlsError::Rustls {
+                        what: "reloading --ca-cert/--agent-cert/--agent-key",
+                        error: rustls::Error::General(format!("{e:#}")),
+                    }
+                })
             })
         })?;
         Ok(Some(Arc::new(reloading)))

@@ -1,5 +1,7 @@
 //! Failure handling with real processes: agents killed, frozen, drained; servers shut down.
 
+mod certificates;
+mod destinations;
 mod failures;
 mod introspect;
 mod logs;

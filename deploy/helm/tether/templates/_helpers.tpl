@@ -22,6 +22,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if and .Values.agent.enabled (not .Values.agent.proxyServerHost) }}
 {{- fail "agent.proxyServerHost is required: the address (load balancer or Service) where agents reach the proxy servers" }}
 {{- end }}
+{{- if and .Values.leases.enabled (eq .Values.leases.namespace "kube-system") (not .Values.leases.allowSharedNamespace) }}
+{{- fail "leases.namespace=kube-system would let the server delete every Lease there, kube-controller-manager's and kube-scheduler's leader Leases included: use a namespace of its own (the default, konnectivity-leases), or set leases.allowSharedNamespace=true" }}
+{{- end }}
 {{- end }}
 
 {{/* Whether the server runs on the control-plane node's network, next to kube-apiserver. */}}
@@ -80,6 +83,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --lease-namespace={{ .Values.leases.namespace }}
 - --lease-label={{ .Values.leases.label }}
 {{- end }}
+- --control-plane-endpoints={{ .Values.server.controlPlaneEndpoints }}
 {{- with .Values.server.extraArgs }}
 {{ toYaml . }}
 {{- end }}
