@@ -17,6 +17,7 @@ use std::time::Instant;
 use tether_grpc::PeerIdentity;
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
+use crate::backend::admission::AgentTable;
 use crate::backend::registry::{Registry, Strategy};
 use crate::backend::session::AgentSession;
 use crate::bandwidth::Bandwidth;
@@ -209,6 +210,8 @@ pub(crate) struct Tenant {
     pub(crate) load: Arc<TenantLoad>,
     bucket: Mutex<Option<Bucket>>,
     registry: Mutex<Registry<Arc<AgentSession>>>,
+    /// The tenant's live agent IDs and their owners, capped by `--max-agents`.
+    pub(crate) agent_ids: Arc<AgentTable>,
     metrics: Arc<TenantMetrics>,
     dials: OnceLock<Arc<Counter>>,
     /// The bytes/s limit or bandwidth share, shared by the tenant's connections; `None`
@@ -233,6 +236,7 @@ impl Tenant {
             load: Arc::default(),
             bucket: Mutex::new(None),
             registry: Mutex::new(Registry::new(strategies, routing.clone())),
+            agent_ids: Arc::default(),
             metrics,
             dials: OnceLock::new(),
             byte_rate,
