@@ -3,6 +3,7 @@
 //! through an API outage, a 1,000-agent storm, upstream's peers on either side, and agents
 //! joining tenants by ServiceAccount namespace.
 
+mod binding;
 mod mixed;
 mod review;
 mod storm;
