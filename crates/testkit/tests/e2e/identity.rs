@@ -175,8 +175,7 @@ async fn by_default_a_certificate_claims_only_its_own_names_and_addresses() {
     let shared = server.agent_channel(&nodes.pki).await.unwrap();
     let refused = claim(&shared, "node-9", &format!("ipv4={NODE_1_IP}"))
         .await
-        .err()
-        .expect("a shared certificate claimed an address");
+        .expect_err("a shared certificate claimed an address");
     assert_eq!(refused.code, Code::PERMISSION_DENIED, "{refused}");
     assert_eq!(
         metric(
