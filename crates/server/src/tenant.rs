@@ -2,8 +2,9 @@
 //!
 //! A tenant is resolved from what the listener proved (certificate names, Unix uid) or, for
 //! agents, what their reviewed token proved (a ServiceAccount), through the routing file's
-//! static table, for frontend clients and agents alike. Each tenant owns
-//! its own agent registry, so a dial can only ever see its tenant's agents; an identity that
+//! static table, for frontend clients and agents alike. Each tenant owns its own agent
+//! registry, so a dial can only ever see its tenant's agents, and its own agent IDs and
+//! `--max-agents`, so no tenant can squat or fill another's; an identity that
 //! maps to no tenant, or to more than one, is refused (fail closed). Without a `tenants`
 //! table every peer belongs to one implicit tenant with no limits (upstream's behaviour).
 //!

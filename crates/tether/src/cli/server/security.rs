@@ -1,7 +1,9 @@
 //! tether's own hardening flags of `tether server`: agent authentication, identity binding,
-//! deadlines and caps. None exists upstream; each default is the safe choice, and the one an
-//! upstream deployment may trip over (agents without client certificates) fails at start-up
-//! with an error naming the flag that restores the old behaviour.
+//! deadlines and caps. None exists upstream; each default is the safe choice, and those an
+//! upstream deployment may trip over fail with an error naming the flag that restores the old
+//! behaviour: agents without client certificates at start-up, and agents whose credential
+//! does not prove the identifiers they claim (one certificate shared by all nodes) when they
+//! connect.
 
 use std::time::Duration;
 
