@@ -4,6 +4,7 @@
 pub mod api;
 pub mod client;
 pub mod lease;
+pub mod node_addresses;
 mod rate_limit;
 pub mod token_review;
 

@@ -1,6 +1,7 @@
 //! The agent side of the server: agent streams, their connections, and routing among them.
 
 pub(crate) mod admission;
+pub(crate) mod binding;
 pub(crate) mod outlier;
 pub(crate) mod registry;
 pub(crate) mod resume;

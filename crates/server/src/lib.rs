@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use backend::binding::{IdentityBinding, NodeAddresses, NodeFuture, NodeLookupError};
 pub use backend::registry::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
@@ -55,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::admission::Admission;
+use crate::backend::binding::Binding;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
 use crate::limits::{ConnectionSlots, Limit, LimitMetrics};
@@ -99,10 +101,9 @@ pub struct Config {
     pub frontend_keepalive: Option<Keepalive>,
     /// Deadlines and caps on connections, streams and agents.
     pub limits: Limits,
-    /// Require the agent ID and `host`/`ipv4`/`ipv6` identifiers to be names of the agent's
-    /// client certificate (off by default: upstream deployments often share one certificate
-    /// among all agents, which this would refuse).
-    pub match_agent_identity_to_certificate: bool,
+    /// `--agent-identity-binding`: which of an agent's claims (its `host`/`ipv4`/`ipv6`
+    /// identifiers, and its ID) its certificate or token must prove.
+    pub agent_identity_binding: IdentityBinding,
     /// Reload listener certificates and CAs from their files; `None` keeps the configs above.
     pub tls_reload: Option<TlsReload>,
     /// Authenticate agents by bearer token (upstream's ServiceAccount token authentication).
@@ -305,11 +306,15 @@ impl Server {
             flow: config.flow,
             dial_timeout: config.dial_timeout,
             next_stream_id: AtomicU64::new(1),
-            admission: Arc::new(Admission::new(
-                config.match_agent_identity_to_certificate,
-                limits.max_agents,
+            admission: Admission::new(limits.max_agents, limit_metrics.clone()),
+            binding: Binding::new(
+                config.agent_identity_binding,
+                config
+                    .agent_token_auth
+                    .as_ref()
+                    .and_then(|auth| auth.nodes.clone()),
                 limit_metrics.clone(),
-            )),
+            ),
             limit_metrics: limit_metrics.clone(),
             token_auth: config.agent_token_auth.clone(),
             control_plane: config.control_plane.clone().map(Arc::new),

@@ -27,7 +27,7 @@ pub struct Limits {
     pub max_frontend_connections_per_address: usize,
     /// Concurrent streams per frontend HTTP/2 connection.
     pub max_streams_per_frontend_connection: u32,
-    /// Distinct connected agent IDs.
+    /// Distinct connected agent IDs per tenant.
     pub max_agents: usize,
     /// How long a gRPC frontend stream may take to send its DIAL_REQ; stray packets before
     /// it do not extend the deadline.
@@ -44,7 +44,7 @@ impl Default for Limits {
             max_agent_connections_per_address: 100,
             max_frontend_connections_per_address: 0,
             max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
-            max_agents: 10_000,
+            max_agents: 20_000,
             first_packet_timeout: Duration::from_secs(60),
         }
     }

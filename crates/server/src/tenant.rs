@@ -2,8 +2,9 @@
 //!
 //! A tenant is resolved from what the listener proved (certificate names, Unix uid) or, for
 //! agents, what their reviewed token proved (a ServiceAccount), through the routing file's
-//! static table, for frontend clients and agents alike. Each tenant owns
-//! its own agent registry, so a dial can only ever see its tenant's agents; an identity that
+//! static table, for frontend clients and agents alike. Each tenant owns its own agent
+//! registry, so a dial can only ever see its tenant's agents, and its own agent IDs and
+//! `--max-agents`, so no tenant can squat or fill another's; an identity that
 //! maps to no tenant, or to more than one, is refused (fail closed). Without a `tenants`
 //! table every peer belongs to one implicit tenant with no limits (upstream's behaviour).
 //!
@@ -17,6 +18,7 @@ use std::time::Instant;
 use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
+use crate::backend::admission::AgentTable;
 use crate::backend::registry::{Registry, Strategy};
 use crate::backend::session::AgentSession;
 use crate::bandwidth::Bandwidth;
@@ -219,6 +221,8 @@ pub(crate) struct Tenant {
     pub(crate) load: Arc<TenantLoad>,
     bucket: Mutex<Option<Bucket>>,
     registry: Mutex<Registry<Arc<AgentSession>>>,
+    /// The tenant's live agent IDs and their owners, capped by `--max-agents`.
+    pub(crate) agent_ids: Arc<AgentTable>,
     metrics: Arc<TenantMetrics>,
     dials: OnceLock<Arc<Counter>>,
     /// The bytes/s limit or bandwidth share, shared by the tenant's connections; `None`
@@ -243,6 +247,7 @@ impl Tenant {
             load: Arc::default(),
             bucket: Mutex::new(None),
             registry: Mutex::new(Registry::new(strategies, routing.clone())),
+            agent_ids: Arc::default(),
             metrics,
             dials: OnceLock::new(),
             byte_rate,

@@ -72,7 +72,8 @@ pub struct ServerOptions {
     /// Bind the agent listener here instead of an ephemeral port (server restarts).
     pub agent_addr: Option<SocketAddr>,
     pub limits: tether_server::Limits,
-    pub match_agent_identity_to_certificate: bool,
+    /// `--agent-identity-binding` (the product's default: identifiers must be proven).
+    pub agent_identity_binding: tether_server::IdentityBinding,
     pub tls_reload: Option<tether_server::TlsReload>,
     /// Authenticate agents by token; the agent listener then asks for no client certificate.
     pub agent_token_auth: Option<tether_server::AgentTokenAuth>,
@@ -104,7 +105,7 @@ impl Default for ServerOptions {
             }),
             agent_addr: None,
             limits: tether_server::Limits::default(),
-            match_agent_identity_to_certificate: false,
+            agent_identity_binding: Default::default(),
             tls_reload: None,
             agent_token_auth: None,
             audit_log: None,
@@ -191,7 +192,7 @@ impl TestServer {
             agent_keepalive: opts.agent_keepalive,
             frontend_keepalive: None,
             limits: opts.limits,
-            match_agent_identity_to_certificate: opts.match_agent_identity_to_certificate,
+            agent_identity_binding: opts.agent_identity_binding,
             tls_reload: opts.tls_reload,
             agent_token_auth: opts.agent_token_auth,
             audit_log: opts.audit_log,

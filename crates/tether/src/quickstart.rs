@@ -216,7 +216,7 @@ async fn start_pair(
             agent_keepalive: ping,
             frontend_keepalive: None,
             limits: Default::default(),
-            match_agent_identity_to_certificate: false,
+            agent_identity_binding: Default::default(),
             audit_log: None,
             tls_reload: None,
             agent_token_auth: None,

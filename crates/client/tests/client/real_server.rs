@@ -48,7 +48,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         agent_keepalive: None,
         frontend_keepalive: None,
         limits: Default::default(),
-        match_agent_identity_to_certificate: false,
+        agent_identity_binding: Default::default(),
         tls_reload: None,
         agent_token_auth: None,
         audit_log: None,

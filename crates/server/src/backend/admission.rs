@@ -1,20 +1,24 @@
-//! Which agent streams are admitted: metadata limits, identity binding, agent count.
+//! Which agent streams are admitted: metadata limits, agent-ID ownership, agent count.
 //!
-//! An agent chooses its own ID and identifiers, so on their own they prove nothing. What
-//! the listener proved (the client certificate) decides instead:
-//! - a second live stream for an agent ID is refused unless it comes from the same principal
-//!   (certificate names) as the streams already there, so one node's certificate cannot
-//!   capture traffic meant for another node's agent;
-//! - with `match_certificate`, the ID and every `host=`/`ipv4=`/`ipv6=` identifier must be
-//!   names of the certificate itself.
+//! Each tenant has its own table of live agent IDs ([`AgentTable`]) and its own
+//! `--max-agents`, so one tenant's agents can neither squat another's node names nor fill
+//! its table. A live agent ID belongs to the principal (certificate names, or a token's user
+//! and node) that holds it, and ownership is decided by identity, not by arrival order:
+//! - a claimant whose credential proves the ID (a certificate naming it, a token bound to
+//!   that node) takes it over from a holder whose credential does not: the holder's streams
+//!   end, a suspended one included, so whoever took the ID while its node was away cannot
+//!   lock the node out when it returns;
+//! - otherwise a second principal is refused (`ALREADY_EXISTS`), so one node's credential
+//!   cannot queue behind another node's agent ID and capture its traffic later.
+//!
+//! What a stream's identifiers must prove is [`super::binding`]'s concern.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tether_grpc::{Code, LogText, PeerIdentity, Principal, Status};
-use tether_proto::Identifiers;
+use tokio_util::sync::CancellationToken;
 
 use crate::limits::{Limit, LimitMetrics};
 use crate::warn_limit::WarnLimit;
@@ -26,160 +30,184 @@ pub(crate) const MAX_IDENTIFIERS_BYTES: usize = 4096;
 /// Most entries in `agentidentifiers`.
 pub(crate) const MAX_IDENTIFIERS: usize = 64;
 
-/// Admission rules and the live agent IDs with their owners.
+/// The admission rules every tenant's table is held to.
 #[derive(Debug)]
 pub(crate) struct Admission {
-    match_certificate: bool,
+    /// `--max-agents`: distinct live agent IDs per tenant.
     max_agents: usize,
-    owners: Mutex<HashMap<String, Owner>>,
     metrics: LimitMetrics,
     warn: WarnLimit,
+}
+
+/// One tenant's live agent IDs with their owners.
+#[derive(Debug, Default)]
+pub(crate) struct AgentTable {
+    owners: Mutex<Owners>,
+}
+
+#[derive(Debug, Default)]
+struct Owners {
+    by_id: HashMap<String, Owner>,
+    /// Tells an evicted owner's claims from its successor's.
+    next_generation: u64,
 }
 
 #[derive(Debug)]
 struct Owner {
     principal: Principal,
+    /// Whether the owner's credential proves the agent ID itself.
+    proves_id: bool,
     streams: usize,
+    generation: u64,
+    /// Cancelled when a claimant that proves the ID takes it over.
+    evicted: CancellationToken,
+}
+
+/// Who asks for an agent ID.
+#[derive(Debug)]
+pub(crate) struct Claimant<'a> {
+    pub(crate) agent_id: &'a str,
+    pub(crate) principal: Principal,
+    /// Its credential names the agent ID (see `Credential::proves_agent_id`).
+    pub(crate) proves_id: bool,
+    pub(crate) peer: &'a PeerIdentity,
 }
 
 /// An admitted stream's hold on its agent ID; released on drop.
 #[derive(Debug)]
 pub(crate) struct Claim {
-    admission: Arc<Admission>,
+    table: Arc<AgentTable>,
     agent_id: String,
+    generation: u64,
+    /// Cancelled when another principal took the agent ID over: the stream must end.
+    pub(crate) evicted: CancellationToken,
+    /// This claim took the ID over: the previous owner's streams are to be unregistered.
+    pub(crate) took_over: bool,
+}
+
+impl AgentTable {
+    fn lock(&self) -> MutexGuard<'_, Owners> {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Owners {
+    fn insert(&mut self, agent_id: &str, claimant: &Claimant<'_>) -> (u64, CancellationToken) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let evicted = CancellationToken::new();
+        self.by_id.insert(
+            agent_id.to_owned(),
+            Owner {
+                principal: claimant.principal.clone(),
+                proves_id: claimant.proves_id,
+                streams: 1,
+                generation,
+                evicted: evicted.clone(),
+            },
+        );
+        (generation, evicted)
+    }
 }
 
 impl Admission {
-    pub(crate) fn new(match_certificate: bool, max_agents: usize, metrics: LimitMetrics) -> Self {
+    pub(crate) fn new(max_agents: usize, metrics: LimitMetrics) -> Self {
         Self {
-            match_certificate,
             max_agents,
-            owners: Mutex::default(),
             metrics,
             warn: WarnLimit::new(Duration::from_secs(1)),
         }
     }
 
-    /// Admits a stream of `agent_id` from `peer`, or returns the status to refuse it with.
-    /// `token` is the principal a bearer token proved, which then owns the agent ID in place
-    /// of the peer's (absent) certificate.
+    /// Admits a stream of `claimant` into `table` (its tenant's), or returns the status to
+    /// refuse it with.
     pub(crate) fn admit(
-        self: &Arc<Self>,
-        agent_id: &str,
-        identifiers: &Identifiers,
-        peer: &PeerIdentity,
-        token: Option<Principal>,
+        &self,
+        table: &Arc<AgentTable>,
+        claimant: &Claimant<'_>,
     ) -> Result<Claim, Status> {
-        if self.match_certificate {
-            self.check_names(agent_id, identifiers, peer)?;
-        }
-        let principal = token.unwrap_or_else(|| peer.principal());
-        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        let known = owners.len();
-        match owners.get_mut(agent_id) {
-            Some(owner) if owner.principal != principal => {
+        let agent_id = claimant.agent_id;
+        let mut owners = table.lock();
+        let known = owners.by_id.len();
+        let claim = |generation, evicted, took_over| Claim {
+            table: table.clone(),
+            agent_id: agent_id.to_owned(),
+            generation,
+            evicted,
+            took_over,
+        };
+        match owners.by_id.get_mut(agent_id) {
+            Some(owner) if owner.principal == claimant.principal => {
+                owner.streams += 1;
+                Ok(claim(owner.generation, owner.evicted.clone(), false))
+            }
+            Some(owner) if claimant.proves_id && !owner.proves_id => {
+                owner.evicted.cancel();
+                if let Some(suppressed) = self.warn.allow() {
+                    tracing::warn!(
+                        agent.id = %LogText(agent_id),
+                        peer = ?claimant.peer.addr,
+                        claimed_by = %claimant.principal,
+                        owned_by = %owner.principal,
+                        suppressed,
+                        "an agent whose credential proves the agent ID takes it over from one whose credential does not; ending the previous owner's streams"
+                    );
+                }
+                let (generation, evicted) = owners.insert(agent_id, claimant);
+                Ok(claim(generation, evicted, true))
+            }
+            Some(owner) => {
                 self.metrics.hit(Limit::DuplicateAgentId);
                 if let Some(suppressed) = self.warn.allow() {
                     tracing::warn!(
                         agent.id = %LogText(agent_id),
-                        peer = ?peer.addr,
-                        claimed_by = %principal,
+                        peer = ?claimant.peer.addr,
+                        claimed_by = %claimant.principal,
                         owned_by = %owner.principal,
                         suppressed,
                         "refusing a second stream for a live agent ID from a different identity"
                     );
                 }
-                return Err(Status::new(
+                Err(Status::new(
                     Code::ALREADY_EXISTS,
                     format!(
-                        "agent ID {} is connected with a different identity ({}); refusing {}",
+                        "agent ID {} is connected with a different identity ({}); refusing {} \
+                         (only a credential that proves the agent ID, a certificate naming it \
+                         or a token bound to that node, takes over an ID whose holder's does not)",
                         LogText(agent_id),
                         owner.principal,
-                        principal
+                        claimant.principal
                     ),
-                ));
+                ))
             }
-            Some(owner) => owner.streams += 1,
             None if known >= self.max_agents => {
                 self.metrics.hit(Limit::Agents);
-                return Err(Status::new(
+                Err(Status::new(
                     Code::RESOURCE_EXHAUSTED,
-                    format!("this server already has {known} agents (--max-agents)"),
-                ));
+                    format!("this tenant already has {known} agents (--max-agents, per tenant)"),
+                ))
             }
             None => {
-                owners.insert(
-                    agent_id.to_owned(),
-                    Owner {
-                        principal,
-                        streams: 1,
-                    },
-                );
+                let (generation, evicted) = owners.insert(agent_id, claimant);
+                Ok(claim(generation, evicted, false))
             }
         }
-        Ok(Claim {
-            admission: self.clone(),
-            agent_id: agent_id.to_owned(),
-        })
-    }
-
-    /// `--match-agent-identity-to-certificate`: the ID and identifiers are certificate names.
-    fn check_names(
-        &self,
-        agent_id: &str,
-        identifiers: &Identifiers,
-        peer: &PeerIdentity,
-    ) -> Result<(), Status> {
-        let refuse = |what: String| {
-            self.metrics.hit(Limit::AgentIdentity);
-            if let Some(suppressed) = self.warn.allow() {
-                tracing::warn!(peer = ?peer.addr, suppressed, "refusing agent stream: {what}");
-            }
-            Err(Status::new(Code::PERMISSION_DENIED, what))
-        };
-        let Some(names) = &peer.certificate else {
-            return refuse("no client certificate to match the agent ID against".into());
-        };
-        if !names.has_name(agent_id) {
-            return refuse(format!(
-                "agent ID {} is not a name (CN or SAN) of the client certificate",
-                LogText(agent_id)
-            ));
-        }
-        if let Some(host) = identifiers.hosts.iter().find(|h| !names.has_name(h)) {
-            return refuse(format!(
-                "identifier host={} is not a name of the client certificate",
-                LogText(host)
-            ));
-        }
-        let ip_ok = |ip: &String| ip.parse::<IpAddr>().is_ok_and(|ip| names.has_ip(ip));
-        if let Some(ip) = identifiers
-            .ipv4
-            .iter()
-            .chain(&identifiers.ipv6)
-            .find(|ip| !ip_ok(ip))
-        {
-            return refuse(format!(
-                "identifier {} is not an IP address SAN of the client certificate",
-                LogText(ip)
-            ));
-        }
-        Ok(())
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut owners = self
-            .admission
-            .owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(owner) = owners.get_mut(&self.agent_id) {
-            owner.streams -= 1;
-            if owner.streams == 0 {
-                owners.remove(&self.agent_id);
-            }
+        let mut owners = self.table.lock();
+        let Some(owner) = owners.by_id.get_mut(&self.agent_id) else {
+            return;
+        };
+        // An evicted owner's claims no longer count: the ID has a new owner.
+        if owner.generation != self.generation {
+            return;
+        }
+        owner.streams -= 1;
+        if owner.streams == 0 {
+            owners.by_id.remove(&self.agent_id);
         }
     }
 }
@@ -190,97 +218,125 @@ mod tests {
 
     use super::*;
 
-    fn peer(cn: &str, dns: &[&str], ips: &[&str]) -> PeerIdentity {
+    fn peer(cn: &str) -> PeerIdentity {
         PeerIdentity {
             transport: PeerTransport::Tls,
             addr: None,
             certificate: Some(CertificateNames {
                 common_name: Some(cn.into()),
-                dns: dns.iter().map(|d| (*d).into()).collect(),
-                ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
-                uris: vec![],
+                ..Default::default()
             }),
             unix: None,
         }
     }
 
-    fn admission(match_certificate: bool, max_agents: usize) -> Arc<Admission> {
+    fn admission(max_agents: usize) -> Admission {
         let registry = tether_observe::metrics::Registry::new();
-        Arc::new(Admission::new(
-            match_certificate,
-            max_agents,
-            LimitMetrics::register(&registry),
-        ))
+        Admission::new(max_agents, LimitMetrics::register(&registry))
+    }
+
+    /// `agent_id` claimed by the certificate `cn`, which proves the ID when they are equal.
+    fn by_cert(
+        a: &Admission,
+        table: &Arc<AgentTable>,
+        agent_id: &str,
+        cn: &str,
+    ) -> Result<Claim, Status> {
+        let peer = peer(cn);
+        a.admit(
+            table,
+            &Claimant {
+                agent_id,
+                principal: peer.principal(),
+                proves_id: agent_id == cn,
+                peer: &peer,
+            },
+        )
+    }
+
+    fn count(table: &AgentTable) -> usize {
+        table.lock().by_id.len()
     }
 
     #[test]
     fn same_identity_may_reconnect_another_may_not() {
-        let a = admission(false, 10);
-        let none = Identifiers::default();
-        let first = a
-            .admit("n1", &none, &peer("node-1", &[], &[]), None)
-            .unwrap();
-        let again = a
-            .admit("n1", &none, &peer("node-1", &[], &[]), None)
-            .unwrap();
-        let err = a
-            .admit("n1", &none, &peer("node-2", &[], &[]), None)
-            .unwrap_err();
+        let (a, t) = (admission(10), Arc::default());
+        let first = by_cert(&a, &t, "n1", "node-1").unwrap();
+        let again = by_cert(&a, &t, "n1", "node-1").unwrap();
+        let err = by_cert(&a, &t, "n1", "node-2").unwrap_err();
         assert_eq!(err.code, Code::ALREADY_EXISTS, "{err}");
         drop((first, again));
         // Once the owner is gone the ID is free again.
-        a.admit("n1", &none, &peer("node-2", &[], &[]), None)
-            .unwrap();
+        by_cert(&a, &t, "n1", "node-2").unwrap();
+    }
+
+    #[test]
+    fn a_prover_takes_the_id_from_a_squatter_and_not_the_other_way() {
+        let (a, t) = (admission(10), Arc::default());
+        let squatter = by_cert(&a, &t, "node-1", "node-2").unwrap();
+        let squatter_again = by_cert(&a, &t, "node-1", "node-2").unwrap();
+        let real = by_cert(&a, &t, "node-1", "node-1").unwrap();
+        assert!(real.took_over && !squatter.took_over);
+        assert!(squatter.evicted.is_cancelled() && squatter_again.evicted.is_cancelled());
+        assert!(!real.evicted.is_cancelled());
+        // The squatter's leftover claims do not release the new owner's hold.
+        drop((squatter, squatter_again));
+        assert_eq!(count(&t), 1);
+        let err = by_cert(&a, &t, "node-1", "node-2").unwrap_err();
+        assert_eq!(err.code, Code::ALREADY_EXISTS, "{err}");
+        assert!(err.message.contains("proves the agent ID"), "{err}");
+        // A second prover does not take it from the first.
+        let other = peer("node-1");
+        let mut renamed = other.clone();
+        renamed.certificate.as_mut().unwrap().dns = vec!["node-1.example".into()];
+        let err = a
+            .admit(
+                &t,
+                &Claimant {
+                    agent_id: "node-1",
+                    principal: renamed.principal(),
+                    proves_id: true,
+                    peer: &renamed,
+                },
+            )
+            .unwrap_err();
+        assert_eq!(err.code, Code::ALREADY_EXISTS);
+        drop(real);
+        assert_eq!(count(&t), 0, "the ID is free once its owner left");
     }
 
     #[test]
     fn token_principals_own_agent_ids_per_node() {
-        let a = admission(false, 10);
-        let none = Identifiers::default();
+        let (a, t) = (admission(10), Arc::default());
         let anonymous = PeerIdentity::unknown();
-        let on = |node: &str| {
-            Some(Principal::Token {
+        let on = |node: &str| Claimant {
+            agent_id: "n1",
+            principal: Principal::Token {
                 username: "system:serviceaccount:kube-system:agent".into(),
                 node: Some(node.into()),
-            })
+            },
+            proves_id: node == "n1",
+            peer: &anonymous,
         };
-        let _first = a.admit("n1", &none, &anonymous, on("node-1")).unwrap();
-        a.admit("n1", &none, &anonymous, on("node-1")).unwrap();
-        let err = a.admit("n1", &none, &anonymous, on("node-2")).unwrap_err();
+        let _first = a.admit(&t, &on("node-1")).unwrap();
+        a.admit(&t, &on("node-1")).unwrap();
+        let err = a.admit(&t, &on("node-2")).unwrap_err();
         assert_eq!(err.code, Code::ALREADY_EXISTS, "{err}");
+        let owner = a.admit(&t, &on("n1")).unwrap();
+        assert!(
+            owner.took_over,
+            "the token bound to node n1 proves agent ID n1"
+        );
     }
 
     #[test]
-    fn agent_count_is_capped() {
-        let a = admission(false, 1);
-        let none = Identifiers::default();
-        let _one = a.admit("a", &none, &peer("x", &[], &[]), None).unwrap();
-        let err = a.admit("b", &none, &peer("x", &[], &[]), None).unwrap_err();
+    fn agent_count_is_capped_per_table() {
+        let a = admission(1);
+        let (t1, t2) = (Arc::default(), Arc::default());
+        let _one = by_cert(&a, &t1, "a", "x").unwrap();
+        let err = by_cert(&a, &t1, "b", "x").unwrap_err();
         assert_eq!(err.code, Code::RESOURCE_EXHAUSTED);
-    }
-
-    #[test]
-    fn certificate_match_checks_id_hosts_and_ips() {
-        let a = admission(true, 10);
-        let p = peer("node-1", &["node-1.example"], &["10.0.0.1"]);
-        let ids = |q| Identifiers::parse(q).unwrap();
-        a.admit(
-            "node-1",
-            &ids("host=node-1.example&ipv4=10.0.0.1"),
-            &p,
-            None,
-        )
-        .unwrap();
-        for (id, q) in [
-            ("node-2", ""),
-            ("node-1", "host=node-2"),
-            ("node-1", "ipv4=10.0.0.2"),
-            ("node-1", "ipv6=not-an-ip"),
-        ] {
-            let err = a.admit(id, &ids(q), &p, None).unwrap_err();
-            assert_eq!(err.code, Code::PERMISSION_DENIED, "{id} {q}: {err}");
-        }
-        let anonymous = PeerIdentity::unknown();
-        assert!(a.admit("node-1", &ids(""), &anonymous, None).is_err());
+        // Another tenant's table has its own IDs and its own cap.
+        let _other = by_cert(&a, &t2, "a", "y").unwrap();
     }
 }

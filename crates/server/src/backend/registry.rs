@@ -102,9 +102,9 @@ pub(crate) struct Selected<B> {
     pub(crate) candidates: usize,
 }
 
-/// One index: key → the streams that advertised it, in arrival order. Each stream is indexed
-/// under its own identifiers (as upstream), so a later stream of an agent ID never inherits
-/// the keys of an earlier one.
+/// One index: key → the streams that advertised it, oldest (lowest stream ID) first. Each
+/// stream is indexed under its own identifiers (as upstream), so a later stream of an agent ID
+/// never inherits the keys of an earlier one.
 #[derive(Debug)]
 struct Index<B> {
     strategy: Strategy,
@@ -139,16 +139,29 @@ impl<B: Backend> Registry<B> {
         }
     }
 
-    /// Adds a stream under its own identifiers. A second stream of a known agent ID queues
-    /// behind the first under the keys they share.
+    /// Adds a stream under its own identifiers, in its place by age: a stream queues behind
+    /// the older streams under the keys they share, and a resumed stream (which keeps its
+    /// stream ID) goes back where it was, not behind the streams that came while it was away.
     pub(crate) fn add(&mut self, backend: B, identifiers: &Identifiers) {
         let id = backend.agent_id().to_owned();
         for index in &mut self.indexes {
             for key in keys_for(index.strategy, &id, identifiers) {
-                index.keys.entry(key).or_default().push(backend.clone());
+                insert_by_age(index.keys.entry(key).or_default(), backend.clone());
             }
         }
-        self.agents.entry(id).or_default().push(backend);
+        insert_by_age(self.agents.entry(id).or_default(), backend);
+    }
+
+    /// Removes every stream of `agent_id` (its owner changed: they are ending).
+    pub(crate) fn remove_agent(&mut self, agent_id: &str) {
+        let streams: Vec<u64> = self
+            .agents
+            .get(agent_id)
+            .map(|streams| streams.iter().map(Backend::stream_id).collect())
+            .unwrap_or_default();
+        for stream_id in streams {
+            self.remove(agent_id, stream_id);
+        }
     }
 
     /// Removes one stream (matched by agent and stream ID) from every key it was indexed under.
@@ -179,7 +192,7 @@ impl<B: Backend> Registry<B> {
         let selected = self.indexes.iter().find_map(|index| {
             // The chosen stream and how many the strategy chose among.
             let (backend, candidates) = match index.strategy {
-                // Streams that advertised the host, oldest first.
+                // Streams that advertised the host, oldest (by stream ID) first.
                 Strategy::DestHost => {
                     let streams = index.keys.get(host)?;
                     (first_preferring_active(streams, now)?, streams.len())
@@ -252,6 +265,12 @@ impl<B: Backend> Registry<B> {
     pub(crate) fn streams(&self) -> impl Iterator<Item = &B> + '_ {
         self.agents.values().flatten()
     }
+}
+
+/// Inserts `backend` among `streams` (kept in stream-ID order) after every older stream.
+fn insert_by_age<B: Backend>(streams: &mut Vec<B>, backend: B) {
+    let at = streams.partition_point(|b| b.stream_id() < backend.stream_id());
+    streams.insert(at, backend);
 }
 
 /// The first usable candidate, else the first ejected one, else the first draining one.
@@ -454,6 +473,38 @@ mod tests {
         r.remove("a", 1);
         assert_eq!(sel(&mut r, "x:1").unwrap().stream, 2);
         assert_eq!(r.agent_count(), 1);
+    }
+
+    #[test]
+    fn a_stream_that_comes_back_takes_its_place_by_age() {
+        let mut r = Registry::new(&[Strategy::DestHost, Strategy::Default], Arc::default());
+        let real = fake("node-1", 1);
+        r.add(real.clone(), &ids("ipv4=10.0.0.1"));
+        r.add(fake("other", 2), &ids("ipv4=10.0.0.1"));
+        r.add(fake("node-1", 3), &ids(""));
+        assert_eq!(sel(&mut r, "10.0.0.1:10250").unwrap().id, "node-1");
+        // A blip: the real node's stream is suspended and resumed (same stream ID).
+        r.remove("node-1", 1);
+        assert_eq!(sel(&mut r, "10.0.0.1:10250").unwrap().id, "other");
+        r.add(real, &ids("ipv4=10.0.0.1"));
+        for _ in 0..5 {
+            assert_eq!(
+                sel(&mut r, "10.0.0.1:10250").unwrap().stream,
+                1,
+                "the resumed stream is the oldest again"
+            );
+        }
+        // Also among one agent's own streams.
+        assert_eq!(
+            r.streams()
+                .filter(|b| b.id == "node-1")
+                .map(|b| b.stream)
+                .collect::<Vec<_>>(),
+            [1, 3]
+        );
+        r.remove_agent("node-1");
+        assert!(!r.contains("node-1"));
+        assert_eq!(sel(&mut r, "10.0.0.1:10250").unwrap().id, "other");
     }
 
     #[test]

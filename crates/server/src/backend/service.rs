@@ -16,7 +16,10 @@ use tether_tunnel::{ResumeFailure, TransportEnd};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{Admission, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES};
+use super::admission::{
+    Admission, Claimant, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES,
+};
+use super::binding::{Binding, Credential};
 use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
@@ -36,7 +39,9 @@ pub(crate) struct AgentService {
     /// `--backend-dial-timeout`: how long a dial waits for the agent's answer.
     pub(crate) dial_timeout: Duration,
     pub(crate) next_stream_id: AtomicU64,
-    pub(crate) admission: Arc<Admission>,
+    pub(crate) admission: Admission,
+    /// `--agent-identity-binding`: what an agent's credential must prove.
+    pub(crate) binding: Binding,
     pub(crate) limit_metrics: crate::limits::LimitMetrics,
     /// Bearer-token authentication of agents, when enabled.
     pub(crate) token_auth: Option<AgentTokenAuth>,
@@ -75,7 +80,7 @@ impl AgentService {
             }
         };
         let token = match &self.token_auth {
-            Some(auth) => match auth.check(call.metadata(), &identifiers).await {
+            Some(auth) => match auth.check(call.metadata()).await {
                 Ok(principal) => Some(principal),
                 Err(status) => {
                     self.limit_metrics.hit(crate::limits::Limit::AgentToken);
@@ -112,16 +117,33 @@ impl AgentService {
                 return;
             }
         };
-        let claim = match self
-            .admission
-            .admit(&agent_id, &identifiers, call.peer(), token)
+        let credential = Credential::of(call.peer(), token.as_ref());
+        if let Err(status) = self
+            .binding
+            .check(&agent_id, &identifiers, credential, call.peer())
+            .await
         {
+            call.reject(&status);
+            return;
+        }
+        let claimant = Claimant {
+            agent_id: &agent_id,
+            principal: token.clone().unwrap_or_else(|| call.peer().principal()),
+            proves_id: credential.proves_agent_id(&agent_id),
+            peer: call.peer(),
+        };
+        let claim = match self.admission.admit(&tenant.agent_ids, &claimant) {
             Ok(claim) => claim,
             Err(status) => {
                 call.reject(&status);
                 return;
             }
         };
+        if claim.took_over {
+            // The previous owner's streams are ending; no dial may reach them meanwhile.
+            tenant.registry().remove_agent(&agent_id);
+            self.hub.refresh_backend_gauges();
+        }
         let flow = self
             .flow
             .negotiate(header(call.metadata(), metadata::TETHER_FLOW));
@@ -221,7 +243,7 @@ impl AgentService {
             tenant,
             response,
             registration,
-            _claim: claim,
+            claim,
         };
         tracing::info!(agent.id = %owner.session.agent_id, stream = owner.session.stream_id, credit = flow.is_credit(), reverse = control_plane.is_some(), resumable = owner.registration.is_some(), tenant = %owner.tenant.name, "agent connected");
         // The stream outlives this call when it resumes on another: it has its own task.
@@ -239,8 +261,14 @@ struct StreamOwner {
     response: Vec<(&'static str, String)>,
     /// Set on a resumable stream.
     registration: Option<Registration>,
-    _claim: super::admission::Claim,
+    /// The hold on the agent ID; the stream ends when another principal takes the ID over.
+    claim: super::admission::Claim,
 }
+
+/// Why a stream whose agent ID was taken over ends.
+const EVICTED: &str = "the agent ID was taken over by an agent whose credential proves it \
+    (a certificate naming it, or a token bound to that node), and this stream's credential \
+    does not";
 
 impl StreamOwner {
     async fn run(mut self, receiver: PacketReceiver, sender: PacketSender) {
@@ -254,17 +282,18 @@ impl StreamOwner {
                 .add(self.session.clone(), &self.session.identifiers);
             hub.refresh_backend_gauges();
             let reason = self.serve(receiver, sender).await;
-            let link = &self.session.link;
-            link.close(&reason);
-            self.session.reverse_tasks.close();
-            self.session.reverse_tasks.wait().await;
-            tracing::info!(%reason, "agent disconnected");
+            // No new dial may pick a stream that has ended.
             let gone = {
                 let mut registry = self.tenant.registry();
                 registry.remove(&self.session.agent_id, self.session.stream_id);
                 !registry.contains(&self.session.agent_id)
             };
             hub.refresh_backend_gauges();
+            let link = &self.session.link;
+            link.close(&reason);
+            self.session.reverse_tasks.close();
+            self.session.reverse_tasks.wait().await;
+            tracing::info!(%reason, "agent disconnected");
             if gone {
                 hub.metrics.forget_agent(&self.session.agent_id);
             }
@@ -278,6 +307,7 @@ impl StreamOwner {
     async fn serve(&mut self, mut receiver: PacketReceiver, mut sender: PacketSender) -> String {
         let link = self.session.link.clone();
         let stop = self.service.stop.clone();
+        let evicted = self.claim.evicted.clone();
         let metrics = &self.service.hub.metrics.resume;
         loop {
             let mut taken_over = None;
@@ -286,6 +316,7 @@ impl StreamOwner {
                 .run_transport(receiver, sender, async {
                     tokio::select! {
                         () = stop.cancelled() => TransportEnd::Final("server stopping".into()),
+                        () = evicted.cancelled() => TransportEnd::Final(EVICTED.into()),
                         Some(r) = next_resumption(resumptions) => {
                             taken_over = Some(r);
                             TransportEnd::Broken("the agent resumed the stream on a new connection".into())
@@ -299,7 +330,7 @@ impl StreamOwner {
             let Some(registration) = self.registration.as_mut() else {
                 return why;
             };
-            if stop.is_cancelled() {
+            if stop.is_cancelled() || evicted.is_cancelled() {
                 return why;
             }
             let window = registration.window();
@@ -320,6 +351,7 @@ impl StreamOwner {
                         tokio::select! {
                             () = stop.cancelled() => None,
                             () = abandoned.cancelled() => None,
+                            () = evicted.cancelled() => None,
                             r = registration.resumptions.recv() => r,
                         }
                     })
@@ -334,6 +366,8 @@ impl StreamOwner {
             else {
                 let (failure, ended) = if stop.is_cancelled() {
                     (ResumeFailure::Stopping, "server stopping".to_owned())
+                } else if evicted.is_cancelled() {
+                    (ResumeFailure::Unknown, EVICTED.to_owned())
                 } else if registration.abandoned.is_cancelled() {
                     (
                         ResumeFailure::Unknown,

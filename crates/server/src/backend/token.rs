@@ -1,8 +1,9 @@
 //! Agent authentication by bearer token (upstream's ServiceAccount token authentication).
 //!
-//! The server only reads the `authorization` metadata and applies the identity binding; who
-//! vouches for a token (a TokenReview against the Kubernetes API, with its cache) is a
-//! [`TokenAuthenticator`] handed in by the binary, so this crate links no Kubernetes client.
+//! The server only reads the `authorization` metadata; who vouches for a token (a TokenReview
+//! against the Kubernetes API, with its cache) is a [`TokenAuthenticator`] handed in by the
+//! binary, so this crate links no Kubernetes client. What the token then proves about the
+//! agent's identifiers is `binding`'s concern.
 
 use std::fmt;
 use std::future::Future;
@@ -10,7 +11,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tether_grpc::{Code, LogText, Principal, Status};
-use tether_proto::{Identifiers, metadata};
+use tether_proto::metadata;
+
+use super::binding::NodeAddresses;
 
 /// What a reviewed token proved about the agent presenting it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,18 +51,14 @@ pub trait TokenAuthenticator: Send + Sync + fmt::Debug + 'static {
 #[derive(Clone, Debug)]
 pub struct AgentTokenAuth {
     pub authenticator: Arc<dyn TokenAuthenticator>,
-    /// Require every `host=` identifier of the agent to be the node its token is bound to
-    /// (`--match-agent-host-to-token-node`), so one node's token cannot claim another node.
-    pub match_host_to_node: bool,
+    /// Where the addresses of a token's node are read, to prove the agent's `ipv4=`/`ipv6=`
+    /// identifiers; `None` refuses those claims (`--agent-identity-binding`).
+    pub nodes: Option<Arc<dyn NodeAddresses>>,
 }
 
 impl AgentTokenAuth {
     /// Authenticates an agent stream's metadata; the principal that then owns its agent ID.
-    pub(crate) async fn check(
-        &self,
-        headers: &http::HeaderMap,
-        identifiers: &Identifiers,
-    ) -> Result<Principal, Status> {
+    pub(crate) async fn check(&self, headers: &http::HeaderMap) -> Result<Principal, Status> {
         let token = bearer(headers).map_err(|e| unauthenticated(&e))?;
         let identity =
             self.authenticator
@@ -72,9 +71,6 @@ impl AgentTokenAuth {
                         format!("agent token could not be checked: {why}"),
                     ),
                 })?;
-        if self.match_host_to_node {
-            check_node(&identity, identifiers)?;
-        }
         Ok(Principal::Token {
             username: identity.username,
             node: identity.node,
@@ -102,34 +98,6 @@ fn bearer(headers: &http::HeaderMap) -> Result<&str, String> {
         .strip_prefix("Bearer ")
         .filter(|token| !token.is_empty())
         .ok_or_else(|| "the authorization value does not have the \"Bearer \" prefix".into())
-}
-
-/// `--match-agent-host-to-token-node`: `host=` identifiers may only name the token's node.
-fn check_node(identity: &TokenIdentity, identifiers: &Identifiers) -> Result<(), Status> {
-    let Some(claimed) = identifiers.hosts.first() else {
-        return Ok(());
-    };
-    let denied = |what: String| {
-        Err(Status::new(
-            Code::PERMISSION_DENIED,
-            format!("{what} (--match-agent-host-to-token-node=false allows it)"),
-        ))
-    };
-    let Some(node) = &identity.node else {
-        return denied(format!(
-            "identifier host={} needs a token bound to a pod on that node, and this token \
-             names no node",
-            LogText(claimed)
-        ));
-    };
-    match identifiers.hosts.iter().find(|host| *host != node) {
-        Some(other) => denied(format!(
-            "identifier host={} is not the node the token is bound to ({})",
-            LogText(other),
-            LogText(node)
-        )),
-        None => Ok(()),
-    }
 }
 
 #[cfg(test)]
@@ -161,29 +129,6 @@ mod tests {
             assert!(
                 bearer(&headers(&[bad])).unwrap_err().contains("prefix"),
                 "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn hosts_must_name_the_token_node() {
-        let ids = |q| Identifiers::parse(q).unwrap();
-        let on = |node: Option<&str>| TokenIdentity {
-            username: "system:serviceaccount:kube-system:konnectivity-agent".into(),
-            node: node.map(str::to_owned),
-        };
-        check_node(&on(Some("n1")), &ids("host=n1&ipv4=10.0.0.1")).unwrap();
-        check_node(&on(None), &ids("ipv4=10.0.0.1")).unwrap();
-        for (node, q) in [
-            (Some("n1"), "host=n2"),
-            (Some("n1"), "host=n1&host=n2"),
-            (None, "host=n1"),
-        ] {
-            let err = check_node(&on(node), &ids(q)).unwrap_err();
-            assert_eq!(err.code, Code::PERMISSION_DENIED, "{q}: {err}");
-            assert!(
-                err.message.contains("--match-agent-host-to-token-node"),
-                "{err}"
             );
         }
     }

@@ -101,6 +101,9 @@ async fn connections_and_agents_through(case: Case) {
             transport: case.transport,
             server_id: server_id.clone(),
             server_count: 2,
+            // The PKI's one agent certificate proves no identifier: routing by what the
+            // agent declares is the conscious choice of `off`.
+            agent_identity_binding: tether_server::IdentityBinding::Off,
             ..Default::default()
         },
     )

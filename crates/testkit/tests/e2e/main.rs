@@ -9,6 +9,7 @@ mod dns_names;
 mod frontends;
 mod go_client;
 mod http_connect;
+mod identity;
 mod introspection;
 mod isolation;
 mod lifecycle;

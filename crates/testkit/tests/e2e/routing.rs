@@ -24,6 +24,9 @@ async fn dest_host_then_default_route_then_default() {
                 Strategy::DefaultRoute,
                 Strategy::Default,
             ],
+            // The PKI's one agent certificate proves no identifier: routing by what the
+            // agents declare is the conscious choice of `off`.
+            agent_identity_binding: tether_server::IdentityBinding::Off,
             ..Default::default()
         },
     )

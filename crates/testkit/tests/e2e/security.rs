@@ -121,7 +121,7 @@ async fn host_identifiers_must_be_names_of_the_certificate_when_required() {
     .unwrap();
     let options = ServerOptions {
         strategies: vec![Strategy::DestHost],
-        match_agent_identity_to_certificate: true,
+        agent_identity_binding: tether_server::IdentityBinding::All,
         ..ServerOptions::default()
     };
     let server = TestServer::start(&pki, options).await.unwrap();

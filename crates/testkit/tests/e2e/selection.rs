@@ -28,6 +28,9 @@ async fn server(pki: &Pki, strategies: Vec<Strategy>, routing: RoutingConfig) ->
             mode: Mode::HttpConnect,
             strategies,
             routing,
+            // The PKI's one agent certificate proves no identifier: routing by what the
+            // agents declare is the conscious choice of `off`.
+            agent_identity_binding: tether_server::IdentityBinding::Off,
             ..Default::default()
         },
     )

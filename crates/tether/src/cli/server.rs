@@ -323,6 +323,11 @@ impl ServerArgs {
         let frontend = self.frontend(mode, &tls)?;
         let agent_tls = self.agent_tls(&tls, token_auth.is_some())?;
         let limits = self.security.limits()?;
+        let agent_identity_binding = self.security.identity_binding(
+            &self.cluster_ca_cert,
+            token_auth.is_some(),
+            token_auth.as_ref().and_then(|t| t.match_host_to_node),
+        )?;
         let tls_reload = self.tls_reload(mode, &tls, self.security.tls_reload_interval())?;
         let server_id = id_or_random(self.server_id.clone());
         if self.leases.enabled() {
@@ -382,9 +387,7 @@ impl ServerArgs {
                 timeout: GRPC_KEEPALIVE_TIMEOUT,
             }),
             limits,
-            match_agent_identity_to_certificate: self
-                .security
-                .match_agent_identity_to_certificate(),
+            agent_identity_binding,
             tls_reload,
             audit_log: self.security.audit_log(),
             // Needs the Kubernetes client, which ServerLaunch::start builds.

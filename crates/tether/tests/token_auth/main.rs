@@ -3,6 +3,7 @@
 //! through an API outage, a 1,000-agent storm, upstream's peers on either side, and agents
 //! joining tenants by ServiceAccount namespace.
 
+mod binding;
 mod mixed;
 mod review;
 mod storm;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings, PacketReceiver, PacketSender, Status};
+use tether_kube::node_addresses::NodeAddressLookup;
 use tether_kube::token_review::{AgentServiceAccount, CacheLimits, TokenReviewAuthenticator};
 use tether_kube::{KubeApi, KubeApiOptions};
 use tether_observe::metrics::Registry;
@@ -34,8 +36,9 @@ pub(crate) fn tether_bin() -> &'static Path {
 }
 
 /// A control plane with the task's ServiceAccounts and RBAC: the agents' ServiceAccount
-/// (plus decoys), pods on two nodes to bind tokens to, and a server ServiceAccount bound to
-/// `system:auth-delegator` whose token kubeconfig the proxy server uses.
+/// (plus decoys), two Nodes with their addresses and a pod on each to bind tokens to, and a
+/// server ServiceAccount bound to `system:auth-delegator` and allowed to read Nodes, whose
+/// token kubeconfig the proxy server uses.
 pub(crate) struct Cluster {
     pub(crate) plane: ControlPlane,
     /// The proxy server's kubeconfig (its own ServiceAccount, only allowed TokenReviews).
@@ -65,6 +68,35 @@ metadata: {name: konnectivity-server-auth-delegator}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:auth-delegator}
 subjects:
 - {kind: ServiceAccount, name: konnectivity-server, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: konnectivity-server-node-reader}
+rules:
+- {apiGroups: [\"\"], resources: [nodes], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: konnectivity-server-node-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: konnectivity-server-node-reader}
+subjects:
+- {kind: ServiceAccount, name: konnectivity-server, namespace: kube-system}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status:
+  addresses:
+  - {type: InternalIP, address: 10.250.0.11}
+  - {type: Hostname, address: node-1}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-2}
+status:
+  addresses:
+  - {type: InternalIP, address: 10.250.0.12}
+  - {type: Hostname, address: node-2}
 ---
 apiVersion: v1
 kind: Pod
@@ -112,17 +144,14 @@ impl Cluster {
     pub(crate) async fn token_auth(
         &self,
         limits: CacheLimits,
-        match_host_to_node: bool,
     ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
-        self.token_auth_limited(limits, match_host_to_node, 0.0, 0)
-            .await
+        self.token_auth_limited(limits, 0.0, 0).await
     }
 
     /// [`token_auth`](Self::token_auth) with `--kubeconfig-qps` and `--kubeconfig-burst`.
     pub(crate) async fn token_auth_limited(
         &self,
         limits: CacheLimits,
-        match_host_to_node: bool,
         qps: f32,
         burst: u32,
     ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
@@ -131,8 +160,7 @@ impl Cluster {
             name: AGENT_SA.into(),
             audience: AUDIENCE.into(),
         };
-        self.token_auth_for(account, limits, match_host_to_node, qps, burst)
-            .await
+        self.token_auth_for(account, limits, qps, burst).await
     }
 
     /// [`token_auth_limited`](Self::token_auth_limited) admitting `account`.
@@ -140,25 +168,10 @@ impl Cluster {
         &self,
         account: AgentServiceAccount,
         limits: CacheLimits,
-        match_host_to_node: bool,
         qps: f32,
         burst: u32,
     ) -> anyhow::Result<(AgentTokenAuth, Registry)> {
-        let api = KubeApi::connect(&KubeApiOptions {
-            kubeconfig: Some(self.server_kubeconfig.clone()),
-            qps,
-            burst,
-        })
-        .await?;
-        let registry = Registry::new();
-        let authenticator = TokenReviewAuthenticator::new(api, account, limits, &registry);
-        Ok((
-            AgentTokenAuth {
-                authenticator: Arc::new(authenticator),
-                match_host_to_node,
-            },
-            registry,
-        ))
+        token_auth_with(&self.server_kubeconfig, account, limits, qps, burst).await
     }
 
     /// TokenReviews the API server has handled, from its own metrics.
@@ -172,6 +185,32 @@ impl Cluster {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
     }
+}
+
+/// Token authentication as `tether server` wires it (TokenReviews, and Node reads for the
+/// identity binding), through the API as the user of `kubeconfig`.
+pub(crate) async fn token_auth_with(
+    kubeconfig: &Path,
+    account: AgentServiceAccount,
+    limits: CacheLimits,
+    qps: f32,
+    burst: u32,
+) -> anyhow::Result<(AgentTokenAuth, Registry)> {
+    let api = KubeApi::connect(&KubeApiOptions {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        qps,
+        burst,
+    })
+    .await?;
+    let registry = Registry::new();
+    let authenticator = TokenReviewAuthenticator::new(api.clone(), account, limits, &registry);
+    Ok((
+        AgentTokenAuth {
+            authenticator: Arc::new(authenticator),
+            nodes: Some(Arc::new(NodeAddressLookup::new(api))),
+        },
+        registry,
+    ))
 }
 
 pub(crate) fn default_limits() -> CacheLimits {

@@ -15,7 +15,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
 {
     let mut cluster = Cluster::start().await?;
     let pki = Pki::generate()?;
-    let (auth, token_metrics) = cluster.token_auth(default_limits(), true).await?;
+    let (auth, token_metrics) = cluster.token_auth(default_limits()).await?;
     let server = TestServer::start(
         &pki,
         ServerOptions {
@@ -116,7 +116,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
     assert!(
         refused
             .message
-            .contains("not the node the token is bound to (node-1)"),
+            .contains("host=node-2 is not proven by the agent's token, bound to node node-1"),
         "{refused}"
     );
     let unbound = cluster.agent_token(None).await?;

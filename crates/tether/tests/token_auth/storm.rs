@@ -13,7 +13,7 @@ const AGENTS: usize = 1_000;
 async fn a_thousand_agents_with_one_token_cost_a_handful_of_reviews() -> anyhow::Result<()> {
     let cluster = Cluster::start().await?;
     let pki = Pki::generate()?;
-    let (auth, token_metrics) = cluster.token_auth(default_limits(), false).await?;
+    let (auth, token_metrics) = cluster.token_auth(default_limits()).await?;
     let server = TestServer::start(
         &pki,
         ServerOptions {
@@ -84,9 +84,7 @@ async fn a_thousand_agents_with_one_token_cost_a_handful_of_reviews() -> anyhow:
 
     // Distinct tokens cannot share a review; --kubeconfig-qps spaces their reviews out
     // instead of sending them all at once.
-    let (auth, _metrics) = cluster
-        .token_auth_limited(default_limits(), false, 1.0, 1)
-        .await?;
+    let (auth, _metrics) = cluster.token_auth_limited(default_limits(), 1.0, 1).await?;
     let server = TestServer::start(
         &pki,
         ServerOptions {

@@ -88,7 +88,7 @@ async fn agents_join_the_tenant_of_their_service_account_namespace() -> anyhow::
         audience: AUDIENCE.into(),
     };
     let (auth, _) = cluster
-        .token_auth_for(account, default_limits(), false, 0.0, 0)
+        .token_auth_for(account, default_limits(), 0.0, 0)
         .await?;
     let server = TestServer::start(
         &pki,

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use tether_kube::node_addresses::NodeAddressLookup;
 use tether_kube::token_review::TokenReviewAuthenticator;
 use tether_kube::{KubeApi, KubeApiOptions};
 use tether_observe::metrics::Registry;
-use tether_server::{AgentTokenAuth, Config};
+use tether_server::{AgentTokenAuth, Config, IdentityBinding, NodeAddresses};
 
 use super::token_auth::TokenAuth;
 
@@ -62,9 +63,12 @@ impl ServerLaunch {
             );
             let authenticator =
                 TokenReviewAuthenticator::new(api.clone(), auth.account, auth.cache, registry);
+            // Only read when the binding needs a token agent's node addresses.
+            let nodes = (config.agent_identity_binding != IdentityBinding::Off)
+                .then(|| Arc::new(NodeAddressLookup::new(api.clone())) as Arc<dyn NodeAddresses>);
             config.agent_token_auth = Some(AgentTokenAuth {
                 authenticator: Arc::new(authenticator),
-                match_host_to_node: auth.match_host_to_node,
+                nodes,
             });
         }
         Ok((config, leases.map(|leases| (api, leases))))

@@ -1,17 +1,23 @@
 //! tether's own hardening flags of `tether server`: agent authentication, identity binding,
-//! deadlines and caps. None exists upstream; each default is the safe choice, and the one an
-//! upstream deployment may trip over (agents without client certificates) fails at start-up
-//! with an error naming the flag that restores the old behaviour.
+//! deadlines and caps. None exists upstream; each default is the safe choice, and those an
+//! upstream deployment may trip over fail with an error naming the flag that restores the old
+//! behaviour: agents without client certificates at start-up, and agents whose credential
+//! does not prove the identifiers they claim (one certificate shared by all nodes) when they
+//! connect.
 
 use std::time::Duration;
 
 use anyhow::bail;
 use clap::{ArgAction, Args};
-use tether_server::Limits;
+use tether_server::{IdentityBinding, Limits};
 
 use crate::cli::common::{go_bool, go_duration};
 
 const HEADING: &str = "Security (tether)";
+
+fn parse_binding(value: &str) -> Result<IdentityBinding, String> {
+    value.parse()
+}
 
 #[derive(Args, Clone, Debug)]
 pub(crate) struct SecurityArgs {
@@ -20,11 +26,19 @@ pub(crate) struct SecurityArgs {
     #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) allow_unauthenticated_agents: bool,
 
-    /// Require the agent ID and its host=/ipv4=/ipv6= identifiers to be names (CN, DNS/URI or
-    /// IP SANs) of the agent's client certificate. Off by default because deployments often
-    /// share one agent certificate among all nodes, which this would refuse.
-    #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    match_agent_identity_to_certificate: bool,
+    /// Which of an agent's claims its credential must prove. identifiers (default): every
+    /// host=, ipv4= and ipv6= identifier (what destHost routes by) is a CN or DNS SAN / an IP
+    /// SAN of the agent's client certificate or, with token authentication, the node the
+    /// token is bound to / an address of that Node (read from the Kubernetes API: the server
+    /// needs `get` on nodes); otherwise the stream is refused PERMISSION_DENIED. all: the
+    /// agent ID too. off: any agent credential may claim any node and receive its dials
+    /// (upstream's behaviour, for agents that share one certificate); warned at start-up.
+    #[arg(long, help_heading = HEADING, value_name = "identifiers|all|off", value_parser = parse_binding)]
+    agent_identity_binding: Option<IdentityBinding>,
+
+    /// Deprecated: --agent-identity-binding=all (true) or =off (false).
+    #[arg(long, help_heading = HEADING, value_name = "BOOL", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    match_agent_identity_to_certificate: Option<bool>,
 
     /// Write one JSON line per tunneled connection and per refused or failed dial to this
     /// file (appended; `-` is standard output, as kube-apiserver's flag). Empty: off.
@@ -66,8 +80,11 @@ pub(crate) struct SecurityArgs {
     #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
     tls_reload_interval: Duration,
 
-    /// Distinct agent IDs connected at once; further agents are refused (RESOURCE_EXHAUSTED).
-    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
+    /// Distinct agent IDs connected at once per tenant; further agents of that tenant are
+    /// refused (RESOURCE_EXHAUSTED). Bounds each tenant's agent table (about 43 KiB per
+    /// agent), so one tenant's credentials cannot fill another's; the default takes the
+    /// largest clusters (15,000 nodes). --max-agent-connections bounds the server as a whole.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 20_000)]
     max_agents: usize,
 }
 
@@ -86,12 +103,6 @@ impl SecurityArgs {
                  (--agent-namespace, --agent-service-account, --authentication-audience); drop one of them"
             );
         }
-        if token_auth && self.match_agent_identity_to_certificate {
-            bail!(
-                "--match-agent-identity-to-certificate needs --cluster-ca-cert; with token \
-                 authentication use --match-agent-host-to-token-node"
-            );
-        }
         if cluster_ca_cert.is_empty() && !token_auth && !self.allow_unauthenticated_agents {
             bail!(
                 "--cluster-ca-cert is not set, so agents would not be authenticated: anyone \
@@ -108,18 +119,76 @@ impl SecurityArgs {
                  client certificates); drop one of them"
             );
         }
-        if cluster_ca_cert.is_empty() && !token_auth && self.match_agent_identity_to_certificate {
-            bail!("--match-agent-identity-to-certificate needs --cluster-ca-cert");
-        }
         Ok(())
+    }
+
+    /// `--agent-identity-binding`, or what the deprecated flags it replaces ask for
+    /// (`token_node_flag` is `--match-agent-host-to-token-node`, read only with token
+    /// authentication). Warns at start-up when agents' claims go unchecked.
+    pub(crate) fn identity_binding(
+        &self,
+        cluster_ca_cert: &str,
+        token_auth: bool,
+        token_node_flag: Option<bool>,
+    ) -> anyhow::Result<IdentityBinding> {
+        let certificate_flag = self.match_agent_identity_to_certificate;
+        if token_auth && certificate_flag.is_some() {
+            bail!(
+                "--match-agent-identity-to-certificate needs --cluster-ca-cert; with token \
+                 authentication use --agent-identity-binding"
+            );
+        }
+        let deprecated = match (certificate_flag, token_node_flag) {
+            (Some(on), _) => Some((
+                "--match-agent-identity-to-certificate",
+                on,
+                IdentityBinding::All,
+            )),
+            (None, Some(on)) => Some((
+                "--match-agent-host-to-token-node",
+                on,
+                IdentityBinding::Identifiers,
+            )),
+            (None, None) => None,
+        };
+        let binding = match (self.agent_identity_binding, deprecated) {
+            (Some(_), Some((flag, _, _))) => {
+                bail!("{flag} is replaced by --agent-identity-binding; drop one of them")
+            }
+            (Some(binding), None) => binding,
+            (None, Some((flag, on, binding))) => {
+                let binding = if on { binding } else { IdentityBinding::Off };
+                tracing::warn!(
+                    "{flag} is deprecated and will be removed: use --agent-identity-binding={binding}"
+                );
+                binding
+            }
+            (None, None) => IdentityBinding::default(),
+        };
+        let credentials = token_auth || !cluster_ca_cert.is_empty();
+        match binding {
+            IdentityBinding::All if !credentials => bail!(
+                "--agent-identity-binding=all (--match-agent-identity-to-certificate) needs \
+                 --cluster-ca-cert or agent token authentication: unauthenticated agents prove \
+                 no agent ID"
+            ),
+            IdentityBinding::Off => tracing::warn!(
+                "--agent-identity-binding=off: agents' host=/ipv4=/ipv6= identifiers and IDs \
+                 are not checked against their credentials, so any agent credential can claim \
+                 any node and receive the dials meant for it (kubelet exec and logs)"
+            ),
+            IdentityBinding::Identifiers if !credentials => tracing::warn!(
+                "agents are not authenticated (--allow-unauthenticated-agents), so they prove no \
+                 host=/ipv4=/ipv6= identifier: streams that claim one are refused; \
+                 --agent-identity-binding=off routes by self-declared identifiers"
+            ),
+            IdentityBinding::Identifiers | IdentityBinding::All => {}
+        }
+        Ok(binding)
     }
 
     pub(crate) fn audit_log(&self) -> Option<tether_observe::audit::AuditTarget> {
         tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path)
-    }
-
-    pub(crate) fn match_agent_identity_to_certificate(&self) -> bool {
-        self.match_agent_identity_to_certificate
     }
 
     pub(crate) fn tls_reload_interval(&self) -> Duration {

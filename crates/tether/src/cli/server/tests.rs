@@ -1,5 +1,6 @@
 use std::net::SocketAddr;
 
+use tether_server::IdentityBinding;
 use tether_tls::pki::PkiFiles;
 
 use super::*;
@@ -338,7 +339,11 @@ fn token_authentication_as_the_kubernetes_io_task_configures_it() {
             audience: "system:konnectivity-server".into(),
         }
     );
-    assert!(auth.match_host_to_node);
+    assert_eq!(auth.match_host_to_node, None);
+    assert_eq!(
+        launch.config.agent_identity_binding,
+        IdentityBinding::Identifiers
+    );
     assert_eq!(auth.cache.ttl, Duration::from_secs(120));
     assert_eq!(auth.cache.negative_ttl, Duration::from_secs(10));
     assert_eq!(auth.cache.stale_ttl, Duration::from_secs(3600));
@@ -361,8 +366,9 @@ fn token_authentication_as_the_kubernetes_io_task_configures_it() {
         ),
     )
     .unwrap();
+    assert_eq!(launch.config.agent_identity_binding, IdentityBinding::Off);
     let auth = launch.token_auth.unwrap();
-    assert!(!auth.match_host_to_node);
+    assert_eq!(auth.match_host_to_node, Some(false));
     assert_eq!(auth.cache.ttl, Duration::ZERO);
     assert_eq!(auth.cache.negative_ttl, Duration::from_secs(1));
     assert_eq!(auth.cache.stale_ttl, Duration::from_secs(300));
@@ -423,7 +429,7 @@ fn token_authentication_follows_upstreams_validation() {
         ),
         (
             "--match-agent-identity-to-certificate",
-            "--match-agent-host-to-token-node",
+            "with token authentication use --agent-identity-binding",
         ),
     ] {
         let err = format!(
@@ -596,7 +602,7 @@ fn agents_must_be_authenticated_unless_explicitly_allowed() {
     );
     let lab = format!("{without_ca} --allow-unauthenticated-agents");
     let config = server_args(&lab).unwrap().into_config().unwrap();
-    assert!(!config.match_agent_identity_to_certificate);
+    assert_eq!(config.agent_identity_binding, IdentityBinding::Identifiers);
     let err = error(uds(&files, "--allow-unauthenticated-agents"));
     assert!(err.contains("contradicts --cluster-ca-cert"), "{err}");
     let err = error(
@@ -624,10 +630,66 @@ fn hardening_defaults_and_overrides() {
     assert_eq!(config.limits.idle_connection_timeout, None);
     assert_eq!(config.limits.max_agents, 5);
     assert_eq!(config.limits.max_streams_per_frontend_connection, 20_000);
-    assert!(config.match_agent_identity_to_certificate);
+    assert_eq!(config.agent_identity_binding, IdentityBinding::All);
     for flag in ["--connection-setup-timeout=0", "--max-agents=0"] {
         assert!(error(uds(&files, flag)).starts_with(flag.split('=').next().unwrap()));
     }
+}
+
+#[test]
+fn identity_binding_is_on_by_default_and_the_old_flags_map_onto_it() {
+    let (_dir, files) = pki();
+    let binding = |extra: &str| uds(&files, extra).map(|c| c.agent_identity_binding);
+    assert_eq!(binding("").unwrap(), IdentityBinding::Identifiers);
+    for (flag, want) in [
+        ("--agent-identity-binding=off", IdentityBinding::Off),
+        ("--agent-identity-binding=all", IdentityBinding::All),
+        (
+            "--agent-identity-binding=identifiers",
+            IdentityBinding::Identifiers,
+        ),
+        (
+            "--match-agent-identity-to-certificate",
+            IdentityBinding::All,
+        ),
+        (
+            "--match-agent-identity-to-certificate=false",
+            IdentityBinding::Off,
+        ),
+    ] {
+        assert_eq!(binding(flag).unwrap(), want, "{flag}");
+    }
+    let err = error(uds(
+        &files,
+        "--agent-identity-binding=all --match-agent-identity-to-certificate",
+    ));
+    assert!(
+        err.contains("replaced by --agent-identity-binding"),
+        "{err}"
+    );
+    assert!(server_args("--agent-identity-binding=on").is_err());
+    // With tokens: the old token flag maps too, and `all` binds the ID to the token's node.
+    let launch = |extra: &str| {
+        token_launch(&files, &format!("{TOKEN_AUTH} {extra}"))
+            .map(|l| l.config.agent_identity_binding)
+    };
+    assert_eq!(launch("").unwrap(), IdentityBinding::Identifiers);
+    assert_eq!(
+        launch("--match-agent-host-to-token-node").unwrap(),
+        IdentityBinding::Identifiers
+    );
+    assert_eq!(
+        launch("--agent-identity-binding=all").unwrap(),
+        IdentityBinding::All
+    );
+    let err = format!(
+        "{:#}",
+        launch("--agent-identity-binding=off --match-agent-host-to-token-node=false").unwrap_err()
+    );
+    assert!(
+        err.contains("--match-agent-host-to-token-node is replaced"),
+        "{err}"
+    );
 }
 
 #[test]

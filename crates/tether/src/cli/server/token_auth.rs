@@ -1,6 +1,6 @@
 //! Agent ServiceAccount token authentication flags: upstream's `--agent-namespace`,
 //! `--agent-service-account` and `--authentication-audience` (with upstream's validation),
-//! and tether's identity binding and TokenReview cache.
+//! and tether's TokenReview cache.
 
 use std::time::Duration;
 
@@ -31,12 +31,9 @@ pub(crate) struct TokenAuthArgs {
     #[arg(long, help_heading = HEADING, value_name = "AUDIENCE", default_value = "")]
     authentication_audience: String,
 
-    /// Refuse an agent whose host= identifiers name another node than the one its token is
-    /// bound to (the token's pod node, authentication.kubernetes.io/node-name), so one
-    /// node's token cannot draw another node's traffic. On by default: kubelet-projected
-    /// tokens carry the node, and agents without host= identifiers are not affected.
-    #[arg(long, help_heading = HEADING, value_name = "BOOL", default_value = "true", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    match_agent_host_to_token_node: bool,
+    /// Deprecated: --agent-identity-binding=identifiers (true) or =off (false).
+    #[arg(long, help_heading = HEADING, value_name = "BOOL", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    match_agent_host_to_token_node: Option<bool>,
 
     /// How long an admitted token is admitted again without a TokenReview (never past the
     /// token's expiry); 0 reviews every connection, as upstream does.
@@ -62,7 +59,8 @@ pub(crate) struct TokenAuthArgs {
 pub(crate) struct TokenAuth {
     pub(crate) account: AgentServiceAccount,
     pub(crate) cache: CacheLimits,
-    pub(crate) match_host_to_node: bool,
+    /// The deprecated `--match-agent-host-to-token-node`, when given.
+    pub(crate) match_host_to_node: Option<bool>,
 }
 
 impl TokenAuthArgs {
