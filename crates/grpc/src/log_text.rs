@@ -107,19 +107,29 @@ mod tests {
             let text = format!("a{c}b");
             let shown = LogText(&text).to_string();
             assert!(!shown.contains(c), "{:#x}: {shown:?}", c as u32);
-            assert!(shown.starts_with("a\\") && shown.ends_with('b'), "{shown:?}");
+            assert!(
+                shown.starts_with("a\\") && shown.ends_with('b'),
+                "{shown:?}"
+            );
         }
         // A literal backslash cannot pass for an escape.
         assert_eq!(LogText("a\\nb").to_string(), "a\\\\nb");
         // Printable text, quotes included, is shown as sent.
-        assert_eq!(LogText("naïve \"quoted\" 'x'").to_string(), "naïve \"quoted\" 'x'");
+        assert_eq!(
+            LogText("naïve \"quoted\" 'x'").to_string(),
+            "naïve \"quoted\" 'x'"
+        );
     }
 
     #[test]
     fn the_bound_counts_escaped_bytes() {
         let text = "\x1b".repeat(1000);
         let shown = LogText(&text).to_string();
-        assert!(shown.len() <= 128 + "…(1000 bytes)".len(), "{}", shown.len());
+        assert!(
+            shown.len() <= 128 + "…(1000 bytes)".len(),
+            "{}",
+            shown.len()
+        );
         assert!(shown.ends_with("…(1000 bytes)"), "{shown}");
     }
 }

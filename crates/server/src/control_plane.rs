@@ -310,9 +310,20 @@ mod tests {
         let list = ControlPlaneEndpoints::parse(["127.0.0.1:6443", "[::1]:6443", "api:443"])
             .unwrap()
             .unwrap();
-        assert_eq!(list.endpoints(), ["127.0.0.1:6443", "[::1]:6443", "api:443"]);
+        assert_eq!(
+            list.endpoints(),
+            ["127.0.0.1:6443", "[::1]:6443", "api:443"]
+        );
         assert_eq!(ControlPlaneEndpoints::parse([]), Ok(None));
-        for bad in ["127.0.0.1", "127.0.0.1:0", ":6443", "::1:6443", "h:port", "a b:1", "kubeconfig"] {
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            ":6443",
+            "::1:6443",
+            "h:port",
+            "a b:1",
+            "kubeconfig",
+        ] {
             assert!(ControlPlaneEndpoints::parse([bad]).is_err(), "{bad}");
         }
     }

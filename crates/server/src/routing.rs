@@ -512,7 +512,10 @@ mod tests {
         )
         .unwrap()
         .tenants;
-        assert_eq!(t[0].control_plane_endpoints, Some(vec!["10.0.0.1:6443".into()]));
+        assert_eq!(
+            t[0].control_plane_endpoints,
+            Some(vec!["10.0.0.1:6443".into()])
+        );
         assert_eq!(t[1].control_plane_endpoints, Some(Vec::new()));
         assert_eq!(t[2].control_plane_endpoints, None);
         let err = RoutingConfig::from_yaml(
@@ -520,7 +523,9 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            err.contains("tenants[0] (\"a\"): control_plane_endpoints: \"kubeconfig\" is not HOST:PORT"),
+            err.contains(
+                "tenants[0] (\"a\"): control_plane_endpoints: \"kubeconfig\" is not HOST:PORT"
+            ),
             "{err}"
         );
     }

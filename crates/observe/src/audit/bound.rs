@@ -76,7 +76,11 @@ mod tests {
         assert!(bound_text(&mut text, MAX_FIELD_BYTES));
         assert!(text.ends_with("…(1048576 bytes)"), "{}", &text[4000..]);
         assert!(encoded(&text) <= MAX_FIELD_BYTES);
-        assert!(text.len() > MAX_FIELD_BYTES - MARKER_ROOM - 8, "{}", text.len());
+        assert!(
+            text.len() > MAX_FIELD_BYTES - MARKER_ROOM - 8,
+            "{}",
+            text.len()
+        );
     }
 
     #[test]

@@ -283,11 +283,10 @@ impl ServerArgs {
         routing::check_service_accounts(&routing, token_auth.as_ref().map(|t| &t.account))?;
         let leases = self.leases.settings()?;
         let control_plane = self.control_plane.endpoints()?;
-        let kube = (token_auth.is_some()
-            || leases.is_some()
-            || control_plane == ControlPlane::Kubeconfig)
-            .then(|| self.kube.options())
-            .transpose()?;
+        let kube =
+            (token_auth.is_some() || leases.is_some() || control_plane == ControlPlane::Kubeconfig)
+                .then(|| self.kube.options())
+                .transpose()?;
         let mode: Mode = self
             .mode
             .parse()

@@ -687,7 +687,10 @@ fn control_plane_endpoints_are_a_checked_list_and_off_without_one() {
 fn reverse_connections_per_stream_have_a_positive_cap() {
     let (_dir, files) = pki();
     assert_eq!(
-        uds(&files, "").unwrap().limits.max_reverse_connections_per_stream,
+        uds(&files, "")
+            .unwrap()
+            .limits
+            .max_reverse_connections_per_stream,
         tether_server::DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM
     );
     assert_eq!(
@@ -729,8 +732,5 @@ fn the_kubeconfigs_api_server_is_a_reverse_endpoint_only_when_asked() {
     )
     .unwrap();
     assert!(launch.control_plane_from_kubeconfig);
-    assert_eq!(
-        launch.kube.unwrap().kubeconfig,
-        Some(kubeconfig.clone())
-    );
+    assert_eq!(launch.kube.unwrap().kubeconfig, Some(kubeconfig.clone()));
 }
