@@ -1,27 +1,29 @@
 //! The audit log: one JSON line per tunneled connection and per refused or failed dial.
 //!
-//! Records are built where a connection's outcome is decided and handed to a writer task
-//! through a bounded channel, so a slow disk never slows traffic: when the channel is full the
-//! record is dropped and counted (`tether_audit_records_dropped_total`). Records carry no
-//! secrets: identities, addresses, sizes and reasons only, never tokens or payload.
+//! Records are built where a connection's outcome is decided and handed to a writer thread
+//! through a queue bounded by bytes ([`writer`]), so a slow or stalled sink never slows
+//! traffic: when the queue is full the record is dropped and counted
+//! (`tether_audit_records_dropped_total`), with a rate-limited warning. Text a peer supplies
+//! is bounded per field and per record ([`bound`]). Records carry no secrets: identities,
+//! addresses, sizes and reasons only, never tokens or payload.
 
-use std::io::Write as _;
+mod bound;
+mod writer;
+
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Counter, Registry};
 use crate::time::Civil;
 
-/// Records waiting for the writer; beyond this they are dropped and counted.
-pub const QUEUE_CAPACITY: usize = 4096;
+pub use bound::{MAX_FIELD_BYTES, MAX_RECORD_BYTES};
+pub use writer::{AuditTask, AuditWriter, QUEUE_BYTES};
 
-/// How long the writer keeps draining queued records after shutdown begins.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// At most one warning about dropped records per this period.
+const DROP_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where records go (`--audit-log-path`: `-` is standard output, as kube-apiserver's flag).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +62,9 @@ pub enum AuditEvent {
     DialRefused,
     /// A dial was attempted and failed (destination error, timeout, agent lost).
     DialFailed,
+    /// A frontend request was refused before it named a dial: an HTTP CONNECT head that is
+    /// too large (431), malformed (400), not a CONNECT (405) or not complete in time.
+    RequestRefused,
 }
 
 /// One audit record. Optional fields are left out when unknown on the writing side.
@@ -70,6 +75,10 @@ pub struct AuditRecord {
     /// `server` or `agent`: who wrote the record (the two sides' records share dial ids).
     pub side: &'static str,
     pub server_id: String,
+    /// The tenant of the client (forward dials) or of the agent (reverse dials and records
+    /// of an agent's stream); left out with no tenant table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
     /// The dial's `random` id, the same on the server's and the agent's record.
@@ -112,6 +121,9 @@ pub struct AuditRecord {
     pub outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The fields cut to [`MAX_FIELD_BYTES`] (their text ends with `…(N bytes)`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub truncated: Vec<&'static str>,
 }
 
 impl AuditRecord {
@@ -126,6 +138,29 @@ impl AuditRecord {
     }
 }
 
+impl AuditRecord {
+    /// Cuts every text field to [`MAX_FIELD_BYTES`] and lists the ones it cut.
+    fn bound_fields(&mut self) {
+        let fields = [
+            ("server_id", Some(&mut self.server_id)),
+            ("tenant", self.tenant.as_mut()),
+            ("agent_id", self.agent_id.as_mut()),
+            ("dial_id", self.dial_id.as_mut()),
+            ("client", self.client.as_mut()),
+            ("requested", Some(&mut self.requested)),
+            ("dialed", self.dialed.as_mut()),
+            ("reason", self.reason.as_mut()),
+        ];
+        for (name, field) in fields {
+            if let Some(text) = field
+                && bound::bound_text(text, MAX_FIELD_BYTES)
+            {
+                self.truncated.push(name);
+            }
+        }
+    }
+}
+
 /// Milliseconds, for the record's duration fields.
 pub fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1e6).round() / 1e3
@@ -134,22 +169,12 @@ pub fn millis(duration: Duration) -> f64 {
 /// The sending half, cheap to clone; `record` never waits.
 #[derive(Clone, Debug)]
 pub struct AuditLog {
-    queue: mpsc::Sender<String>,
+    queue: Arc<writer::Queue>,
     dropped: Arc<Counter>,
     written: Arc<Counter>,
-}
-
-/// The writing half: run it on a task its owner waits for.
-pub struct AuditWriter {
-    queue: mpsc::Receiver<String>,
-    out: Box<dyn std::io::Write + Send>,
-    written: Arc<Counter>,
-}
-
-impl std::fmt::Debug for AuditWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuditWriter").finish_non_exhaustive()
-    }
+    /// Stamped on records that name no tenant (see [`for_tenant`](Self::for_tenant)).
+    tenant: Option<Arc<str>>,
+    last_drop_warning: Arc<Mutex<Option<Instant>>>,
 }
 
 impl AuditLog {
@@ -165,42 +190,92 @@ impl AuditLog {
                     .open(path)?,
             ),
         };
-        let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        Ok(Self::with_output(out, QUEUE_BYTES, registry))
+    }
+
+    fn with_output(
+        out: Box<dyn std::io::Write + Send>,
+        queue_bytes: usize,
+        registry: &Registry,
+    ) -> (Self, AuditWriter) {
+        let queue = Arc::new(writer::Queue::new(queue_bytes));
         let dropped = registry.counter(
             "tether_audit_records_dropped_total",
-            "Audit records dropped because the writer fell behind.",
+            "Audit records dropped because the writer fell behind (its sink is slow or stalled) or failed.",
         );
         let written = registry.counter("tether_audit_records_total", "Audit records written.");
         let writer = AuditWriter {
-            queue: receiver,
+            queue: queue.clone(),
             out,
             written: Arc::clone(&written),
+            dropped: Arc::clone(&dropped),
         };
-        Ok((
-            Self {
-                queue,
-                dropped,
-                written,
-            },
-            writer,
-        ))
+        let log = Self {
+            queue,
+            dropped,
+            written,
+            tenant: None,
+            last_drop_warning: Arc::default(),
+        };
+        (log, writer)
     }
 
-    /// Stamps `record` with the current time and queues it; drops and counts it when the
-    /// writer is behind or gone.
+    /// The same log, stamping `tenant` on records that name none (the implicit tenant of a
+    /// server without a tenant table has the empty name and is left out).
+    pub fn for_tenant(&self, tenant: &str) -> Self {
+        Self {
+            tenant: (!tenant.is_empty()).then(|| Arc::from(tenant)),
+            ..self.clone()
+        }
+    }
+
+    /// Stamps `record` with the current time (and tenant), bounds its text fields and queues
+    /// it; drops and counts it when the writer is behind or gone.
     pub fn record(&self, mut record: AuditRecord) {
         record.time = Civil::from_system_time(SystemTime::now()).rfc3339();
+        if record.tenant.is_none() {
+            record.tenant = self.tenant.as_deref().map(str::to_owned);
+        }
+        record.bound_fields();
         let line = match serde_json::to_string(&record) {
-            Ok(line) => line,
+            Ok(line) if line.len() <= MAX_RECORD_BYTES => line,
+            Ok(line) => {
+                tracing::warn!(
+                    bytes = line.len(),
+                    limit = MAX_RECORD_BYTES,
+                    "dropping an audit record larger than the limit"
+                );
+                self.dropped.inc();
+                return;
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot encode an audit record");
                 self.dropped.inc();
                 return;
             }
         };
-        if self.queue.try_send(line).is_err() {
+        if self.queue.push(line).is_err() {
             self.dropped.inc();
+            self.warn_dropped();
         }
+    }
+
+    /// Says, at most once per [`DROP_WARNING_INTERVAL`], that records are being dropped.
+    fn warn_dropped(&self) {
+        let now = Instant::now();
+        let mut last = self
+            .last_drop_warning
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|at| now.duration_since(at) < DROP_WARNING_INTERVAL) {
+            return;
+        }
+        *last = Some(now);
+        drop(last);
+        tracing::warn!(
+            dropped = self.dropped.get(),
+            "the audit log's writer is behind (its sink is slow or stalled, or failed): dropping records rather than slowing traffic (tether_audit_records_dropped_total)"
+        );
     }
 
     /// Records written so far (for tests that wait for the writer).
@@ -209,107 +284,144 @@ impl AuditLog {
     }
 }
 
-/// A running [`AuditWriter`]; [`finish`](Self::finish) stops it after draining.
-#[derive(Debug)]
-pub struct AuditTask {
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl AuditTask {
-    /// Stops the writer once what is queued is written (its owner calls this last, after
-    /// every connection that might still write a record has ended) and logs a write error.
-    pub async fn finish(self) {
-        self.stop.cancel();
-        match self.task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::error!(%error, "the audit log could not be written"),
-            Err(error) => tracing::error!(%error, "the audit writer failed"),
-        }
-    }
-}
-
-impl AuditWriter {
-    /// Runs the writer on its own task, owned by the returned handle.
-    pub fn spawn(self) -> AuditTask {
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(self.run(stop.clone()));
-        AuditTask { stop, task }
-    }
-
-    /// Writes queued records until `stop`, then what is still queued (for at most a short
-    /// drain period). A write error ends the writer; later records are dropped and counted.
-    pub async fn run(mut self, stop: CancellationToken) -> std::io::Result<()> {
-        let mut batch = Vec::new();
-        loop {
-            tokio::select! {
-                received = self.queue.recv_many(&mut batch, 256) => {
-                    if received == 0 {
-                        break;
-                    }
-                }
-                () = stop.cancelled() => break,
-            }
-            self.write(&mut batch)?;
-        }
-        // Shutdown: what is already queued still belongs in the log.
-        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-        while let Ok(Some(line)) = tokio::time::timeout_at(deadline, self.queue.recv()).await {
-            batch.push(line);
-            if self.queue.is_empty() {
-                break;
-            }
-        }
-        self.write(&mut batch)
-    }
-
-    fn write(&mut self, batch: &mut Vec<String>) -> std::io::Result<()> {
-        // Blocking writes of a few small lines: cheap next to the network work that made them.
-        for line in batch.drain(..) {
-            self.out.write_all(line.as_bytes())?;
-            self.out.write_all(b"\n")?;
-            self.written.inc();
-        }
-        self.out.flush()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn refused(requested: String) -> AuditRecord {
+        AuditRecord {
+            event: Some(AuditEvent::DialRefused),
+            side: "server",
+            requested,
+            outcome: "error",
+            reason: Some("policy: deny".into()),
+            ..Default::default()
+        }
+    }
+
+    fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     #[tokio::test]
-    async fn writes_json_lines_and_drops_when_full() {
+    async fn writes_json_lines_and_drops_what_passes_the_queues_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let registry = Registry::new();
+        let file = std::fs::File::create(&path).unwrap();
+        let (log, writer) = AuditLog::with_output(Box::new(file), 64 * 1024, &registry);
+        // Fill past the queue's bytes before the writer runs: the excess is dropped.
+        for i in 0..1000 {
+            log.record(refused(format!("127.0.0.1:{i}")));
+        }
+        let dropped = log.dropped.get();
+        assert!(dropped > 0 && dropped < 1000, "{dropped}");
+        writer.spawn().finish().await;
+        let lines = lines(&path);
+        assert_eq!(lines.len() as u64, 1000 - dropped);
+        assert_eq!(lines[0]["event"], "dial_refused");
+        assert_eq!(lines[0]["requested"], "127.0.0.1:0");
+        assert!(lines[0].get("agent_id").is_none());
+        assert!(lines[0].get("tenant").is_none());
+        assert!(lines[0].get("truncated").is_none());
+        assert!(lines[0]["time"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(log.written(), 1000 - dropped);
+    }
+
+    /// A sink whose writes never return, like a pipe nobody reads.
+    struct Stalled(std::sync::mpsc::Receiver<()>);
+
+    impl std::io::Write for Stalled {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Err(std::io::Error::other("sink released"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stalled_sink_never_blocks_a_record_nor_shutdown() {
+        let registry = Registry::new();
+        let (release, stall) = std::sync::mpsc::channel();
+        let (log, writer) = AuditLog::with_output(Box::new(Stalled(stall)), 256 * 1024, &registry);
+        let task = writer.spawn();
+        let started = Instant::now();
+        for i in 0..20_000 {
+            log.record(refused(format!("{}:{i}", "h".repeat(200))));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "recording took {:?}",
+            started.elapsed()
+        );
+        assert!(log.dropped.get() > 19_000, "{}", log.dropped.get());
+        assert_eq!(log.written(), 0);
+        let stopping = Instant::now();
+        task.finish().await;
+        assert!(stopping.elapsed() < writer::DRAIN_TIMEOUT + Duration::from_secs(1));
+        drop(release);
+    }
+
+    #[test]
+    fn a_record_of_megabytes_of_peer_text_stays_bounded() {
+        let mut record = AuditRecord {
+            agent_id: Some("\n".repeat(1 << 20)),
+            client: Some("CN=x".repeat(1 << 18)),
+            dialed: Some("\u{1b}".repeat(1 << 18)),
+            reason: Some("\0".repeat(1 << 20)),
+            tenant: Some("t".repeat(1 << 13)),
+            dial_id: Some("9".repeat(1 << 13)),
+            server_id: "\"".repeat(1 << 12),
+            ..refused("x".repeat(1 << 20))
+        };
+        record.bound_fields();
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(line.len() <= MAX_RECORD_BYTES, "{}", line.len());
+        assert_eq!(
+            record.truncated,
+            [
+                "server_id",
+                "tenant",
+                "agent_id",
+                "dial_id",
+                "client",
+                "requested",
+                "dialed",
+                "reason"
+            ]
+        );
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert!(
+            value["requested"]
+                .as_str()
+                .unwrap()
+                .ends_with("…(1048576 bytes)")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tenants_log_stamps_its_name_unless_the_record_has_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
         let registry = Registry::new();
         let (log, writer) = AuditLog::open(&AuditTarget::File(path.clone()), &registry).unwrap();
-        // Fill past capacity before the writer runs: the excess is dropped, not queued.
-        for i in 0..QUEUE_CAPACITY + 10 {
-            log.record(AuditRecord {
-                event: Some(AuditEvent::DialRefused),
-                side: "server",
-                requested: format!("127.0.0.1:{i}"),
-                outcome: "error",
-                reason: Some("policy: deny".into()),
-                ..Default::default()
-            });
-        }
-        assert_eq!(log.dropped.get(), 10);
-        let stop = CancellationToken::new();
-        stop.cancel();
-        writer.run(stop).await.unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), QUEUE_CAPACITY);
-        assert_eq!(lines[0]["event"], "dial_refused");
-        assert_eq!(lines[0]["requested"], "127.0.0.1:0");
-        assert!(lines[0].get("agent_id").is_none());
-        assert!(lines[0]["time"].as_str().unwrap().ends_with('Z'));
-        assert_eq!(log.written(), QUEUE_CAPACITY as u64);
+        log.for_tenant("acme").record(refused("a:1".into()));
+        log.for_tenant("").record(refused("b:1".into()));
+        log.for_tenant("acme").record(AuditRecord {
+            tenant: Some("initech".into()),
+            ..refused("c:1".into())
+        });
+        writer.spawn().finish().await;
+        let lines = lines(&path);
+        assert_eq!(lines[0]["tenant"], "acme");
+        assert!(lines[1].get("tenant").is_none());
+        assert_eq!(lines[2]["tenant"], "initech");
     }
 
     #[test]

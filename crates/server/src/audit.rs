@@ -5,15 +5,20 @@
 //! The agent stream's [`Requests`](crate::backend::session::Requests) follow each dial from
 //! DIAL_REQ to its connection's end, so the one record per connection carries the
 //! [`RequestContext`] it was dialed with next to the table's typed [`Ended`] outcome.
+//!
+//! Records name the tenant: the one the request arrived for or was resolved to, or, for the
+//! records of an agent's stream, the agent's ([`Audit::for_tenant`]).
 
 use std::time::Duration;
 
 use tether_grpc::{PeerIdentity, PeerTransport};
-use tether_observe::audit::{AuditEvent, AuditLog, AuditRecord, millis};
+use tether_observe::audit::AuditLog;
+use tether_observe::audit::{AuditEvent, AuditRecord, millis};
 use tether_tunnel::{CloseError, Ended, Initiator};
 
 use crate::backend::session::Followed;
-use crate::request::RequestContext;
+use crate::request::{FrontendKind, RequestContext};
+use crate::tenant::Tenant;
 
 /// Writes the server's records.
 #[derive(Debug)]
@@ -27,6 +32,14 @@ impl Audit {
         Self { log, server_id }
     }
 
+    /// The records of one agent stream, stamped with the agent's tenant.
+    pub(crate) fn for_tenant(&self, tenant: &Tenant) -> Self {
+        Self {
+            log: self.log.for_tenant(&tenant.name),
+            server_id: self.server_id.clone(),
+        }
+    }
+
     /// The log itself, for the records of reverse dials (written per agent stream).
     pub(crate) fn log(&self) -> &AuditLog {
         &self.log
@@ -38,6 +51,7 @@ impl Audit {
             event: Some(event),
             side: "server",
             server_id: self.server_id.clone(),
+            tenant: tenant_name(request.tenant.as_deref()),
             dial_id: Some(request.dial_id.to_string()),
             frontend: Some(request.frontend.as_str()),
             transport: Some(transport(&request.peer)),
@@ -49,11 +63,39 @@ impl Audit {
         }
     }
 
-    /// A dial refused before any agent was asked (bad address, no agent, limits, policy).
-    pub(crate) fn refused(&self, request: &RequestContext, reason: &str) {
+    /// A dial refused before any agent was asked (bad address, no agent, limits, policy);
+    /// `tenant` once the request's tenant was resolved.
+    pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
+        let record = self.record(request, AuditEvent::DialRefused);
         self.log.record(AuditRecord {
+            tenant: tenant_name(tenant).or(record.tenant.clone()),
             reason: Some(reason.to_owned()),
-            ..self.record(request, AuditEvent::DialRefused)
+            ..record
+        });
+    }
+
+    /// A frontend request refused before it named a dial (the HTTP CONNECT head parser's
+    /// 431, 400 and 405, or a head not complete in time).
+    pub(crate) fn request_refused(
+        &self,
+        frontend: FrontendKind,
+        peer: &PeerIdentity,
+        tenant: Option<&Tenant>,
+        reason: &str,
+    ) {
+        let (client, client_pid) = client(peer);
+        self.log.record(AuditRecord {
+            event: Some(AuditEvent::RequestRefused),
+            side: "server",
+            server_id: self.server_id.clone(),
+            tenant: tenant_name(tenant),
+            frontend: Some(frontend.as_str()),
+            transport: Some(transport(peer)),
+            client,
+            client_pid,
+            outcome: "error",
+            reason: Some(reason.to_owned()),
+            ..Default::default()
         });
     }
 
@@ -95,6 +137,13 @@ impl Audit {
         let error = ended.outcome.error.as_ref().map(ToString::to_string);
         self.log.record(record.ended(closed_by, error));
     }
+}
+
+/// A tenant's name for a record; the implicit tenant (no tenant table) has none.
+fn tenant_name(tenant: Option<&Tenant>) -> Option<String> {
+    tenant
+        .map(|t| t.name.clone())
+        .filter(|name| !name.is_empty())
 }
 
 /// The client identity as the listener proved it, and its pid on a Unix socket.

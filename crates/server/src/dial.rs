@@ -106,10 +106,10 @@ impl Hub {
         }
     }
 
-    /// Records a dial the frontend refused before asking any agent.
-    pub(crate) fn refused(&self, request: &RequestContext, reason: &str) {
+    /// Records a dial refused before any agent was asked; `tenant` once it was resolved.
+    pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
         if let Some(audit) = &self.audit {
-            audit.refused(request, reason);
+            audit.refused(request, tenant, reason);
         }
     }
 
@@ -123,7 +123,10 @@ impl Hub {
             ejection: self.ejection,
             metrics: self.selection_metrics.clone(),
             tenant: tenant.load.clone(),
-            audit: self.audit.clone(),
+            audit: self
+                .audit
+                .as_ref()
+                .map(|audit| Arc::new(audit.for_tenant(tenant))),
         }
     }
 
@@ -161,8 +164,8 @@ impl Hub {
         request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
     ) -> Result<Dialed, DialError> {
-        let refuse = |error: DialError| {
-            self.refused(request, &error.to_string());
+        let refuse = |tenant: Option<&Tenant>, error: DialError| {
+            self.refused(request, tenant, &error.to_string());
             error
         };
         let tenant = match &request.tenant {
@@ -170,29 +173,29 @@ impl Hub {
             Some(tenant) => {
                 self.tenants
                     .admit_own_frontend(tenant, &request.peer)
-                    .map_err(|why| refuse(DialError::NoTenant(why)))?;
+                    .map_err(|why| refuse(Some(tenant), DialError::NoTenant(why)))?;
                 tenant
             }
             None => self
                 .tenants
                 .resolve(Side::Client, Proof::peer(&request.peer))
-                .map_err(|why| refuse(DialError::NoTenant(why)))?,
+                .map_err(|why| refuse(None, DialError::NoTenant(why)))?,
         };
         // Before the tenant's limits: a refused request costs the tenant nothing.
         self.destinations
             .check(request)
-            .map_err(|why| refuse(DialError::Policy(why)))?;
+            .map_err(|why| refuse(Some(tenant), DialError::Policy(why)))?;
         let now = Instant::now();
         tenant
             .reserve_dial(now)
-            .map_err(|(_, text)| refuse(DialError::TenantLimit(text)))?;
+            .map_err(|(_, text)| refuse(Some(tenant), DialError::TenantLimit(text)))?;
         // From here the tenant's pending reservation is released with the agent's pending
         // count (`Health::dial_finished`), or right below when no agent is found.
         let selected = tenant.registry().select(request, now);
         let Some(selected) = selected else {
             tenant.load.release_pending();
             self.metrics.dial_failure(DialFailure::NoAgent);
-            return Err(refuse(DialError::NoAgent));
+            return Err(refuse(Some(tenant), DialError::NoAgent));
         };
         self.selection_metrics()
             .selected(selected.strategy, selected.candidates);

@@ -43,7 +43,7 @@ pub use backend::registry::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
 };
-pub use control_plane::ControlPlaneEndpoints;
+pub use control_plane::{ControlPlaneEndpoints, DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM};
 pub use frontend::Mode;
 pub use limits::Limits;
 pub use routing::RoutingConfig;
@@ -111,7 +111,8 @@ pub struct Config {
     /// `--audit-log-path`: one JSON line per connection and refused dial; `None` is off.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
     /// `--control-plane-endpoints`: agents' reverse dials may reach these, nothing else;
-    /// `None` refuses every reverse dial.
+    /// `None` (the default) refuses every reverse dial, except for a tenant whose routing
+    /// entry names its own `control_plane_endpoints`.
     pub control_plane: Option<ControlPlaneEndpoints>,
     /// `--resume-window`: how long an agent stream whose transport broke keeps its
     /// connections for the agent to resume it (tether agents only); zero turns it off.
@@ -317,7 +318,11 @@ impl Server {
             ),
             limit_metrics: limit_metrics.clone(),
             token_auth: config.agent_token_auth.clone(),
-            control_plane: config.control_plane.clone().map(Arc::new),
+            control_plane: control_plane::ReversePolicy::new(
+                config.control_plane.clone(),
+                &config.routing.tenants,
+                limits.max_reverse_connections_per_stream,
+            ),
             resumable: (!config.resume_window.is_zero())
                 .then(|| backend::resume::Resumable::new(config.resume_window)),
             streams: TaskTracker::new(),

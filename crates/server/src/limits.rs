@@ -32,6 +32,9 @@ pub struct Limits {
     /// How long a gRPC frontend stream may take to send its DIAL_REQ; stray packets before
     /// it do not extend the deadline.
     pub first_packet_timeout: Duration,
+    /// Reverse dials one agent stream may have under way or connected at once (counted in
+    /// `tether_server_control_plane_dials_total{result="over_limit"}`).
+    pub max_reverse_connections_per_stream: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +49,8 @@ impl Default for Limits {
             max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
             max_agents: 20_000,
             first_packet_timeout: Duration::from_secs(60),
+            max_reverse_connections_per_stream:
+                crate::control_plane::DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM,
         }
     }
 }

@@ -110,6 +110,8 @@ pub(crate) enum ReverseDial {
     Connected,
     /// Not an allowed control-plane endpoint, or the feature is off.
     Refused,
+    /// The agent's stream already holds its limit of reverse connections.
+    OverLimit,
     /// The endpoint could not be reached.
     Failed,
     /// The agent gave up, or its stream ended, first.
@@ -202,7 +204,7 @@ impl ServerMetrics {
             ),
             control_plane_dials: registry.counter_vec(
                 "tether_server_control_plane_dials_total",
-                "Agents' reverse dials to control-plane endpoints, by result (connected, refused, failed, cancelled)",
+                "Agents' reverse dials to control-plane endpoints, by result (connected, refused, over_limit, failed, cancelled)",
                 &["result"],
             ),
             resume: tether_tunnel::ResumeMetrics::register(registry, "server"),
@@ -245,6 +247,7 @@ impl ServerMetrics {
         let label = match result {
             ReverseDial::Connected => "connected",
             ReverseDial::Refused => "refused",
+            ReverseDial::OverLimit => "over_limit",
             ReverseDial::Failed => "failed",
             ReverseDial::Cancelled => "cancelled",
         };

@@ -24,6 +24,8 @@
 //!   - name: initech          # its own socket, gated by its file mode
 //!     frontend: {unix: /run/tether/initech.sock}
 //!     agents: ["sa:initech"]  # ServiceAccounts of namespace initech (token authentication)
+//!     control_plane_endpoints: ["10.0.2.10:6443"]  # its agents' reverse dials (absent: the
+//!                                                  # server's list; []: none)
 //!   - name: hooli            # its own TCP port: clients of its own CA, with these names
 //!     clients: ["cert:apiserver.hooli"]
 //!     frontend: {tcp: "0.0.0.0:8132", client_ca: /etc/tether/hooli-ca.crt}
@@ -116,6 +118,8 @@ struct TenantEntry {
     frontend: Option<FrontendEntry>,
     #[serde(default)]
     weight: Option<u32>,
+    #[serde(default)]
+    control_plane_endpoints: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +367,10 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
             Some(w @ 1..=MAX_WEIGHT) => w,
             Some(w) => return Err(format!("{at}: weight must be 1 to {MAX_WEIGHT}, got {w}")),
         };
+        if let Some(list) = &entry.control_plane_endpoints {
+            crate::ControlPlaneEndpoints::parse(list.iter().map(String::as_str))
+                .map_err(|e| format!("{at}: control_plane_endpoints: {e}"))?;
+        }
         out.push(TenantConfig {
             name: entry.name,
             clients,
@@ -370,6 +378,7 @@ fn tenants(entries: Vec<TenantEntry>) -> Result<Vec<TenantConfig>, String> {
             limits,
             frontend,
             weight,
+            control_plane_endpoints: entry.control_plane_endpoints,
         });
     }
     Ok(out)
@@ -524,6 +533,31 @@ mod tests {
         );
         assert_eq!(t[0].limits.connections, Some(5));
         assert_eq!(t[0].limits.pending_dials, None);
+    }
+
+    #[test]
+    fn a_tenant_may_name_its_own_control_plane_endpoints() {
+        let t = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], control_plane_endpoints: [\"10.0.0.1:6443\"]}\n  - {name: b, clients: [\"cert:z\"], agents: [\"cert:w\"], control_plane_endpoints: []}\n  - {name: c, clients: [\"cert:v\"], agents: [\"cert:u\"]}\n",
+        )
+        .unwrap()
+        .tenants;
+        assert_eq!(
+            t[0].control_plane_endpoints,
+            Some(vec!["10.0.0.1:6443".into()])
+        );
+        assert_eq!(t[1].control_plane_endpoints, Some(Vec::new()));
+        assert_eq!(t[2].control_plane_endpoints, None);
+        let err = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:x\"], agents: [\"cert:y\"], control_plane_endpoints: [\"kubeconfig\"]}\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.contains(
+                "tenants[0] (\"a\"): control_plane_endpoints: \"kubeconfig\" is not HOST:PORT"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -171,6 +171,9 @@ pub struct TenantConfig {
     pub frontend: Option<crate::tenant_frontend::TenantFrontend>,
     /// Its share of the server's bandwidth against other busy tenants (1 unless set).
     pub weight: u32,
+    /// Where its agents' reverse dials may go; `None`: the server's `--control-plane-endpoints`,
+    /// empty: nowhere.
+    pub control_plane_endpoints: Option<Vec<String>>,
 }
 
 /// Which cap a dial hit.

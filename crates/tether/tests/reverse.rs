@@ -4,7 +4,9 @@
 //! agent → server → API server. The agent reaches the server through a relay that the test
 //! cuts mid-watch: the watch goes on over the resumed stream, on the same connection. A reverse dial to an address outside the server's
 //! `--control-plane-endpoints` is refused, counted and audited; against upstream's
-//! proxy-server the agent says the feature is off and forward traffic still works.
+//! proxy-server the agent says the feature is off and forward traffic still works. Reverse
+//! dials are off by default, `--control-plane-endpoints=kubeconfig` allows the kubeconfig's
+//! API server, and one agent stream holds at most its cap of reverse connections.
 //!
 //! kwok is not wired into the Rust harness, so there is no node for `kubectl logs`/`exec`;
 //! the long-lived watch and the multi-megabyte `get` stand in for a stream.
@@ -393,5 +395,264 @@ async fn against_upstreams_server_the_listener_is_off_and_forward_traffic_works(
     let mut got = Vec::new();
     let _ = tokio::time::timeout(STEP, client.read_to_end(&mut got)).await?;
     assert!(got.is_empty());
+    Ok(())
+}
+
+/// A kubeconfig whose API server is `api` (a stand-in: nothing in these tests calls it).
+fn stand_in_kubeconfig(dir: &Path, api: SocketAddr) -> anyhow::Result<std::path::PathBuf> {
+    let path = dir.join("stand-in.kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{api}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\nusers:\n- name: u\n  user: {{token: t}}\n"
+        ),
+    )?;
+    Ok(path)
+}
+
+/// Sends a CONNECT for `target` to an agent's HTTP CONNECT listener; the stream and the
+/// response head.
+async fn connect_via(
+    listener: SocketAddr,
+    target: &str,
+) -> anyhow::Result<(tokio::net::TcpStream, String)> {
+    let mut stream = tokio::net::TcpStream::connect(listener).await?;
+    stream
+        .write_all(format!("CONNECT {target} HTTP/1.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0];
+        let read = tokio::time::timeout(STEP, stream.read(&mut byte)).await??;
+        anyhow::ensure!(read == 1, "closed in the response head: {head:?}");
+        head.push(byte[0]);
+        anyhow::ensure!(head.len() < 64 * 1024, "response head too long");
+    }
+    Ok((stream, String::from_utf8_lossy(&head).into_owned()))
+}
+
+/// Writes `text` and expects it back.
+async fn echoes(stream: &mut tokio::net::TcpStream, text: &[u8]) -> anyhow::Result<()> {
+    stream.write_all(text).await?;
+    let mut back = vec![0; text.len()];
+    tokio::time::timeout(STEP, stream.read_exact(&mut back)).await??;
+    anyhow::ensure!(back == text, "echo differs");
+    Ok(())
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// N4: a drop-in opens no new network path. A server with a Kubernetes client (here for
+/// Leases; token authentication builds one too) used to let agents reach the kubeconfig's
+/// API server by default; now reverse dials are off unless `--control-plane-endpoints`
+/// allows them, and `kubeconfig` is the way to allow that API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_dials_are_off_by_default_even_with_a_kubernetes_client() -> anyhow::Result<()> {
+    tether_tls::install_default_provider();
+    let pki = Pki::generate()?;
+    let api = EchoServer::start().await?;
+    let kubeconfig = stand_in_kubeconfig(pki.dir(), api.addr)?;
+    let kubeconfig_flag = format!("--kubeconfig={}", kubeconfig.display());
+    let server = spawn_server(
+        tether_bin(),
+        &pki,
+        Frontend::GrpcUds(pki.dir().join("proxy.sock")),
+        &["--enable-lease-controller", &kubeconfig_flag],
+    )
+    .await?;
+    let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let log = pki.dir().join("agent.log");
+    let _agent = spawn_logged_agent(
+        &pki,
+        server.agent_addr,
+        &[format!("--control-plane-listen={listener}")],
+        &log,
+    )?;
+    eventually("the agent says the server declined", || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("does not accept control-plane connections")
+    })
+    .await?;
+    // A client of the agent's listener is closed at once: nothing reached the API server.
+    let mut client = tokio::net::TcpStream::connect(listener).await?;
+    let _ = client.write_all(b"ping").await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(STEP, client.read_to_end(&mut got)).await?;
+    assert!(got.is_empty(), "the API server answered: {got:?}");
+    assert_eq!(
+        metric(
+            &server.process,
+            "tether_server_control_plane_dials_total{result=\"connected\"}"
+        )
+        .await,
+        0.0
+    );
+
+    // Asked for: `kubeconfig` names the API server of --kubeconfig.
+    let allowing = spawn_server(
+        tether_bin(),
+        &pki,
+        Frontend::GrpcUds(pki.dir().join("allowing.sock")),
+        &["--control-plane-endpoints=kubeconfig", &kubeconfig_flag],
+    )
+    .await?;
+    let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let listen_flag = format!("--control-plane-listen={listener}");
+    let _agent = spawn_agent(tether_bin(), &pki, allowing.agent_addr, &[&listen_flag]).await?;
+    allowing.process.wait_ready().await?;
+    // The agent may bind its listener before its stream negotiated reverse dials.
+    for _ in 0..50 {
+        if let Ok(mut client) = tokio::net::TcpStream::connect(listener).await
+            && echoes(&mut client, b"through the tunnel").await.is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("the kubeconfig's API server was not reached through the agent")
+}
+
+/// N4 and N3: one agent stream holds at most `--control-plane-max-connections-per-stream`
+/// reverse connections (the next is refused with an error naming the flag, counted, audited)
+/// and the server's file descriptors return to where they were once they close. A refused
+/// dial for a megabyte-long address leaves a bounded log line and audit record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_connections_per_stream_are_capped_and_refusals_bounded() -> anyhow::Result<()> {
+    const CAP: usize = 4;
+    tether_tls::install_default_provider();
+    let pki = Pki::generate()?;
+    let api = EchoServer::start().await?;
+    let audit = pki.dir().join("server-audit.jsonl");
+    let server_log = pki.dir().join("server.log");
+    let flags = [
+        format!("--control-plane-endpoints={}", api.addr),
+        format!("--control-plane-max-connections-per-stream={CAP}"),
+        format!("--audit-log-path={}", audit.display()),
+        "--logtostderr=false".to_owned(),
+        format!("--log-file={}", server_log.display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = spawn_server(
+        tether_bin(),
+        &pki,
+        Frontend::GrpcUds(pki.dir().join("proxy.sock")),
+        &flags,
+    )
+    .await?;
+    let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let _agent = spawn_agent(
+        tether_bin(),
+        &pki,
+        server.agent_addr,
+        &[
+            &format!("--control-plane-listen={listener}"),
+            "--control-plane-protocol=http-connect",
+        ],
+    )
+    .await?;
+    server.process.wait_ready().await?;
+    let pid = server.process.pid;
+    let target = api.addr.to_string();
+    // One connection opened and closed first, so that lazily made state is in the baseline.
+    let (mut first, head) = connect_via(listener, &target).await?;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    echoes(&mut first, b"warm").await?;
+    drop(first);
+    let gauge = "tether_server_control_plane_connections";
+    eventually("the first connection closed", || async {
+        metric(&server.process, gauge).await == 0.0
+    })
+    .await?;
+    let baseline = open_fds(pid);
+
+    let mut held = Vec::new();
+    for n in 0..CAP {
+        let (mut stream, head) = connect_via(listener, &target).await?;
+        assert!(head.starts_with("HTTP/1.1 200"), "connection {n}: {head}");
+        echoes(&mut stream, format!("held {n}").as_bytes()).await?;
+        held.push(stream);
+    }
+    assert_eq!(metric(&server.process, gauge).await, CAP as f64);
+    let (_, head) = connect_via(listener, &target).await?;
+    assert!(
+        !head.starts_with("HTTP/1.1 200"),
+        "connection {} was carried: {head}",
+        CAP + 1
+    );
+    assert_eq!(
+        metric(
+            &server.process,
+            "tether_server_control_plane_dials_total{result=\"over_limit\"}"
+        )
+        .await,
+        1.0
+    );
+    drop(held);
+    eventually("the server's descriptors back to the baseline", || async {
+        metric(&server.process, gauge).await == 0.0 && open_fds(pid) <= baseline
+    })
+    .await?;
+    // Room again.
+    let (mut again, head) = connect_via(listener, &target).await?;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    echoes(&mut again, b"again").await?;
+    drop(again);
+
+    // A megabyte-long endpoint: refused with a bounded echo of it.
+    let huge = format!("{}:443", "h".repeat(1 << 20));
+    let (mut refused, head) = connect_via(listener, &huge).await?;
+    assert!(
+        head.starts_with("HTTP/1.1 403"),
+        "{}",
+        &head[..head.len().min(200)]
+    );
+    let mut body = Vec::new();
+    let _ = tokio::time::timeout(STEP, refused.read_to_end(&mut body)).await?;
+    assert!(body.len() < 1024, "a {} byte refusal", body.len());
+
+    eventually("the refusals audited", || async {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains("\"dial_refused\""))
+            .count()
+            >= 2
+    })
+    .await?;
+    let text = std::fs::read_to_string(&audit)?;
+    let mut over_limit = 0;
+    let mut cut = 0;
+    for line in text.lines() {
+        assert!(
+            line.len() <= 64 * 1024,
+            "an audit record of {} bytes",
+            line.len()
+        );
+        let record: serde_json::Value = serde_json::from_str(line)?;
+        if record["event"] != "dial_refused" {
+            continue;
+        }
+        let reason = record["reason"].as_str().unwrap_or_default();
+        if reason.contains("--control-plane-max-connections-per-stream") {
+            over_limit += 1;
+        } else {
+            assert!(
+                record["requested"]
+                    .as_str()
+                    .is_some_and(|r| r.ends_with("…(1048580 bytes)")),
+                "{}",
+                &line[..line.len().min(300)]
+            );
+            assert_eq!(record["truncated"], serde_json::json!(["requested"]));
+            cut += 1;
+        }
+    }
+    assert_eq!((over_limit, cut), (1, 1), "{text}");
+    let log = std::fs::read_to_string(&server_log)?;
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 2048, "a server log line of {longest} bytes");
+    assert!(log.contains("refusing a reverse dial"), "{log}");
     Ok(())
 }

@@ -45,8 +45,9 @@ pub(crate) struct AgentService {
     pub(crate) limit_metrics: crate::limits::LimitMetrics,
     /// Bearer-token authentication of agents, when enabled.
     pub(crate) token_auth: Option<AgentTokenAuth>,
-    /// `--control-plane-endpoints`, offered to agents that announce `tether-reverse`.
-    pub(crate) control_plane: Option<Arc<crate::ControlPlaneEndpoints>>,
+    /// Each tenant's allowlist (`--control-plane-endpoints` or the tenant's own), offered to
+    /// agents that announce `tether-reverse`, and the cap per stream.
+    pub(crate) control_plane: crate::control_plane::ReversePolicy,
     /// `--resume-window` above zero: streams with tether agents survive a broken transport.
     pub(crate) resumable: Option<Arc<Resumable>>,
     /// Every agent stream's task: a stream may outlive the connection it arrived on.
@@ -195,14 +196,17 @@ impl AgentService {
         }
         let asks_reverse = header(call.metadata(), metadata::TETHER_REVERSE)
             == Some(metadata::TETHER_REVERSE_VERSION);
-        let control_plane = self.control_plane.clone().filter(|_| asks_reverse);
+        let control_plane = self
+            .control_plane
+            .for_tenant(&tenant.name)
+            .filter(|_| asks_reverse);
         if control_plane.is_some() {
             response.push((
                 metadata::TETHER_REVERSE,
                 metadata::TETHER_REVERSE_VERSION.to_owned(),
             ));
         } else if asks_reverse {
-            tracing::info!(agent.id = %LogText(&agent_id), "agent offers control-plane connections, but this server has no --control-plane-endpoints: declined");
+            tracing::info!(agent.id = %LogText(&agent_id), tenant = %tenant.name, "agent offers control-plane connections, but reverse dials are off for its tenant (they are opt-in: --control-plane-endpoints=kubeconfig or HOST:PORT,..., or the tenant's control_plane_endpoints): declined");
         }
         let registration = resumable.map(|table| table.register(&agent_id, &tenant.name));
         let mut answer = response.clone();
@@ -236,6 +240,7 @@ impl AgentService {
             keepalive,
             &self.server_id,
             control_plane.clone(),
+            self.control_plane.max_connections_per_stream,
         ));
         let owner = StreamOwner {
             service: self.clone(),

@@ -195,6 +195,7 @@ impl AgentSession {
         keepalive: Arc<tether_grpc::LastPong>,
         server_id: &str,
         control_plane: Option<Arc<ControlPlaneEndpoints>>,
+        max_reverse_connections: usize,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let audit = watch.audit.clone();
@@ -211,6 +212,7 @@ impl AgentSession {
                 ))
             }),
             agent_id: agent_id.clone(),
+            slots: control_plane::Slots::new(max_reverse_connections),
         });
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let requests = Arc::new(Requests::default());
@@ -363,7 +365,7 @@ impl Hooks for ServerHooks {
                         dial.id = %random,
                         agent.id = %self.agent_id,
                         server.id = %self.server_id,
-                        error = %crate::dial::DialError::from(error.clone()),
+                        error = %tether_grpc::LogText(&crate::dial::DialError::from(error.clone()).to_string()),
                         "dial failed"
                     );
                 }

@@ -114,7 +114,7 @@ async fn proxy(
     let request = RequestContext::new(FrontendKind::Grpc, peer, protocol, address, random, tenant);
     if let Err(error) = super::address::check_dial_address(&request.address) {
         limits.hit(Limit::BadDialAddress);
-        hub.refused(&request, &error);
+        hub.refused(&request, None, &error);
         let reply = Packet::DialResponse {
             random,
             result: Err(error),

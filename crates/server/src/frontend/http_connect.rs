@@ -61,11 +61,27 @@ async fn handle(
     let mut buf = BytesMut::with_capacity(4096);
     let head =
         tokio::time::timeout(READ_HEADER_TIMEOUT, connect_head::read(&mut io, &mut buf)).await;
+    let refused = |reason: &str| {
+        if let Some(audit) = &hub.audit {
+            audit.request_refused(FrontendKind::HttpConnect, &peer, tenant.as_deref(), reason);
+        }
+    };
     let target = match head {
-        Err(_) => return Ok(()),
-        Ok(Err(reply)) => return respond(&mut io, &reply).await,
+        Err(_) => {
+            refused(&format!(
+                "no complete request head within {READ_HEADER_TIMEOUT:?}"
+            ));
+            return Ok(());
+        }
+        // The client left before its head was complete: nothing was refused.
+        Ok(Err(reply)) if reply.is_empty() => return Ok(()),
+        Ok(Err(reply)) => {
+            refused(status_line(&reply));
+            return respond(&mut io, &reply).await;
+        }
         Ok(Ok(Head::Connect(target))) => target,
         Ok(Ok(Head::OtherMethod)) => {
+            refused("405 Method Not Allowed: only CONNECT is served");
             let body = "this proxy only supports CONNECT passthrough\n";
             let reply = format!(
                 "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nDate: {}\r\nContent-Length: {}\r\n\r\n{body}",
@@ -90,7 +106,7 @@ async fn handle(
     );
     if let Err(error) = super::address::check_dial_address(&target) {
         limits.hit(Limit::BadDialAddress);
-        hub.refused(&request, &error);
+        hub.refused(&request, None, &error);
         let reply = format!(
             "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{error}\n"
         );
@@ -124,7 +140,7 @@ async fn handle(
         Ok(Dialed { tunnel, byte_rate }) => (tunnel, byte_rate),
         Err(DialError::FrontendGone) => return Ok(()),
         Err(e) => {
-            tracing::debug!(%target, error = %e, "dial failed");
+            tracing::debug!(%target, error = %tether_grpc::LogText(&e.to_string()), "dial failed");
             return respond(&mut io, &dial_error_response(&e)).await;
         }
     };
@@ -185,6 +201,14 @@ async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
             ),
         },
     }
+}
+
+/// The status of one of the head parser's canned responses (`431 Request Header Fields Too
+/// Large`), for its audit record.
+fn status_line(reply: &[u8]) -> &str {
+    let line = reply.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = std::str::from_utf8(line).unwrap_or_default();
+    line.strip_prefix("HTTP/1.1 ").unwrap_or(line)
 }
 
 async fn respond(io: &mut Box<dyn Io>, reply: &[u8]) -> std::io::Result<()> {
@@ -302,6 +326,15 @@ async fn agent_to_client<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_is_audited_by_its_status() {
+        assert_eq!(
+            status_line(connect_head::TOO_LARGE),
+            "431 Request Header Fields Too Large"
+        );
+        assert_eq!(status_line(connect_head::BAD_REQUEST), "400 Bad Request");
+    }
 
     #[test]
     fn dial_error_statuses_follow_upstream() {

@@ -258,3 +258,147 @@ async fn an_audit_log_that_cannot_be_opened_is_a_start_up_error() {
         "{text}"
     );
 }
+
+/// Every line of `path`, each checked to be one record within the record bound.
+fn bounded_records(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    for line in text.lines() {
+        assert!(
+            line.len() <= tether_observe::audit::MAX_RECORD_BYTES,
+            "a record of {} bytes",
+            line.len()
+        );
+    }
+    records(path)
+}
+
+/// N3: a refused dial used to record the whole requested address (4 MiB over gRPC, about
+/// 1 MiB over CONNECT). The record now keeps a bounded prefix, marked as cut.
+#[tokio::test]
+async fn a_refused_dial_of_a_megabyte_address_writes_a_bounded_record() {
+    let pki = Pki::generate().unwrap();
+    let grpc_log = pki.dir().join("grpc-audit.log");
+    let connect_log = pki.dir().join("connect-audit.log");
+    let grpc = TestServer::start(
+        &pki,
+        ServerOptions {
+            server_id: "bounded-grpc".into(),
+            audit_log: Some(AuditTarget::File(grpc_log.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let connect = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            server_id: "bounded-connect".into(),
+            audit_log: Some(AuditTarget::File(connect_log.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let huge = format!("{}:443", "a".repeat(1 << 20));
+
+    let client = tether_client::GrpcClient::connect(&tether_client::Transport::Unix(
+        grpc.uds.clone().unwrap(),
+    ))
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let refused = tokio::time::timeout(STEP, client.dial(&huge))
+            .await
+            .unwrap();
+        assert!(refused.is_err());
+    }
+    let (_, head) = http_connect_uds(connect.uds.as_ref().unwrap(), &huge).await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    grpc.stop().await;
+    connect.stop().await;
+
+    for (path, count) in [(&grpc_log, 3), (&connect_log, 1)] {
+        let records = bounded_records(path);
+        assert_eq!(records.len(), count, "{records:#?}");
+        for record in &records {
+            assert_eq!(record["event"], "dial_refused");
+            let requested = record["requested"].as_str().unwrap();
+            assert!(
+                requested.starts_with("aaaa") && requested.ends_with("…(1048580 bytes)"),
+                "{}",
+                &requested[requested.len() - 40..]
+            );
+            assert!(requested.len() <= tether_observe::audit::MAX_FIELD_BYTES);
+            assert_eq!(record["truncated"], serde_json::json!(["requested"]));
+        }
+        let size = std::fs::metadata(path).unwrap().len();
+        assert!(size < 64 * 1024, "{} bytes of audit log", size);
+    }
+}
+
+/// N3: the HTTP CONNECT head parser's refusals (431, 400, 405) and a head that never
+/// completes are audited as `request_refused`, with the client that sent them.
+#[tokio::test]
+async fn the_head_parsers_refusals_are_audited() {
+    let pki = Pki::generate().unwrap();
+    let log = pki.dir().join("audit.log");
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            mode: Mode::HttpConnect,
+            audit_log: Some(AuditTarget::File(log.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let uds = server.uds.clone().unwrap();
+    let too_large = format!(
+        "CONNECT 127.0.0.1:1 HTTP/1.1\r\nX-Pad: {}\r\n\r\n",
+        "p".repeat((1 << 20) + 8192)
+    );
+    for (request, status) in [
+        ("GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_owned(), "405"),
+        ("\x01\x02 not http\r\n\r\n".to_owned(), "400"),
+        (too_large, "431"),
+    ] {
+        let mut stream = tokio::net::UnixStream::connect(&uds).await.unwrap();
+        // The server may answer 431 and close before it read everything.
+        let _ = stream.write_all(request.as_bytes()).await;
+        let mut reply = Vec::new();
+        let _ = tokio::time::timeout(STEP, stream.read_to_end(&mut reply))
+            .await
+            .unwrap();
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with(&format!("HTTP/1.1 {status}")), "{reply}");
+    }
+    // A client that leaves mid-head was refused nothing.
+    let mut left = tokio::net::UnixStream::connect(&uds).await.unwrap();
+    left.write_all(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    drop(left);
+    server.stop().await;
+
+    let records = bounded_records(&log);
+    let reasons: Vec<&str> = records
+        .iter()
+        .map(|r| {
+            assert_eq!(r["event"], "request_refused", "{r}");
+            assert_eq!(r["frontend"], "http-connect");
+            assert_eq!(r["transport"], "uds");
+            assert_eq!(r["client"], format!("unix uid {}", current_uid()));
+            assert!(r.get("dial_id").is_none(), "{r}");
+            r["reason"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "405 Method Not Allowed: only CONNECT is served",
+            "400 Bad Request",
+            "431 Request Header Fields Too Large"
+        ]
+    );
+}

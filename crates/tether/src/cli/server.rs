@@ -282,9 +282,11 @@ impl ServerArgs {
         let routing = self.routing.routing()?;
         routing::check_service_accounts(&routing, token_auth.as_ref().map(|t| &t.account))?;
         let leases = self.leases.settings()?;
-        let kube = (token_auth.is_some() || leases.is_some())
-            .then(|| self.kube.options())
-            .transpose()?;
+        let control_plane = self.control_plane.endpoints()?;
+        let kube =
+            (token_auth.is_some() || leases.is_some() || control_plane == ControlPlane::Kubeconfig)
+                .then(|| self.kube.options())
+                .transpose()?;
         let mode: Mode = self
             .mode
             .parse()
@@ -322,7 +324,10 @@ impl ServerArgs {
         }
         let frontend = self.frontend(mode, &tls)?;
         let agent_tls = self.agent_tls(&tls, token_auth.is_some())?;
-        let limits = self.security.limits()?;
+        let limits = tether_server::Limits {
+            max_reverse_connections_per_stream: self.control_plane.max_connections_per_stream()?,
+            ..self.security.limits()?
+        };
         let agent_identity_binding = self.security.identity_binding(
             &self.cluster_ca_cert,
             token_auth.is_some(),
@@ -335,7 +340,6 @@ impl ServerArgs {
                 anyhow::anyhow!("--server-id (with --enable-lease-controller): {e}")
             })?;
         }
-        let control_plane = self.control_plane.endpoints()?;
         let ignored = self.ignored(kube.is_some());
         if !ignored.is_empty() {
             tracing::warn!(
@@ -394,7 +398,7 @@ impl ServerArgs {
             agent_token_auth: None,
             control_plane: match &control_plane {
                 ControlPlane::Listed(list) => Some(list.clone()),
-                ControlPlane::Default | ControlPlane::Off => None,
+                ControlPlane::Kubeconfig | ControlPlane::Off => None,
             },
             resume_window: self.flow.resume_window,
         };
@@ -403,7 +407,7 @@ impl ServerArgs {
             kube,
             token_auth,
             leases,
-            control_plane_from_kubeconfig: control_plane == ControlPlane::Default,
+            control_plane_from_kubeconfig: control_plane == ControlPlane::Kubeconfig,
         })
     }
 

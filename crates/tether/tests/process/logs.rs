@@ -371,3 +371,123 @@ fn free_port_address() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
 }
+
+/// N7: a peer's text reaches the log escaped. A fake agent answers a dial, then closes the
+/// connection with a CLOSE_RSP error holding a newline and a made-up log line; the server's
+/// text log keeps it on the line of the close, where it used to start a line of its own.
+#[tokio::test]
+async fn a_forged_newline_in_a_close_error_stays_on_one_log_line() {
+    use tether_proto::{ConnectId, Packet};
+
+    let pki = Pki::generate().unwrap();
+    let server_log = pki.dir().join("server.log");
+    let uds = pki.dir().join("frontend.sock");
+    let log_flag = format!("--log-file={}", server_log.display());
+    let server = spawn_server(
+        bin(),
+        &pki,
+        Frontend::GrpcUds(uds.clone()),
+        &["--logtostderr=false", &log_flag],
+    )
+    .await
+    .expect("server");
+    tether_testkit::http::wait_for_200(server.process.health, "/healthz", STEP)
+        .await
+        .unwrap();
+
+    // The fake agent: the PKI's agent certificate, speaking AgentService.Connect itself.
+    let f = &pki.files;
+    let tls = tether_tls::client_config(
+        &f.ca_cert,
+        Some((&f.agent_cert, &f.agent_key)),
+        vec![b"h2".to_vec()],
+        &Default::default(),
+    )
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.agent_addr)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (channel, driver) = tether_grpc::client::Channel::handshake(
+        tls,
+        &tether_grpc::H2Settings::agent_stream(),
+        "127.0.0.1",
+        true,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(driver.run());
+    let (mut tx, mut rx) = channel
+        .call(
+            tether_proto::path::CONNECT,
+            &[("agentid", "forger".to_owned())],
+        )
+        .await
+        .unwrap();
+    rx.response_headers().await.unwrap();
+    server.process.wait_ready().await.unwrap();
+
+    let forged = "boom\n2026-12-03T09:09:09.000000Z  WARN tether_server: FORGED LINE";
+    let agent = tokio::spawn(async move {
+        loop {
+            let packet = tokio::time::timeout(STEP, rx.next())
+                .await
+                .expect("a DIAL_REQ")
+                .expect("the stream is open")
+                .expect("a packet");
+            if let Packet::DialRequest { random, .. } = packet {
+                let id = ConnectId(1);
+                tx.send(&Packet::DialResponse {
+                    random,
+                    result: Ok(id),
+                })
+                .await
+                .unwrap();
+                tx.send(&Packet::CloseResponse {
+                    connect_id: id,
+                    error: Some(forged.to_owned()),
+                })
+                .await
+                .unwrap();
+                return (tx, rx);
+            }
+        }
+    });
+    let client = GrpcClient::connect(&Transport::Unix(uds)).await.unwrap();
+    let mut stream = tokio::time::timeout(STEP, client.dial("127.0.0.1:9"))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(STEP, stream.read_to_end(&mut sink)).await;
+    let _held = agent.await.unwrap();
+
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = std::fs::read_to_string(&server_log).unwrap_or_default();
+        if text.contains("FORGED LINE") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("FORGED LINE")).collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(
+        lines[0].contains("connection ended abnormally")
+            && lines[0].contains("boom\\n2026-12-03T09:09:09.000000Z"),
+        "the forged text stays on the close's own line, escaped: {}",
+        lines[0]
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("2026-12-03T09:09:09")),
+        "{text}"
+    );
+    drop(client);
+    let mut process = server.process;
+    process.signal("TERM").await.unwrap();
+    let _ = process.wait(STEP).await;
+}

@@ -1,5 +1,6 @@
 //! Failure handling with real processes: agents killed, frozen, drained; servers shut down.
 
+mod audit;
 mod certificates;
 mod destinations;
 mod failures;

@@ -21,8 +21,8 @@ pub(crate) struct ServerLaunch {
     pub(crate) token_auth: Option<TokenAuth>,
     /// `--enable-lease-controller`: started by the caller once the server is bound.
     pub(crate) leases: Option<super::ServerLeases>,
-    /// `--control-plane-endpoints` was left empty: reverse dials may reach the API server
-    /// of the Kubernetes client, if one is built.
+    /// `--control-plane-endpoints=kubeconfig`: reverse dials may reach the API server of the
+    /// Kubernetes client (built for it).
     pub(crate) control_plane_from_kubeconfig: bool,
 }
 
@@ -46,10 +46,13 @@ impl ServerLaunch {
         let api = KubeApi::connect(&options)
             .await
             .context("--kubeconfig: the Kubernetes API client")?;
-        if control_plane_from_kubeconfig && let Some(endpoint) = api.endpoint() {
+        if control_plane_from_kubeconfig {
+            let endpoint = api.endpoint().context(
+                "--control-plane-endpoints=kubeconfig: the API server's address is not known from --kubeconfig; list it as HOST:PORT",
+            )?;
             tracing::info!(
                 endpoint,
-                "agents' control-plane connections (reverse dials) may reach the API server of --kubeconfig; --control-plane-endpoints=none turns them off"
+                "agents' control-plane connections (reverse dials) may reach the API server of --kubeconfig (--control-plane-endpoints=kubeconfig)"
             );
             config.control_plane =
                 tether_server::ControlPlaneEndpoints::new(vec![endpoint.to_owned()]);

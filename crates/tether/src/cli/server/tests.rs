@@ -712,6 +712,7 @@ fn the_audit_log_is_off_by_default_and_takes_a_path_or_stdout() {
 #[test]
 fn control_plane_endpoints_are_a_checked_list_and_off_without_one() {
     let (_dir, files) = pki();
+    // Opt-in: no flag, no reverse dials.
     assert_eq!(uds(&files, "").unwrap().control_plane, None);
     assert_eq!(
         uds(&files, "--control-plane-endpoints=none")
@@ -728,11 +729,70 @@ fn control_plane_endpoints_are_a_checked_list_and_off_without_one() {
         config.control_plane.unwrap().endpoints(),
         ["127.0.0.1:6443", "[::1]:6443", "kubernetes.default.svc:443"]
     );
-    for bad in ["127.0.0.1", "127.0.0.1:0", ":6443", "::1:6443", "h:port"] {
+    for bad in [
+        "127.0.0.1",
+        "127.0.0.1:0",
+        ":6443",
+        "::1:6443",
+        "h:port",
+        "kubeconfig,127.0.0.1:6443",
+    ] {
         let err = error(uds(&files, &format!("--control-plane-endpoints={bad}")));
         assert!(
             err.starts_with("--control-plane-endpoints: "),
             "{bad}: {err}"
         );
     }
+}
+
+#[test]
+fn reverse_connections_per_stream_have_a_positive_cap() {
+    let (_dir, files) = pki();
+    assert_eq!(
+        uds(&files, "")
+            .unwrap()
+            .limits
+            .max_reverse_connections_per_stream,
+        tether_server::DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM
+    );
+    assert_eq!(
+        uds(&files, "--control-plane-max-connections-per-stream=3")
+            .unwrap()
+            .limits
+            .max_reverse_connections_per_stream,
+        3
+    );
+    let err = error(uds(&files, "--control-plane-max-connections-per-stream=0"));
+    assert!(
+        err.contains("--control-plane-max-connections-per-stream must be at least 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_kubeconfigs_api_server_is_a_reverse_endpoint_only_when_asked() {
+    let (_dir, files) = pki();
+    let kubeconfig = files.dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+    // Token authentication builds a Kubernetes client, but no longer opens reverse dials.
+    let launch = token_launch(
+        &files,
+        &format!("{TOKEN_AUTH} --kubeconfig={}", kubeconfig.display()),
+    )
+    .unwrap();
+    assert!(launch.kube.is_some());
+    assert!(!launch.control_plane_from_kubeconfig);
+    assert_eq!(launch.config.control_plane, None);
+    // `kubeconfig` asks for it, and builds the client for it alone.
+    let launch = token_launch(
+        &files,
+        &format!(
+            "--cluster-ca-cert={} --control-plane-endpoints=kubeconfig --kubeconfig={}",
+            files.ca_cert.display(),
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    assert!(launch.control_plane_from_kubeconfig);
+    assert_eq!(launch.kube.unwrap().kubeconfig, Some(kubeconfig.clone()));
 }
