@@ -37,7 +37,7 @@ const VARIANTS: &[Variant] = &[
     },
     Variant {
         name: "static-pod-mtls",
-        helm: &["auth.mode=mtls"],
+        helm: &["auth.mode=mtls", "auth.agentIdentityBinding=off"],
         overlay: Some("static-pod-mtls"),
     },
     Variant {
@@ -54,7 +54,7 @@ const VARIANTS: &[Variant] = &[
         name: "hosted-mtls",
         helm: &[
             "server.kind=deployment",
-            "auth.mode=mtls",
+            "auth.mode=mtls", "auth.agentIdentityBinding=off",
             "monitoring.dashboard.enabled=true",
             "monitoring.prometheusRule.enabled=true",
         ],
@@ -80,7 +80,7 @@ const VARIANTS: &[Variant] = &[
     },
     Variant {
         name: "static-pod-mtls-leases",
-        helm: &["auth.mode=mtls", "leases.enabled=true"],
+        helm: &["auth.mode=mtls", "auth.agentIdentityBinding=off", "leases.enabled=true"],
         overlay: None,
     },
 ];
@@ -393,6 +393,16 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
         None,
     )
     .context("kube-system allowed explicitly")?;
+    // One certificate for every agent proves no node: routing by identifiers is a choice.
+    let shared_certificate = helm_template(&helm, &["auth.mode=mtls"], None);
+    ensure!(
+        shared_certificate
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("set auth.agentIdentityBinding=off")),
+        "helm rendered mtls agents whose identifiers no certificate proves: {shared_certificate:?}"
+    );
+    helm_template(&helm, &["auth.mode=mtls", "agent.identifiers="], None)
+        .context("mtls without identifiers")?;
     let missing_host = helm_template_without_host(&helm);
     ensure!(
         missing_host

@@ -72,8 +72,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --agent-namespace={{ .Release.Namespace }}
 - --agent-service-account={{ .Values.agent.serviceAccountName }}
 - --authentication-audience={{ .Values.auth.token.audience }}
+{{- with .Values.auth.agentIdentityBinding }}
+- --agent-identity-binding={{ . }}
+{{- end }}
 {{- else }}
 - --cluster-ca-cert={{ if include "tether.onNode" . }}{{ .Values.server.hostFiles.clusterCaCert }}{{ else }}/etc/tether/tls/agent-ca.crt{{ end }}
+{{- if and .Values.agent.identifiers (not .Values.auth.agentIdentityBinding) }}
+{{- fail "auth.mode=mtls gives every agent the one certificate of agent.tlsSecretName, which proves no node, so the server (--agent-identity-binding=identifiers) would refuse every agent's host=/ipv4= identifiers: set auth.agentIdentityBinding=off to route by them anyway (any agent could then claim any node), or agent.identifiers=\"\" to route without them (values.yaml, auth.agentIdentityBinding)" }}
+{{- end }}
+- --agent-identity-binding={{ .Values.auth.agentIdentityBinding | default "identifiers" }}
 {{- end }}
 {{- if include "tether.serverUsesApi" . }}
 - --kubeconfig={{ include "tether.serverKubeconfig" . }}
