@@ -75,7 +75,10 @@ impl AgentService {
             }
         };
         let token = match &self.token_auth {
-            Some(auth) => match auth.check(call.metadata(), &identifiers).await {
+            Some(auth) => match auth
+                .check(call.metadata(), &identifiers, call.peer().addr)
+                .await
+            {
                 Ok(principal) => Some(principal),
                 Err(status) => {
                     self.limit_metrics.hit(crate::limits::Limit::AgentToken);

@@ -61,7 +61,8 @@ impl ServerLaunch {
                 "authenticating agents by ServiceAccount token (TokenReview)"
             );
             let authenticator =
-                TokenReviewAuthenticator::new(api.clone(), auth.account, auth.cache, registry);
+                TokenReviewAuthenticator::new(api.clone(), auth.account, auth.cache, registry)
+                    .with_address_limit(auth.per_address);
             config.agent_token_auth = Some(AgentTokenAuth {
                 authenticator: Arc::new(authenticator),
                 match_host_to_node: auth.match_host_to_node,
