@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tether_observe::metrics::{CounterVec, Registry};
+use tether_observe::metrics::{Counter, CounterVec, Registry};
 
 /// The server's limits; `Default` is the safe default every flag documents.
 #[derive(Clone, Debug)]
@@ -32,6 +32,13 @@ pub struct Limits {
     /// How long a gRPC frontend stream may take to send its DIAL_REQ; stray packets before
     /// it do not extend the deadline.
     pub first_packet_timeout: Duration,
+    /// Bytes of large incomplete messages (beyond `tether_grpc::FREE_PARTIAL_BYTES` each) all
+    /// agent streams may hold at once; a stream whose message would exceed it is ended with
+    /// RESOURCE_EXHAUSTED. Agents' messages are far smaller, so only a peer that holds
+    /// messages open on purpose meets it.
+    pub agent_partial_message_bytes: usize,
+    /// Open connections on the health port, and on the admin port; more are closed at accept.
+    pub max_http_connections: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +53,8 @@ impl Default for Limits {
             max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
             max_agents: 10_000,
             first_packet_timeout: Duration::from_secs(60),
+            agent_partial_message_bytes: 64 << 20,
+            max_http_connections: tether_observe::http::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -62,6 +71,8 @@ pub(crate) enum Limit {
     AgentToken,
     BadAgentMetadata,
     BadDialAddress,
+    PartialMessages,
+    HttpConnections,
 }
 
 impl Limit {
@@ -76,6 +87,8 @@ impl Limit {
             Self::AgentToken => "agent_token",
             Self::BadAgentMetadata => "bad_agent_metadata",
             Self::BadDialAddress => "bad_dial_address",
+            Self::PartialMessages => "partial_messages",
+            Self::HttpConnections => "http_connections",
         }
     }
 }
@@ -101,7 +114,12 @@ impl LimitMetrics {
     }
 
     pub(crate) fn hit(&self, limit: Limit) {
-        self.hits.with(&[limit.label()]).inc();
+        self.counter(limit).inc();
+    }
+
+    /// The counter of one limit, for code that counts without this type.
+    pub(crate) fn counter(&self, limit: Limit) -> Arc<Counter> {
+        self.hits.with(&[limit.label()])
     }
 }
 
