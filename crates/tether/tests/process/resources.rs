@@ -313,8 +313,10 @@ async fn agent_connections_holding_incomplete_messages_stay_bounded() {
     drop((held, agent));
 }
 
-/// N10: a CPU profile symbolizes with the binary's DWARF tables, which stayed cached (one
-/// 1 s profile left the server 239 MB larger). They are dropped and the heap given back.
+/// N10: a CPU profile symbolizes with the binary's DWARF tables, which stayed cached: one
+/// 1 s profile left the release server 239 MB larger (this debug binary: 370 MB). They are
+/// dropped and the heap given back; what stays is pprof-rs's sample table (about 70 MB,
+/// allocated when its profiler first starts, and the same for every later profile).
 #[tokio::test]
 async fn a_cpu_profile_gives_its_memory_back() {
     let pki = Pki::generate().unwrap();
@@ -330,19 +332,23 @@ async fn a_cpu_profile_gives_its_memory_back() {
         .await
         .unwrap();
     let pid = server.process.pid;
-    let before = rss_mib(pid);
-    for _ in 0..2 {
+    let mut rss = vec![rss_mib(pid)];
+    for _ in 0..3 {
         let (status, profile) = get_bytes(server.admin_addr, "/debug/pprof/profile?seconds=1")
             .await
             .unwrap();
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&profile));
         assert!(!profile.is_empty());
+        rss.push(rss_mib(pid));
     }
-    let after = rss_mib(pid);
-    eprintln!("two CPU profiles: server RSS {before:.1} -> {after:.1} MiB");
+    eprintln!("server RSS before and after each of three CPU profiles: {rss:.1?} MiB");
     assert!(
-        after - before < 48.0,
-        "the profiles left {:.1} MiB behind ({before:.1} -> {after:.1} MiB)",
-        after - before
+        rss[1] - rss[0] < 100.0,
+        "the first profile left {:.1} MiB behind: {rss:.1?}",
+        rss[1] - rss[0]
+    );
+    assert!(
+        rss[3] - rss[1] < 16.0,
+        "later profiles kept more: {rss:.1?}"
     );
 }
