@@ -234,7 +234,7 @@ impl Agent {
             destinations.clone(),
             audit_log,
         ));
-        let health_port = health.local_addr().map_or(0, |a| a.port());
+        let health_addr = health.local_addr().ok();
         tracing::info!(
             health = ?health.local_addr().ok(),
             admin = ?admin.local_addr().ok(),
@@ -242,15 +242,24 @@ impl Agent {
             "proxy agent starting"
         );
         let endpoints = tokio_util::task::TaskTracker::new();
+        let http_limits = tether_observe::http::HttpLimits {
+            refused: Some(registry.counter(
+                "tether_agent_http_connections_refused_total",
+                "Connections to the health or admin port closed at accept because as many were open already",
+            )),
+            ..Default::default()
+        };
         endpoints.spawn(tether_observe::http::serve(
             health,
             health::health_handler(clientset.clone(), registry.clone()),
+            http_limits.clone(),
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(tether_observe::http::serve_with(
             admin,
-            health::admin_handler(health_port, clientset.clone()),
+            health::admin_handler(health_addr, clientset.clone()),
             admin_routes,
+            http_limits,
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(destinations.watch(stop.clone()));

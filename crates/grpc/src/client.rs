@@ -176,7 +176,7 @@ impl Channel {
         let mut send_request = self.send_request.clone().ready().await?;
         let (response, send) = send_request.send_request(request, false)?;
         Ok((
-            PacketSender::new(send, false),
+            PacketSender::new(send, None),
             PacketReceiver::client(response),
         ))
     }

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod authority;
+mod budget;
 pub mod client;
 mod log_text;
 mod peer;
@@ -19,6 +20,7 @@ mod status;
 mod stream;
 
 pub use authority::AuthorityRewrite;
+pub use budget::{FREE_PARTIAL_BYTES, PartialMessageBudget};
 pub use log_text::LogText;
 pub use peer::{
     CertificateError, CertificateNames, PeerIdentity, PeerTransport, Principal, UnixCredentials,
@@ -47,6 +49,15 @@ pub struct H2Settings {
     /// Close the connection (GOAWAY) once it has carried no stream for this long, so that a
     /// client that opens connections and leaves them empty cannot pin them forever.
     pub idle_timeout: Option<Duration>,
+    /// Server side: offer `connection_window` only once a call on the connection has been
+    /// accepted. Until then the peer may send HTTP/2's initial 64 KiB in all, so a client
+    /// that is never admitted cannot make the server hold a window's worth of its data
+    /// while its credentials are checked. For peers that send nothing before the response
+    /// headers (agents); a frontend's first message comes with its call.
+    pub window_on_accept: bool,
+    /// Server side: the listener's budget for large incomplete messages (see
+    /// [`PartialMessageBudget`]); `None` leaves each stream its window.
+    pub partial_message_budget: Option<std::sync::Arc<PartialMessageBudget>>,
 }
 
 /// Liveness probing by HTTP/2 PING.
@@ -75,6 +86,12 @@ pub const MAX_FRAME_SIZE: u32 = 64 * 1024 + 1024;
 /// connection can hold (each stream may buffer up to its window).
 pub const DEFAULT_FRONTEND_STREAMS: u32 = 1_000;
 
+/// Concurrent streams per agent connection. Agents (tether's and upstream's) open one
+/// `Connect` stream per connection and a new connection to reconnect or resume; the second
+/// slot is for a new stream arriving while the server still counts the one it replaces.
+/// Each stream can hold an incomplete message, so this bounds what one connection holds.
+pub const AGENT_STREAMS: u32 = 2;
+
 impl H2Settings {
     /// A multiplexed agent stream: one stream carries every tunnelled connection, so its
     /// window must cover the aggregate bandwidth-delay product.
@@ -84,9 +101,11 @@ impl H2Settings {
             connection_window: 32 * MIB,
             max_frame_size: MAX_FRAME_SIZE,
             max_send_buffer: 4 * MIB as usize,
-            max_concurrent_streams: 16,
+            max_concurrent_streams: AGENT_STREAMS,
             keepalive: None,
             idle_timeout: None,
+            window_on_accept: true,
+            partial_message_budget: None,
         }
     }
 
@@ -103,6 +122,8 @@ impl H2Settings {
             max_concurrent_streams: DEFAULT_FRONTEND_STREAMS,
             keepalive: None,
             idle_timeout: None,
+            window_on_accept: false,
+            partial_message_budget: None,
         }
     }
 
@@ -118,6 +139,14 @@ impl H2Settings {
 
     pub fn with_max_concurrent_streams(mut self, streams: u32) -> Self {
         self.max_concurrent_streams = streams;
+        self
+    }
+
+    pub fn with_partial_message_budget(
+        mut self,
+        budget: Option<std::sync::Arc<PartialMessageBudget>>,
+    ) -> Self {
+        self.partial_message_budget = budget;
         self
     }
 }

@@ -12,6 +12,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::budget::PartialMessageBudget;
+use crate::stream::CallEnd;
 use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender, PeerIdentity, Status};
 
 /// A call a client opened; answer it with [`accept`](Self::accept) or [`reject`](Self::reject).
@@ -23,6 +25,9 @@ pub struct IncomingCall {
     last_pong: Arc<crate::LastPong>,
     recv: h2::RecvStream,
     respond: h2::server::SendResponse<Bytes>,
+    budget: Option<Arc<PartialMessageBudget>>,
+    /// Told when the call is accepted, for connections that open their window only then.
+    accepted: Arc<tokio::sync::Notify>,
     _stream: StreamGuard,
 }
 
@@ -60,9 +65,11 @@ impl IncomingCall {
             response.headers_mut().insert(*key, value);
         }
         let send = self.respond.send_response(response, false)?;
+        self.accepted.notify_one();
+        let ending = Arc::new(CallEnd::default());
         Ok((
-            PacketSender::new(send, true),
-            PacketReceiver::server(self.recv, self._stream),
+            PacketSender::new(send, Some(ending.clone())),
+            PacketReceiver::server(self.recv, self._stream, ending, self.budget),
         ))
     }
 
@@ -161,9 +168,14 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (io, setup_done) = handshake::SetupWatch::new(io);
-    let handshake = h2::server::Builder::new()
+    let mut builder = h2::server::Builder::new();
+    // Without this, the connection window stays at HTTP/2's initial 64 KiB until a call is
+    // accepted (see `H2Settings::window_on_accept`).
+    if !settings.window_on_accept {
+        builder.initial_connection_window_size(settings.connection_window);
+    }
+    let handshake = builder
         .initial_window_size(settings.stream_window.max(crate::MIN_STREAM_WINDOW))
-        .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_send_buffer_size(settings.max_send_buffer)
         .max_concurrent_streams(settings.max_concurrent_streams)
@@ -200,6 +212,8 @@ where
     tokio::pin!(keepalive, shutdown, setup_deadline, idle_check);
     // Every call's task belongs to this connection: it returns only when they have ended.
     let calls = TaskTracker::new();
+    let accepted = Arc::new(tokio::sync::Notify::new());
+    let mut window_open = !settings.window_on_accept;
     let mut shutting_down = false;
     let result = loop {
         tokio::select! {
@@ -225,6 +239,8 @@ where
                         last_pong: last_pong.clone(),
                         recv,
                         respond,
+                        budget: settings.partial_message_budget.clone(),
+                        accepted: accepted.clone(),
                         _stream: streams.guard(),
                     };
                     calls.spawn(on_call(call));
@@ -232,6 +248,10 @@ where
                 Some(Err(e)) => break Err(e.into()),
                 None => break Ok(()),
             },
+            () = accepted.notified(), if !window_open => {
+                window_open = true;
+                conn.set_target_window_size(settings.connection_window);
+            }
             () = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
                 conn.graceful_shutdown();

@@ -1,12 +1,33 @@
 //! The two halves of an open gRPC call.
 
 use std::future::poll_fn;
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
-use tether_proto::frame::{self, Decoder};
+use tether_proto::frame::{self, Decoder, FrameError};
 
-use crate::{GrpcError, Packet, Status};
+use crate::budget::{Draw, PartialMessageBudget};
+use crate::{Code, GrpcError, Packet, Status};
+
+/// The status a server-side call ends with when its receive side failed (a message over the
+/// size limit, say): the sending half writes it as trailers when it is dropped without an
+/// end of its own, so the client reads why, as grpc-go reports it, instead of a bare reset.
+#[derive(Debug, Default)]
+pub(crate) struct CallEnd(Mutex<Option<Status>>);
+
+impl CallEnd {
+    fn set(&self, status: Status) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(status);
+    }
+
+    fn take(&self) -> Option<Status> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
 
 /// Sending half. Packets are encoded into one buffer and written when [`flush`] is called,
 /// so a burst of small packets leaves as one HTTP/2 DATA write.
@@ -18,14 +39,20 @@ pub struct PacketSender {
     buf: BytesMut,
     /// Servers end a call with trailers, clients with an empty end-of-stream frame.
     is_server: bool,
+    /// Server side: the status the receiving half asks the call to end with.
+    ending: Option<Arc<CallEnd>>,
+    /// Finished or aborted on purpose: dropping sends nothing more.
+    ended: bool,
 }
 
 impl PacketSender {
-    pub(crate) fn new(send: h2::SendStream<Bytes>, is_server: bool) -> Self {
+    pub(crate) fn new(send: h2::SendStream<Bytes>, ending: Option<Arc<CallEnd>>) -> Self {
         Self {
             send,
             buf: BytesMut::new(),
-            is_server,
+            is_server: ending.is_some(),
+            ending,
+            ended: false,
         }
     }
 
@@ -63,10 +90,13 @@ impl PacketSender {
     }
 
     /// Ends the call: trailers with `status` on the server side, end-of-stream on the client.
+    /// A server call whose receiving half failed ends with that failure's status instead.
     pub fn finish(mut self, status: &Status) -> Result<(), GrpcError> {
+        self.ended = true;
         if self.is_server {
+            let failed = self.ending.as_ref().and_then(|ending| ending.take());
             let mut trailers = HeaderMap::new();
-            status.write_to(&mut trailers);
+            failed.as_ref().unwrap_or(status).write_to(&mut trailers);
             self.send.send_trailers(trailers)?;
         } else {
             self.send.send_data(Bytes::new(), true)?;
@@ -76,7 +106,24 @@ impl PacketSender {
 
     /// Aborts the call with an HTTP/2 RST_STREAM.
     pub fn abort(mut self) {
+        self.ended = true;
         self.send.send_reset(h2::Reason::CANCEL);
+    }
+}
+
+impl Drop for PacketSender {
+    /// A server call dropped while its receiving half holds a status ends with it in
+    /// trailers (h2 then resets the client's half with NO_ERROR); otherwise h2 resets the
+    /// stream with CANCEL, as it always did.
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Some(status) = self.ending.as_ref().and_then(|ending| ending.take()) {
+            let mut trailers = HeaderMap::new();
+            status.write_to(&mut trailers);
+            let _ = self.send.send_trailers(trailers);
+        }
     }
 }
 
@@ -98,17 +145,28 @@ pub struct PacketReceiver {
     /// per stream on a length prefix's word.
     unreleased: usize,
     headers: HeaderMap,
+    /// Server side: where a failure of this half leaves the status the call ends with.
+    ending: Option<Arc<CallEnd>>,
+    /// What the incomplete message beyond its free share holds of the listener's budget.
+    draw: Option<Draw>,
     /// Server side: keeps the connection counted as busy while the call is read.
     _stream: Option<crate::server::StreamGuard>,
 }
 
 impl PacketReceiver {
-    pub(crate) fn server(recv: h2::RecvStream, stream: crate::server::StreamGuard) -> Self {
+    pub(crate) fn server(
+        recv: h2::RecvStream,
+        stream: crate::server::StreamGuard,
+        ending: Arc<CallEnd>,
+        budget: Option<Arc<PartialMessageBudget>>,
+    ) -> Self {
         Self {
             state: RecvState::Streaming(recv),
             decoder: Decoder::default(),
             unreleased: 0,
             headers: HeaderMap::new(),
+            ending: Some(ending),
+            draw: budget.map(Draw::new),
             _stream: Some(stream),
         }
     }
@@ -119,6 +177,8 @@ impl PacketReceiver {
             decoder: Decoder::default(),
             unreleased: 0,
             headers: HeaderMap::new(),
+            ending: None,
+            draw: None,
             _stream: None,
         }
     }
@@ -163,7 +223,22 @@ impl PacketReceiver {
             match decoded {
                 Ok(Some(packet)) => return Some(Ok(packet)),
                 Ok(None) => {}
-                Err(e) => return Some(Err(e.into())),
+                Err(FrameError::Packet(e)) => return Some(Err(FrameError::Packet(e).into())),
+                Err(e) => return Some(Err(self.fail(ending_status(&e), e.into()))),
+            }
+            // Only an incomplete message is left unreleased: hold it within the budget.
+            if let Some(draw) = &mut self.draw
+                && let Err(exhausted) = draw.hold(self.unreleased)
+            {
+                let status = Status::new(
+                    Code::RESOURCE_EXHAUSTED,
+                    format!(
+                        "the server holds too many large incomplete messages ({} of them at \
+                         most) to receive {} more bytes of this one",
+                        exhausted.limit, exhausted.held
+                    ),
+                );
+                return Some(Err(self.fail(status.clone(), GrpcError::Status(status))));
             }
             let RecvState::Streaming(recv) = &mut self.state else {
                 return None;
@@ -180,6 +255,19 @@ impl PacketReceiver {
                 None => return self.finish().await.err().map(Err),
             }
         }
+    }
+
+    /// Ends reading after a failure of this side: the call is to end with `status`, and the
+    /// received bytes are dropped at once (with the budget they drew).
+    fn fail(&mut self, status: Status, error: GrpcError) -> GrpcError {
+        if let Some(ending) = &self.ending {
+            ending.set(status);
+        }
+        self.state = RecvState::Done;
+        self.decoder = Decoder::default();
+        self.unreleased = 0;
+        self.draw = None;
+        error
     }
 
     /// Gives the peer back the window of `consumed` decoded bytes. The stream window is at
@@ -210,6 +298,25 @@ impl PacketReceiver {
             },
             None => Ok(()),
         }
+    }
+}
+
+/// The status grpc-go ends a call with for a message it cannot take.
+fn ending_status(error: &FrameError) -> Status {
+    match error {
+        FrameError::TooLarge(len) => Status::new(
+            Code::RESOURCE_EXHAUSTED,
+            format!(
+                "grpc: received message larger than max ({len} vs. {})",
+                frame::MAX_MESSAGE_LEN
+            ),
+        ),
+        FrameError::Compressed => Status::new(
+            Code::UNIMPLEMENTED,
+            "grpc: Decompressor is not installed for the compressed message (no grpc-encoding \
+             was negotiated)",
+        ),
+        other => Status::new(Code::INTERNAL, other.to_string()),
     }
 }
 

@@ -2,6 +2,12 @@
 //! results are cached by token hash, concurrent checks of one token share one review,
 //! reviews obey the client's rate limit, and an API server outage shows on `/readyz` and in
 //! `tether_server_kube_api_available` while agents with cached valid tokens keep working.
+//!
+//! Floods of bad tokens cannot lock real agents out: a token that is not a JWT for the
+//! configured audience, or is expired, is refused without a review; each source address has
+//! its own review rate limit below the shared one; and a cached admission past its TTL is
+//! used only when the API server itself fails, never when a review was not sent because of
+//! the rate limits (which clients can exhaust).
 
 mod cache;
 mod jwt;
@@ -9,6 +15,7 @@ mod metrics;
 mod verdict;
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,6 +33,7 @@ use verdict::Verdict;
 pub use verdict::{ANY, AgentServiceAccount};
 
 use crate::KubeApi;
+use crate::rate_limit::KeyedRateLimiter;
 
 /// Longest a review may take, waiting for the rate limit included.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,11 +42,35 @@ const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// What the probe reviews: not a JWT, so never valid, yet answered like any token.
 const PROBE_TOKEN: &str = "tether-api-probe";
+/// Most source addresses whose review rate is tracked at once.
+const MAX_TRACKED_ADDRESSES: usize = 4096;
+
+/// How many TokenReviews one source address may cause: `--token-review-qps-per-address` and
+/// `--token-review-burst-per-address`. An address is an IPv4 address or an IPv6 /64 (what one
+/// host is usually given).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AddressLimit {
+    /// Reviews per second; a negative value means no limit per address.
+    pub qps: f32,
+    /// Reviews at once above the rate.
+    pub burst: u32,
+}
+
+impl Default for AddressLimit {
+    /// Two reviews a second with a burst of five: a node's agent needs one per token
+    /// rotation, and an address that floods leaves the shared limit (client-go's 5 per
+    /// second) to everyone else.
+    fn default() -> Self {
+        Self { qps: 2.0, burst: 5 }
+    }
+}
 
 /// Checks agent tokens with TokenReviews. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct TokenReviewAuthenticator {
     inner: Arc<Inner>,
+    /// `None`: no limit per address.
+    per_address: Option<Arc<KeyedRateLimiter<Option<IpAddr>>>>,
     /// The API probe belongs to the authenticator: it is aborted when the last clone drops.
     _probe: Arc<AbortOnDropHandle<()>>,
 }
@@ -59,8 +91,13 @@ struct Inner {
 #[derive(Clone, Debug)]
 enum Answer {
     Judged(Verdict),
-    /// No answer (unreachable, timed out, throttled, or the API refused the request).
-    Failed(String),
+    /// No answer: why, and whether the API server failed (unreachable, timed out, or a 5xx
+    /// answer: an outage, through which cached admissions stay usable) rather than the
+    /// review being throttled or refused as a request.
+    Failed {
+        why: String,
+        outage: bool,
+    },
 }
 
 impl TokenReviewAuthenticator {
@@ -84,14 +121,33 @@ impl TokenReviewAuthenticator {
         let probe = AbortOnDropHandle::new(tokio::spawn(probe(inner.clone())));
         Self {
             inner,
+            per_address: None,
             _probe: Arc::new(probe),
         }
+        .with_address_limit(AddressLimit::default())
+    }
+
+    /// Limits the TokenReviews each source address may cause (the default is
+    /// [`AddressLimit::default`]).
+    pub fn with_address_limit(mut self, limit: AddressLimit) -> Self {
+        self.per_address = (limit.qps >= 0.0).then(|| {
+            Arc::new(KeyedRateLimiter::new(
+                limit.qps,
+                limit.burst,
+                MAX_TRACKED_ADDRESSES,
+            ))
+        });
+        self
     }
 }
 
 impl TokenAuthenticator for TokenReviewAuthenticator {
-    fn authenticate<'a>(&'a self, token: &'a str) -> AuthFuture<'a> {
-        Box::pin(self.inner.authenticate(token))
+    fn authenticate<'a>(&'a self, token: &'a str, peer: Option<SocketAddr>) -> AuthFuture<'a> {
+        let limit = self
+            .per_address
+            .as_deref()
+            .map(|limiter| AddressGate { limiter, peer });
+        Box::pin(self.inner.authenticate(token, limit))
     }
 
     fn unready_reason(&self) -> Option<String> {
@@ -112,7 +168,15 @@ impl Inner {
             .clone()
     }
 
-    async fn authenticate(&self, token: &str) -> Result<TokenIdentity, TokenRefusal> {
+    async fn authenticate(
+        &self,
+        token: &str,
+        gate: Option<AddressGate<'_>>,
+    ) -> Result<TokenIdentity, TokenRefusal> {
+        if let Err(why) = jwt::precheck(token, &self.account.audience, SystemTime::now()) {
+            self.metrics.local.inc();
+            return Err(TokenRefusal::Invalid(why));
+        }
         let key = cache::key(token);
         let stale = match self.cache.lookup(&key, Instant::now()) {
             Lookup::Fresh(verdict) => {
@@ -136,7 +200,7 @@ impl Inner {
         let answer = cell
             .get_or_init(|| {
                 reviewed = true;
-                self.review(token, key)
+                self.review(token, key, gate)
             })
             .await
             .clone();
@@ -145,11 +209,11 @@ impl Inner {
         }
         match (answer, stale) {
             (Answer::Judged(verdict), _) => verdict.into(),
-            (Answer::Failed(_), Some(identity)) => {
+            (Answer::Failed { outage: true, .. }, Some(identity)) => {
                 self.metrics.stale.inc();
                 Ok(identity)
             }
-            (Answer::Failed(why), None) => Err(TokenRefusal::Unavailable(why)),
+            (Answer::Failed { why, .. }, _) => Err(TokenRefusal::Unavailable(why)),
         }
     }
 
@@ -158,8 +222,8 @@ impl Inner {
     }
 
     /// Sends one TokenReview and caches its verdict.
-    async fn review(&self, token: &str, key: TokenKey) -> Answer {
-        let answer = self.ask(token).await;
+    async fn review(&self, token: &str, key: TokenKey, gate: Option<AddressGate<'_>>) -> Answer {
+        let answer = self.ask(token, gate).await;
         if let Answer::Judged(verdict) = &answer {
             let lifetime = jwt::remaining_lifetime(token, SystemTime::now());
             self.cache
@@ -169,15 +233,40 @@ impl Inner {
         answer
     }
 
-    /// One TokenReview, within the rate limit and [`REVIEW_TIMEOUT`].
-    async fn ask(&self, token: &str) -> Answer {
+    /// One TokenReview, within the source address's rate limit, the shared one and
+    /// [`REVIEW_TIMEOUT`].
+    async fn ask(&self, token: &str, gate: Option<AddressGate<'_>>) -> Answer {
         let started = tokio::time::Instant::now();
-        if self.api.throttle(REVIEW_TIMEOUT).await.is_err() {
+        if let Some(gate) = gate {
+            match gate.reserve(started, started + REVIEW_TIMEOUT) {
+                Ok(start) => tokio::time::sleep_until(start).await,
+                Err(address) => {
+                    self.metrics.review(metrics::ADDRESS_THROTTLED);
+                    return Answer::Failed {
+                        why: format!(
+                            "too many TokenReviews for agents from {address}: none could be \
+                             sent within {REVIEW_TIMEOUT:?} (--token-review-qps-per-address/\
+                             --token-review-burst-per-address)"
+                        ),
+                        outage: false,
+                    };
+                }
+            }
+        }
+        if self
+            .api
+            .throttle(REVIEW_TIMEOUT.saturating_sub(started.elapsed()))
+            .await
+            .is_err()
+        {
             self.metrics.review(metrics::THROTTLED);
-            return Answer::Failed(format!(
-                "too many TokenReviews: none could be sent within {REVIEW_TIMEOUT:?} \
-                 (--kubeconfig-qps/--kubeconfig-burst)"
-            ));
+            return Answer::Failed {
+                why: format!(
+                    "too many TokenReviews: none could be sent within {REVIEW_TIMEOUT:?} \
+                     (--kubeconfig-qps/--kubeconfig-burst)"
+                ),
+                outage: false,
+            };
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -188,7 +277,7 @@ impl Inner {
         };
         let api: Api<TokenReview> = Api::all(self.api.client().clone());
         let remaining = REVIEW_TIMEOUT.saturating_sub(started.elapsed());
-        let failure = match tokio::time::timeout(
+        let (failure, outage) = match tokio::time::timeout(
             remaining,
             api.create(&PostParams::default(), &review),
         )
@@ -203,12 +292,18 @@ impl Inner {
                 });
                 return Answer::Judged(verdict);
             }
-            Ok(Err(e)) => describe(&e),
-            Err(_) => format!("the TokenReview got no answer within {REVIEW_TIMEOUT:?}"),
+            Ok(Err(e)) => (describe(&e), is_outage(&e)),
+            Err(_) => (
+                format!("the TokenReview got no answer within {REVIEW_TIMEOUT:?}"),
+                true,
+            ),
         };
         self.metrics.review(metrics::ERROR);
         self.set_problem(Some(failure.clone()));
-        Answer::Failed(failure)
+        Answer::Failed {
+            why: failure,
+            outage,
+        }
     }
 
     /// Records whether the API server answers, logging only the changes.
@@ -255,6 +350,49 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
+/// A source address's own review rate limit, for one check.
+#[derive(Clone, Copy, Debug)]
+struct AddressGate<'a> {
+    limiter: &'a KeyedRateLimiter<Option<IpAddr>>,
+    peer: Option<SocketAddr>,
+}
+
+impl AddressGate<'_> {
+    /// When the review may start; the address (as shown in the refusal) if not in time.
+    fn reserve(
+        self,
+        now: tokio::time::Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<tokio::time::Instant, String> {
+        let key = self.peer.map(|peer| address_key(peer.ip()));
+        self.limiter
+            .reserve(key, now, deadline)
+            .map_err(|_| key.map_or_else(|| "an unknown address".to_owned(), |ip| ip.to_string()))
+    }
+}
+
+/// The address a limit applies to: an IPv4 address (also when mapped into IPv6) or the /64
+/// of an IPv6 address, which one host can otherwise draw any number of addresses from.
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+    }
+}
+
+/// Whether a failed request means the API server cannot answer (so cached admissions stay
+/// usable): no connection, a broken response, or a 5xx status. A 4xx answer (forbidden, too
+/// many requests) is the API server answering, not an outage.
+fn is_outage(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => status.code >= 500,
+        _ => true,
+    }
+}
+
 /// Why a request to the API server failed, with the likely fix where there is one.
 fn describe(e: &kube::Error) -> String {
     match e {
@@ -279,8 +417,38 @@ async fn probe(inner: Arc<Inner>) {
             tokio::time::sleep(PROBE_INTERVAL).await;
         }
         if first || inner.problem().is_some() {
-            let _ = inner.ask(PROBE_TOKEN).await;
+            let _ = inner.ask(PROBE_TOKEN, None).await;
         }
         first = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_limited_per_host() {
+        let key = |s: &str| address_key(s.parse().unwrap());
+        assert_eq!(key("10.0.0.1"), key("::ffff:10.0.0.1"));
+        assert_ne!(key("10.0.0.1"), key("10.0.0.2"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_eq!(key("2001:db8:1:2::1").to_string(), "2001:db8:1:2::");
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+    }
+
+    #[test]
+    fn only_failures_of_the_api_server_are_outages() {
+        let status = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(is_outage(&status(500)));
+        assert!(is_outage(&status(503)));
+        assert!(!is_outage(&status(429)));
+        assert!(!is_outage(&status(403)));
     }
 }

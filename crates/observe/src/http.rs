@@ -1,11 +1,14 @@
 //! A minimal HTTP/1.1 server for the health and admin endpoints.
 //!
-//! One request per connection (`Connection: close`), request bodies ignored, and the limits
-//! upstream's Go servers use: 1 MiB of request head, 60 s to send it. That is all probes and
+//! One request per connection (`Connection: close`), request bodies ignored, 1 MiB of request
+//! head as upstream's Go servers allow, and [`HttpLimits`]: a cap on open connections and a
+//! short deadline for the request head, so that idle connections cannot use up the process's
+//! file descriptors (which the agent and frontend listeners need too). That is all probes and
 //! scrapers need, without pulling in a general-purpose HTTP stack.
 
 use std::fmt::Write as _;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use crate::metrics::{self, Registry};
+use crate::metrics::{self, Counter, Registry};
 
 /// Answers one request. Handlers are synchronous: health checks and metric rendering only
 /// read in-memory state.
@@ -48,8 +51,6 @@ impl std::fmt::Debug for DeferredHandler {
 
 /// Go's `http.Server.MaxHeaderBytes` as upstream sets it.
 const MAX_HEADER_BYTES: usize = 1 << 20;
-/// Go's `ReadHeaderTimeout` as upstream sets it.
-const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bounds how long a client that stops reading can hold a connection task.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long in-flight connections get after shutdown before they are aborted.
@@ -61,6 +62,31 @@ const EARLY_CHECK_BYTES: usize = 8 * 1024;
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
+/// What one health or admin listener allows.
+#[derive(Clone, Debug)]
+pub struct HttpLimits {
+    /// Open connections; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// How long a client may take to send its request head (Go's `ReadHeaderTimeout`;
+    /// upstream's 60 s let idle connections pile up). Probes and scrapers send it at once.
+    pub read_header_timeout: Duration,
+    /// Counts the connections closed at accept for `max_connections`.
+    pub refused: Option<Arc<Counter>>,
+}
+
+/// The default of `--max-health-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            read_header_timeout: Duration::from_secs(10),
+            refused: None,
+        }
+    }
+}
+
 /// The parts of a request the endpoints look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
@@ -71,27 +97,9 @@ pub struct Request {
     pub query: Option<String>,
     /// The `Host` header, or the authority of an absolute-form target (as Go's `r.Host`).
     pub host: Option<String>,
-}
-
-impl Request {
-    /// `host:port` naming the host the client asked for on another port, built like
-    /// upstream's agent does for its admin `/metrics` redirect (`net.SplitHostPort` of the
-    /// Host, falling back to the whole Host, then `net.JoinHostPort`).
-    pub fn host_with_port(&self, port: u16) -> String {
-        let host = self.host.as_deref().unwrap_or("");
-        let name = match host.strip_prefix('[') {
-            Some(bracketed) => bracketed.split_once(']').map_or(host, |(name, _)| name),
-            None => match host.rsplit_once(':') {
-                Some((name, _)) if !name.contains(':') => name,
-                _ => host,
-            },
-        };
-        if name.contains(':') {
-            format!("[{name}]:{port}")
-        } else {
-            format!("{name}:{port}")
-        }
-    }
+    /// The local address the connection was accepted on (what the client reached, which
+    /// unlike `host` it cannot choose).
+    pub local_addr: Option<SocketAddr>,
 }
 
 /// What to send back. `Content-Length` and `Connection: close` are added when writing.
@@ -282,10 +290,15 @@ pub fn reason_phrase(status: u16) -> &'static str {
 }
 
 /// Accepts connections until `shutdown` resolves, answering each with `handler` on its own
-/// task. Returns once every connection has finished, or 1 s after shutdown, when
-/// the stragglers are aborted.
-pub async fn serve(listener: TcpListener, handler: Handler, shutdown: impl Future<Output = ()>) {
-    serve_with(listener, handler, None, shutdown).await;
+/// task, within `limits`. Returns once every connection has finished, or 1 s after shutdown,
+/// when the stragglers are aborted.
+pub async fn serve(
+    listener: TcpListener,
+    handler: Handler,
+    limits: HttpLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_with(listener, handler, None, limits, shutdown).await;
 }
 
 /// As [`serve`], with `deferred` asked first for each request.
@@ -293,6 +306,7 @@ pub async fn serve_with(
     listener: TcpListener,
     handler: Handler,
     deferred: Option<DeferredHandler>,
+    limits: HttpLimits,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
@@ -313,10 +327,20 @@ pub async fn serve_with(
             accepted = accept => match accepted {
                 Ok((stream, _)) => {
                     backoff = None;
+                    while connections.try_join_next().is_some() {}
+                    if connections.len() >= limits.max_connections {
+                        // Closed at once: the descriptor is back before the next accept.
+                        drop(stream);
+                        if let Some(refused) = &limits.refused {
+                            refused.inc();
+                        }
+                        continue;
+                    }
                     connections.spawn(handle_connection(
                         stream,
                         Arc::clone(&handler),
                         deferred.clone(),
+                        limits.read_header_timeout,
                     ));
                 }
                 Err(error) => {
@@ -348,8 +372,9 @@ async fn handle_connection(
     mut stream: TcpStream,
     handler: Handler,
     deferred: Option<DeferredHandler>,
+    read_header_timeout: Duration,
 ) {
-    let (response, head_only) = match read_request(&mut stream).await {
+    let (response, head_only) = match read_request(&mut stream, read_header_timeout).await {
         Ok(request) => {
             let response = match deferred.as_ref().and_then(|d| d.answer(&request)) {
                 Some(later) => later.await,
@@ -388,8 +413,11 @@ enum HeadError {
     Gone,
 }
 
-async fn read_request(stream: &mut TcpStream) -> Result<Request, HeadError> {
-    let deadline = Instant::now() + READ_HEADER_TIMEOUT;
+async fn read_request(
+    stream: &mut TcpStream,
+    read_header_timeout: Duration,
+) -> Result<Request, HeadError> {
+    let deadline = Instant::now() + read_header_timeout;
     let mut buf = Vec::with_capacity(1024);
     loop {
         let scanned = buf.len();
@@ -402,7 +430,9 @@ async fn read_request(stream: &mut TcpStream) -> Result<Request, HeadError> {
             if end > MAX_HEADER_BYTES {
                 return Err(HeadError::TooLarge);
             }
-            return parse_head(&buf[..end]);
+            let mut request = parse_head(&buf[..end])?;
+            request.local_addr = stream.local_addr().ok();
+            return Ok(request);
         }
         if buf.len() >= MAX_HEADER_BYTES {
             return Err(HeadError::TooLarge);
@@ -466,6 +496,7 @@ fn parse_head(head: &[u8]) -> Result<Request, HeadError> {
         path: if path.is_empty() { "/" } else { path }.to_owned(),
         query,
         host: authority.map(str::to_owned).or(host_header),
+        local_addr: None,
     })
 }
 
@@ -491,31 +522,6 @@ mod tests {
     use tokio::sync::oneshot;
     use tokio::task::JoinHandle;
 
-    fn request(host: Option<&str>) -> Request {
-        Request {
-            method: "GET".to_owned(),
-            path: "/metrics".to_owned(),
-            query: None,
-            host: host.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn host_with_port_follows_go() {
-        let cases = [
-            (Some("localhost:8094"), "localhost:8093"),
-            (Some("localhost"), "localhost:8093"),
-            (Some("10.0.0.1:8094"), "10.0.0.1:8093"),
-            (Some("[::1]:8094"), "[::1]:8093"),
-            (Some("[::1]"), "[::1]:8093"),
-            (Some("::1"), "[::1]:8093"),
-            (None, ":8093"),
-        ];
-        for (host, want) in cases {
-            assert_eq!(request(host).host_with_port(8093), want, "{host:?}");
-        }
-    }
-
     #[test]
     fn parses_heads() {
         let req = parse_head(b"GET /readyz?verbose HTTP/1.1\r\nhOsT: a:1\r\n\r\n").unwrap();
@@ -526,6 +532,7 @@ mod tests {
                 path: "/readyz".to_owned(),
                 query: Some("verbose".to_owned()),
                 host: Some("a:1".to_owned()),
+                local_addr: None,
             }
         );
         let req = parse_head(b"GET http://b:2?x HTTP/1.1\nHost: a\n\n").unwrap();
@@ -574,6 +581,10 @@ mod tests {
     }
 
     async fn start() -> Server {
+        start_limited(HttpLimits::default()).await
+    }
+
+    async fn start_limited(limits: HttpLimits) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let registry = Registry::new();
@@ -581,13 +592,14 @@ mod tests {
         let handler: Handler = Arc::new(move |req: &Request| match req.path.as_str() {
             "/healthz" => Response::text(200, "ok"),
             "/metrics" => Response::metrics(&registry),
-            "/admin/metrics" => {
-                Response::redirect(301, format!("//{}/metrics", req.host_with_port(9)))
-            }
+            "/admin/metrics" => Response::redirect(
+                301,
+                format!("http://{}/metrics", req.local_addr.expect("TCP")),
+            ),
             _ => Response::not_found(),
         });
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, handler, async move {
+        let task = tokio::spawn(serve(listener, handler, limits, async move {
             let _ = stopped.await;
         }));
         Server { addr, stop, task }
@@ -641,8 +653,8 @@ mod tests {
             "{moved}"
         );
         assert!(
-            moved.contains("\r\nLocation: //localhost:9/metrics\r\n"),
-            "{moved}"
+            moved.contains(&format!("\r\nLocation: http://{}/metrics\r\n", server.addr)),
+            "the connection's own address, not the Host header: {moved}"
         );
 
         let head = b"HEAD /healthz HTTP/1.1\r\nHost: h\r\n\r\n".to_vec();
@@ -688,6 +700,40 @@ mod tests {
         );
         assert!(too_large.ends_with("\r\n\r\n431 Request Header Fields Too Large"));
 
+        server.stop.send(()).unwrap();
+        server.task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_and_idle_ones_time_out() {
+        let refused = Arc::new(Counter::default());
+        let server = start_limited(HttpLimits {
+            max_connections: 3,
+            read_header_timeout: Duration::from_millis(600),
+            refused: Some(refused.clone()),
+        })
+        .await;
+        let mut idle = Vec::new();
+        for _ in 0..3 {
+            idle.push(TcpStream::connect(server.addr).await.unwrap());
+        }
+        // Accepted in order: once the fourth is closed, the three are being held.
+        let mut extra = TcpStream::connect(server.addr).await.unwrap();
+        let mut rest = Vec::new();
+        let read = timeout(Duration::from_secs(5), extra.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        assert_eq!(refused.get(), 1);
+        // The idle ones are closed after the head deadline, and room is made again.
+        for mut conn in idle {
+            let read = timeout(Duration::from_secs(5), conn.read_to_end(&mut rest)).await;
+            assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        }
+        let ok = timeout(
+            Duration::from_secs(5),
+            exchange(server.addr, get("/healthz")),
+        )
+        .await;
+        assert!(ok.unwrap().ends_with("\r\n\r\nok"));
         server.stop.send(()).unwrap();
         server.task.await.unwrap();
     }

@@ -1,5 +1,11 @@
 //! CPU profiles: pprof-rs samples every thread's stack on `SIGPROF` for the requested
 //! period; the samples are then symbolized and encoded as pprof's protobuf.
+//!
+//! Symbolizing parses the binary's DWARF line tables, which the `backtrace` crate keeps
+//! cached for the life of the process: one profile of the server left about 240 MB resident.
+//! The cache is cleared and the freed heap given back after every profile, so a profile
+//! costs that memory only while it is built (the next one parses again, in well under a
+//! second).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,9 +50,12 @@ fn sample(period: Duration) -> Result<Vec<u8>, ProfileError> {
         .build()
         .map_err(failed)?;
     std::thread::sleep(period);
-    let report = guard.report().build().map_err(failed)?;
+    let report = guard.report().build();
     drop(guard);
-    Ok(encode(&report).encode_to_vec())
+    backtrace::clear_symbol_cache();
+    let encoded = report.map(|report| encode(&report).encode_to_vec());
+    crate::trim::give_back();
+    encoded.map_err(failed)
 }
 
 /// Interns strings: the format refers to every string by its index.

@@ -77,6 +77,13 @@ fn allocator() -> Option<(u64, u64)> {
     None
 }
 
+/// Gives freed heap back to the system now, after a large allocation known to be over (a
+/// CPU profile's symbolization).
+pub(crate) fn give_back() {
+    let released = trim();
+    tracing::debug!(released, "gave freed heap back to the system");
+}
+
 /// `malloc_trim(0)`: whether glibc gave anything back.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn trim() -> bool {

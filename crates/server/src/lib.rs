@@ -351,9 +351,15 @@ impl Server {
                 .as_ref()
                 .map(|auth| auth.authenticator.clone()),
         );
+        let http_limits = tether_observe::http::HttpLimits {
+            max_connections: limits.max_http_connections,
+            refused: Some(limit_metrics.counter(Limit::HttpConnections)),
+            ..Default::default()
+        };
         endpoints.spawn(tether_observe::http::serve(
             health,
             health_handler,
+            http_limits.clone(),
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(tether_observe::http::serve_with(
@@ -367,6 +373,7 @@ impl Server {
                 },
             ),
             admin_routes,
+            http_limits,
             stop.clone().cancelled_owned(),
         ));
 
@@ -378,9 +385,16 @@ impl Server {
             ));
         }
 
+        let partial_messages = {
+            let metrics = limit_metrics.clone();
+            tether_grpc::PartialMessageBudget::new(limits.agent_partial_message_bytes, move || {
+                metrics.hit(Limit::PartialMessages)
+            })
+        };
         let agent_settings = H2Settings::agent_stream()
             .with_keepalive(config.agent_keepalive)
-            .with_idle_timeout(limits.idle_connection_timeout);
+            .with_idle_timeout(limits.idle_connection_timeout)
+            .with_partial_message_budget(Some(partial_messages));
         let frontend_settings = H2Settings::frontend()
             .with_keepalive(config.frontend_keepalive)
             .with_idle_timeout(limits.idle_connection_timeout)

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tether_observe::metrics::{CounterVec, Registry};
+use tether_observe::metrics::{Counter, CounterVec, Registry};
 
 /// The server's limits; `Default` is the safe default every flag documents.
 #[derive(Clone, Debug)]
@@ -35,6 +35,13 @@ pub struct Limits {
     /// Reverse dials one agent stream may have under way or connected at once (counted in
     /// `tether_server_control_plane_dials_total{result="over_limit"}`).
     pub max_reverse_connections_per_stream: usize,
+    /// Bytes of large incomplete messages (beyond `tether_grpc::FREE_PARTIAL_BYTES` each) all
+    /// agent streams may hold at once; a stream whose message would exceed it is ended with
+    /// RESOURCE_EXHAUSTED. Agents' messages are far smaller, so only a peer that holds
+    /// messages open on purpose meets it.
+    pub agent_partial_message_bytes: usize,
+    /// Open connections on the health port, and on the admin port; more are closed at accept.
+    pub max_http_connections: usize,
 }
 
 impl Default for Limits {
@@ -51,6 +58,8 @@ impl Default for Limits {
             first_packet_timeout: Duration::from_secs(60),
             max_reverse_connections_per_stream:
                 crate::control_plane::DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM,
+            agent_partial_message_bytes: 64 << 20,
+            max_http_connections: tether_observe::http::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -67,6 +76,8 @@ pub(crate) enum Limit {
     AgentToken,
     BadAgentMetadata,
     BadDialAddress,
+    PartialMessages,
+    HttpConnections,
 }
 
 impl Limit {
@@ -81,6 +92,8 @@ impl Limit {
             Self::AgentToken => "agent_token",
             Self::BadAgentMetadata => "bad_agent_metadata",
             Self::BadDialAddress => "bad_dial_address",
+            Self::PartialMessages => "partial_messages",
+            Self::HttpConnections => "http_connections",
         }
     }
 }
@@ -106,7 +119,12 @@ impl LimitMetrics {
     }
 
     pub(crate) fn hit(&self, limit: Limit) {
-        self.hits.with(&[limit.label()]).inc();
+        self.counter(limit).inc();
+    }
+
+    /// The counter of one limit, for code that counts without this type.
+    pub(crate) fn counter(&self, limit: Limit) -> Arc<Counter> {
+        self.hits.with(&[limit.label()])
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod cli;
 mod dial;
+mod fd_limit;
 mod introspect;
 mod leases;
 mod logging;
@@ -27,6 +28,9 @@ fn main() -> ExitCode {
     if let Err(e) = logging::init(cli.command.klog()) {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
+    }
+    if matches!(cli.command, Command::Server(_) | Command::Agent(_)) {
+        fd_limit::raise();
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

@@ -52,6 +52,7 @@ pub(crate) async fn run(args: QuickstartArgs) -> anyhow::Result<ExitCode> {
     tasks.spawn(tether_observe::http::serve(
         backend,
         handler,
+        Default::default(),
         stop.clone().cancelled_owned(),
     ));
 

@@ -97,6 +97,8 @@ fn settings() -> H2Settings {
         max_concurrent_streams: 16,
         keepalive: None,
         idle_timeout: None,
+        window_on_accept: false,
+        partial_message_budget: None,
     }
 }
 

@@ -9,6 +9,7 @@ pub(crate) const ADMITTED: &str = "admitted";
 pub(crate) const REFUSED: &str = "refused";
 pub(crate) const ERROR: &str = "error";
 pub(crate) const THROTTLED: &str = "throttled";
+pub(crate) const ADDRESS_THROTTLED: &str = "address_throttled";
 
 #[derive(Debug)]
 pub(crate) struct TokenMetrics {
@@ -16,6 +17,7 @@ pub(crate) struct TokenMetrics {
     pub(crate) from_cache: Arc<Counter>,
     pub(crate) shared: Arc<Counter>,
     pub(crate) stale: Arc<Counter>,
+    pub(crate) local: Arc<Counter>,
     pub(crate) cache_entries: Arc<Gauge>,
     pub(crate) api_available: Arc<Gauge>,
 }
@@ -24,15 +26,15 @@ impl TokenMetrics {
     pub(crate) fn register(registry: &Registry) -> Self {
         let reviews = registry.counter_vec(
             "tether_server_token_reviews_total",
-            "TokenReviews of agent tokens, by outcome: admitted, refused, error (no answer from the API server), throttled (not sent: --kubeconfig-qps/--kubeconfig-burst)",
+            "TokenReviews of agent tokens, by outcome: admitted, refused, error (no answer from the API server), throttled (not sent: --kubeconfig-qps/--kubeconfig-burst), address_throttled (not sent: the source address's own limit, --token-review-qps-per-address/--token-review-burst-per-address)",
             &["outcome"],
         );
-        for outcome in [ADMITTED, REFUSED, ERROR, THROTTLED] {
+        for outcome in [ADMITTED, REFUSED, ERROR, THROTTLED, ADDRESS_THROTTLED] {
             reviews.with(&[outcome]);
         }
         let answers = registry.counter_vec(
             "tether_server_token_answers_total",
-            "Agent token checks answered without a TokenReview of their own, by source: cache, shared (joined a concurrent review of the same token), stale (a cached admission used while the API server could not answer)",
+            "Agent token checks answered without a TokenReview of their own, by source: cache, shared (joined a concurrent review of the same token), stale (a cached admission used while the API server could not answer), local (refused without a review: not a JWT for --authentication-audience, or expired)",
             &["source"],
         );
         let api_available = registry.gauge(
@@ -45,6 +47,7 @@ impl TokenMetrics {
             from_cache: answers.with(&["cache"]),
             shared: answers.with(&["shared"]),
             stale: answers.with(&["stale"]),
+            local: answers.with(&["local"]),
             cache_entries: registry.gauge(
                 "tether_server_token_cache_entries",
                 "Agent tokens whose review result is cached",

@@ -81,7 +81,7 @@ impl AgentService {
             }
         };
         let token = match &self.token_auth {
-            Some(auth) => match auth.check(call.metadata()).await {
+            Some(auth) => match auth.check(call.metadata(), call.peer().addr).await {
                 Ok(principal) => Some(principal),
                 Err(status) => {
                     self.limit_metrics.hit(crate::limits::Limit::AgentToken);

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -40,8 +41,9 @@ pub type AuthFuture<'a> =
 
 /// Checks bearer tokens for the agent listener.
 pub trait TokenAuthenticator: Send + Sync + fmt::Debug + 'static {
-    /// Reviews `token` (without its `Bearer ` prefix).
-    fn authenticate<'a>(&'a self, token: &'a str) -> AuthFuture<'a>;
+    /// Reviews `token` (without its `Bearer ` prefix) presented from `peer` (the agent's
+    /// address, which bounds how many reviews one source can cause).
+    fn authenticate<'a>(&'a self, token: &'a str, peer: Option<SocketAddr>) -> AuthFuture<'a>;
 
     /// Why new agents cannot be authenticated right now (shown on `/readyz`), or `None`.
     fn unready_reason(&self) -> Option<String>;
@@ -58,19 +60,22 @@ pub struct AgentTokenAuth {
 
 impl AgentTokenAuth {
     /// Authenticates an agent stream's metadata; the principal that then owns its agent ID.
-    pub(crate) async fn check(&self, headers: &http::HeaderMap) -> Result<Principal, Status> {
+    pub(crate) async fn check(
+        &self,
+        headers: &http::HeaderMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<Principal, Status> {
         let token = bearer(headers).map_err(|e| unauthenticated(&e))?;
         let identity =
-            self.authenticator
-                .authenticate(token)
-                .await
-                .map_err(|refusal| match refusal {
+            self.authenticator.authenticate(token, peer).await.map_err(
+                |refusal| match refusal {
                     TokenRefusal::Invalid(why) => unauthenticated(&why),
                     TokenRefusal::Unavailable(why) => Status::new(
                         Code::UNAVAILABLE,
                         format!("agent token could not be checked: {why}"),
                     ),
-                })?;
+                },
+            )?;
         Ok(Principal::Token {
             username: identity.username,
             node: identity.node,

@@ -354,3 +354,91 @@ async fn partial_messages_are_bounded_by_the_connection_window() {
     drop((senders, responses));
     driver.abort();
 }
+
+/// Reads a call's response to its end: the `grpc-status` of its trailers (or of a
+/// trailers-only response), or why there was none (a reset).
+async fn call_status(response: h2::client::ResponseFuture) -> Result<String, String> {
+    let response = tokio::time::timeout(STEP, response)
+        .await
+        .map_err(|_| "no response".to_owned())?
+        .map_err(|e| format!("response: {e}"))?;
+    if let Some(status) = response.headers().get("grpc-status") {
+        return Ok(status.to_str().unwrap_or_default().to_owned());
+    }
+    let mut body = response.into_body();
+    let trailers = tokio::time::timeout(STEP, async {
+        while let Some(chunk) = body.data().await {
+            chunk.map_err(|e| format!("body: {e}"))?;
+        }
+        body.trailers().await.map_err(|e| format!("trailers: {e}"))
+    })
+    .await
+    .map_err(|_| "no end of stream".to_owned())??;
+    trailers
+        .and_then(|t| t.get("grpc-status").cloned())
+        .map(|v| v.to_str().unwrap_or_default().to_owned())
+        .ok_or_else(|| "no grpc-status".to_owned())
+}
+
+/// A length prefix announcing 4 GiB - 1.
+fn huge_prefix() -> Bytes {
+    Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff])
+}
+
+/// L3: a message whose length prefix exceeds the 4 MiB limit ends the call with
+/// RESOURCE_EXHAUSTED in its trailers, as grpc-go ends it, on the frontend and on the agent
+/// listener (it was a bare RST_STREAM CANCEL); the server keeps serving.
+#[tokio::test]
+async fn a_message_over_the_size_limit_ends_the_call_with_resource_exhausted() {
+    let Stack {
+        pki,
+        server,
+        agent: _agent,
+        echo: _echo,
+    } = Stack::start(ServerOptions::default(), AgentOptions::default())
+        .await
+        .unwrap();
+
+    let io = UnixStream::connect(server.uds.as_ref().unwrap())
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let (response, mut send) = proxy_call(&h2).await;
+    send.send_data(huge_prefix(), false).unwrap();
+    assert_eq!(call_status(response).await.as_deref(), Ok("8"), "frontend");
+
+    let f = &pki.files;
+    let tls = tether_tls::client_config(
+        &f.ca_cert,
+        Some((&f.agent_cert, &f.agent_key)),
+        vec![b"h2".to_vec()],
+        &Default::default(),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let io = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let request = http::Request::post(format!("https://127.0.0.1{}", tether_proto::path::CONNECT))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("agentid", "huge")
+        .body(())
+        .unwrap();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    send.send_data(huge_prefix(), false).unwrap();
+    assert_eq!(
+        call_status(response).await.as_deref(),
+        Ok("8"),
+        "agent listener"
+    );
+
+    // The real agent's stream is unaffected.
+    server.wait_ready().await.unwrap();
+}

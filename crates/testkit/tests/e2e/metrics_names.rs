@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use tether_server::Mode;
 use tether_testkit::targets::{EchoServer, refused_addr};
 use tether_testkit::{AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::STEP;
 use crate::support::{echo_exact, http_connect_uds};
 
 /// Every server metric upstream defines (konnectivity-upstream.md §3.3).
@@ -172,11 +174,24 @@ async fn server_and_agent_expose_upstream_metric_names() {
         ),
         "{text}"
     );
-    // The agent's admin port redirects /metrics to the health port, as upstream.
-    let (status, _) = tether_testkit::http::get(agent.admin_addr, "/metrics")
+    // The agent's admin port redirects /metrics to the health port, as upstream, but to
+    // the health listener's own address: never to the Host the client sent (N10).
+    let mut admin = tokio::net::TcpStream::connect(agent.admin_addr)
         .await
         .unwrap();
-    assert_eq!(status, 301);
+    admin
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: evil.example:18284\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(STEP, admin.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 301 "), "{answer}");
+    let location = format!("\r\nLocation: http://{}/metrics\r\n", agent.health_addr);
+    assert!(answer.contains(&location), "{location:?} in {answer}");
+    assert!(!answer.contains("evil"), "{answer}");
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! joining tenants by ServiceAccount namespace.
 
 mod binding;
+mod flood;
 mod mixed;
 mod review;
 mod storm;
@@ -240,14 +241,28 @@ pub(crate) async fn connect_agent(
     identifiers: &str,
     token: Option<&str>,
 ) -> Result<AgentStream, Status> {
+    connect_agent_from(None, addr, ca, agent_id, identifiers, token).await
+}
+
+/// [`connect_agent`] from the loopback address `source` (another "host" than 127.0.0.1).
+pub(crate) async fn connect_agent_from(
+    source: Option<std::net::Ipv4Addr>,
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    agent_id: &str,
+    identifiers: &str,
+    token: Option<&str>,
+) -> Result<AgentStream, Status> {
     let failed = |e: &dyn std::fmt::Display| {
         Status::new(tether_grpc::Code::UNKNOWN, format!("transport: {e}"))
     };
     let tls = tether_tls::client_config(ca, None, vec![b"h2".to_vec()], &Default::default())
         .map_err(|e| failed(&e))?;
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| failed(&e))?;
+    let socket = tokio::net::TcpSocket::new_v4().map_err(|e| failed(&e))?;
+    if let Some(source) = source {
+        socket.bind((source, 0).into()).map_err(|e| failed(&e))?;
+    }
+    let tcp = socket.connect(addr).await.map_err(|e| failed(&e))?;
     let name =
         rustls::pki_types::ServerName::try_from(addr.ip().to_string()).map_err(|e| failed(&e))?;
     let io = tokio_rustls::TlsConnector::from(tls)

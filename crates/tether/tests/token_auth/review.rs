@@ -57,7 +57,8 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
         1.0
     );
 
-    // Refusals: UNAUTHENTICATED, with upstream's reason.
+    // Refusals: UNAUTHENTICATED, with upstream's reason (or, for what is refused without a
+    // review, the local check's).
     let other_audience = cluster
         .plane
         .create_token(
@@ -79,7 +80,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
         (
             "wrong audience",
             Some(other_audience.as_str()),
-            "lookup failed",
+            "not issued for the audience \"system:konnectivity-server\"",
         ),
         (
             "wrong namespace",
@@ -91,7 +92,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
             Some(other_account.as_str()),
             "\"other-agent\" service account. Expected \"konnectivity-agent\"",
         ),
-        ("garbage", Some("not-a-token"), "lookup failed"),
+        ("garbage", Some("not-a-token"), "the token is not a JWT"),
         ("no token", None, "no authorization metadata"),
     ] {
         let refused = connect_agent(server.agent_addr, ca, "intruder", "", token)
@@ -155,8 +156,8 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
 
     // The API server goes away: the connected agent keeps its tunnel, cached tokens keep
     // connecting, unknown ones are told to retry, and /readyz and the metric say why.
+    let fresh = cluster.agent_token(Some("node-2")).await?;
     cluster.plane.stop_apiserver().await?;
-    let fresh = node2.clone() + "x";
     let refused = connect_agent(server.agent_addr, ca, "late", "", Some(&fresh))
         .await
         .err()

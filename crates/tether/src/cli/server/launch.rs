@@ -65,7 +65,8 @@ impl ServerLaunch {
                 "authenticating agents by ServiceAccount token (TokenReview)"
             );
             let authenticator =
-                TokenReviewAuthenticator::new(api.clone(), auth.account, auth.cache, registry);
+                TokenReviewAuthenticator::new(api.clone(), auth.account, auth.cache, registry)
+                    .with_address_limit(auth.per_address);
             // Only read when the binding needs a token agent's node addresses.
             let nodes = (config.agent_identity_binding != IdentityBinding::Off)
                 .then(|| Arc::new(NodeAddressLookup::new(api.clone())) as Arc<dyn NodeAddresses>);

@@ -86,6 +86,11 @@ pub(crate) struct SecurityArgs {
     /// largest clusters (15,000 nodes). --max-agent-connections bounds the server as a whole.
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 20_000)]
     max_agents: usize,
+
+    /// Open connections on the health port, and as many on the admin port; further ones are
+    /// closed at accept, so idle ones cannot use up the descriptors agents and dials need.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = tether_observe::http::DEFAULT_MAX_CONNECTIONS)]
+    max_health_connections: usize,
 }
 
 impl SecurityArgs {
@@ -203,6 +208,7 @@ impl SecurityArgs {
             ("--max-frontend-connections", self.max_frontend_connections),
             ("--max-agent-connections", self.max_agent_connections),
             ("--max-agents", self.max_agents),
+            ("--max-health-connections", self.max_health_connections),
             (
                 "--max-streams-per-frontend-connection",
                 self.max_streams_per_frontend_connection as usize,
@@ -222,6 +228,7 @@ impl SecurityArgs {
             max_frontend_connections_per_address: self.max_frontend_connections_per_address,
             max_streams_per_frontend_connection: self.max_streams_per_frontend_connection,
             max_agents: self.max_agents,
+            max_http_connections: self.max_health_connections,
             ..Limits::default()
         })
     }

@@ -349,6 +349,10 @@ fn token_authentication_as_the_kubernetes_io_task_configures_it() {
     assert_eq!(auth.cache.stale_ttl, Duration::from_secs(3600));
     assert_eq!(auth.cache.max_entries, 10_000);
     assert_eq!(
+        auth.per_address,
+        tether_kube::token_review::AddressLimit { qps: 2.0, burst: 5 }
+    );
+    assert_eq!(
         launch.kube.unwrap(),
         tether_kube::KubeApiOptions {
             kubeconfig: Some(kubeconfig),
@@ -362,7 +366,8 @@ fn token_authentication_as_the_kubernetes_io_task_configures_it() {
         &format!(
             "{TOKEN_AUTH} --match-agent-host-to-token-node=false --token-review-cache-ttl=0 \
              --token-review-negative-cache-ttl=1s --token-review-stale-ttl=5m \
-             --token-review-cache-size=7"
+             --token-review-cache-size=7 --token-review-qps-per-address=-1 \
+             --token-review-burst-per-address=9"
         ),
     )
     .unwrap();
@@ -373,6 +378,13 @@ fn token_authentication_as_the_kubernetes_io_task_configures_it() {
     assert_eq!(auth.cache.negative_ttl, Duration::from_secs(1));
     assert_eq!(auth.cache.stale_ttl, Duration::from_secs(300));
     assert_eq!(auth.cache.max_entries, 7);
+    assert_eq!(
+        auth.per_address,
+        tether_kube::token_review::AddressLimit {
+            qps: -1.0,
+            burst: 9
+        }
+    );
     // No --kubeconfig: the in-cluster configuration, with client-go's rate defaults.
     assert_eq!(launch.kube.unwrap(), tether_kube::KubeApiOptions::default());
 }

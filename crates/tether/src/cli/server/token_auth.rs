@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::{ArgAction, Args};
-use tether_kube::token_review::{AgentServiceAccount, CacheLimits};
+use tether_kube::token_review::{AddressLimit, AgentServiceAccount, CacheLimits};
 
 use crate::cli::common::{go_bool, go_duration};
 
@@ -52,6 +52,17 @@ pub(crate) struct TokenAuthArgs {
     /// Most tokens whose review result is cached.
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
     token_review_cache_size: usize,
+
+    /// TokenReviews per second that agents from one address (IPv4, or IPv6 /64) may cause,
+    /// within --kubeconfig-qps, so that one address sending bad tokens cannot use up the
+    /// reviews every agent needs; a negative value removes this limit. Raise it when many
+    /// agents reach the server from one address (behind NAT).
+    #[arg(long, help_heading = HEADING, value_name = "QPS", default_value_t = AddressLimit::default().qps, allow_negative_numbers = true)]
+    token_review_qps_per_address: f32,
+
+    /// TokenReviews one address may cause at once above --token-review-qps-per-address.
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = AddressLimit::default().burst)]
+    token_review_burst_per_address: u32,
 }
 
 /// Validated token authentication settings.
@@ -59,6 +70,7 @@ pub(crate) struct TokenAuthArgs {
 pub(crate) struct TokenAuth {
     pub(crate) account: AgentServiceAccount,
     pub(crate) cache: CacheLimits,
+    pub(crate) per_address: AddressLimit,
     /// The deprecated `--match-agent-host-to-token-node`, when given.
     pub(crate) match_host_to_node: Option<bool>,
 }
@@ -81,6 +93,12 @@ impl TokenAuthArgs {
         if let Some((flag, _)) = flags.iter().find(|(_, value)| value.is_empty()) {
             bail!("{flag} cannot be empty when agent authentication is enabled");
         }
+        if !self.token_review_qps_per_address.is_finite() {
+            bail!(
+                "--token-review-qps-per-address={} is not a number",
+                self.token_review_qps_per_address
+            );
+        }
         Ok(Some(TokenAuth {
             account: AgentServiceAccount {
                 namespace: self.agent_namespace.clone(),
@@ -92,6 +110,10 @@ impl TokenAuthArgs {
                 negative_ttl: self.token_review_negative_cache_ttl,
                 stale_ttl: self.token_review_stale_ttl,
                 max_entries: self.token_review_cache_size,
+            },
+            per_address: AddressLimit {
+                qps: self.token_review_qps_per_address,
+                burst: self.token_review_burst_per_address,
             },
             match_host_to_node: self.match_agent_host_to_token_node,
         }))
