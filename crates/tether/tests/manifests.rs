@@ -54,7 +54,8 @@ const VARIANTS: &[Variant] = &[
         name: "hosted-mtls",
         helm: &[
             "server.kind=deployment",
-            "auth.mode=mtls", "auth.agentIdentityBinding=off",
+            "auth.mode=mtls",
+            "auth.agentIdentityBinding=off",
             "monitoring.dashboard.enabled=true",
             "monitoring.prometheusRule.enabled=true",
         ],
@@ -80,7 +81,11 @@ const VARIANTS: &[Variant] = &[
     },
     Variant {
         name: "static-pod-mtls-leases",
-        helm: &["auth.mode=mtls", "auth.agentIdentityBinding=off", "leases.enabled=true"],
+        helm: &[
+            "auth.mode=mtls",
+            "auth.agentIdentityBinding=off",
+            "leases.enabled=true",
+        ],
         overlay: None,
     },
 ];
