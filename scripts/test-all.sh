@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check tether has, in the order CI runs them. Needs Rust (rustup) and Go >= 1.26 with
-# the Go module proxy, and as root installs tinyproxy and stunnel4 with apt-get; everything else
-# is fetched by cargo and go themselves.
+# the Go module proxy, and as root installs tinyproxy, stunnel4 and iproute2 with apt-get;
+# everything else is fetched by cargo and go themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,20 +18,21 @@ fi
 cargo --version
 go version
 
-step "Debian packages: tinyproxy and stunnel4 for the agent's egress-proxy tests"
-# crates/tether/tests/egress_proxy starts them on loopback with its own configuration; without
-# them those tests skip. Installed once (CI runs as root on a fresh machine).
-if command -v tinyproxy >/dev/null && command -v stunnel4 >/dev/null; then
-	echo "tinyproxy and stunnel4 are installed"
+step "Debian packages: tinyproxy and stunnel4 (egress-proxy tests), iproute2 (network namespaces)"
+# crates/tether/tests/egress_proxy starts tinyproxy and stunnel4 on loopback with its own
+# configuration (without them those tests skip); tests that need a node address make a network
+# namespace of their own with ip. Installed once (CI runs as root on a fresh machine).
+if command -v tinyproxy >/dev/null && command -v stunnel4 >/dev/null && command -v ip >/dev/null; then
+	echo "tinyproxy, stunnel4 and ip are installed"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy stunnel4
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy stunnel4 iproute2
 	# The package's own service (port 8888) is not wanted where systemd would start it.
 	if command -v systemctl >/dev/null && systemctl is-active --quiet tinyproxy 2>/dev/null; then
 		systemctl disable --now tinyproxy || true
 	fi
 else
-	echo "tinyproxy or stunnel4 missing and apt-get needs root: the egress-proxy tests will skip" >&2
+	echo "tinyproxy, stunnel4 or ip missing and apt-get needs root: the egress-proxy tests will skip" >&2
 fi
 
 step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"

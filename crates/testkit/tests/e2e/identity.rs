@@ -442,22 +442,29 @@ async fn one_tenant_can_neither_squat_nor_fill_another_tenants_agent_table() {
     )
     .await
     .unwrap();
-    let (a, b) = (
+    // One connection per stream, as agents do: an agent connection carries at most
+    // `tether_grpc::AGENT_STREAMS` streams.
+    let a = [
         nodes.channel(&server, 2).await,
+        nodes.channel(&server, 2).await,
+        nodes.channel(&server, 2).await,
+    ];
+    let b = [
         nodes.channel(&server, 3).await,
-    );
+        nodes.channel(&server, 3).await,
+    ];
     // Tenant a registers b's node name first (T7): b's node still gets it, in b.
-    let _a_squat = claim(&a, "node-b2", "").await.unwrap();
-    let _b_real = claim(&b, "node-b2", "")
+    let _a_squat = claim(&a[0], "node-b2", "").await.unwrap();
+    let _b_real = claim(&b[0], "node-b2", "")
         .await
         .map_err(|s| format!("tenant b's own agent ID: {s}"))
         .unwrap();
     // Tenant a fills its table (T8): its next agent is refused, b's is not.
-    let _a_second = claim(&a, "node-a2", "").await.unwrap();
-    let full = claim(&a, "node-a3", "").await.err().unwrap();
+    let _a_second = claim(&a[1], "node-a2", "").await.unwrap();
+    let full = claim(&a[2], "node-a3", "").await.err().unwrap();
     assert_eq!(full.code, Code::RESOURCE_EXHAUSTED, "{full}");
     assert!(full.message.contains("--max-agents, per tenant"), "{full}");
-    let _b_second = claim(&b, "node-b3", "")
+    let _b_second = claim(&b[1], "node-b3", "")
         .await
         .map_err(|s| format!("tenant b's second agent: {s}"))
         .unwrap();

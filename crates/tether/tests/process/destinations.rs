@@ -3,6 +3,7 @@
 //! on loopback.
 
 use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
 
 use tether_client::DialError;
 use tether_testkit::Pki;
@@ -14,22 +15,43 @@ use crate::{bin, tls_transport};
 const POLICY_FAILURES: &str =
     "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"policy\"}";
 
-/// The review's probe: the agent's `/metrics` read through the agent via the node's address.
-/// The addresses dialed are this host's own, so a connection to them (before the fix) never
-/// leaves the host; with the fix nothing connects at all.
+/// The address this test gives its private host, from the benchmarking range (RFC 2544).
+const NODE_ADDRESS: &str = "198.18.0.2";
+
+/// Moves the calling thread, and every process it starts from now on, into a network
+/// namespace of its own: `lo` up, holding 127.0.0.1 and [`NODE_ADDRESS`], which stands in for
+/// the node's IP. The test runs on a current-thread runtime, so its sockets are in the
+/// namespace too: nothing it dials can reach the host's network. The namespace goes away with
+/// the thread and the processes.
+fn private_host() -> IpAddr {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .expect("unshare(CLONE_NEWNET) needs root (CAP_SYS_ADMIN), as CI has");
+    for args in [
+        &["link", "set", "lo", "up"][..],
+        &["addr", "add", &format!("{NODE_ADDRESS}/32"), "dev", "lo"][..],
+    ] {
+        let status = Command::new("ip")
+            .args(args)
+            .status()
+            .expect("ip (iproute2) runs");
+        assert!(status.success(), "ip {args:?}: {status}");
+    }
+    NODE_ADDRESS.parse().unwrap()
+}
+
 #[tokio::test]
 async fn the_agents_health_port_is_refused_on_every_address_of_the_host() {
+    let node = private_host();
     let host: Vec<IpAddr> = if_addrs::get_if_addrs()
         .unwrap()
         .iter()
         .map(if_addrs::Interface::ip)
-        .filter(|ip| {
-            !ip.is_loopback() && !matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local())
-        })
+        .filter(|ip| !ip.is_loopback())
         .collect();
-    assert!(
-        !host.is_empty(),
-        "this test needs an address other than loopback on some interface (a node IP)"
+    assert_eq!(
+        host,
+        [node],
+        "the private host's only address besides loopback"
     );
     let pki = Pki::generate().unwrap();
     let server = spawn_server(bin(), &pki, Frontend::HttpConnectTls, &[])
