@@ -12,16 +12,11 @@ use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
-use rustls::server::{
-    ProducesTickets, ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier,
-};
+use rustls::server::{ProducesTickets, ServerSessionMemoryCache, StoresServerSessions};
 use rustls::{ServerConfig, SupportedProtocolVersion};
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 
 use crate::TlsError;
-use crate::config::{SERVER_SESSION_CACHE_SIZE, root_store};
-use crate::error::PemOrigin;
+use crate::config::{SERVER_SESSION_CACHE_SIZE, client_verifier};
 
 /// A client CA bundle, with the resumption state of the one listener it verifies for.
 pub struct ClientCa {
@@ -40,16 +35,7 @@ impl ClientCa {
     /// Reads the CA bundle at `ca`; `provider` is the crypto provider of the configs it will
     /// be applied to.
     pub fn load(ca: &Path, provider: &Arc<CryptoProvider>) -> Result<Self, TlsError> {
-        let origin = PemOrigin::File(ca.to_owned());
-        let roots = root_store(
-            "client CA bundle",
-            &origin,
-            CertificateDer::pem_file_iter(ca),
-        )?;
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
-                .build()
-                .map_err(|error| TlsError::ClientVerifier { ca: origin, error })?;
+        let verifier = client_verifier(ca, provider)?;
         let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Rustls {
             what: "creating TLS session ticketer",
             error,

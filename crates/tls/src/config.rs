@@ -49,19 +49,7 @@ pub fn server_config(
             error,
         })?;
     let builder = match client_ca {
-        Some(ca) => {
-            let origin = PemOrigin::File(ca.to_owned());
-            let roots = root_store(
-                "client CA bundle",
-                &origin,
-                CertificateDer::pem_file_iter(ca),
-            )?;
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
-                    .build()
-                    .map_err(|error| TlsError::ClientVerifier { ca: origin, error })?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(ca) => builder.with_client_cert_verifier(client_verifier(ca, &provider)?),
         None => builder.with_no_client_auth(),
     };
 
@@ -271,6 +259,22 @@ where
         return Err(fail(PemProblem::NoCertificate));
     }
     Ok(chain)
+}
+
+/// A verifier of client certificates against the CA bundle at `ca`.
+pub(crate) fn client_verifier(
+    ca: &Path,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let origin = PemOrigin::File(ca.to_owned());
+    let roots = root_store(
+        "client CA bundle",
+        &origin,
+        CertificateDer::pem_file_iter(ca),
+    )?;
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
+        .build()
+        .map_err(|error| TlsError::ClientVerifier { ca: origin, error })
 }
 
 /// A trust store holding every certificate of a CA bundle. Unlike rustls'

@@ -1,7 +1,8 @@
 use std::sync::Arc;
 
 use rustls::{ClientConfig, ClientConnection, HandshakeKind, ServerConnection};
-use rustls_pki_types::{PrivateKeyDer, ServerName};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use super::*;
 use crate::pki::{Pki, PkiFiles};
