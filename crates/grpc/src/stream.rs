@@ -233,8 +233,8 @@ impl PacketReceiver {
                 let status = Status::new(
                     Code::RESOURCE_EXHAUSTED,
                     format!(
-                        "the server holds too many large incomplete messages ({} of them at \
-                         most) to receive {} more bytes of this one",
+                        "the server's budget for large incomplete messages ({} bytes, shared \
+                         by every stream of the listener) cannot hold the {} bytes of this one",
                         exhausted.limit, exhausted.held
                     ),
                 );
