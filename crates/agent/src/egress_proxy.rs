@@ -24,7 +24,6 @@ use tokio_util::either::Either;
 
 pub use connect::{AnswerError, Refusal};
 pub use environment::{EnvironmentError, ProxyEnvironment, ProxySetting, Route, route};
-pub use no_proxy::NoProxy;
 pub use proxy_url::{ProxyScheme, ProxyUrl, ProxyUrlError};
 
 /// A connection on which the server's TLS handshake starts: a TCP connection to the server
@@ -59,10 +58,6 @@ impl EgressProxy {
             (ProxyScheme::Https, tls) => Ok(Self { url, tls }),
             (ProxyScheme::Http, _) => Ok(Self { url, tls: None }),
         }
-    }
-
-    pub fn url(&self) -> &ProxyUrl {
-        &self.url
     }
 }
 

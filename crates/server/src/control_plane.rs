@@ -64,8 +64,9 @@ impl ControlPlaneEndpoints {
     }
 }
 
-/// A non-empty host without whitespace and a port from 1 to 65535.
-fn check_host_port(text: &str) -> Result<(), String> {
+/// Checks a `HOST:PORT` that is dialed, never resolved here (IPv6 literals in brackets): a
+/// non-empty host without whitespace or control characters and a port from 1 to 65535.
+pub fn check_host_port(text: &str) -> Result<(), String> {
     let (host, port) = text
         .rsplit_once(':')
         .ok_or_else(|| format!("{text:?} is not HOST:PORT"))?;

@@ -43,7 +43,9 @@ pub use backend::registry::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
 };
-pub use control_plane::{ControlPlaneEndpoints, DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM};
+pub use control_plane::{
+    ControlPlaneEndpoints, DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM, check_host_port,
+};
 pub use frontend::Mode;
 pub use limits::Limits;
 pub use routing::RoutingConfig;

@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
-use rustls::server::{ProducesTickets, ServerSessionMemoryCache, StoresServerSessions};
+use rustls::server::{ProducesTickets, StoresServerSessions};
 use rustls::{ServerConfig, SupportedProtocolVersion};
 
 use crate::TlsError;
-use crate::config::{SERVER_SESSION_CACHE_SIZE, client_verifier};
+use crate::config::{client_verifier, new_session_state};
 
 /// A client CA bundle, with the resumption state of the one listener it verifies for.
 pub struct ClientCa {
@@ -36,13 +36,10 @@ impl ClientCa {
     /// be applied to.
     pub fn load(ca: &Path, provider: &Arc<CryptoProvider>) -> Result<Self, TlsError> {
         let verifier = client_verifier(ca, provider)?;
-        let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Rustls {
-            what: "creating TLS session ticketer",
-            error,
-        })?;
+        let (session_storage, ticketer) = new_session_state()?;
         Ok(Self {
             verifier,
-            session_storage: ServerSessionMemoryCache::new(SERVER_SESSION_CACHE_SIZE),
+            session_storage,
             ticketer,
         })
     }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ServerSessionMemoryCache, WebPkiClientVerifier};
+use rustls::server::{
+    ProducesTickets, ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier,
+};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{ClientConfig, InconsistentKeys, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
@@ -19,7 +21,7 @@ use crate::{TlsError, TlsOptions, provider};
 /// Entries in the server's stateful session cache. TLS 1.2 clients without ticket support and
 /// TLS 1.3 clients resuming by session id land here; at a few hundred bytes each this bounds the
 /// cache to well under a megabyte while covering a kube-apiserver that redials per request.
-pub(crate) const SERVER_SESSION_CACHE_SIZE: usize = 4096;
+const SERVER_SESSION_CACHE_SIZE: usize = 4096;
 
 /// Server config: certificate chain and private key from PEM files, with optional mutual TLS.
 ///
@@ -73,12 +75,25 @@ pub fn server_config(
     let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
 
     config.alpn_protocols = alpn.iter().map(|proto| proto.to_vec()).collect();
-    config.session_storage = ServerSessionMemoryCache::new(SERVER_SESSION_CACHE_SIZE);
-    config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Rustls {
+    (config.session_storage, config.ticketer) = new_session_state()?;
+    Ok(Arc::new(config))
+}
+
+/// A session cache and a ticket key, as a `ServerConfig` holds them.
+pub(crate) type SessionState = (Arc<dyn StoresServerSessions>, Arc<dyn ProducesTickets>);
+
+/// A listener's own TLS resumption state: a session cache and a ticket key. Each config
+/// that must not resume another's sessions (after a CA change, or on a tenant's listener
+/// with its own CA) gets a new one.
+pub(crate) fn new_session_state() -> Result<SessionState, TlsError> {
+    let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Rustls {
         what: "creating TLS session ticketer",
         error,
     })?;
-    Ok(Arc::new(config))
+    Ok((
+        ServerSessionMemoryCache::new(SERVER_SESSION_CACHE_SIZE),
+        ticketer,
+    ))
 }
 
 /// Client config: trust roots from the `ca` PEM bundle, an optional client certificate and key

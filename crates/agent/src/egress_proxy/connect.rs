@@ -79,8 +79,9 @@ impl std::fmt::Display for Refusal {
 
 /// Asks the proxy on `io` for a tunnel to `target` (`host:port`) and reads its answer; on
 /// success `io` carries the tunnel. `credentials` is `user:password`. The answer is read a
-/// byte at a time so that nothing past its head is consumed: the server's bytes that follow
-/// belong to the TLS handshake.
+/// byte at a time so that nothing past its head is consumed: whatever the proxy sends after
+/// the head is left unread, for the tunnel. It runs once per server connection, not per
+/// tunnelled connection.
 pub(super) async fn connect<IO>(
     io: &mut IO,
     target: &str,

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 /// The parsed `NO_PROXY` list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NoProxy {
+pub(crate) struct NoProxy {
     /// `*`: no destination uses the proxy.
     all: bool,
     /// IP and CIDR entries, checked only for IP destinations.
@@ -37,7 +37,7 @@ struct DomainEntry {
 impl NoProxy {
     /// Parses a `NO_PROXY` value as httpproxy's `config.init`: comma-separated entries,
     /// trimmed and lower-cased; empty and malformed entries are skipped, as in Go.
-    pub fn parse(value: &str) -> Self {
+    pub(crate) fn parse(value: &str) -> Self {
         let mut parsed = Self::default();
         for entry in value.split(',') {
             let entry = entry.trim().to_lowercase();
@@ -97,7 +97,7 @@ impl NoProxy {
     /// proxy them. It compares the name with `localhost` before lower-casing it, so
     /// `LOCALHOST` is proxied (as by grpc-go). A name is matched only against name entries and
     /// an IP only against IP and CIDR entries (a name is never resolved to compare it).
-    pub fn use_proxy(&self, host: &str, port: u16) -> bool {
+    pub(crate) fn use_proxy(&self, host: &str, port: u16) -> bool {
         let host = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))

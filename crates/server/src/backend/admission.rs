@@ -68,7 +68,7 @@ struct Owner {
 pub(crate) struct Claimant<'a> {
     pub(crate) agent_id: &'a str,
     pub(crate) principal: Principal,
-    /// Its credential names the agent ID (see `Credential::proves_agent_id`).
+    /// Its credential names the agent ID (see `Credential::proves_name`).
     pub(crate) proves_id: bool,
     pub(crate) peer: &'a PeerIdentity,
 }
@@ -111,6 +111,26 @@ impl Owners {
 }
 
 impl Admission {
+    /// Logs (at most once a second) a claim of an agent ID that another identity holds.
+    fn warn_conflict(
+        &self,
+        agent_id: &str,
+        claimant: &Claimant<'_>,
+        owner: &Principal,
+        what: &'static str,
+    ) {
+        if let Some(suppressed) = self.warn.allow() {
+            tracing::warn!(
+                agent.id = %LogText(agent_id),
+                peer = ?claimant.peer.addr,
+                claimed_by = %claimant.principal,
+                owned_by = %owner,
+                suppressed,
+                "{what}"
+            );
+        }
+    }
+
     pub(crate) fn new(max_agents: usize, metrics: LimitMetrics) -> Self {
         Self {
             max_agents,
@@ -143,31 +163,23 @@ impl Admission {
             }
             Some(owner) if claimant.proves_id && !owner.proves_id => {
                 owner.evicted.cancel();
-                if let Some(suppressed) = self.warn.allow() {
-                    tracing::warn!(
-                        agent.id = %LogText(agent_id),
-                        peer = ?claimant.peer.addr,
-                        claimed_by = %claimant.principal,
-                        owned_by = %owner.principal,
-                        suppressed,
-                        "an agent whose credential proves the agent ID takes it over from one whose credential does not; ending the previous owner's streams"
-                    );
-                }
+                self.warn_conflict(
+                    agent_id,
+                    claimant,
+                    &owner.principal,
+                    "an agent whose credential proves the agent ID takes it over from one whose credential does not; ending the previous owner's streams",
+                );
                 let (generation, evicted) = owners.insert(agent_id, claimant);
                 Ok(claim(generation, evicted, true))
             }
             Some(owner) => {
                 self.metrics.hit(Limit::DuplicateAgentId);
-                if let Some(suppressed) = self.warn.allow() {
-                    tracing::warn!(
-                        agent.id = %LogText(agent_id),
-                        peer = ?claimant.peer.addr,
-                        claimed_by = %claimant.principal,
-                        owned_by = %owner.principal,
-                        suppressed,
-                        "refusing a second stream for a live agent ID from a different identity"
-                    );
-                }
+                self.warn_conflict(
+                    agent_id,
+                    claimant,
+                    &owner.principal,
+                    "refusing a second stream for a live agent ID from a different identity",
+                );
                 Err(Status::new(
                     Code::ALREADY_EXISTS,
                     format!(

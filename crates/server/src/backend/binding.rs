@@ -106,12 +106,12 @@ impl<'a> Credential<'a> {
         }
     }
 
-    /// Whether the credential names `agent_id` itself (a certificate name, or the node its
-    /// token is bound to): such a claimant owns the ID over one whose credential does not.
-    pub(crate) fn proves_agent_id(&self, agent_id: &str) -> bool {
+    /// Whether the credential names `name` (a certificate name, or the node its token is
+    /// bound to). A claimant that proves its agent ID owns the ID over one that does not.
+    pub(crate) fn proves_name(&self, name: &str) -> bool {
         match self {
-            Self::Certificate(names) => names.has_name(agent_id),
-            Self::Token(node) => *node == Some(agent_id),
+            Self::Certificate(names) => names.has_name(name),
+            Self::Token(node) => *node == Some(name),
             Self::None => false,
         }
     }
@@ -288,12 +288,7 @@ fn claim_text(identifiers: &Identifiers, text: &str) -> String {
 }
 
 fn host_proof(host: &str, credential: Credential<'_>) -> Result<(), Refusal> {
-    let proven = match credential {
-        Credential::Certificate(names) => names.has_name(host),
-        Credential::Token(node) => node == Some(host),
-        Credential::None => false,
-    };
-    if proven {
+    if credential.proves_name(host) {
         return Ok(());
     }
     Err(denied(format!(
@@ -305,7 +300,7 @@ fn host_proof(host: &str, credential: Credential<'_>) -> Result<(), Refusal> {
 
 /// `--agent-identity-binding=all`: the agent ID is the credential's own name.
 fn agent_id_proof(agent_id: &str, credential: Credential<'_>) -> Result<(), Refusal> {
-    if credential.proves_agent_id(agent_id) {
+    if credential.proves_name(agent_id) {
         return Ok(());
     }
     Err(Refusal(Status::new(

@@ -130,7 +130,7 @@ impl AgentService {
         let claimant = Claimant {
             agent_id: &agent_id,
             principal: token.clone().unwrap_or_else(|| call.peer().principal()),
-            proves_id: credential.proves_agent_id(&agent_id),
+            proves_id: credential.proves_name(&agent_id),
             peer: call.peer(),
         };
         let claim = match self.admission.admit(&tenant.agent_ids, &claimant) {

@@ -20,8 +20,8 @@ use tether_proto::identifiers::Identifiers;
 use tether_tls::TlsOptions;
 
 use super::common::{
-    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_host_port, check_pair,
-    go_bool, go_duration, id_or_random, listen_addr, non_default,
+    FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_pair, go_bool,
+    go_duration, id_or_random, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 use super::kube::KubeconfigArgs;
@@ -488,7 +488,7 @@ impl AgentArgs {
             .parse()
             .map_err(|e| anyhow::anyhow!("--control-plane-listen: {e}"))?;
         if !self.control_plane_endpoint.is_empty() {
-            check_host_port(&self.control_plane_endpoint)
+            tether_server::check_host_port(&self.control_plane_endpoint)
                 .map_err(|e| anyhow::anyhow!("--control-plane-endpoint: {e}"))?;
         }
         Ok(Some(tether_agent::ControlPlaneConfig {

@@ -81,27 +81,6 @@ pub(crate) fn check_listen_port(flag: &str, port: u16) -> anyhow::Result<()> {
     }
 }
 
-/// Checks a `HOST:PORT` (IPv6 literals in brackets) that is dialed, never resolved here:
-/// a non-empty host without whitespace and a port from 1 to 65535.
-pub(crate) fn check_host_port(text: &str) -> Result<(), String> {
-    let (host, port) = text
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{text:?} is not HOST:PORT"))?;
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    if bare.is_empty() || host.chars().any(char::is_whitespace) {
-        return Err(format!("{text:?} has no host"));
-    }
-    if bare.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-        return Err(format!(
-            "{text:?}: write an IPv6 host in brackets, as [::1]:6443"
-        ));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(format!("{text:?} has no valid port")),
-    }
-}
-
 /// An ID flag's value, or a random UUID as upstream generates when neither the flag nor its
 /// environment variable is set.
 pub(crate) fn id_or_random(id: Option<String>) -> String {
