@@ -7,8 +7,10 @@
 #
 #   deploy/image/build.sh [--arch amd64[,arm64]] [--name REF] [--out FILE]
 #
-# REF defaults to the chart's image (deploy/helm/tether/values.yaml image.repository) tagged with
-# the crate version; FILE to target/image/tether-<version>.oci.tar. Prints "FILE DIGEST" last.
+# REF is where you will push it (REGISTRY/tether:<crate version>, the chart's image.repository
+# and default tag), by default tether:<crate version>; FILE defaults to
+# target/image/tether-<version>.oci.tar. Prints "FILE DIGEST" last. The name is not part of the
+# digest.
 # Push it with `skopeo copy oci-archive:FILE docker://REF` (Debian: skopeo), import it into a
 # node's containerd with `ctr -n k8s.io images import FILE`.
 #
@@ -33,11 +35,7 @@ done
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml)
 version=${version%%$'\n'*}
-if [ -z "$name" ]; then
-	repository=$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' deploy/helm/tether/values.yaml)
-	[ -n "$repository" ] || { echo "image/build.sh: no image.repository in deploy/helm/tether/values.yaml" >&2; exit 1; }
-	name=$repository:$version
-fi
+name=${name:-tether:$version}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
 out=${out:-$target_dir/image/tether-$version.oci.tar}

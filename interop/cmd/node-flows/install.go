@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// The files an operator prepares on a control-plane node, in kubeadm's layout.
+const (
+	udsDir        = "konnectivity-server"
+	udsName       = "konnectivity-server.socket"
+	serverConf    = "konnectivity-server.conf"
+	staticPodFile = "manifests/konnectivity-server.yaml"
+	// nonroot is the uid and gid both images run as.
+	nonroot = 65532
+)
+
+func (e *env) node(rel string) string { return filepath.Join(e.etcK8s, rel) }
+
+// mirrorPod is the API's copy of the server's static Pod.
+func (e *env) mirrorPod() string { return "konnectivity-server-" + e.nodeName }
+
+// prepareServerFiles makes what both installs need on the node: the kubeconfig of user
+// system:konnectivity-server and, for tether, the agent port's own certificate, with
+// pki/ca.key as the README's openssl steps do (interop/node/lib/pki.sh). owner is the uid:gid
+// that must read them (the socket directory too), or -1 to leave them root's.
+func (e *env) prepareServerFiles(ctx context.Context, owner int) error {
+	script := fmt.Sprintf(`set -e
+. %q
+pki_cert konnectivity-server-client ca /CN=system:konnectivity-server clientAuth
+pki_kubeconfig "$ETC_K8S/%s" konnectivity-server-client system:konnectivity-server
+pki_cert konnectivity-server ca /CN=konnectivity-server serverAuth IP:%s
+`, e.pkiLib, serverConf, e.nodeIP)
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
+	cmd.Env = append(os.Environ(), "ETC_K8S="+e.etcK8s, "NODE_NAME="+e.nodeName, "NODE_IP="+e.nodeIP,
+		"APISERVER_URL=https://"+e.nodeIP+":6443")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("making the server's certificate and kubeconfig: %v: %s", err, out)
+	}
+	if err := os.MkdirAll(e.node(udsDir), 0o770); err != nil {
+		return err
+	}
+	if owner < 0 {
+		return nil
+	}
+	// The README's steps: the socket's directory belongs to the image's user; the key and the
+	// kubeconfig are readable by its group.
+	if err := os.Chown(e.node(udsDir), owner, owner); err != nil {
+		return err
+	}
+	if err := os.Chmod(e.node(udsDir), 0o770); err != nil {
+		return err
+	}
+	for _, f := range []string{"pki/konnectivity-server.key", serverConf} {
+		if err := os.Chown(e.node(f), 0, owner); err != nil {
+			return err
+		}
+		if err := os.Chmod(e.node(f), 0o640); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeServerFiles undoes prepareServerFiles and removes the static Pod's manifest.
+func (e *env) removeServerFiles() {
+	for _, f := range []string{staticPodFile, serverConf, "pki/konnectivity-server.crt", "pki/konnectivity-server.key",
+		"pki/konnectivity-server-client.crt", "pki/konnectivity-server-client.key"} {
+		_ = os.Remove(e.node(f))
+	}
+}
+
+// helmArgs are the values every tether install here sets: the image imported into the node, and
+// where agents reach the server (the node's address; a load balancer's in a real cluster).
+func (e *env) helmValues() []string {
+	repo, tag, _ := strings.Cut(e.images.tether, ":")
+	return []string{"--set", "image.repository=" + repo, "--set", "image.tag=" + tag,
+		"--set", "image.pullPolicy=Never", "--set", "agent.proxyServerHost=" + e.nodeIP}
+}
+
+func (e *env) helmCmd(ctx context.Context, timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.helm, append(args, "--kubeconfig", e.kube.Kubeconfig)...)
+	cmd.WaitDelay = 2 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), fmt.Errorf("helm %s: %v: %s", args[0], err, strings.TrimSpace(string(ee.Stderr)))
+		}
+		return string(out), fmt.Errorf("helm %s: %v", args[0], err)
+	}
+	return string(out), nil
+}
+
+// installTether installs tether as the README says for a self-managed control plane: the
+// prepared files, the server's static Pod rendered by helm into the kubelet's manifest
+// directory, and the release (agents, RBAC) with helm install.
+func (e *env) installTether(ctx context.Context) (string, error) {
+	how := "chart: server.kind=staticPod (helm template into /etc/kubernetes/manifests), agents by helm install (ServiceAccount token)"
+	if err := e.prepareServerFiles(ctx, nonroot); err != nil {
+		return how, err
+	}
+	manifest, err := e.helmCmd(ctx, time.Minute, append([]string{"template", "tether", e.chart, "-n", "kube-system",
+		"--show-only", "templates/server-static-pod.yaml"}, e.helmValues()...)...)
+	if err != nil {
+		return how, err
+	}
+	if err := os.WriteFile(e.node(staticPodFile), []byte(manifest), 0o600); err != nil {
+		return how, err
+	}
+	if _, err := e.helmCmd(ctx, 3*time.Minute, append([]string{"install", "tether", e.chart, "-n", "kube-system",
+		"--wait", "--timeout", "150s"}, e.helmValues()...)...); err != nil {
+		return how, err
+	}
+	return how, e.waitServerWithAgent(ctx)
+}
+
+func (e *env) uninstallTether(ctx context.Context) error {
+	_, helmErr := e.helmCmd(ctx, 3*time.Minute, "uninstall", "tether", "-n", "kube-system", "--wait", "--timeout", "150s")
+	_ = os.Remove(e.node(staticPodFile))
+	return errors.Join(helmErr, e.waitNothingLeft(ctx, "app.kubernetes.io/instance=tether", true))
+}
+
+// waitServerWithAgent waits for the server's mirror Pod to be Ready and for an agent to be
+// connected to it.
+func (e *env) waitServerWithAgent(ctx context.Context) error {
+	if err := waitFor(ctx, "the server's static Pod Ready", 2*time.Minute, func() error {
+		r := e.kube.Cmd(ctx, 10*time.Second, "get", "pod", "-n", "kube-system", e.mirrorPod(),
+			"-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`).Run()
+		if r.Err != nil || strings.TrimSpace(r.Stdout) != "True" {
+			return fmt.Errorf("Ready=%q %s", strings.TrimSpace(r.Stdout), strings.TrimSpace(r.Stderr))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return waitFor(ctx, "an agent connected to the server", 2*time.Minute, func() error {
+		n, err := metricSum("konnectivity_network_proxy_server_ready_backend_connections", nil)
+		if err == nil && n < 1 {
+			err = fmt.Errorf("ready_backend_connections %v", n)
+		}
+		return err
+	})
+}
+
+// waitNothingLeft waits until the server's static Pod and port, every object labelled selector
+// and, with socket, the server's Unix socket are gone.
+func (e *env) waitNothingLeft(ctx context.Context, selector string, socket bool) error {
+	return waitFor(ctx, "nothing of the install left", 2*time.Minute, func() error {
+		if _, err := os.Stat(e.node(staticPodFile)); err == nil {
+			return errors.New("the static Pod's manifest is still there")
+		}
+		if _, err := os.Stat(filepath.Join(e.node(udsDir), udsName)); err == nil && socket {
+			return fmt.Errorf("the socket %s is still there", filepath.Join(e.node(udsDir), udsName))
+		}
+		if _, err := httpClient.Get(serverMetricsURL); err == nil {
+			return errors.New("the server still answers on its health port")
+		}
+		r := e.kube.Cmd(ctx, 20*time.Second, "get", "pods,daemonsets,deployments,services,serviceaccounts,leases",
+			"-A", "-l", selector, "-o", "name").Run()
+		if r.Err != nil {
+			return fmt.Errorf("listing what is left: %v %s", r.Err, r.Stderr)
+		}
+		if left := strings.TrimSpace(r.Stdout); left != "" {
+			return fmt.Errorf("still there: %s", strings.ReplaceAll(left, "\n", ", "))
+		}
+		r = e.kube.Cmd(ctx, 20*time.Second, "get", "pod", "-n", "kube-system", e.mirrorPod(), "--ignore-not-found", "-o", "name").Run()
+		if strings.TrimSpace(r.Stdout) != "" {
+			return errors.New("the server's mirror Pod is still there")
+		}
+		return nil
+	})
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+const (
+	tetherImpl   = "tether"
+	upstreamImpl = "upstream"
+)
+
+// row is one implementation installed on the node, and every check made with it.
+type row struct {
+	impl   string
+	how    string // how it was installed, for the report
+	checks []check
+	err    error // the install failed: no flows ran
+}
+
+type check struct {
+	name   string
+	err    error
+	detail string
+}
+
+// run records one check and prints it.
+func (r *row) run(name string, f func() (string, error)) {
+	start := time.Now()
+	detail, err := f()
+	r.checks = append(r.checks, check{name: name, err: err, detail: detail})
+	status := "ok"
+	if err != nil {
+		status = "FAIL: " + err.Error()
+	}
+	fmt.Printf("   %-22s %s (%d ms) %s\n", name, status, time.Since(start).Milliseconds(), detail)
+}
+
+func (r *row) result(name string) string {
+	for _, c := range r.checks {
+		if c.name == name {
+			if c.err != nil {
+				return "FAIL"
+			}
+			return "ok"
+		}
+	}
+	return "not run"
+}
+
+// runRow installs impl, runs every flow through it, and removes it again.
+func (e *env) runRow(ctx context.Context, impl string) *row {
+	r := &row{impl: impl}
+	fmt.Printf("\n== %s\n", impl)
+	install, uninstall := e.installTether, e.uninstallTether
+	if impl == upstreamImpl {
+		install, uninstall = e.installUpstream, e.uninstallUpstream
+	}
+	r.how, r.err = install(ctx)
+	if r.err != nil {
+		fmt.Printf("   install FAILED: %v\n", r.err)
+	} else {
+		e.runFlows(ctx, r)
+	}
+	r.run("uninstall leaves nothing", func() (string, error) { return "", uninstall(ctx) })
+	return r
+}
+
+// serverMetrics is the proxy server's metrics page (both implementations serve it on the health
+// port, on the node's loopback: the server runs with hostNetwork).
+const serverMetricsURL = "http://127.0.0.1:8134/metrics"
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+// metricSum adds up every sample of name whose labels include want (name="value" pairs).
+func metricSum(name string, want map[string]string) (float64, error) {
+	resp, err := httpClient.Get(serverMetricsURL)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return 0, fmt.Errorf("parsing %s: %v", serverMetricsURL, err)
+	}
+	fam, ok := families[name]
+	if !ok {
+		return 0, fmt.Errorf("%s has no %s", serverMetricsURL, name)
+	}
+	var sum float64
+	for _, m := range fam.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		match := true
+		for k, v := range want {
+			match = match && labels[k] == v
+		}
+		if !match {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		}
+	}
+	return sum, nil
+}
+
+// waitFor polls cond every 250 ms until it returns nil or d passes; the error says what was
+// waited for and the last reason it was not so.
+func waitFor(ctx context.Context, what string, d time.Duration, cond func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s: not so after %v: %v", what, d, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// agentData is how many DATA packets the server has forwarded from agents: a flow that went
+// through the proxy moves it.
+func agentData() float64 {
+	v, _ := metricSum("konnectivity_network_proxy_server_stream_packets_total",
+		map[string]string{"segment": "from_agent", "packet_type": "DATA"})
+	return v
+}
+
+// crossed runs f and checks that its bytes went through the proxy.
+func crossed(f func() (string, error)) func() (string, error) {
+	return func() (string, error) {
+		before := agentData()
+		detail, err := f()
+		if err != nil {
+			return detail, err
+		}
+		var after float64
+		err = waitFor(context.Background(), "DATA from the agent through the server", 5*time.Second, func() error {
+			if after = agentData(); after <= before {
+				return fmt.Errorf("%s{segment=from_agent,packet_type=DATA} still %v", "konnectivity_network_proxy_server_stream_packets_total", after)
+			}
+			return nil
+		})
+		if err != nil {
+			return detail, err
+		}
+		return strings.TrimSpace(fmt.Sprintf("%s DATA from agent +%v", detail, after-before)), nil
+	}
+}

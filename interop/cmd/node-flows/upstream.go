@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// upstreamServer is the server's static Pod as the kubernetes.io task "Set up Konnectivity
+// service" describes it (its flags, ports, probe and mounts: kube-apiserver's own serving
+// certificate on the agent port, token authentication), with the task's image swapped for the
+// one built here and one line added: upstream's images run as uid 65532 (distroless nonroot,
+// BASEIMAGE in upstream's Makefile since v0.30), which can neither read kubeadm's root-only
+// apiserver.key nor create the socket in a root-owned directory, so the Pod runs as root.
+var upstreamServer = template.Must(template.New("server").Parse(`apiVersion: v1
+kind: Pod
+metadata:
+  name: konnectivity-server
+  namespace: kube-system
+  labels:
+    k8s-app: konnectivity-server
+spec:
+  priorityClassName: system-cluster-critical
+  hostNetwork: true
+  securityContext: {runAsUser: 0, runAsGroup: 0}
+  containers:
+  - name: konnectivity-server-container
+    image: {{.Image}}
+    imagePullPolicy: Never
+    command: ["/proxy-server"]
+    args:
+    - --logtostderr=true
+    - --uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket
+    - --delete-existing-uds-file
+    - --cluster-cert=/etc/kubernetes/pki/apiserver.crt
+    - --cluster-key=/etc/kubernetes/pki/apiserver.key
+    - --mode=grpc
+    - --server-port=0
+    - --agent-port=8132
+    - --admin-port=8133
+    - --health-port=8134
+    - --agent-namespace=kube-system
+    - --agent-service-account=konnectivity-agent
+    - --kubeconfig=/etc/kubernetes/konnectivity-server.conf
+    - --authentication-audience=system:konnectivity-server
+    livenessProbe:
+      httpGet: {scheme: HTTP, host: 127.0.0.1, port: 8134, path: /healthz}
+      initialDelaySeconds: 30
+      timeoutSeconds: 60
+    ports:
+    - {name: agentport, containerPort: 8132, hostPort: 8132}
+    - {name: adminport, containerPort: 8133, hostPort: 8133}
+    - {name: healthport, containerPort: 8134, hostPort: 8134}
+    volumeMounts:
+    - {name: k8s-certs, mountPath: /etc/kubernetes/pki, readOnly: true}
+    - {name: kubeconfig, mountPath: /etc/kubernetes/konnectivity-server.conf, readOnly: true}
+    - {name: konnectivity-uds, mountPath: /etc/kubernetes/konnectivity-server, readOnly: false}
+  volumes:
+  - {name: k8s-certs, hostPath: {path: /etc/kubernetes/pki}}
+  - {name: kubeconfig, hostPath: {path: /etc/kubernetes/konnectivity-server.conf, type: FileOrCreate}}
+  - {name: konnectivity-uds, hostPath: {path: /etc/kubernetes/konnectivity-server, type: DirectoryOrCreate}}
+`))
+
+// upstreamAgent is the task's agent objects: RBAC for the server's user, the agents'
+// ServiceAccount and their DaemonSet with a projected token.
+var upstreamAgent = template.Must(template.New("agent").Parse(`apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: system:konnectivity-server
+  labels:
+    kubernetes.io/cluster-service: "true"
+    addonmanager.kubernetes.io/mode: Reconcile
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:auth-delegator
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: User
+  name: system:konnectivity-server
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: konnectivity-agent
+  namespace: kube-system
+  labels:
+    kubernetes.io/cluster-service: "true"
+    addonmanager.kubernetes.io/mode: Reconcile
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  labels:
+    addonmanager.kubernetes.io/mode: Reconcile
+    k8s-app: konnectivity-agent
+  namespace: kube-system
+  name: konnectivity-agent
+spec:
+  selector:
+    matchLabels:
+      k8s-app: konnectivity-agent
+  template:
+    metadata:
+      labels:
+        k8s-app: konnectivity-agent
+    spec:
+      priorityClassName: system-cluster-critical
+      tolerations:
+      - {key: CriticalAddonsOnly, operator: Exists}
+      - {operator: Exists, effect: NoExecute}
+      nodeSelector:
+        kubernetes.io/os: linux
+      containers:
+      - image: {{.Image}}
+        imagePullPolicy: Never
+        name: konnectivity-agent
+        command: ["/proxy-agent"]
+        args:
+        - --logtostderr=true
+        - --ca-cert=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+        - --proxy-server-host={{.ServerHost}}
+        - --proxy-server-port=8132
+        - --admin-server-port=8133
+        - --health-server-port=8134
+        - --service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token
+        volumeMounts:
+        - {mountPath: /var/run/secrets/tokens, name: konnectivity-agent-token}
+        livenessProbe:
+          httpGet: {port: 8134, path: /healthz}
+          initialDelaySeconds: 15
+          timeoutSeconds: 15
+      serviceAccountName: konnectivity-agent
+      volumes:
+      - name: konnectivity-agent-token
+        projected:
+          sources:
+          - serviceAccountToken:
+              path: konnectivity-agent-token
+              audience: system:konnectivity-server
+`))
+
+func render(t *template.Template, data any) (string, error) {
+	var b strings.Builder
+	err := t.Execute(&b, data)
+	return b.String(), err
+}
+
+// installUpstream installs upstream's images as the kubernetes.io task does.
+func (e *env) installUpstream(ctx context.Context) (string, error) {
+	how := "kubernetes.io task manifests, upstream's images, server Pod as root (see COMPATIBILITY.md)"
+	if err := e.prepareServerFiles(ctx, -1); err != nil {
+		return how, err
+	}
+	server, err := render(upstreamServer, map[string]string{"Image": e.images.upstreamServer})
+	if err != nil {
+		return how, err
+	}
+	if err := os.WriteFile(e.node(staticPodFile), []byte(server), 0o600); err != nil {
+		return how, err
+	}
+	agent, err := render(upstreamAgent, map[string]string{"Image": e.images.upstreamAgent, "ServerHost": e.nodeIP})
+	if err != nil {
+		return how, err
+	}
+	if r := e.kube.Cmd(ctx, time.Minute, "apply", "-f", "-").WithStdin(agent).Run(); r.Err != nil {
+		return how, fmt.Errorf("kubectl apply: %v: %s", r.Err, r.Stderr)
+	}
+	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/konnectivity-agent", "--timeout=100s").Run(); r.Err != nil {
+		return how, fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
+	}
+	return how, e.waitServerWithAgent(ctx)
+}
+
+func (e *env) uninstallUpstream(ctx context.Context) error {
+	agent, _ := render(upstreamAgent, map[string]string{"Image": e.images.upstreamAgent, "ServerHost": e.nodeIP})
+	r := e.kube.Cmd(ctx, 2*time.Minute, "delete", "-f", "-", "--ignore-not-found", "--wait=true").WithStdin(agent).Run()
+	var delErr error
+	if r.Err != nil {
+		delErr = fmt.Errorf("kubectl delete: %v: %s", r.Err, r.Stderr)
+	}
+	_ = os.Remove(e.node(staticPodFile))
+	return errors.Join(delErr, e.waitNothingLeft(ctx, "k8s-app=konnectivity-agent", false))
+}
