@@ -11,6 +11,7 @@ mod fd_limit;
 mod introspect;
 mod leases;
 mod logging;
+mod permission;
 mod quickstart;
 mod signals;
 
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
     // DNS lookup on the blocking pool can outlive it; it gets a short bound, not a wait.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     result.unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {:#}", permission::explain(e));
         ExitCode::FAILURE
     })
 }
