@@ -8,10 +8,27 @@ use tether_observe::metrics::Registry;
 
 use crate::clientset::ClientSet;
 
-/// `/healthz`, `/readyz` (`/ready`) and `/metrics` on the health port. Ready means connected
-/// to every counted server (upstream: to at least one), so that an agent stuck with fewer
-/// streams than servers shows.
-pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> Handler {
+/// When `/readyz` answers 200.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Readiness {
+    /// Connected to at least one server, as upstream's agent (`pkg/agent/readiness.go`): one
+    /// control-plane node down for maintenance makes no agent, DaemonSet rollout or alert
+    /// NotReady. Whether every counted server is reached shows in
+    /// `konnectivity_network_proxy_agent_open_server_connections` against `..._known_server_count`
+    /// (alert TetherServersNotConverged).
+    #[default]
+    AnyServer,
+    /// Connected to every counted server (`--readiness-requires-all-servers`), so that an
+    /// agent stuck with fewer streams than servers is NotReady.
+    EveryServer,
+}
+
+/// `/healthz`, `/readyz` (`/ready`) and `/metrics` on the health port.
+pub(crate) fn health_handler(
+    clientset: Arc<ClientSet>,
+    registry: Registry,
+    readiness: Readiness,
+) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/readyz" | "/ready" => {
@@ -20,30 +37,33 @@ pub(crate) fn health_handler(clientset: Arc<ClientSet>, registry: Registry) -> H
                     .any(|p| p == "verbose" || p.starts_with("verbose="))
             });
             let connected = clientset.connected();
-            if connected > 0 && clientset.satisfied() {
-                if verbose {
-                    Response::text(200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n")
-                } else {
-                    Response::text(200, "ok")
-                }
-            } else if connected == 0 {
-                Response::text(
-                    503,
-                    "[+]ping ok\n[-]server-connected failed: no servers connected\nreadyz check failed\n",
-                )
-            } else {
-                Response::text(
-                    503,
-                    format!(
-                        "[+]ping ok\n[-]server-connected failed: not connected to every counted server ({connected} connected, {} counted)\nreadyz check failed\n",
-                        clientset.target()
-                    ),
-                )
-            }
+            // Counting the servers takes the sessions' lock: only when it decides.
+            let every = (readiness == Readiness::EveryServer && connected > 0)
+                .then(|| (clientset.satisfied(), clientset.target()));
+            readyz(connected, every, verbose)
         }
         "/metrics" => Response::metrics(&registry),
         _ => Response::not_found(),
     })
+}
+
+/// The `/readyz` answer for `connected` servers; `every` is (whether every counted server is
+/// connected, how many are counted) when readiness asks for every server.
+fn readyz(connected: usize, every: Option<(bool, usize)>, verbose: bool) -> Response {
+    match every {
+        _ if connected == 0 => Response::text(
+            503,
+            "[+]ping ok\n[-]server-connected failed: no servers connected\nreadyz check failed\n",
+        ),
+        Some((false, counted)) => Response::text(
+            503,
+            format!(
+                "[+]ping ok\n[-]server-connected failed: not connected to every counted server ({connected} connected, {counted} counted; --readiness-requires-all-servers)\nreadyz check failed\n"
+            ),
+        ),
+        _ if verbose => Response::text(200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n"),
+        _ => Response::text(200, "ok"),
+    }
 }
 
 /// The admin port's `/metrics` redirects to the health port, as upstream does; the live
@@ -79,6 +99,43 @@ fn metrics_location(health: Option<SocketAddr>, local: Option<SocketAddr>) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer(response: &Response) -> (u16, String) {
+        (
+            response.status,
+            String::from_utf8_lossy(&response.body).into_owned(),
+        )
+    }
+
+    #[test]
+    fn ready_with_one_server_of_several_unless_every_server_is_asked_for() {
+        // Upstream's semantics: one connected server is enough, however many are counted.
+        assert_eq!(answer(&readyz(1, None, false)), (200, "ok".to_owned()));
+        assert_eq!(
+            answer(&readyz(1, None, true)),
+            (
+                200,
+                "[+]ping ok\n[+]server-connected ok\ncheck passed\n".to_owned()
+            )
+        );
+        let (status, body) = answer(&readyz(0, None, false));
+        assert_eq!(status, 503);
+        assert!(body.contains("no servers connected"), "{body}");
+
+        // --readiness-requires-all-servers: one of three is not enough ...
+        let (status, body) = answer(&readyz(1, Some((false, 3)), false));
+        assert_eq!(status, 503);
+        assert!(
+            body.contains("(1 connected, 3 counted; --readiness-requires-all-servers)"),
+            "{body}"
+        );
+        // ... all of them are, and none is never.
+        assert_eq!(
+            answer(&readyz(3, Some((true, 3)), false)),
+            (200, "ok".to_owned())
+        );
+        assert_eq!(readyz(0, Some((true, 0)), false).status, 503);
+    }
 
     #[test]
     fn metrics_location_names_the_health_listener_not_the_host_header() {

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 pub use control_plane::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
 pub use destination::{DestinationConfig, PolicyFileError};
+pub use health::Readiness;
 pub use server_count::{CountSource, LeaseCounting, ServerLeases};
 use tether_grpc::Keepalive;
 use tether_observe::metrics::Registry;
@@ -91,27 +92,25 @@ pub struct Config {
     pub resume_window: Duration,
 }
 
-/// Start-up failures.
+/// Start-up failures. The io errors are plain fields, not `source()`s, which `{:#}` would
+/// print a second time after the message that already holds them.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("listening on {what} {addr}: {source}")]
+    #[error("listening on {what} {addr}: {error}")]
     Listen {
         what: &'static str,
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("listening on --control-plane-listen={addr}: {source}")]
+    #[error("listening on --control-plane-listen={addr}: {error}")]
     ControlPlaneListen {
         addr: ListenAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Policy(#[from] PolicyFileError),
-    #[error("opening the audit log {path}: {source}")]
-    AuditLog {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("opening the audit log {path}: {error}")]
+    AuditLog { path: String, error: std::io::Error },
 }
 
 /// An agent whose health and admin listeners are bound.
@@ -126,6 +125,7 @@ pub struct Agent {
     destinations: Arc<destination::Destinations>,
     /// Extra admin routes answered before the built-in ones (profiling).
     admin_routes: Option<tether_observe::http::DeferredHandler>,
+    readiness: Readiness,
     audit: Option<(
         tether_observe::audit::AuditLog,
         tether_observe::audit::AuditWriter,
@@ -137,19 +137,20 @@ impl Agent {
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
                 .await
-                .map_err(|source| AgentError::Listen { what, addr, source })
+                .map_err(|error| AgentError::Listen { what, addr, error })
         };
         let health = bind("health", config.health_addr).await?;
         let admin = bind("admin", config.admin_addr).await?;
-        let control_plane = match &config.control_plane {
-            Some(cp) => Some(control_plane::Listener::bind(&cp.listen).await.map_err(
-                |source| AgentError::ControlPlaneListen {
-                    addr: cp.listen.clone(),
-                    source,
-                },
-            )?),
-            None => None,
-        };
+        let control_plane =
+            match &config.control_plane {
+                Some(cp) => Some(control_plane::Listener::bind(&cp.listen).await.map_err(
+                    |error| AgentError::ControlPlaneListen {
+                        addr: cp.listen.clone(),
+                        error,
+                    },
+                )?),
+                None => None,
+            };
         let metrics = Arc::new(metrics::AgentMetrics::register(&registry));
         let own_listeners = [&health, &admin]
             .iter()
@@ -163,10 +164,10 @@ impl Agent {
         let audit = match &config.audit_log {
             None => None,
             Some(target) => Some(
-                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|error| {
                     AgentError::AuditLog {
                         path: target.to_string(),
-                        source,
+                        error,
                     }
                 })?,
             ),
@@ -180,6 +181,7 @@ impl Agent {
             metrics,
             destinations,
             admin_routes: None,
+            readiness: Readiness::default(),
             audit,
         })
     }
@@ -188,6 +190,12 @@ impl Agent {
     /// `--enable-profiling` adds its pprof paths this way).
     pub fn with_admin_routes(mut self, routes: tether_observe::http::DeferredHandler) -> Self {
         self.admin_routes = Some(routes);
+        self
+    }
+
+    /// When `/readyz` answers 200 (default: connected to at least one server, as upstream).
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
         self
     }
 
@@ -216,6 +224,7 @@ impl Agent {
             metrics,
             destinations,
             admin_routes,
+            readiness,
             audit,
         } = self;
         // Stopped last, so the records of connections cut at shutdown are written too.
@@ -251,7 +260,7 @@ impl Agent {
         };
         endpoints.spawn(tether_observe::http::serve(
             health,
-            health::health_handler(clientset.clone(), registry.clone()),
+            health::health_handler(clientset.clone(), registry.clone(), readiness),
             http_limits.clone(),
             stop.clone().cancelled_owned(),
         ));

@@ -132,23 +132,21 @@ pub struct TlsReload {
     pub frontend: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
 }
 
-/// Start-up failures.
+/// Start-up failures. The io errors are plain fields, not `source()`s, which `{:#}` would
+/// print a second time after the message that already holds them.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("listening on {what} {addr}: {source}")]
+    #[error("listening on {what} {addr}: {error}")]
     Listen {
         what: &'static str,
         addr: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A tenant's own frontend that cannot be served as configured.
     #[error("--routing-config: {0}")]
     TenantFrontend(String),
-    #[error("opening the audit log {path}: {source}")]
-    AuditLog {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("opening the audit log {path}: {error}")]
+    AuditLog { path: String, error: std::io::Error },
 }
 
 /// A server whose listeners are bound; [`run`](Self::run) serves them.
@@ -175,7 +173,7 @@ impl Server {
     /// that asked for port 0 can learn the ports.
     pub async fn bind(config: Config, registry: Registry) -> Result<Self, ServerError> {
         let listen_err =
-            |what, addr: String| move |source| ServerError::Listen { what, addr, source };
+            |what, addr: String| move |error| ServerError::Listen { what, addr, error };
         let frontend = match &config.frontend {
             FrontendListen::Unix {
                 path,
@@ -204,10 +202,10 @@ impl Server {
         let audit = match &config.audit_log {
             None => None,
             Some(target) => Some(
-                tether_observe::audit::AuditLog::open(target, &registry).map_err(|source| {
+                tether_observe::audit::AuditLog::open(target, &registry).map_err(|error| {
                     ServerError::AuditLog {
                         path: target.to_string(),
-                        source,
+                        error,
                     }
                 })?,
             ),
@@ -552,10 +550,10 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                 FrontendListen::Tls { .. } => false,
             };
             let listener =
-                Listener::unix(path, delete_existing).map_err(|source| ServerError::Listen {
+                Listener::unix(path, delete_existing).map_err(|error| ServerError::Listen {
                     what: "tenant frontend socket",
                     addr: path.display().to_string(),
-                    source,
+                    error,
                 })?;
             bound.push((tenant.name.clone(), listener));
         }
@@ -587,14 +585,13 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                         .map_err(|e| refuse(format!("frontend.client_ca: {e}")))?,
                 )),
             };
-            let listener =
-                Listener::tls(addr, tls)
-                    .await
-                    .map_err(|source| ServerError::Listen {
-                        what: "tenant frontend",
-                        addr: addr.to_string(),
-                        source,
-                    })?;
+            let listener = Listener::tls(addr, tls)
+                .await
+                .map_err(|error| ServerError::Listen {
+                    what: "tenant frontend",
+                    addr: addr.to_string(),
+                    error,
+                })?;
             bound.push((tenant.name.clone(), listener));
         }
     }

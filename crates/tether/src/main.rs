@@ -11,6 +11,7 @@ mod fd_limit;
 mod introspect;
 mod leases;
 mod logging;
+mod permission;
 mod quickstart;
 mod signals;
 
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
     // DNS lookup on the blocking pool can outlive it; it gets a short bound, not a wait.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     result.unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {:#}", permission::explain(e));
         ExitCode::FAILURE
     })
 }
@@ -66,7 +67,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => {
             let leases = args.lease_settings()?;
             let profiling = args.upstream_only.enable_profiling;
-            agent(args.into_config()?, leases, registry, profiling).await
+            let readiness = args.readiness();
+            agent(args.into_config()?, leases, readiness, registry, profiling).await
         }
         Command::Dial(args) => dial::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
@@ -107,6 +109,7 @@ async fn server(
 async fn agent(
     mut config: tether_agent::Config,
     leases: Option<AgentLeases>,
+    readiness: tether_agent::Readiness,
     registry: Registry,
     profiling: bool,
 ) -> anyhow::Result<ExitCode> {
@@ -119,7 +122,9 @@ async fn agent(
         }
         None => None,
     };
-    let mut agent = tether_agent::Agent::bind(config, registry).await?;
+    let mut agent = tether_agent::Agent::bind(config, registry)
+        .await?
+        .with_readiness(readiness);
     if profiling {
         agent = agent.with_admin_routes(tether_profiling::handler());
     }

@@ -468,3 +468,95 @@ fn agent_drains_on_a_signal_and_exits_0_on_a_second() {
     agent.signal("TERM");
     assert_eq!(agent.exit_code(), Some(0));
 }
+
+/// The operator trial's B3: the image runs as uid 65532, and a kubeadm node hands it a
+/// root-only key and a root-owned socket directory. Each refusal says which uid the process
+/// runs as, who owns the file, what to change on the node and how to run as root instead,
+/// with the io error printed once. Run as uid 65532 (as the image) when the test is root, as
+/// itself with modes that refuse it otherwise.
+#[test]
+fn refused_files_name_the_uid_and_what_to_change() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let as_root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap();
+    let (dir, files) = pki();
+    let mode = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    // Every file readable and the directory searchable, but for what each case refuses.
+    mode(dir.path(), 0o755);
+    for file in [&files.ca_cert, &files.server_cert, &files.server_key] {
+        mode(file, 0o644);
+    }
+    let socket_dir = dir.path().join("konnectivity-server");
+    std::fs::create_dir(&socket_dir).unwrap();
+    let socket = socket_dir.join("konnectivity-server.socket");
+    // The build directory may be out of uid 65532's reach (under /root): a link it can run
+    // (a copy on another filesystem), named as in the image.
+    let binary = dir.path().join("proxy-server");
+    if std::fs::hard_link(TETHER, &binary).is_err() {
+        std::fs::copy(TETHER, &binary).unwrap();
+        mode(&binary, 0o755);
+    }
+    let server = |key_mode: u32, dir_mode: u32| {
+        mode(&files.server_key, key_mode);
+        mode(&socket_dir, dir_mode);
+        let mut cmd = Command::new(&binary);
+        cmd.arg(format!("--uds-name={}", socket.display()))
+            .arg(format!("--cluster-cert={}", files.server_cert.display()))
+            .arg(format!("--cluster-key={}", files.server_key.display()))
+            .arg(format!("--cluster-ca-cert={}", files.ca_cert.display()))
+            .args(["--server-port=0", "--agent-port=0", "--health-port=0"])
+            .arg("--admin-port=0");
+        if as_root {
+            cmd.uid(65532).gid(65532);
+        }
+        let output = cmd.output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        stderr(&output)
+    };
+    let me = if as_root {
+        "This process runs as uid 65532, gid 65532".to_owned()
+    } else {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap();
+        format!(
+            "This process runs as uid {}",
+            uid.split_whitespace().nth(1).unwrap()
+        )
+    };
+    let denied = "Permission denied (os error 13)";
+
+    // kubeadm's apiserver.key: root's, 0600 (not readable by its owner either when not root).
+    let err = server(if as_root { 0o600 } else { 0o000 }, 0o755);
+    let key = files.server_key.display();
+    for part in [
+        format!(
+            "error: --cluster-cert/--cluster-key/--cluster-ca-cert: reading private key {key}: {denied}. {me}"
+        ),
+        format!("which cannot read {key} (owned by uid "),
+        format!("&& chmod 0640 {key}"),
+        "securityContext: {runAsUser: 0, runAsNonRoot: false}".to_owned(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in {err}");
+    }
+
+    // The kubelet's DirectoryOrCreate: root's, 0755 (read-only to its owner when not root).
+    let err = server(0o644, if as_root { 0o755 } else { 0o555 });
+    let dir = socket_dir.display();
+    for part in [
+        format!(
+            "error: listening on frontend socket {}: {denied}. {me}",
+            socket.display()
+        ),
+        format!("which cannot create a socket in {dir} (owned by uid "),
+        format!("-m 0770 {dir}"),
+        "or set --uds-name to a directory it can write".to_owned(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in {err}");
+    }
+    assert_eq!(err.matches(denied).count(), 1, "{err}");
+    assert!(!socket.exists());
+}

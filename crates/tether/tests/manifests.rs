@@ -1,9 +1,15 @@
 //! The deployable manifests (deploy/helm/tether, deploy/kustomize), checked for real:
 //! - the chart passes `helm lint --strict`, and every variant renders, with helm (built from
 //!   the Go module proxy by deploy/tests/build-helm.sh) and with `kubectl kustomize`;
-//! - a real kube-apiserver accepts every rendered object (`kubectl apply --server-side
-//!   --dry-run=server`, which runs admission and schema validation);
-//! - each kustomize overlay yields the same objects as the chart with the matching values;
+//! - a real kube-apiserver accepts every rendered object as rendered, nothing filtered out
+//!   (`kubectl apply --server-side --dry-run=server`, which runs admission and schema
+//!   validation); `helm install` as the README says installs into it and creates no Pod, and
+//!   refuses nodeManifests=true; next to the kubernetes.io task's agent objects it installs
+//!   with agent.serviceAccount.create=false and uninstalls leaving them in place;
+//! - the node-side documents (static Pod, kube-apiserver patch), rendered apart by `helm
+//!   template --set nodeManifests=true`, are valid Pods once in place;
+//! - each kustomize overlay (API objects) and node/ directory yields the same objects as the
+//!   chart with the matching values;
 //! - every tether container's command line goes through the tether binary's own argument
 //!   parser and start-up checks, invoked under the container's `command[0]` (`/proxy-server`,
 //!   `/proxy-agent`), as the image runs it.
@@ -22,11 +28,17 @@ use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
 /// since the agent stops at the missing CA file before it dials.
 const SERVER_HOST: &str = "konnectivity.example.internal";
 
+/// The image in every rendering: what deploy/image/build.sh names it by default, and the
+/// kustomize base's.
+const IMAGE_REPOSITORY: &str = "localhost/tether";
+
 struct Variant {
     name: &'static str,
     helm: &'static [&'static str],
     /// The kustomize overlay that must match the chart with these values.
     overlay: Option<&'static str>,
+    /// The deploy/kustomize/node directory that must match the node-side document.
+    node: Option<&'static str>,
 }
 
 const VARIANTS: &[Variant] = &[
@@ -34,21 +46,25 @@ const VARIANTS: &[Variant] = &[
         name: "static-pod",
         helm: &[],
         overlay: Some("static-pod"),
+        node: Some("static-pod"),
     },
     Variant {
         name: "static-pod-mtls",
         helm: &["auth.mode=mtls", "auth.agentIdentityBinding=off"],
         overlay: Some("static-pod-mtls"),
+        node: Some("static-pod-mtls"),
     },
     Variant {
         name: "sidecar",
         helm: &["server.kind=sidecar"],
         overlay: Some("sidecar"),
+        node: Some("sidecar"),
     },
     Variant {
         name: "hosted",
         helm: &["server.kind=deployment"],
         overlay: Some("hosted"),
+        node: None,
     },
     Variant {
         name: "hosted-mtls",
@@ -60,11 +76,13 @@ const VARIANTS: &[Variant] = &[
             "monitoring.prometheusRule.enabled=true",
         ],
         overlay: Some("hosted-mtls"),
+        node: None,
     },
     Variant {
         name: "static-pod-leases",
         helm: &["leases.enabled=true"],
         overlay: None,
+        node: None,
     },
     Variant {
         name: "hosted-leases-kubeconfig",
@@ -78,6 +96,7 @@ const VARIANTS: &[Variant] = &[
             "server.networkPolicy.healthFrom[0].namespaceSelector.matchLabels.name=monitoring",
         ],
         overlay: None,
+        node: None,
     },
     Variant {
         name: "static-pod-mtls-leases",
@@ -87,6 +106,7 @@ const VARIANTS: &[Variant] = &[
             "leases.enabled=true",
         ],
         overlay: None,
+        node: None,
     },
 ];
 
@@ -151,57 +171,113 @@ fn helm() -> anyhow::Result<PathBuf> {
     ))
 }
 
-fn helm_template(helm: &Path, sets: &[&str], only: Option<&str>) -> anyhow::Result<String> {
+/// The values every documented command passes: where agents reach the servers, and the image.
+fn required_values() -> [String; 2] {
+    [
+        format!("agent.proxyServerHost={SERVER_HOST}"),
+        format!("image.repository={IMAGE_REPOSITORY}"),
+    ]
+}
+
+/// `helm template tether deploy/helm/tether -n kube-system --set ...`: what `helm install`
+/// with the same values applies.
+fn helm_template(helm: &Path, sets: &[&str]) -> anyhow::Result<String> {
     let mut cmd = Command::new(helm);
     cmd.args(["template", "tether"])
         .arg(repo().join("deploy/helm/tether"))
-        .args(["--namespace", "kube-system"])
-        .args(["--set", &format!("agent.proxyServerHost={SERVER_HOST}")]);
-    for set in sets {
+        .args(["--namespace", "kube-system"]);
+    for set in required_values()
+        .iter()
+        .map(String::as_str)
+        .chain(sets.iter().copied())
+    {
         cmd.args(["--set", set]);
-    }
-    if let Some(template) = only {
-        cmd.args(["--show-only", template]);
     }
     run(&mut cmd, None)
 }
 
-/// The helm rendering of a variant, as kube-apiserver would store it; for the sidecar, the
-/// chart's patch applied to the overlay's stand-in kube-apiserver Pod, as a user would.
+/// The helm rendering of a variant, applied as rendered, as kube-apiserver would store it.
 async fn helm_objects(
     plane: &ControlPlane,
     helm: &Path,
     variant: &Variant,
 ) -> anyhow::Result<Vec<Value>> {
-    let mut yaml = helm_template(helm, variant.helm, None)?;
-    if variant.helm.contains(&"server.kind=sidecar") {
-        let patch = helm_template(
-            helm,
-            variant.helm,
-            Some("templates/server-sidecar-patch.yaml"),
-        )?;
-        let dir = tempfile::tempdir()?;
-        let patch_file = dir.path().join("patch.yaml");
-        std::fs::write(&patch_file, patch)?;
-        let patched = run(
-            Command::new(plane.kubectl_path())
-                .args(["patch", "--local", "--type=strategic", "-o", "yaml", "-f"])
-                .arg(repo().join("deploy/kustomize/overlays/sidecar/kube-apiserver.yaml"))
-                .arg(format!("--patch-file={}", patch_file.display())),
-            None,
-        )?;
-        // Replace the patch document with the patched Pod.
-        yaml = yaml
-            .split("\n---")
-            .filter(|doc| !doc.contains("templates/server-sidecar-patch.yaml"))
-            .collect::<Vec<_>>()
-            .join("\n---");
-        yaml.push_str("\n---\n");
-        yaml.push_str(&patched);
-    }
+    let yaml = helm_template(helm, variant.helm)?;
     dry_run(plane, &yaml)
         .await
         .with_context(|| format!("helm variant {}", variant.name))
+}
+
+/// The node-side document of a variant (`helm template ... --set nodeManifests=true`) as the
+/// kubelet would read it: the static Pod as rendered; the sidecar patch applied to the
+/// stand-in kube-apiserver Pod, as the README's `kubectl patch --local` does.
+async fn helm_node_objects(
+    plane: &ControlPlane,
+    helm: &Path,
+    variant: &Variant,
+) -> anyhow::Result<Vec<Value>> {
+    let sets: Vec<&str> = variant
+        .helm
+        .iter()
+        .copied()
+        .chain(["nodeManifests=true"])
+        .collect();
+    let mut yaml = helm_template(helm, &sets)?;
+    if variant.helm.contains(&"server.kind=sidecar") {
+        let dir = tempfile::tempdir()?;
+        let patch_file = dir.path().join("patch.yaml");
+        std::fs::write(&patch_file, &yaml)?;
+        yaml = run(
+            Command::new(plane.kubectl_path())
+                .args(["patch", "--local", "--type=strategic", "-o", "yaml", "-f"])
+                .arg(repo().join("deploy/kustomize/node/sidecar/kube-apiserver.yaml"))
+                .arg(format!("--patch-file={}", patch_file.display())),
+            None,
+        )?;
+    }
+    let objects = dry_run(plane, &yaml)
+        .await
+        .with_context(|| format!("helm node document of {}", variant.name))?;
+    let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    ensure!(
+        kinds == ["Pod"],
+        "{}: nodeManifests=true renders {kinds:?}, not one Pod",
+        variant.name
+    );
+    Ok(objects)
+}
+
+/// Whether kustomize's rendering of `dir` equals helm's objects.
+async fn same_as_kustomize(
+    plane: &ControlPlane,
+    name: &str,
+    objects: &[Value],
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let yaml = run(
+        Command::new(plane.kubectl_path()).arg("kustomize").arg(dir),
+        None,
+    )?;
+    let kustomized = dry_run(plane, &yaml)
+        .await
+        .with_context(|| format!("kustomize {}", dir.display()))?;
+    let (from_helm, from_kustomize) = (by_key(objects), by_key(&kustomized));
+    ensure!(
+        from_helm.keys().eq(from_kustomize.keys()),
+        "{name}: helm renders {:?}, kustomize {} {:?}",
+        from_helm.keys().collect::<Vec<_>>(),
+        dir.display(),
+        from_kustomize.keys().collect::<Vec<_>>()
+    );
+    for (key, object) in &from_helm {
+        ensure!(
+            object == &from_kustomize[key],
+            "{name}: {key} differs between helm and kustomize {}:\nhelm: {object}\nkustomize: {}",
+            dir.display(),
+            from_kustomize[key]
+        );
+    }
+    Ok(())
 }
 
 /// `kubectl apply --server-side --dry-run=server`: the API server validates and defaults
@@ -379,7 +455,6 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
     let shared = helm_template(
         &helm,
         &["leases.enabled=true", "leases.namespace=kube-system"],
-        None,
     );
     ensure!(
         shared
@@ -395,49 +470,78 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
             "leases.allowSharedNamespace=true",
             "leases.createNamespace=false",
         ],
-        None,
     )
     .context("kube-system allowed explicitly")?;
     // One certificate for every agent proves no node: routing by identifiers is a choice.
-    let shared_certificate = helm_template(&helm, &["auth.mode=mtls"], None);
+    let shared_certificate = helm_template(&helm, &["auth.mode=mtls"]);
     ensure!(
         shared_certificate
             .as_ref()
             .is_err_and(|e| format!("{e:#}").contains("set auth.agentIdentityBinding=off")),
         "helm rendered mtls agents whose identifiers no certificate proves: {shared_certificate:?}"
     );
-    helm_template(&helm, &["auth.mode=mtls", "agent.identifiers="], None)
+    helm_template(&helm, &["auth.mode=mtls", "agent.identifiers="])
         .context("mtls without identifiers")?;
-    let missing_host = helm_template_without_host(&helm);
+    for (without, error) in [
+        ("agent.proxyServerHost", "agent.proxyServerHost is required"),
+        ("image.repository", "image.repository is required"),
+    ] {
+        let rendered = helm_template_with(&helm, &[format!("{without}=")]);
+        ensure!(
+            rendered
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains(error)),
+            "helm rendered without {without}: {rendered:?}"
+        );
+    }
+    // values.schema.json: wrong types, misspelt keys and unknown kinds are refused.
+    for (set, error) in [
+        (
+            "agent.proxyServerPort=abc",
+            "at '/agent/proxyServerPort': got string, want integer",
+        ),
+        ("server.count=0", "at '/server/count'"),
+        (
+            "agent.proxyServerHots=x",
+            "additional properties 'proxyServerHots' not allowed",
+        ),
+        ("server.kind=static", "at '/server/kind'"),
+    ] {
+        let rendered = helm_template(&helm, &[set]);
+        ensure!(
+            rendered
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains(error)),
+            "helm rendered {set}: {rendered:?}"
+        );
+    }
+    // Node-side documents exist for the static Pod and the sidecar only.
+    let hosted = helm_template(&helm, &["server.kind=deployment", "nodeManifests=true"]);
     ensure!(
-        missing_host
-            .as_ref()
-            .is_err_and(|e| format!("{e:#}").contains("agent.proxyServerHost is required")),
-        "helm rendered without agent.proxyServerHost: {missing_host:?}"
+        hosted.as_ref().is_err_and(
+            |e| format!("{e:#}").contains("server.kind=deployment has no node-side document")
+        ),
+        "nodeManifests=true rendered for a Deployment: {hosted:?}"
     );
     Ok(())
 }
 
-fn helm_template_without_host(helm: &Path) -> anyhow::Result<String> {
-    run(
-        Command::new(helm)
-            .args(["template", "tether"])
-            .arg(repo().join("deploy/helm/tether")),
-        None,
-    )
+/// `helm template` with the required values overridden by `sets` (later --set wins).
+fn helm_template_with(helm: &Path, sets: &[String]) -> anyhow::Result<String> {
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    helm_template(helm, &sets)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
     let helm = helm()?;
-    run(
-        Command::new(&helm)
-            .args(["lint", "--strict"])
-            .arg(repo().join("deploy/helm/tether"))
-            .args(["--set", &format!("agent.proxyServerHost={SERVER_HOST}")]),
-        None,
-    )
-    .context("helm lint")?;
+    let mut lint = Command::new(&helm);
+    lint.args(["lint", "--strict"])
+        .arg(repo().join("deploy/helm/tether"));
+    for set in required_values() {
+        lint.args(["--set", &set]);
+    }
+    run(&mut lint, None).context("helm lint")?;
     let plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
     // The PrometheusRule kind, as prometheus-operator's CRD names it (schema left open: the
     // rule file itself is checked by promtool in observability.rs).
@@ -464,36 +568,25 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
             variant.name
         );
 
+        ensure!(
+            !objects.iter().any(|o| o["kind"] == "Pod"),
+            "{}: the install's objects hold a Pod",
+            variant.name
+        );
         if let Some(overlay) = variant.overlay {
             let dir = repo().join("deploy/kustomize/overlays").join(overlay);
-            let yaml = run(
-                Command::new(plane.kubectl_path())
-                    .arg("kustomize")
-                    .arg(&dir),
-                None,
-            )?;
-            let kustomized = dry_run(&plane, &yaml)
-                .await
-                .with_context(|| format!("kustomize overlay {overlay}"))?;
-            let (from_helm, from_kustomize) = (by_key(&objects), by_key(&kustomized));
-            ensure!(
-                from_helm.keys().eq(from_kustomize.keys()),
-                "{}: helm renders {:?}, kustomize {:?}",
-                variant.name,
-                from_helm.keys().collect::<Vec<_>>(),
-                from_kustomize.keys().collect::<Vec<_>>()
-            );
-            for (key, object) in &from_helm {
-                ensure!(
-                    object == &from_kustomize[key],
-                    "{}: {key} differs between helm and kustomize:\nhelm: {object}\nkustomize: {}",
-                    variant.name,
-                    from_kustomize[key]
-                );
-            }
+            same_as_kustomize(&plane, variant.name, &objects, &dir).await?;
         }
-
+        let mut objects = objects;
+        if let Some(node) = variant.node {
+            let node_objects = helm_node_objects(&plane, &helm, variant).await?;
+            let dir = repo().join("deploy/kustomize/node").join(node);
+            same_as_kustomize(&plane, variant.name, &node_objects, &dir).await?;
+            objects.extend(node_objects);
+        }
         secure_defaults(&objects).with_context(|| format!("{}: secure defaults", variant.name))?;
+        readiness_and_rollouts(&objects)
+            .with_context(|| format!("{}: readiness and rollouts", variant.name))?;
         let containers = tether_containers(&objects);
         ensure!(
             !containers.is_empty(),
@@ -507,6 +600,145 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
         }
     }
     eprintln!("checked {checked} tether command lines");
+    installs_as_documented(&plane, &helm).await
+}
+
+/// `helm install` and `uninstall` for real against `plane`, with their own configuration
+/// and cache directories.
+struct HelmCli<'a> {
+    helm: &'a Path,
+    plane: &'a ControlPlane,
+    home: tempfile::TempDir,
+}
+
+impl HelmCli<'_> {
+    /// `helm ARGS` on the plane's kube-system, with the required values when `sets` is
+    /// `Some` (an install).
+    fn run(&self, args: &[&str], sets: Option<&[&str]>) -> anyhow::Result<String> {
+        let mut cmd = Command::new(self.helm);
+        for (var, dir) in [
+            ("HELM_CACHE_HOME", "cache"),
+            ("HELM_CONFIG_HOME", "config"),
+            ("HELM_DATA_HOME", "data"),
+        ] {
+            cmd.env(var, self.home.path().join(dir));
+        }
+        cmd.args(args)
+            .arg(format!("--kubeconfig={}", self.plane.kubeconfig.display()))
+            .args(["--namespace", "kube-system"]);
+        if let Some(sets) = sets {
+            for set in required_values()
+                .iter()
+                .map(String::as_str)
+                .chain(sets.iter().copied())
+            {
+                cmd.args(["--set", set]);
+            }
+        }
+        run(&mut cmd, None)
+    }
+
+    fn install(&self, sets: &[&str]) -> anyhow::Result<String> {
+        let chart = repo().join("deploy/helm/tether");
+        let chart = chart.to_str().context("chart path")?;
+        self.run(&["install", "tether", chart], Some(sets))
+    }
+
+    fn uninstall(&self) -> anyhow::Result<()> {
+        self.run(&["uninstall", "tether"], None).map(drop)
+    }
+}
+
+/// The README's `helm install` in each self-managed variant creates API objects and no Pod
+/// (operator trial B2), refuses the node-side documents, and installs beside the kubernetes.io
+/// task's agent objects with agent.serviceAccount.create=false, leaving them in place on
+/// uninstall (A1: migration and rollback).
+async fn installs_as_documented(plane: &ControlPlane, helm: &Path) -> anyhow::Result<()> {
+    let cli = HelmCli {
+        helm,
+        plane,
+        home: tempfile::tempdir()?,
+    };
+    let pods = || async {
+        plane
+            .kubectl(&["get", "pods", "--all-namespaces", "-o", "name"], None)
+            .await
+    };
+    for sets in [
+        &[][..],
+        &["server.kind=sidecar"],
+        &["server.kind=deployment"],
+    ] {
+        let notes = cli
+            .install(sets)
+            .with_context(|| format!("helm install {sets:?}"))?;
+        ensure!(notes.contains("NOTES:"), "{sets:?}: {notes}");
+        let left = pods().await?;
+        ensure!(left.trim().is_empty(), "{sets:?} created Pods: {left}");
+        cli.uninstall()?;
+    }
+    for kind in ["staticPod", "sidecar"] {
+        let refused = cli.install(&[&format!("server.kind={kind}"), "nodeManifests=true"]);
+        ensure!(
+            refused.as_ref().is_err_and(|e| format!("{e:#}")
+                .contains("nodeManifests=true renders the server's node-side document for `helm template ... > FILE` only")),
+            "helm install took nodeManifests=true for {kind}: {refused:?}"
+        );
+    }
+
+    // Side by side with upstream's agents, then back to them alone.
+    plane
+        .apply(include_str!(
+            "manifests/kubernetes-io-konnectivity-agent.yaml"
+        ))
+        .await?;
+    let upstream = || async {
+        plane
+            .kubectl(
+                &[
+                    "get",
+                    "-n",
+                    "kube-system",
+                    "serviceaccount/konnectivity-agent",
+                    "daemonset/konnectivity-agent",
+                    "-o",
+                    "name",
+                ],
+                None,
+            )
+            .await
+    };
+    let collision = cli.install(&["server.kind=none"]);
+    ensure!(
+        collision
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("konnectivity-agent")),
+        "the chart's ServiceAccount did not collide with the existing one: {collision:?}"
+    );
+    // A failed install may leave a release record behind.
+    let _ = cli.uninstall();
+    cli.install(&["server.kind=none", "agent.serviceAccount.create=false"])
+        .context("installing beside upstream's agents")?;
+    let both = plane
+        .kubectl(
+            &["get", "daemonsets", "-n", "kube-system", "-o", "name"],
+            None,
+        )
+        .await?;
+    ensure!(
+        both.lines().collect::<Vec<_>>()
+            == [
+                "daemonset.apps/konnectivity-agent",
+                "daemonset.apps/tether-agent"
+            ],
+        "{both}"
+    );
+    cli.uninstall()?;
+    let kept = upstream().await?;
+    ensure!(
+        kept.lines().count() == 2,
+        "uninstall took upstream's objects: {kept}"
+    );
     Ok(())
 }
 
@@ -608,6 +840,105 @@ fn secure_defaults(objects: &[Value]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Readiness that cannot deadlock or ripple, and rollouts that finish (operator trial B1, A8,
+/// A9, P8), in the objects as kube-apiserver defaulted them:
+/// - agents reach servers that are not Ready yet (a server turns Ready with its first agent),
+///   while kube-apiserver's Service keeps routing to Ready servers only;
+/// - a server Deployment replaces at least one server at a time (agents that hold
+///   server.count servers dial no surge server), its PDB lets NotReady servers go, and every
+///   server drains live connections within its pod's grace period;
+/// - no readiness probe on the kube-apiserver sidecar (it would make kube-apiserver NotReady);
+/// - the agent DaemonSet runs on Linux nodes only, under a name and selector of its own beside
+///   the kubernetes.io task's konnectivity-agent, and is ready per /readyz.
+fn readiness_and_rollouts(objects: &[Value]) -> anyhow::Result<()> {
+    let named = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    };
+    if let Some(agents) = named("Service", "konnectivity-server-agents") {
+        ensure!(
+            agents["spec"]["publishNotReadyAddresses"] == true,
+            "agents reach only Ready servers: {agents}"
+        );
+        let frontend = named("Service", "konnectivity-server").context("no frontend Service")?;
+        ensure!(
+            frontend["spec"]["publishNotReadyAddresses"] != true,
+            "kube-apiserver reaches servers without agents: {frontend}"
+        );
+    }
+    if let Some(deployment) = named("Deployment", "konnectivity-server") {
+        let unavailable = &deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"];
+        ensure!(
+            !matches!(unavailable.as_i64(), Some(0)) && unavailable != "0%",
+            "maxUnavailable {unavailable}: a rollout would wait for a surge server no agent dials"
+        );
+        ensure!(
+            deployment.pointer("/spec/template/spec/containers/0/readinessProbe/httpGet/path")
+                == Some(&Value::from("/readyz")),
+            "the frontend Service would route to servers without agents"
+        );
+        let pdb = named("PodDisruptionBudget", "konnectivity-server").context("no PDB")?;
+        ensure!(
+            pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow",
+            "a NotReady server would block drains: {pdb}"
+        );
+    }
+    for object in objects {
+        let Some(spec) = object
+            .pointer("/spec/template/spec")
+            .or_else(|| object.get("spec"))
+        else {
+            continue;
+        };
+        let grace = spec["terminationGracePeriodSeconds"].as_i64().unwrap_or(30);
+        let containers = spec["containers"].as_array().into_iter().flatten();
+        for container in containers.filter(|c| c["name"] == "konnectivity-server") {
+            let timeout = container["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .find_map(|a| a.strip_prefix("--graceful-shutdown-timeout="))
+                .and_then(|t| t.strip_suffix('s'))
+                .and_then(|t| t.parse::<i64>().ok())
+                .context("a server without --graceful-shutdown-timeout=Ns")?;
+            ensure!(timeout > 0, "live connections are cut at once on SIGTERM");
+            if object["metadata"]["name"] == "kube-apiserver" {
+                ensure!(
+                    container.get("readinessProbe").is_none(),
+                    "the sidecar's readiness would make kube-apiserver NotReady"
+                );
+            } else {
+                ensure!(
+                    grace > timeout,
+                    "terminationGracePeriodSeconds {grace} ends the {timeout}s drain early"
+                );
+            }
+        }
+    }
+    for daemonset in objects.iter().filter(|o| o["kind"] == "DaemonSet") {
+        ensure!(
+            daemonset["metadata"]["name"] != "konnectivity-agent"
+                && daemonset["spec"]["selector"]["matchLabels"]
+                    .get("k8s-app")
+                    .is_none(),
+            "the kubernetes.io task's DaemonSet name or selector: {daemonset}"
+        );
+        let pod = &daemonset["spec"]["template"]["spec"];
+        ensure!(
+            pod["nodeSelector"]["kubernetes.io/os"] == "linux",
+            "agents on Windows nodes: {pod}"
+        );
+        ensure!(
+            pod.pointer("/containers/0/readinessProbe/httpGet/path")
+                == Some(&Value::from("/readyz")),
+            "agents without readiness: {pod}"
+        );
+    }
+    Ok(())
+}
+
 /// The image's layout (deploy/image): /proxy-server and /proxy-agent are symbolic links to the
 /// tether binary, which picks the subcommand from the name it was started under.
 #[test]
@@ -622,5 +953,49 @@ fn upstream_names_work_as_symlinks() -> anyhow::Result<()> {
         let help = run(Command::new(&link).arg("--help"), None)?;
         ensure!(help.contains(usage), "{name} --help: {help}");
     }
+    Ok(())
+}
+
+/// The chart's files/ are copies, not links (helm warns about links on every command), of
+/// deploy/observability's; the image tag it defaults to (its appVersion) and the kustomize
+/// base's are the crate's version.
+#[test]
+fn chart_copies_and_versions_match_their_sources() -> anyhow::Result<()> {
+    let chart = repo().join("deploy/helm/tether");
+    for name in ["tether-alerts.yaml", "tether-dashboard.json"] {
+        let copy = chart.join("files").join(name);
+        ensure!(
+            !std::fs::symlink_metadata(&copy)?.file_type().is_symlink(),
+            "{} is a link",
+            copy.display()
+        );
+        ensure!(
+            std::fs::read(&copy)? == std::fs::read(repo().join("deploy/observability").join(name))?,
+            "{} differs from deploy/observability/{name}: copy it again",
+            copy.display()
+        );
+    }
+    let field = |text: &str, key: &str| -> Option<String> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().trim_matches('"').to_owned())
+    };
+    let crate_version = field(
+        &std::fs::read_to_string(repo().join("Cargo.toml"))?,
+        "version = ",
+    )
+    .context("no version in Cargo.toml")?;
+    let app_version = field(
+        &std::fs::read_to_string(chart.join("Chart.yaml"))?,
+        "appVersion:",
+    )
+    .context("no appVersion in Chart.yaml")?;
+    ensure!(
+        app_version == crate_version,
+        "Chart.yaml appVersion {app_version} is not the crate version {crate_version}"
+    );
+    let base = std::fs::read_to_string(repo().join("deploy/kustomize/base/agent.yaml"))?;
+    let image = format!("image: {IMAGE_REPOSITORY}:{crate_version}");
+    ensure!(base.contains(&image), "the kustomize base has no {image}");
     Ok(())
 }

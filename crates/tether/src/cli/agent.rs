@@ -224,6 +224,11 @@ pub(crate) struct AgentArgs {
     #[arg(long, help_heading = "Servers", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sync_forever: bool,
 
+    /// /readyz answers 200 only while every counted server is connected, not one of them
+    /// as upstream's: one control-plane node down then makes every agent NotReady.
+    #[arg(long, help_heading = "Servers", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    readiness_requires_all_servers: bool,
+
     /// Accepted for compatibility, no effect: upstream polls each connection's state at this
     /// interval; a tether agent notices a broken server stream as it happens.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1s", value_parser = go_duration)]
@@ -360,6 +365,15 @@ pub(crate) struct AgentArgs {
 }
 
 impl AgentArgs {
+    /// When the agent's /readyz answers 200.
+    pub(crate) fn readiness(&self) -> tether_agent::Readiness {
+        if self.readiness_requires_all_servers {
+            tether_agent::Readiness::EveryServer
+        } else {
+            tether_agent::Readiness::AnyServer
+        }
+    }
+
     /// Validates the flags and builds the agent's configuration, loading every TLS file.
     /// Flags that tether accepts but ignores are reported in one warning.
     pub(crate) fn into_config(self) -> anyhow::Result<Config> {

@@ -151,9 +151,12 @@ async fn an_agent_lets_go_of_a_server_without_a_lease() -> anyhow::Result<()> {
     })
     .await;
 
-    // Only the unleased server is reachable: one stream, but not to the counted server.
+    // Only the unleased server is reachable: one stream, but not to the counted server,
+    // which readiness that asks for every counted server shows.
     fleet.balance(&["unleased"]);
-    let agent = fleet.agent(Kind::Tether, &[]).await?;
+    let agent = fleet
+        .agent(Kind::Tether, &["--readiness-requires-all-servers"])
+        .await?;
     until(
         "the agent holds a stream to the unleased server",
         || async { agent.metric(OPEN).await == Some(1.0) },

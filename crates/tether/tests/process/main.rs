@@ -7,6 +7,7 @@ mod failures;
 mod introspect;
 mod logs;
 mod profiling;
+mod readiness;
 mod resources;
 
 use std::path::Path;

@@ -8,7 +8,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
 {{- define "tether.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{ required "image.repository is required: tether publishes no image. Build it (deploy/image/build.sh REGISTRY/tether:TAG), push it to a registry your nodes pull from, and set image.repository=REGISTRY/tether (values.yaml, image)" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* Whether this rendering holds the API objects (not nodeManifests=true). */}}
+{{- define "tether.apiObjects" -}}
+{{- if not .Values.nodeManifests }}true{{ end }}
+{{- end }}
+
+{{/*
+A node-side document (static Pod, sidecar patch) is rendered only by `helm template` with
+nodeManifests=true. `helm install` and `upgrade` can look kube-system up, `helm template`
+cannot: there, it fails before anything is created.
+*/}}
+{{- define "tether.nodeManifestsOnlyByTemplate" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" }}
+{{- fail "nodeManifests=true renders the server's node-side document for `helm template ... > FILE` only: it must not be installed through the API (a static Pod or a patch is no API object). Install without it; NOTES.txt shows the template command" }}
+{{- end }}
 {{- end }}
 
 {{/* Fails early on combinations that cannot work. */}}
@@ -19,8 +35,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if not (has .Values.auth.mode (list "token" "mtls")) }}
 {{- fail (printf "auth.mode must be token or mtls, got %q" .Values.auth.mode) }}
 {{- end }}
-{{- if and .Values.agent.enabled (not .Values.agent.proxyServerHost) }}
+{{- if and .Values.nodeManifests (not (include "tether.onNode" .)) }}
+{{- fail (printf "nodeManifests=true renders the static Pod (server.kind=staticPod) or the kube-apiserver patch (server.kind=sidecar); server.kind=%s has no node-side document" .Values.server.kind) }}
+{{- end }}
+{{- if and .Values.agent.enabled (not .Values.agent.proxyServerHost) (not .Values.nodeManifests) }}
 {{- fail "agent.proxyServerHost is required: the address (load balancer or Service) where agents reach the proxy servers" }}
+{{- end }}
+{{- if and (eq .Values.auth.mode "mtls") .Values.agent.identifiers (not .Values.auth.agentIdentityBinding) }}
+{{- fail "auth.mode=mtls gives every agent the one certificate of agent.tlsSecretName, which proves no node, so the server (--agent-identity-binding=identifiers) would refuse every agent's host=/ipv4= identifiers: set auth.agentIdentityBinding=off to route by them anyway (any agent could then claim any node), or agent.identifiers=\"\" to route without them (values.yaml, auth.agentIdentityBinding)" }}
 {{- end }}
 {{- if and .Values.leases.enabled (eq .Values.leases.namespace "kube-system") (not .Values.leases.allowSharedNamespace) }}
 {{- fail "leases.namespace=kube-system would let the server delete every Lease there, kube-controller-manager's and kube-scheduler's leader Leases included: use a namespace of its own (the default, konnectivity-leases), or set leases.allowSharedNamespace=true" }}
@@ -66,20 +88,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --agent-port={{ .Values.server.agentPort }}
 - --admin-port={{ .Values.server.adminPort }}
 - --health-port={{ .Values.server.healthPort }}
+- --graceful-shutdown-timeout={{ .Values.server.gracefulShutdownSeconds }}s
 - --server-count={{ .Values.server.count }}
 - --proxy-strategies={{ .Values.server.proxyStrategies }}
 {{- if eq .Values.auth.mode "token" }}
-- --agent-namespace={{ .Release.Namespace }}
-- --agent-service-account={{ .Values.agent.serviceAccountName }}
+- --agent-namespace={{ .Values.auth.token.agentNamespace | default .Release.Namespace }}
+- --agent-service-account={{ .Values.agent.serviceAccount.name }}
 - --authentication-audience={{ .Values.auth.token.audience }}
 {{- with .Values.auth.agentIdentityBinding }}
 - --agent-identity-binding={{ . }}
 {{- end }}
 {{- else }}
 - --cluster-ca-cert={{ if include "tether.onNode" . }}{{ .Values.server.hostFiles.clusterCaCert }}{{ else }}/etc/tether/tls/agent-ca.crt{{ end }}
-{{- if and .Values.agent.identifiers (not .Values.auth.agentIdentityBinding) }}
-{{- fail "auth.mode=mtls gives every agent the one certificate of agent.tlsSecretName, which proves no node, so the server (--agent-identity-binding=identifiers) would refuse every agent's host=/ipv4= identifiers: set auth.agentIdentityBinding=off to route by them anyway (any agent could then claim any node), or agent.identifiers=\"\" to route without them (values.yaml, auth.agentIdentityBinding)" }}
-{{- end }}
 - --agent-identity-binding={{ .Values.auth.agentIdentityBinding | default "identifiers" }}
 {{- end }}
 {{- if include "tether.serverUsesApi" . }}
@@ -128,6 +148,10 @@ livenessProbe:
     port: {{ .Values.server.healthPort }}
   initialDelaySeconds: 10
   timeoutSeconds: 5
+{{- if ne .Values.server.kind "sidecar" }}
+# Ready once an agent is connected: kube-apiserver's Service (hosted) routes only to servers
+# that can carry its dials. No readiness in the sidecar: it would make kube-apiserver's own
+# Pod NotReady while no agent is connected.
 readinessProbe:
   httpGet:
     {{- if include "tether.onNode" . }}
@@ -137,6 +161,7 @@ readinessProbe:
     port: {{ .Values.server.healthPort }}
   periodSeconds: 5
   timeoutSeconds: 5
+{{- end }}
 resources:
   {{- toYaml .Values.server.resources | nindent 2 }}
 securityContext:
