@@ -104,27 +104,26 @@ func (e *env) helmCmd(ctx context.Context, timeout time.Duration, args ...string
 // release (agents, RBAC) with helm install, then on the node the prepared files and the
 // server's static Pod rendered by helm (nodeManifests=true) into the kubelet's manifest
 // directory.
-func (e *env) installTether(ctx context.Context) (string, error) {
-	how := "chart as the README says: `helm install` (agents with ServiceAccount tokens, RBAC), then the server's static Pod from `helm template --set nodeManifests=true` into /etc/kubernetes/manifests"
+func (e *env) installTether(ctx context.Context) error {
 	if _, err := e.helmCmd(ctx, 3*time.Minute, append([]string{"install", "tether", e.chart, "-n", "kube-system"},
 		e.helmValues()...)...); err != nil {
-		return how, err
+		return err
 	}
 	if err := e.prepareServerFiles(ctx, nonroot); err != nil {
-		return how, err
+		return err
 	}
 	manifest, err := e.helmCmd(ctx, time.Minute, append([]string{"template", "tether", e.chart, "-n", "kube-system",
 		"--set", "nodeManifests=true"}, e.helmValues()...)...)
 	if err != nil {
-		return how, err
+		return err
 	}
 	if err := os.WriteFile(e.node(staticPodFile), []byte(manifest), 0o600); err != nil {
-		return how, err
+		return err
 	}
 	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/tether-agent", "--timeout=100s").Run(); r.Err != nil {
-		return how, fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
+		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
 	}
-	return how, e.waitServerWithAgent(ctx)
+	return e.waitServerWithAgent(ctx)
 }
 
 func (e *env) uninstallTether(ctx context.Context) error {

@@ -55,7 +55,7 @@ func main() {
 	flag.StringVar(&e.nodeName, "node-name", "tether-node", "the node's name")
 	flag.StringVar(&e.nodeIP, "node-ip", "198.18.0.2", "the node's address (agents dial the server there)")
 	flag.StringVar(&out, "out", "", "COMPATIBILITY.md to rewrite the real-node block of (empty: none)")
-	flag.StringVar(&only, "only", "", "tether or upstream: run one row and write nothing")
+	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether drop-in\", upstream): run it and write nothing")
 	flag.BoolVar(&check, "check", false, "fail when -out's committed block differs from what ran")
 	flag.Parse()
 	for name, v := range map[string]string{"etc-kubernetes": e.etcK8s, "helm": e.helm, "chart": e.chart, "work": e.work, "pki-lib": e.pkiLib,
@@ -80,12 +80,10 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Minute)
 	defer cancel()
 
-	impls := []string{tetherImpl, upstreamImpl}
-	if only != "" {
-		impls = []string{only}
-	}
-	for _, impl := range impls {
-		e.rows = append(e.rows, e.runRow(ctx, impl))
+	for _, in := range e.installations() {
+		if only == "" || only == in.name {
+			e.rows = append(e.rows, e.runRow(ctx, in))
+		}
 	}
 	os.Exit(e.report(out, only == "", check))
 }

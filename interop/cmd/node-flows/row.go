@@ -12,10 +12,31 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-const (
-	tetherImpl   = "tether"
-	upstreamImpl = "upstream"
-)
+// installation is one way of putting a Konnectivity implementation on the node: a report row.
+type installation struct {
+	name      string
+	how       string // for the report
+	install   func(context.Context) error
+	uninstall func(context.Context) error
+}
+
+// installations are the rows, in order: tether as its README says, tether's image in the
+// kubernetes.io task's manifests (the drop-in claim), and upstream's images as the reference.
+func (e *env) installations() []installation {
+	task := func(server, agent string) func(context.Context) error {
+		return func(ctx context.Context) error { return e.installTaskManifests(ctx, server, agent) }
+	}
+	return []installation{
+		{"tether", "tether's chart as the README says: `helm install` (agents with ServiceAccount tokens, RBAC), " +
+			"then the server's static Pod from `helm template --set nodeManifests=true` into /etc/kubernetes/manifests",
+			e.installTether, e.uninstallTether},
+		{"tether drop-in", "the kubernetes.io task's manifests with only the images swapped for tether's " +
+			"(plus the task's documented root line, see the uid note above)",
+			task(e.images.tether, e.images.tether), e.uninstallTaskManifests},
+		{"upstream", "the kubernetes.io task's manifests with upstream's images (the reference)",
+			task(e.images.upstreamServer, e.images.upstreamAgent), e.uninstallTaskManifests},
+	}
+}
 
 // row is one implementation installed on the node, and every check made with it.
 type row struct {
@@ -55,21 +76,16 @@ func (r *row) result(name string) string {
 	return "not run"
 }
 
-// runRow installs impl, runs every flow through it, and removes it again.
-func (e *env) runRow(ctx context.Context, impl string) *row {
-	r := &row{impl: impl}
-	fmt.Printf("\n== %s\n", impl)
-	install, uninstall := e.installTether, e.uninstallTether
-	if impl == upstreamImpl {
-		install, uninstall = e.installUpstream, e.uninstallUpstream
-	}
-	r.how, r.err = install(ctx)
-	if r.err != nil {
+// runRow installs, runs every flow through the installation, and removes it again.
+func (e *env) runRow(ctx context.Context, in installation) *row {
+	r := &row{impl: in.name, how: in.how}
+	fmt.Printf("\n== %s\n", in.name)
+	if r.err = in.install(ctx); r.err != nil {
 		fmt.Printf("   install FAILED: %v\n", r.err)
 	} else {
 		e.runFlows(ctx, r)
 	}
-	r.run("uninstall leaves nothing", func() (string, error) { return "", uninstall(ctx) })
+	r.run("uninstall leaves nothing", func() (string, error) { return "", in.uninstall(ctx) })
 	return r
 }
 

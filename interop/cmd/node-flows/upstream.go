@@ -150,34 +150,34 @@ func render(t *template.Template, data any) (string, error) {
 	return b.String(), err
 }
 
-// installUpstream installs upstream's images as the kubernetes.io task does.
-func (e *env) installUpstream(ctx context.Context) (string, error) {
-	how := "kubernetes.io task manifests, upstream's images, server Pod as root (see COMPATIBILITY.md)"
+// installTaskManifests installs the kubernetes.io task's manifests with the given images (the
+// task's own, upstream's, or tether's swapped in).
+func (e *env) installTaskManifests(ctx context.Context, serverImage, agentImage string) error {
 	if err := e.prepareServerFiles(ctx, -1); err != nil {
-		return how, err
+		return err
 	}
-	server, err := render(upstreamServer, map[string]string{"Image": e.images.upstreamServer})
+	server, err := render(upstreamServer, map[string]string{"Image": serverImage})
 	if err != nil {
-		return how, err
+		return err
 	}
 	if err := os.WriteFile(e.node(staticPodFile), []byte(server), 0o600); err != nil {
-		return how, err
+		return err
 	}
-	agent, err := render(upstreamAgent, map[string]string{"Image": e.images.upstreamAgent, "ServerHost": e.nodeIP})
+	agent, err := render(upstreamAgent, map[string]string{"Image": agentImage, "ServerHost": e.nodeIP})
 	if err != nil {
-		return how, err
+		return err
 	}
 	if r := e.kube.Cmd(ctx, time.Minute, "apply", "-f", "-").WithStdin(agent).Run(); r.Err != nil {
-		return how, fmt.Errorf("kubectl apply: %v: %s", r.Err, r.Stderr)
+		return fmt.Errorf("kubectl apply: %v: %s", r.Err, r.Stderr)
 	}
 	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/konnectivity-agent", "--timeout=100s").Run(); r.Err != nil {
-		return how, fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
+		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
 	}
-	return how, e.waitServerWithAgent(ctx)
+	return e.waitServerWithAgent(ctx)
 }
 
-func (e *env) uninstallUpstream(ctx context.Context) error {
-	agent, _ := render(upstreamAgent, map[string]string{"Image": e.images.upstreamAgent, "ServerHost": e.nodeIP})
+func (e *env) uninstallTaskManifests(ctx context.Context) error {
+	agent, _ := render(upstreamAgent, map[string]string{"Image": "unused", "ServerHost": e.nodeIP})
 	r := e.kube.Cmd(ctx, 2*time.Minute, "delete", "-f", "-", "--ignore-not-found", "--wait=true").WithStdin(agent).Run()
 	var delErr error
 	if r.Err != nil {
