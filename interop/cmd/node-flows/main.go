@@ -33,6 +33,9 @@ type env struct {
 	nodeName string
 	nodeIP   string
 	rows     []*row
+	// migration is the runbook's figures per step, when it ran.
+	migration    []stepResult
+	migrationErr error
 }
 
 type images struct {
@@ -55,7 +58,7 @@ func main() {
 	flag.StringVar(&e.nodeName, "node-name", "tether-node", "the node's name")
 	flag.StringVar(&e.nodeIP, "node-ip", "198.18.0.2", "the node's address (agents dial the server there)")
 	flag.StringVar(&out, "out", "", "COMPATIBILITY.md to rewrite the real-node block of (empty: none)")
-	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether drop-in\", upstream): run it and write nothing")
+	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether drop-in\", upstream, migration): run it and write nothing")
 	flag.BoolVar(&check, "check", false, "fail when -out's committed block differs from what ran")
 	flag.Parse()
 	for name, v := range map[string]string{"etc-kubernetes": e.etcK8s, "helm": e.helm, "chart": e.chart, "work": e.work, "pki-lib": e.pkiLib,
@@ -84,6 +87,9 @@ func main() {
 		if only == "" || only == in.name {
 			e.rows = append(e.rows, e.runRow(ctx, in))
 		}
+	}
+	if only == "" || only == "migration" {
+		e.migration, e.migrationErr = e.runMigration(ctx)
 	}
 	os.Exit(e.report(out, only == "", check))
 }
