@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check tether has, in the order CI runs them. Needs Rust (rustup) and Go >= 1.26 with
-# the Go module proxy, and as root installs tinyproxy, stunnel4 and iproute2 with apt-get;
-# everything else is fetched by cargo and go themselves.
+# the Go module proxy, and root: it installs tinyproxy, stunnel4, iproute2, runc, nftables and
+# gcc with apt-get, and the real node (interop/node) needs a network namespace, mounts and
+# cgroups; everything else is fetched by cargo and go themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,29 +19,33 @@ fi
 cargo --version
 go version
 
-step "Debian packages: tinyproxy and stunnel4 (egress-proxy tests), iproute2 (network namespaces)"
+step "Debian packages: tinyproxy and stunnel4 (egress-proxy tests), iproute2 (network namespaces), runc, nftables and gcc (the real node)"
 # crates/tether/tests/egress_proxy starts tinyproxy and stunnel4 on loopback with its own
 # configuration (without them those tests skip); tests that need a node address make a network
-# namespace of their own with ip. Installed once (CI runs as root on a fresh machine).
-if command -v tinyproxy >/dev/null && command -v stunnel4 >/dev/null && command -v ip >/dev/null; then
-	echo "tinyproxy, stunnel4 and ip are installed"
+# namespace of their own with ip; the real node runs pods with runc, kube-proxy programs nftables
+# and the pause image is a static C program. Installed once (CI runs as root on a fresh machine).
+if command -v tinyproxy >/dev/null && command -v stunnel4 >/dev/null && command -v ip >/dev/null &&
+	command -v runc >/dev/null && command -v nft >/dev/null && command -v gcc >/dev/null; then
+	echo "tinyproxy, stunnel4, ip, runc, nft and gcc are installed"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy stunnel4 iproute2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy stunnel4 iproute2 \
+		runc nftables gcc libc6-dev
 	# The package's own service (port 8888) is not wanted where systemd would start it.
 	if command -v systemctl >/dev/null && systemctl is-active --quiet tinyproxy 2>/dev/null; then
 		systemctl disable --now tinyproxy || true
 	fi
 else
-	echo "tinyproxy, stunnel4 or ip missing and apt-get needs root: the egress-proxy tests will skip" >&2
+	echo "tinyproxy, stunnel4, ip, runc, nft or gcc missing and apt-get needs root: the egress-proxy tests will skip and the real node will fail" >&2
 fi
 
 step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"
 interop/build.sh
 
-step "pinned tools: Kubernetes binaries, promtool and helm (cached under ~/.cache/tether; cold ~33 min)"
+step "pinned tools: Kubernetes binaries, the real node's, promtool and helm (cached under ~/.cache/tether; cold ~40 min)"
 interop/k8s/build.sh
 interop/k8s/build.sh --sample-apiserver
+interop/node/build.sh
 interop/build-promtool.sh
 deploy/tests/build-helm.sh
 
@@ -60,6 +65,15 @@ step "Kubernetes flows (kubectl/kube-apiserver 1.37.2, etcd 3.7.3, kwok 0.8.0 th
 # The Kubernetes binaries are cached outside the repo (interop/k8s/build.sh): a cold build is
 # about 12 min on 2 cores, a warm run about 2.5 min. interop/build.sh already ran above.
 SKIP_GO_BUILD=1 interop/k8s/run.sh
+
+step "the image: deploy/image/mkimage's tests (layout, reproducibility, multi-architecture index)"
+(cd deploy/image/mkimage && go test -count=1 ./...)
+
+step "a real node (kubelet, containerd, runc, CNI): the chart and images installed as documented, flows through tether and upstream, the migration runbook (COMPATIBILITY.md)"
+# Builds tether's image with deploy/image/build.sh (a static release build: cached in cargo's
+# target dir) and the test images, brings the node up in its own network namespace, and cleans
+# it up afterwards.
+interop/node/flows.sh
 
 step "benchmark smoke: scripts/bench.sh --quick (every system and workload runs; timings are not checked)"
 # Debug builds (already compiled above) and ~40 s of running: about 1.5 min in all.
