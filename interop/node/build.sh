@@ -171,6 +171,7 @@ first_line "$("${dir[containerd]}/bin/containerd" --version)"
 
 # The directory of links, made whole in a temp dir and renamed into place.
 links=$(mktemp -d "$cache_root/.links.XXXXXX")
+chmod 0755 "$links"
 mkdir -p "$links/bin/cni"
 for s in "${sets[@]}"; do
 	for b in ${bins[$s]}; do ln -s "${dir[$s]}/bin/$b" "$links/bin/$b"; done
