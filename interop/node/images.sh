@@ -47,9 +47,13 @@ images=(
 	"proxy-agent|localhost/tether-test/proxy-agent:$anp_version|-entrypoint /proxy-agent -user $nonroot $upstream_bin/proxy-agent:/proxy-agent"
 )
 
+# The inputs by path, size and mtime (hashing ~300 MB at every node.sh up took 3 s); the binaries
+# of the build caches sit in directories keyed by their pins.
 key=$({
 	printf '%s\n' "${images[@]}"
-	sha256sum "$bin/pause" "$bin/node-app" "$k8s_bin/kube-apiserver" "$upstream_bin/proxy-server" "$upstream_bin/proxy-agent" | cut -d' ' -f1
+	for f in "$bin/pause" "$bin/node-app" "$k8s_bin/kube-apiserver" "$upstream_bin/proxy-server" "$upstream_bin/proxy-agent"; do
+		echo "$(readlink -f "$f") $(stat -L -c '%s %Y' "$f")"
+	done
 	cat "$mkimage_dir"/go.mod "$mkimage_dir"/*.go
 } | sha256sum | cut -c1-16)
 cache_root=${TETHER_CACHE_DIR:-$HOME/.cache/tether}/node

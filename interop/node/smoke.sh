@@ -132,7 +132,7 @@ jwt_payload() { # jwt_payload TOKEN: the JSON payload
 }
 
 check_cycle() { # check_cycle cold|warm
-	local kind=$1 t0 t_up pod t_pod out token review ip tmp
+	local kind=$1 t0 t_up t_apply pod t_pod out token review ip tmp
 	say "--- $kind start"
 	t0=$(now_ms)
 	node up
@@ -140,11 +140,12 @@ check_cycle() { # check_cycle cold|warm
 	local timings
 	timings=$(cat "$W/run/timings")
 	node import "$images/node-app.tar" >/dev/null
+	t_apply=$(now_ms)
 	workload | node kubectl apply -f - >/dev/null
 	wait_for 90 "the node-app DaemonSet pod Ready" pod_ready_since "$t0"
 	pod=$(pod_ready_since "$t0")
-	t_pod=$(secs_since "$t0")
-	say "$kind: up $t_up s ($timings), DaemonSet pod $pod Ready $t_pod s after the start"
+	t_pod="$(secs_since "$t0") s after the start, $(secs_since "$t_apply") s after import and apply"
+	say "$kind: up $t_up s ($timings), DaemonSet pod $pod Ready $t_pod"
 
 	out=$(k exec "$pod" -- /node-app id)
 	say "id: $out"
@@ -184,10 +185,11 @@ EOF
 	mkdir -p "$tmp/in/sub"
 	head -c 100000 /dev/urandom >"$tmp/in/blob"
 	echo "$word" >"$tmp/in/sub/note"
-	k cp "$tmp/in" "$pod:/work/in" >/dev/null
-	out=$(k exec "$pod" -- /node-app cat-file /work/in/sub/note)
-	[ "$out" = "$word" ] || { rm -rf "$tmp"; fail "kubectl cp into the pod: /work/in/sub/note is: $out"; }
-	k cp "$pod:/work/in" "$tmp/out" >/dev/null
+	# a directory of its own per start: the emptyDir outlives a warm restart (same pod)
+	k cp "$tmp/in" "$pod:/work/$kind" >/dev/null
+	out=$(k exec "$pod" -- /node-app cat-file "/work/$kind/sub/note")
+	[ "$out" = "$word" ] || { rm -rf "$tmp"; fail "kubectl cp into the pod: /work/$kind/sub/note is: $out"; }
+	k cp "$pod:/work/$kind" "$tmp/out" >/dev/null
 	diff -r "$tmp/in" "$tmp/out" >/dev/null || { diff -r "$tmp/in" "$tmp/out" || true; rm -rf "$tmp"; fail "kubectl cp out of the pod: trees differ"; }
 	rm -rf "$tmp"
 	say "kubectl cp into and out of the pod: ok"
@@ -199,7 +201,7 @@ EOF
 	say "pod IP $ip over the bridge, in-cluster API: $out"
 
 	node status | grep 'RSS total'
-	summary+=("$kind: up $t_up s ($timings), DaemonSet pod Ready $t_pod s")
+	summary+=("$kind: up $t_up s ($timings), DaemonSet pod Ready $t_pod")
 	node down
 }
 
