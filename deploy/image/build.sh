@@ -1,27 +1,73 @@
 #!/usr/bin/env bash
-# Build tether's OCI image: a statically linked tether (glibc, crt-static) FROM scratch, with
-# /proxy-server and /proxy-agent as links to it. Runs offline: nothing is pulled.
-#   deploy/image/build.sh [TAG]        default TAG: localhost/tether:<crate version>
-# Needs podman (Debian: apt-get install podman). Prints the tag as its last line.
+# Build tether's OCI image without a daemon or a registry: a statically linked tether (glibc,
+# crt-static, stripped) on an empty base, user 65532, with upstream's entrypoints /proxy-server
+# and /proxy-agent as links to it (tether picks the subcommand from argv[0]), written as an OCI
+# image-layout tarball by deploy/image/mkimage. Reproducible: the same commit gives the same
+# digest (paths remapped, fixed timestamps and owners).
+#
+#   deploy/image/build.sh [--arch amd64[,arm64]] [--name REF] [--out FILE]
+#
+# REF defaults to the chart's image (deploy/helm/tether/values.yaml image.repository) tagged with
+# the crate version; FILE to target/image/tether-<version>.oci.tar. Prints "FILE DIGEST" last.
+# Push it with `skopeo copy oci-archive:FILE docker://REF` (Debian: skopeo), import it into a
+# node's containerd with `ctr -n k8s.io images import FILE`.
+#
+# arm64 needs the Rust target and a cross toolchain with static glibc (Debian:
+# gcc-aarch64-linux-gnu libc6-dev-arm64-cross; rustup target add aarch64-unknown-linux-gnu).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-tag=${1:-localhost/tether:$version}
-target=x86_64-unknown-linux-gnu
+root=$PWD
 
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$target" -p tether
-binary=${CARGO_TARGET_DIR:-target}/$target/release/tether
-file "$binary" | grep -q -E 'statically linked|static-pie linked' || {
-	echo "image/build.sh: $binary is not statically linked" >&2
-	exit 1
-}
+arches=amd64
+name=
+out=
+while [ $# -gt 0 ]; do
+	case $1 in
+	--arch) arches=$2; shift ;;
+	--name) name=$2; shift ;;
+	--out) out=$2; shift ;;
+	*) echo "image/build.sh: unknown argument $1 (see the comment at the top)" >&2; exit 2 ;;
+	esac
+	shift
+done
 
-context=$(mktemp -d)
-trap 'rm -rf "$context"' EXIT
-mkdir "$context/rootfs"
-# Stripped: the release profile's line tables are most of the binary (40 MB -> 9 MB).
-install -m 0555 -s "$binary" "$context/rootfs/tether"
-ln -s tether "$context/rootfs/proxy-server"
-ln -s tether "$context/rootfs/proxy-agent"
-podman build --pull=never -f deploy/image/Containerfile -t "$tag" "$context" >&2
-echo "$tag"
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml)
+version=${version%%$'\n'*}
+if [ -z "$name" ]; then
+	repository=$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' deploy/helm/tether/values.yaml)
+	[ -n "$repository" ] || { echo "image/build.sh: no image.repository in deploy/helm/tether/values.yaml" >&2; exit 1; }
+	name=$repository:$version
+fi
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
+out=${out:-$target_dir/image/tether-$version.oci.tar}
+mkdir -p "$(dirname "$out")"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkimage_args=()
+for arch in ${arches//,/ }; do
+	case $arch in
+	amd64) triple=x86_64-unknown-linux-gnu ;;
+	arm64) triple=aarch64-unknown-linux-gnu ;;
+	*) echo "image/build.sh: unknown --arch $arch (amd64 or arm64)" >&2; exit 2 ;;
+	esac
+	if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$triple"; then
+		echo "image/build.sh: the Rust target $triple is not installed: rustup target add $triple" >&2
+		[ "$arch" = amd64 ] || echo "  and a cross linker with static glibc (Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross)," \
+			"then CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" >&2
+		exit 1
+	fi
+	# The checkout's and cargo's paths would otherwise end up in panic locations, so the digest
+	# would depend on where the repository was cloned.
+	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$root=/tether --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
+		CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_PROFILE_RELEASE_DEBUG=false \
+		cargo build --release --locked --target "$triple" -p tether >&2
+	cp "$target_dir/$triple/release/tether" "$work/tether-$arch"
+	mkimage_args+=(-arch "$arch")
+done
+
+(cd deploy/image/mkimage && go build -trimpath -o "$work/mkimage" .)
+"$work/mkimage" -o "$out" -name "$name" -entrypoint /tether -user 65532:65532 \
+	-symlink /proxy-server=tether -symlink /proxy-agent=tether "${mkimage_args[@]}" \
+	"$work/tether-{arch}:/tether:0555"

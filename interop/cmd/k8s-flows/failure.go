@@ -177,9 +177,7 @@ func (e *env) killAgent(p *proxy, flow string, s *stream, conn net.Conn, before 
 		}
 	}
 	res := s.wait(30 * time.Second)
-	s.mu.Lock()
-	k.exitedIn = s.exitedAt.Sub(killed)
-	s.mu.Unlock()
+	k.exitedIn = s.s.ExitedAt().Sub(killed)
 	if res.exit == -1 {
 		k.kubectl = "still running after 30 s (killed)"
 		if p.impl == tether && conn == nil {

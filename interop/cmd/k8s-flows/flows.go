@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -165,5 +164,3 @@ func getLen(url string) (int64, error) {
 	defer resp.Body.Close()
 	return io.Copy(io.Discard, resp.Body)
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }

@@ -31,8 +31,8 @@ type procs struct {
 	kubectls map[int]bool
 }
 
-// trackKubectl records a started kubectl's process group, or kills it if stopAll already ran.
-func (ps *procs) trackKubectl(pid int) {
+// Track records a started kubectl's process group, or kills it if stopAll already ran.
+func (ps *procs) Track(pid int) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.closed {
@@ -45,7 +45,7 @@ func (ps *procs) trackKubectl(pid int) {
 	ps.kubectls[pid] = true
 }
 
-func (ps *procs) untrackKubectl(pid int) {
+func (ps *procs) Untrack(pid int) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	delete(ps.kubectls, pid)

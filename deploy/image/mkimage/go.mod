@@ -1,0 +1,3 @@
+module tether.dev/mkimage
+
+go 1.26.2
