@@ -10,9 +10,10 @@
 #   proxy-server.tar    localhost/tether-test/proxy-server:<ver>   /proxy-server  } upstream Konnectivity
 #   proxy-agent.tar     localhost/tether-test/proxy-agent:<ver>    /proxy-agent   } (interop/build.sh),
 #                       user 65532:65532 as upstream's images (FROM gcr.io/distroless/static-debian12:nonroot)
-# into ${TETHER_CACHE_DIR:-$HOME/.cache/tether}/node/images-<hash of the binaries and mkimage>/,
-# printed as the last line. Nothing is rebuilt when present. TETHER_INTEROP_BIN names another
-# interop/bin to take proxy-server and proxy-agent from (e.g. the main checkout's, read-only).
+# each cached as ${TETHER_CACHE_DIR:-$HOME/.cache/tether}/node/images/<name>-<hash>.tar, with a
+# directory of links to them all, node/images-<hash>/<name>.tar, printed as the last line.
+# Nothing is rebuilt when present. TETHER_INTEROP_BIN names another interop/bin to take
+# proxy-server and proxy-agent from (e.g. the main checkout's, read-only).
 #
 #   interop/node/images.sh
 set -euo pipefail
@@ -38,57 +39,62 @@ anp_version=$(sed -n 's/^\tsigs.k8s.io\/apiserver-network-proxy \(v[^ ]*\)$/\1/p
 [ -n "$anp_version" ] || { echo "node/images.sh: no sigs.k8s.io/apiserver-network-proxy version in interop/go.mod" >&2; exit 1; }
 
 nonroot=65532:65532
-# name  reference  mkimage arguments (after -o and -name)
+# name|reference|input binary|mkimage arguments after -o and -name
 images=(
-	"pause|localhost/tether-test/pause:1|-entrypoint /pause $bin/pause:/pause"
-	"node-app|localhost/tether-test/node-app:1|-entrypoint /node-app -user $nonroot -symlink /bin/tar=/node-app -symlink /bin/test=/node-app $bin/node-app:/node-app"
-	"kube-apiserver|localhost/tether-test/kube-apiserver:v1.37.2|-entrypoint /usr/local/bin/kube-apiserver $k8s_bin/kube-apiserver:/usr/local/bin/kube-apiserver"
-	"proxy-server|localhost/tether-test/proxy-server:$anp_version|-entrypoint /proxy-server -user $nonroot $upstream_bin/proxy-server:/proxy-server"
-	"proxy-agent|localhost/tether-test/proxy-agent:$anp_version|-entrypoint /proxy-agent -user $nonroot $upstream_bin/proxy-agent:/proxy-agent"
+	"pause|localhost/tether-test/pause:1|$bin/pause|-entrypoint /pause $bin/pause:/pause"
+	"node-app|localhost/tether-test/node-app:1|$bin/node-app|-entrypoint /node-app -user $nonroot -symlink /bin/tar=/node-app -symlink /bin/test=/node-app $bin/node-app:/node-app"
+	"kube-apiserver|localhost/tether-test/kube-apiserver:v1.37.2|$k8s_bin/kube-apiserver|-entrypoint /usr/local/bin/kube-apiserver $k8s_bin/kube-apiserver:/usr/local/bin/kube-apiserver"
+	"proxy-server|localhost/tether-test/proxy-server:$anp_version|$upstream_bin/proxy-server|-entrypoint /proxy-server -user $nonroot $upstream_bin/proxy-server:/proxy-server"
+	"proxy-agent|localhost/tether-test/proxy-agent:$anp_version|$upstream_bin/proxy-agent|-entrypoint /proxy-agent -user $nonroot $upstream_bin/proxy-agent:/proxy-agent"
 )
-
-# The inputs by path, size and mtime (hashing ~300 MB at every node.sh up took 3 s); the binaries
-# of the build caches sit in directories keyed by their pins.
-key=$({
-	printf '%s\n' "${images[@]}"
-	for f in "$bin/pause" "$bin/node-app" "$k8s_bin/kube-apiserver" "$upstream_bin/proxy-server" "$upstream_bin/proxy-agent"; do
-		echo "$(readlink -f "$f") $(stat -L -c '%s %Y' "$f")"
-	done
-	cat "$mkimage_dir"/go.mod "$mkimage_dir"/*.go
-} | sha256sum | cut -c1-16)
 cache_root=${TETHER_CACHE_DIR:-$HOME/.cache/tether}/node
-out=$cache_root/images-$key
+mkimage_key=$(cat "$mkimage_dir"/go.mod "$mkimage_dir"/*.go | sha256sum | cut -c1-16)
 
-have_all() {
-	local i
-	for i in "${images[@]}"; do [ -s "$out/${i%%|*}.tar" ] || return 1; done
+# Each image is cached on its own, keyed by its line above, mkimage's sources and its input binary
+# by path, size and mtime (hashing ~300 MB at every node.sh up took 3 s; the build caches' binaries
+# sit in directories keyed by their pins), so a new node-app does not rewrite kube-apiserver's.
+declare -A file=()
+names=()
+for i in "${images[@]}"; do
+	IFS='|' read -r name ref input args <<<"$i"
+	key=$(printf '%s\n%s\n%s %s\n' "$i" "$mkimage_key" "$(readlink -f "$input")" "$(stat -L -c '%s %Y' "$input")" |
+		sha256sum | cut -c1-16)
+	file[$name]=$cache_root/images/$name-$key.tar
+	names+=("$name")
+done
+all_key=$(for n in "${names[@]}"; do echo "${file[$n]}"; done | sha256sum | cut -c1-16)
+out=$cache_root/images-$all_key
+
+have_links() {
+	local n
+	for n in "${names[@]}"; do [ -s "$out/$n.tar" ] || return 1; done
 }
-if have_all; then
+if have_links; then
 	echo "node/images.sh: cached, nothing to build" >&2
 	echo "$out"
 	exit 0
 fi
 
-mkdir -p "$cache_root"
+mkdir -p "$cache_root/images"
 exec 9>"$cache_root/.images.lock"
 flock -w 600 9 || { echo "node/images.sh: timed out waiting for $cache_root/.images.lock" >&2; exit 1; }
-if have_all; then
-	echo "$out"
-	exit 0
-fi
 tmp=$(mktemp -d "$cache_root/.images.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 (cd "$mkimage_dir" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$tmp/mkimage" .)
 for i in "${images[@]}"; do
-	IFS='|' read -r name ref args <<<"$i"
+	IFS='|' read -r name ref input args <<<"$i"
+	[ ! -s "${file[$name]}" ] || continue
 	t0=$SECONDS
 	# shellcheck disable=SC2086 # args is a list of words without spaces
 	"$tmp/mkimage" -o "$tmp/$name.tar" -name "$ref" $args >&2
+	mv "$tmp/$name.tar" "${file[$name]}"
 	echo "node/images.sh: $name.tar ($ref) in $((SECONDS - t0)) s" >&2
 done
-rm -f "$tmp/mkimage"
+# The directory of links, made whole and renamed into place.
+mkdir "$tmp/links"
+for n in "${names[@]}"; do ln -s "${file[$n]}" "$tmp/links/$n.tar"; done
+chmod 0755 "$tmp/links"
 rm -rf "$out"
-mv "$tmp" "$out"
-trap - EXIT
-have_all || { echo "node/images.sh: images missing in $out" >&2; exit 1; }
+mv "$tmp/links" "$out"
+have_links || { echo "node/images.sh: images missing in $out" >&2; exit 1; }
 echo "$out"

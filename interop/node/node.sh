@@ -136,9 +136,15 @@ wait_until() { # wait_until SECONDS WHAT LOG CMD...: poll CMD until it succeeds,
 	done
 }
 
-show_log() { # show_log NAME: the last lines of a log in $W/logs
-	echo "--- last lines of $W/logs/$1.log ---" >&2
-	tail -n 30 "$W/logs/$1.log" >&2 2>/dev/null || true
+show_log() { # show_log NAME: the last lines of a log in $W/logs, or of the kube-apiserver container's
+	local f=$W/logs/$1.log
+	if [ "$1" = kube-apiserver ]; then
+		f=$(find "$W/pod-logs" -path '*kube-apiserver*' -name '*.log' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1)
+		f=${f#* }
+		[ -n "$f" ] || { echo "--- no kube-apiserver container log in $W/pod-logs (see $W/logs/kubelet.log) ---" >&2; return 0; }
+	fi
+	echo "--- last lines of $f ---" >&2
+	tail -n 30 "$f" >&2 2>/dev/null || true
 }
 
 # node_ready_since MS: the node's Ready condition is True with a heartbeat at or after MS (a warm
@@ -184,6 +190,11 @@ cmd_up() {
 		command -v "$tool" >/dev/null || die "$tool not found (iproute2, util-linux, openssl, curl, nftables)"
 	done
 	is_up && die "already up (work dir $W): node.sh down first"
+	# One node per machine: the netns name, the host mount points and /kubepods are shared.
+	local users
+	if [ -e "/run/netns/$NETNS" ] && users=$(ip netns pids "$NETNS") && [ -n "$users" ]; then
+		die "netns $NETNS is in use by pids $(echo "$users" | tr '\n' ' ')(another node up with another TETHER_NODE_DIR? node.sh down it first)"
+	fi
 	resolve_bins
 	local images
 	images=$(last_line_of "$here/images.sh")
@@ -241,7 +252,7 @@ cmd_up() {
 	say "supervisor running (host pid $sup), log $W/logs/supervisor.log"
 
 	wait_until "$UP_SECONDS" "the supervisor's ready mark $W/run/ready (kube-apiserver /readyz)" supervisor \
-		test -e "$W/run/ready"
+		test -e "$W/run/ready" || { show_log kube-apiserver; return 1; }
 	t_api=$(secs_since "$t0")
 	wait_until "$UP_SECONDS" "node $NODE_NAME Ready with a fresh heartbeat" kubelet node_ready_since "$t0"
 	t_node=$(secs_since "$t0")

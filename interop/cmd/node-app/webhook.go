@@ -47,6 +47,14 @@ func webhook(args []string) error {
 		return err
 	}
 	logger := log.New(os.Stdout, "", log.LstdFlags|log.Lmicroseconds)
+	srv := &http.Server{Addr: ":" + *port, Handler: newWebhookHandler(logger), ReadHeaderTimeout: 10 * time.Second}
+	logger.Printf("node-app webhook serving HTTPS on :%s with %s", *port, *cert)
+	return srv.ListenAndServeTLS(*cert, *key)
+}
+
+// newWebhookHandler answers AdmissionReviews on any path with allowed: true, GET /count with the
+// number of reviews answered, and /healthz.
+func newWebhookHandler(logger *log.Logger) http.Handler {
 	var reviews atomic.Int64
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
@@ -72,9 +80,7 @@ func webhook(args []string) error {
 			logger.Printf("webhook: writing the answer to %s: %v", r.RemoteAddr, err)
 		}
 	})
-	srv := &http.Server{Addr: ":" + *port, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	logger.Printf("node-app webhook serving HTTPS on :%s with %s", *port, *cert)
-	return srv.ListenAndServeTLS(*cert, *key)
+	return mux
 }
 
 func envOr(name, fallback string) string {
