@@ -7,6 +7,7 @@
 # nothing is pulled. Needs root.
 #
 #   node.sh up [--apiserver-flag=FLAG]... [--apiserver-mount=PATH[:HOSTPATH_TYPE]]...
+#              [--apiserver-grace-period=SECONDS]
 #   node.sh down            stop every process of the node (work dir, netns and images stay: the
 #                           next up is a warm start)
 #   node.sh clean           down, then remove the netns, the pods' cgroups, the work dir and the
@@ -32,6 +33,9 @@
 #     --apiserver-mount=/etc/kubernetes/egress-selector-configuration.yaml:File \
 #     --apiserver-mount=/etc/kubernetes/konnectivity-server
 # or edit the manifest while the node runs (the kubelet restarts the Pod; up overwrites the edit).
+# A restart takes ~35 s: the old kube-apiserver stops listening at once but only exits when the
+# kubelet kills it at the end of the grace period, 30 s by default as with kubeadm
+# (kubernetes/kubernetes#131052); --apiserver-grace-period=SECONDS shortens that.
 # Paths given to the Pod are the node's: /etc/kubernetes/X is $W/etc-kubernetes/X on the host.
 #
 # Env: TETHER_NODE_DIR (work dir), TETHER_CACHE_DIR (build caches, default ~/.cache/tether),
@@ -41,6 +45,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
 W=${TETHER_NODE_DIR:-/tmp/tether-node}
+case $W in /?*) W=${W%/} ;; *) echo "node.sh: TETHER_NODE_DIR must be an absolute path, not $W" >&2; exit 2 ;; esac
 ETC_K8S=$W/etc-kubernetes
 NETNS=tether-node
 NODE_NAME=tether-node
@@ -113,8 +118,10 @@ node_pids() {
 		}'
 }
 
+# kubectl_in_node ARGS: no request timeout of its own (it would cut logs -f, exec and attach
+# streams); node.sh's own polls pass --request-timeout.
 kubectl_in_node() {
-	nsenter --net="/run/netns/$NETNS" -- "$K8S_BIN/kubectl" --kubeconfig "$ETC_K8S/admin.conf" --request-timeout=10s "$@"
+	nsenter --net="/run/netns/$NETNS" -- "$K8S_BIN/kubectl" --kubeconfig "$ETC_K8S/admin.conf" "$@"
 }
 
 wait_until() { # wait_until SECONDS WHAT LOG CMD...: poll CMD until it succeeds, or fail naming WHAT
@@ -151,7 +158,7 @@ show_log() { # show_log NAME: the last lines of a log in $W/logs, or of the kube
 # start finds the last run's Ready status still in etcd).
 node_ready_since() {
 	local out status beat
-	out=$(kubectl_in_node get node "$NODE_NAME" \
+	out=$(kubectl_in_node --request-timeout=5s get node "$NODE_NAME" \
 		-o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}') || return 1
 	status=${out%% *}
 	beat=${out#* }
@@ -161,7 +168,7 @@ node_ready_since() {
 # pod_ready_since NAMESPACE POD MS: Ready, with every container started at or after MS.
 pod_ready_since() {
 	local out ready started s
-	out=$(kubectl_in_node -n "$1" get pod "$2" \
+	out=$(kubectl_in_node --request-timeout=5s -n "$1" get pod "$2" \
 		-o jsonpath='{.status.conditions[?(@.type=="Ready")].status}{" "}{.status.containerStatuses[*].state.running.startedAt}') || return 1
 	ready=${out%% *}
 	started=${out#* }
@@ -174,10 +181,15 @@ pod_ready_since() {
 # --- up
 APISERVER_FLAGS=()
 APISERVER_MOUNTS=()
+APISERVER_GRACE=
 cmd_up() {
 	local a
 	for a in "$@"; do
 		case $a in
+		--apiserver-grace-period=*)
+			APISERVER_GRACE=${a#--apiserver-grace-period=}
+			[[ $APISERVER_GRACE =~ ^[0-9]+$ ]] || die "$a: want a whole number of seconds"
+			;;
 		--apiserver-flag=--*) APISERVER_FLAGS+=("${a#--apiserver-flag=}") ;;
 		--apiserver-flag=*) die "$a: the flag must start with -- (--apiserver-flag=--name=value)" ;;
 		--apiserver-mount=/*) APISERVER_MOUNTS+=("${a#--apiserver-mount=}") ;;
@@ -205,6 +217,12 @@ cmd_up() {
 	t0=$(now_ms)
 	trap 'say "up failed: stopping the node (node.sh clean removes the rest)"; cmd_down || true' EXIT
 	if [ -d "$W/etcd" ]; then say "warm start in $W"; else say "cold start in $W"; fi
+	# root's own directory: under /tmp another user could have made it (or a link) first.
+	[ -e "$W" ] || [ -L "$W" ] || mkdir -p "$W"
+	if [ -L "$W" ] || [ ! -d "$W" ] || [ "$(stat -c %u "$W")" != 0 ]; then
+		die "work dir $W is a link, not a directory, or not root's: remove it or set TETHER_NODE_DIR"
+	fi
+	chmod 0700 "$W"
 	mkdir -p "$W"/{conf,run,containerd,etcd,kubelet,pod-logs}
 	chmod 0700 "$W/etcd"
 	rm -rf "$W/logs.prev"

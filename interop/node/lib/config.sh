@@ -5,7 +5,7 @@
 # (cgroup v1, no CAP_SYS_RESOURCE, no systemd, hard-coded host paths) is explained in
 # ../shared/reference/real-node.md; the comments here say which.
 # Uses: W ETC_K8S BIN RUNC NODE_NAME NODE_IP POD_CIDR SERVICE_CIDR PAUSE_IMAGE APISERVER_IMAGE
-#       APISERVER_FLAGS[] APISERVER_MOUNTS[]
+#       APISERVER_FLAGS[] APISERVER_MOUNTS[] APISERVER_GRACE
 
 config_containerd() {
 	cat >"$W/conf/containerd.toml" <<EOF
@@ -117,8 +117,8 @@ EOF
 
 # config_apiserver_manifest: kube-apiserver as kubeadm runs it, a hostNetwork static Pod with the
 # PKI from /etc/kubernetes/pki and the command found through PATH (containerd's default PATH),
-# plus the flags (APISERVER_FLAGS) and hostPath mounts (APISERVER_MOUNTS, PATH[:TYPE]) given to
-# up. etcd is a plain-HTTP process on loopback (kubeadm's runs with TLS, in a Pod). Probes as
+# plus the flags (APISERVER_FLAGS), hostPath mounts (APISERVER_MOUNTS, PATH[:TYPE]) and grace
+# period (APISERVER_GRACE, empty: the default 30 s as kubeadm's) given to up. etcd is a plain-HTTP process on loopback (kubeadm's runs with TLS, in a Pod). Probes as
 # kubeadm's, with a 1 s startup probe instead of 10 s.
 config_apiserver_manifest() {
 	# written beside it under a dot name (the kubelet skips those) and renamed into place
@@ -139,7 +139,8 @@ metadata:
     kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: $NODE_IP:6443
 spec:
   hostNetwork: true
-  priority: 2000001000
+${APISERVER_GRACE:+  terminationGracePeriodSeconds: $APISERVER_GRACE
+}  priority: 2000001000
   priorityClassName: system-node-critical
   securityContext:
     seccompProfile: {type: RuntimeDefault}
