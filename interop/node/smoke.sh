@@ -44,8 +44,7 @@ on_exit() {
 }
 trap on_exit EXIT
 
-images=$("$here/images.sh" | tee /dev/stderr)
-images=${images##*$'\n'}
+images=$("$here/images.sh")
 
 # wait_for SECONDS WHAT CMD...: bounded poll
 wait_for() {
