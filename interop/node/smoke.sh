@@ -93,7 +93,7 @@ spec:
         resources:
           requests: {cpu: 10m, memory: 16Mi}
           limits: {memory: 64Mi}
-        securityContext:
+        securityContext: &hardened
           runAsUser: 65532
           runAsGroup: 65532
           runAsNonRoot: true
@@ -104,6 +104,17 @@ spec:
         volumeMounts:
         - {name: konnectivity-agent-token, mountPath: /var/run/secrets/tokens, readOnly: true}
         - {name: work, mountPath: /work}
+      - name: ticker
+        image: localhost/tether-test/node-app:1
+        imagePullPolicy: Never
+        command: [/node-app, log-every, 100ms]
+        securityContext: *hardened
+      - name: echo
+        image: localhost/tether-test/node-app:1
+        imagePullPolicy: Never
+        command: [/node-app, cat]
+        stdin: true
+        securityContext: *hardened
       volumes:
       - name: konnectivity-agent-token
         projected:
@@ -178,7 +189,27 @@ EOF
 		exit 1") || fail "port-forward: no answer on 127.0.0.1:18080 within 10 s"
 	[[ $out == "hello from node-app on $pod"* ]] || fail "port-forward: answer: $out"
 	wait_for 10 "the port-forwarded request in kubectl logs" bash -c "'$here/node.sh' kubectl -n $NS logs $pod | grep -q 'request GET / from 127.0.0.1'"
-	say "kubectl logs, exec -i, port-forward: ok"
+	# logs -f: numbered ticks, consecutive, from a follow cut after 2 s
+	local rc=0 ticks
+	out=$(node run timeout 2 kubectl -n "$NS" logs -f --tail=1 "$pod" -c ticker) || rc=$?
+	[ "$rc" = 0 ] || [ "$rc" = 124 ] || fail "kubectl logs -f: exit status $rc"
+	ticks=$(awk '$1 == "tick" { if (last && $2 != last + 1) gap = 1; last = $2; n++ } END { print gap ? "a gap" : n + 0 }' <<<"$out")
+	if ! [[ $ticks =~ ^[0-9]+$ ]] || [ "$ticks" -lt 5 ]; then
+		fail "kubectl logs -f: want >= 5 consecutive ticks in 2 s, got $ticks: $out"
+	fi
+	# attach -i: a line to the echo container's stdin comes back on its stdout. stdin stays open
+	# until it has (at most 5 s): kubectl attach ends at stdin's EOF, before the echo arrives.
+	local echoed
+	echoed=$(mktemp)
+	rc=0
+	node run timeout 8 bash -c "{ printf '%s\n' '$word'
+		for _ in \$(seq 50); do grep -q '$word' '$echoed' && break; sleep 0.1; done
+	} | kubectl -n $NS attach -i $pod -c echo >'$echoed' 2>/dev/null" || rc=$?
+	out=$(cat "$echoed")
+	rm -f "$echoed"
+	[ "$rc" = 0 ] || fail "kubectl attach -i: exit status $rc"
+	[[ $out == *"$word"* ]] || fail "kubectl attach -i: sent $word, got: $out"
+	say "kubectl logs, logs -f ($ticks ticks), exec -i, attach -i, port-forward: ok"
 
 	tmp=$(mktemp -d)
 	mkdir -p "$tmp/in/sub"
