@@ -55,6 +55,7 @@ SERVICE_CIDR=198.18.16.0/24
 SERVICE_IP=198.18.16.1
 APISERVER_URL=https://$NODE_IP:6443
 UP_SECONDS=${TETHER_NODE_UP_SECONDS:-120}
+[[ $UP_SECONDS =~ ^[1-9][0-9]*$ ]] || { echo "node.sh: TETHER_NODE_UP_SECONDS must be a whole number of seconds, not $UP_SECONDS" >&2; exit 2; }
 STOP_SECONDS=15
 # The paths the kubelet and containerd hard-code, covered by a tmpfs inside the node, plus
 # /etc/kubernetes; made on the host as empty mount points when missing, removed by clean.
@@ -315,7 +316,10 @@ cmd_down() {
 cmd_clean() {
 	need_root
 	cmd_down
-	local h d made=()
+	local h d made=() users
+	if [ -e "/run/netns/$NETNS" ] && users=$(ip netns pids "$NETNS") && [ -n "$users" ]; then
+		die "netns $NETNS is still used by pids $(echo "$users" | tr '\n' ' ')(another node, with another TETHER_NODE_DIR?): not cleaning"
+	fi
 	# The pods' cgroups (cgroupfs driver, cgroupRoot /): /kubepods in every hierarchy, deepest first.
 	for h in /sys/fs/cgroup/*/; do
 		[ -d "$h/kubepods" ] || continue
