@@ -38,8 +38,11 @@
 # (kubernetes/kubernetes#131052); --apiserver-grace-period=SECONDS shortens that.
 # Paths given to the Pod are the node's: /etc/kubernetes/X is $W/etc-kubernetes/X on the host.
 #
+# One node per machine: the netns name, the host mount points and /kubepods are fixed.
+#
 # Env: TETHER_NODE_DIR (work dir), TETHER_CACHE_DIR (build caches, default ~/.cache/tether),
-#      TETHER_NODE_UP_SECONDS (deadline of each wait in up, default 120).
+#      TETHER_NODE_UP_SECONDS (deadline of each wait in up, default 120), TETHER_INTEROP_BIN
+#      (where images.sh takes upstream's proxy-server and proxy-agent, default interop/bin).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
