@@ -30,11 +30,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$(id -u)" = 0 ] || { echo "node/flows.sh: needs root (the node's netns, mounts, cgroups)" >&2; exit 1; }
 
-last_line_of() { # last_line_of CMD...: run a build script, its messages to stderr, its last line out
-	local out
-	out=$("$@" | tee /dev/stderr) || { echo "node/flows.sh: $* failed" >&2; exit 1; }
-	printf '%s\n' "${out##*$'\n'}"
-}
+# shellcheck source=lib/last-line.sh
+. "$here/lib/last-line.sh"
 
 echo "node/flows.sh: building (node binaries, test images, tether's image, helm, node-flows)"
 images=$(last_line_of "$here/images.sh")
@@ -48,6 +45,7 @@ flows_bin=$W-bin/node-flows
 mkdir -p "$W-bin"
 (cd "$repo/interop" && CGO_ENABLED=0 go build -trimpath -o "$flows_bin" ./cmd/node-flows)
 
+# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
 	if [ -z "$keep" ]; then
 		"$here/node.sh" clean || echo "node/flows.sh: node.sh clean failed" >&2

@@ -21,17 +21,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 mkimage_dir=$repo/deploy/image/mkimage
 
-# last_line_of CMD...: run a build script, its lines to stderr as they come, its last line out
-# (not tee /dev/stderr: that reopens a log file stderr points at, truncating it)
-last_line_of() {
-	local line last=
-	while IFS= read -r line; do
-		printf '%s\n' "$line" >&2
-		last=$line
-	done < <("$@")
-	wait $! || { echo "node/images.sh: $* failed" >&2; exit 1; }
-	printf '%s\n' "$last"
-}
+# shellcheck source=lib/last-line.sh
+. "$here/lib/last-line.sh"
 [ -f "$mkimage_dir/main.go" ] || { echo "node/images.sh: $mkimage_dir missing (the project's OCI image writer)" >&2; exit 1; }
 bin=$(last_line_of "$here/build.sh")
 k8s_bin=$(last_line_of "$repo/interop/k8s/build.sh")

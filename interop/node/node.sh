@@ -76,17 +76,9 @@ secs_since() { local d=$(($(now_ms) - $1)); printf '%d.%d' $((d / 1000)) $((d % 
 
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespace, mounts, cgroups)"; }
 
-# last_line_of CMD...: run a build script, its lines to stderr as they come, its last line out
-# (not tee /dev/stderr: that reopens a log file stderr points at, truncating it)
-last_line_of() {
-	local line last=
-	while IFS= read -r line; do
-		printf '%s\n' "$line" >&2
-		last=$line
-	done < <("$@")
-	wait $! || die "$* failed"
-	printf '%s\n' "$last"
-}
+# shellcheck source=lib/last-line.sh
+. "$here/lib/last-line.sh"
+
 resolve_bins() {
 	BIN=$(last_line_of "$here/build.sh")
 	K8S_BIN=$(last_line_of "$repo/interop/k8s/build.sh")
