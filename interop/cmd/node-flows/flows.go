@@ -192,8 +192,9 @@ func (e *env) webhookCalls(ctx context.Context, n int) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	batch := randomWord()
 	for i := range n {
-		name := fmt.Sprintf("probe-%d", i)
+		name := fmt.Sprintf("probe-%s-%d", batch, i)
 		obj := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s, namespace: flows, labels: {flows-probe: \"yes\"}}\n", name)
 		if res := e.kube.Cmd(ctx, 30*time.Second, "create", "-f", "-").WithStdin(obj).Run(); res.Err != nil {
 			return "", fmt.Errorf("create %s: %s", name, strings.TrimSpace(res.Stderr))

@@ -123,7 +123,7 @@ func (e *env) installTether(ctx context.Context) error {
 	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/tether-agent", "--timeout=100s").Run(); r.Err != nil {
 		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
 	}
-	return e.waitServerWithAgent(ctx)
+	return e.waitServerWithAgent(ctx, e.images.tether)
 }
 
 func (e *env) uninstallTether(ctx context.Context) error {
@@ -132,14 +132,16 @@ func (e *env) uninstallTether(ctx context.Context) error {
 	return errors.Join(helmErr, e.waitNothingLeft(ctx, "app.kubernetes.io/instance=tether", true))
 }
 
-// waitServerWithAgent waits for the server's mirror Pod to be Ready and for an agent to be
-// connected to it.
-func (e *env) waitServerWithAgent(ctx context.Context) error {
-	if err := waitFor(ctx, "the server's static Pod Ready", 2*time.Minute, func() error {
-		r := e.kube.Cmd(ctx, 10*time.Second, "get", "pod", "-n", "kube-system", e.mirrorPod(),
-			"-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`).Run()
-		if r.Err != nil || strings.TrimSpace(r.Stdout) != "True" {
-			return fmt.Errorf("Ready=%q %s", strings.TrimSpace(r.Stdout), strings.TrimSpace(r.Stderr))
+// waitServerWithAgent waits for the server's mirror Pod to run image and be Ready, and for an
+// agent to be connected to it. Checking the image matters when one server replaces another:
+// the kubelet reads its manifest directory every 20 s, so the old server answers until then.
+func (e *env) waitServerWithAgent(ctx context.Context, image string) error {
+	if err := waitFor(ctx, "the server's static Pod running "+image+" and Ready", 3*time.Minute, func() error {
+		r := e.kube.Cmd(ctx, 10*time.Second, "get", "pod", "-n", "kube-system", e.mirrorPod(), "-o",
+			`jsonpath={.spec.containers[0].image} {.status.containerStatuses[0].image} {.status.conditions[?(@.type=="Ready")].status}`).Run()
+		got := strings.Fields(r.Stdout)
+		if r.Err != nil || len(got) != 3 || got[0] != image || got[2] != "True" {
+			return fmt.Errorf("image, running image, Ready: %q %s", strings.TrimSpace(r.Stdout), strings.TrimSpace(r.Stderr))
 		}
 		return nil
 	}); err != nil {

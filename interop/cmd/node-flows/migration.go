@@ -100,9 +100,9 @@ func (e *env) migrationSteps() []migrationStep {
 		{"2. upstream's agents removed (kubectl delete daemonset konnectivity-agent)", seq(deleteUpstreamAgents, backends(1))},
 		{"3. the server switched to tether (helm upgrade server.kind=staticPod, its node document over the old)",
 			seq(helm("upgrade", "--set", "server.kind=staticPod", "--set", "agent.serviceAccount.create=false"), tetherServer,
-				func(ctx context.Context) error { return e.waitServerWithAgent(ctx) })},
+				func(ctx context.Context) error { return e.waitServerWithAgent(ctx, e.images.tether) })},
 		{"4. rollback: the server back to upstream's (its manifest written back)",
-			seq(upstreamServer, func(ctx context.Context) error { return e.waitServerWithAgent(ctx) })},
+			seq(upstreamServer, func(ctx context.Context) error { return e.waitServerWithAgent(ctx, e.images.upstreamServer) })},
 		{"5. rollback: upstream's agents back (kubectl apply)", seq(applyUpstreamAgents, rollout("konnectivity-agent"), backends(2))},
 		{"6. rollback: tether uninstalled (helm uninstall; upstream's ServiceAccount stays)",
 			seq(func(ctx context.Context) error {
@@ -124,6 +124,12 @@ func (e *env) runMigration(ctx context.Context) ([]stepResult, error) {
 		return nil, err
 	}
 	defer func() { _ = e.stopWorkloads(ctx) }()
+	// The webhook's endpoint reaches kube-apiserver a moment after its pod is Ready.
+	if _, err := e.webhookCalls(ctx, 1); err != nil {
+		if err = waitFor(ctx, "a first webhook call", time.Minute, func() error { _, err := e.webhookCalls(ctx, 1); return err }); err != nil {
+			return nil, err
+		}
+	}
 	l, err := e.startLoad(ctx, "0. upstream only (before)")
 	if err != nil {
 		return nil, err
