@@ -3,7 +3,7 @@
 # crt-static, stripped) on an empty base, user 65532, with upstream's entrypoints /proxy-server
 # and /proxy-agent as links to it (tether picks the subcommand from argv[0]), written as an OCI
 # image-layout tarball by deploy/image/mkimage. Reproducible: the same commit gives the same
-# digest (paths remapped, fixed timestamps and owners).
+# digest wherever it is built (cargo's paths remapped, fixed timestamps and owners).
 #
 #   deploy/image/build.sh [--arch amd64[,arm64]] [--name REF] [--out FILE]
 #
@@ -56,9 +56,10 @@ for arch in ${arches//,/ }; do
 			"then CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" >&2
 		exit 1
 	fi
-	# The checkout's and cargo's paths would otherwise end up in panic locations, so the digest
-	# would depend on where the repository was cloned.
-	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$root=/tether --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
+	# Panic locations name source files: the workspace's relative to it, the dependencies' under
+	# cargo's home, which is remapped so the digest does not depend on the machine. (Remapping
+	# the checkout too would change RUSTFLAGS with every clone, and so rebuild everything.)
+	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
 		CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_PROFILE_RELEASE_DEBUG=false \
 		cargo build --release --locked --target "$triple" -p tether >&2
 	cp "$target_dir/$triple/release/tether" "$work/tether-$arch"
