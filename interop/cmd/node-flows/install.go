@@ -123,7 +123,7 @@ func (e *env) installTether(ctx context.Context) error {
 	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/tether-agent", "--timeout=100s").Run(); r.Err != nil {
 		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
 	}
-	return e.waitServerWithAgent(ctx, e.images.tether)
+	return e.waitServerWithAgent(ctx, e.images.tether, "")
 }
 
 func (e *env) uninstallTether(ctx context.Context) error {
@@ -132,16 +132,25 @@ func (e *env) uninstallTether(ctx context.Context) error {
 	return errors.Join(helmErr, e.waitNothingLeft(ctx, "app.kubernetes.io/instance=tether", true))
 }
 
-// waitServerWithAgent waits for the server's mirror Pod to run image and be Ready, and for an
-// agent to be connected to it. Checking the image matters when one server replaces another:
-// the kubelet reads its manifest directory every 20 s, so the old server answers until then.
-func (e *env) waitServerWithAgent(ctx context.Context, image string) error {
-	if err := waitFor(ctx, "the server's static Pod running "+image+" and Ready", 3*time.Minute, func() error {
+// serverConfigHash is the kubelet's hash of the server's static Pod manifest in force ("" when
+// there is none), which changes when the kubelet has taken up a new manifest.
+func (e *env) serverConfigHash(ctx context.Context) string {
+	r := e.kube.Cmd(ctx, 10*time.Second, "get", "pod", "-n", "kube-system", e.mirrorPod(), "--ignore-not-found",
+		"-o", `jsonpath={.metadata.annotations.kubernetes\.io/config\.hash}`).Run()
+	return strings.TrimSpace(r.Stdout)
+}
+
+// waitServerWithAgent waits for the server's mirror Pod to run image, from a manifest other than
+// the one hashed oldHash, and be Ready, and for an agent to be connected to it. Checking both
+// matters when one server replaces another: the kubelet reads its manifest directory every
+// 20 s, and the old server answers until then.
+func (e *env) waitServerWithAgent(ctx context.Context, image, oldHash string) error {
+	if err := waitFor(ctx, "the server's static Pod running "+image+" from its new manifest, Ready", 3*time.Minute, func() error {
 		r := e.kube.Cmd(ctx, 10*time.Second, "get", "pod", "-n", "kube-system", e.mirrorPod(), "-o",
-			`jsonpath={.spec.containers[0].image} {.status.containerStatuses[0].image} {.status.conditions[?(@.type=="Ready")].status}`).Run()
+			`jsonpath={.metadata.annotations.kubernetes\.io/config\.hash} {.spec.containers[0].image} {.status.conditions[?(@.type=="Ready")].status}`).Run()
 		got := strings.Fields(r.Stdout)
-		if r.Err != nil || len(got) != 3 || got[0] != image || got[2] != "True" {
-			return fmt.Errorf("image, running image, Ready: %q %s", strings.TrimSpace(r.Stdout), strings.TrimSpace(r.Stderr))
+		if r.Err != nil || len(got) != 3 || got[0] == oldHash || got[1] != image || got[2] != "True" {
+			return fmt.Errorf("config hash, image, Ready: %q (old hash %s) %s", strings.TrimSpace(r.Stdout), oldHash, strings.TrimSpace(r.Stderr))
 		}
 		return nil
 	}); err != nil {

@@ -33,9 +33,8 @@ type env struct {
 	nodeName string
 	nodeIP   string
 	rows     []*row
-	// migration is the runbook's figures per step, when it ran.
-	migration    []stepResult
-	migrationErr error
+	// loadRuns are the runs of steps under load (the migration runbook, day 2), when they ran.
+	loadRuns []loadRun
 }
 
 type images struct {
@@ -58,7 +57,7 @@ func main() {
 	flag.StringVar(&e.nodeName, "node-name", "tether-node", "the node's name")
 	flag.StringVar(&e.nodeIP, "node-ip", "198.18.0.2", "the node's address (agents dial the server there)")
 	flag.StringVar(&out, "out", "", "COMPATIBILITY.md to rewrite the real-node block of (empty: none)")
-	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether drop-in\", upstream, migration): run it and write nothing")
+	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether drop-in\", upstream, migration, \"day 2\"): run it and write nothing")
 	flag.BoolVar(&check, "check", false, "fail when -out's committed block differs from what ran")
 	flag.Parse()
 	for name, v := range map[string]string{"etc-kubernetes": e.etcK8s, "helm": e.helm, "chart": e.chart, "work": e.work, "pki-lib": e.pkiLib,
@@ -88,8 +87,14 @@ func main() {
 			e.rows = append(e.rows, e.runRow(ctx, in))
 		}
 	}
-	if only == "" || only == "migration" {
-		e.migration, e.migrationErr = e.runMigration(ctx)
+	for _, run := range []struct {
+		name string
+		run  func(context.Context) ([]stepResult, error)
+	}{{"migration", e.runMigration}, {"day 2", e.runDayTwo}} {
+		if only == "" || only == run.name {
+			res, err := run.run(ctx)
+			e.loadRuns = append(e.loadRuns, loadRun{name: run.name, steps: res, err: err})
+		}
 	}
 	os.Exit(e.report(out, only == "", check))
 }

@@ -173,7 +173,7 @@ func (e *env) installTaskManifests(ctx context.Context, serverImage, agentImage 
 	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/konnectivity-agent", "--timeout=100s").Run(); r.Err != nil {
 		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
 	}
-	return e.waitServerWithAgent(ctx, serverImage)
+	return e.waitServerWithAgent(ctx, serverImage, "")
 }
 
 func (e *env) uninstallTaskManifests(ctx context.Context) error {
