@@ -61,7 +61,7 @@ use crate::backend::admission::Admission;
 use crate::backend::binding::Binding;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
-use crate::limits::{ConnectionSlots, Limit, LimitMetrics};
+use crate::limits::{ConnectionSlots, Limit, LimitMetrics, SlotAdmission};
 use crate::net::{Listener, TlsSource};
 
 /// Where the frontend listens.
@@ -408,6 +408,7 @@ impl Server {
             ),
             setup_timeout: limits.setup_timeout,
             metrics: limit_metrics.clone(),
+            flags: CapFlags::AGENT,
         };
         let frontend_gate = Gate {
             slots: ConnectionSlots::new(
@@ -416,6 +417,7 @@ impl Server {
             ),
             setup_timeout: limits.setup_timeout,
             metrics: limit_metrics.clone(),
+            flags: CapFlags::FRONTEND,
         };
         let agent_loop = accept_loop(
             &agent,
@@ -423,7 +425,7 @@ impl Server {
             &shutdown,
             &stop,
             &agent_gate,
-            |conn, deadline| {
+            |conn, deadline, admission| {
                 let service = agent_service.clone();
                 let settings = agent_settings.clone();
                 let metrics = limit_metrics.clone();
@@ -439,7 +441,7 @@ impl Server {
                         io,
                         &settings,
                         connection,
-                        move |call| service.clone().serve(call),
+                        move |call| service.clone().serve(call, admission.clone()),
                         std::future::pending(),
                     )
                     .await;
@@ -463,7 +465,7 @@ impl Server {
             &shutdown,
             &stop,
             &frontend_gate,
-            |conn, deadline| frontend_service.clone().serve(conn, deadline, None),
+            |conn, deadline, _| frontend_service.clone().serve(conn, deadline, None),
         );
         // Each tenant's own frontend: the same service, with the tenant pinned.
         let mut tenant_loops = tokio::task::JoinSet::new();
@@ -488,7 +490,7 @@ impl Server {
                     &shutdown,
                     &stop,
                     &gate,
-                    |conn, deadline| service.clone().serve(conn, deadline, tenant.clone()),
+                    |conn, deadline, _| service.clone().serve(conn, deadline, tenant.clone()),
                 )
                 .await;
             });
@@ -607,6 +609,41 @@ struct Gate {
     slots: Arc<ConnectionSlots>,
     setup_timeout: Duration,
     metrics: LimitMetrics,
+    /// The flags of the listener's caps, named when they refuse a connection.
+    flags: CapFlags,
+}
+
+/// The flags that set one listener's total and per-address connection caps.
+#[derive(Clone, Copy, Debug)]
+struct CapFlags {
+    total: &'static str,
+    per_address: &'static str,
+    /// What the per-address cap counts.
+    per_address_counts: &'static str,
+}
+
+impl CapFlags {
+    const AGENT: Self = Self {
+        total: "--max-agent-connections",
+        per_address: "--max-agent-connections-per-address",
+        per_address_counts: "connections from one address with no agent stream admitted yet; \
+            admitted agents do not count, however many share the address",
+    };
+    const FRONTEND: Self = Self {
+        total: "--max-frontend-connections",
+        per_address: "--max-frontend-connections-per-address",
+        per_address_counts: "open connections from one address",
+    };
+
+    /// The flag that sets `limit`, and what it counts.
+    fn of(self, limit: Limit) -> String {
+        match limit {
+            Limit::AddressConnections => {
+                format!("{} ({})", self.per_address, self.per_address_counts)
+            }
+            _ => format!("{} (open connections on this listener)", self.total),
+        }
+    }
 }
 
 /// Completes TLS by the setup deadline, counting a connection that missed it.
@@ -642,7 +679,7 @@ async fn accept_loop<F, Fut>(
     gate: &Gate,
     mut serve: F,
 ) where
-    F: FnMut(net::Accepted, tokio::time::Instant) -> Fut,
+    F: FnMut(net::Accepted, tokio::time::Instant, SlotAdmission) -> Fut,
     Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
     let refusals = warn_limit::WarnLimit::new(Duration::from_secs(1));
@@ -659,7 +696,8 @@ async fn accept_loop<F, Fut>(
                     Err(limit) => {
                         gate.metrics.hit(limit);
                         if let Some(suppressed) = refusals.allow() {
-                            tracing::warn!(%peer, ?limit, suppressed, "connection limit reached; closing new connection");
+                            let flag = gate.flags.of(limit);
+                            tracing::warn!(%peer, suppressed, "connection limit reached: closing the new connection before TLS; raise {flag}");
                         }
                         continue;
                     }
@@ -668,7 +706,7 @@ async fn accept_loop<F, Fut>(
                 // Boxed: an async block that captures a future and awaits it keeps two
                 // copies of it for the task's life (the capture and the awaited local), and
                 // a connection's future is 3.6–4 KiB.
-                let fut = Box::pin(serve(conn, deadline));
+                let fut = Box::pin(serve(conn, deadline, slot.admission()));
                 let stop = stop.clone();
                 tasks.spawn(async move {
                     let _slot = slot;

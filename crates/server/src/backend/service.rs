@@ -24,6 +24,7 @@ use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
+use crate::limits::SlotAdmission;
 use crate::tenant::{Proof, Side};
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
@@ -57,8 +58,9 @@ pub(crate) struct AgentService {
 }
 
 impl AgentService {
-    /// Serves one call on the agent listener.
-    pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall) {
+    /// Serves one call on the agent listener; `connection` leaves its address's count of
+    /// connections not yet admitted once the call's credential is admitted.
+    pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall, connection: SlotAdmission) {
         if call.path() != tether_proto::path::CONNECT {
             let path = call.path().to_owned();
             call.reject(&Status::new(
@@ -140,6 +142,7 @@ impl AgentService {
                 return;
             }
         };
+        connection.admit();
         if claim.took_over {
             // The previous owner's streams are ending; no dial may reach them meanwhile.
             tenant.registry().remove_agent(&agent_id);

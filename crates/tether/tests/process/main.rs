@@ -4,6 +4,7 @@ mod audit;
 mod certificates;
 mod destinations;
 mod failures;
+mod fleet_behind_nat;
 mod introspect;
 mod logs;
 mod profiling;
