@@ -119,7 +119,18 @@ pub struct Config {
     /// `--resume-window`: how long an agent stream whose transport broke keeps its
     /// connections for the agent to resume it (tether agents only); zero turns it off.
     pub resume_window: Duration,
+    /// `--dead-agent-timeout`: an agent stream with connections or dials in flight whose
+    /// agent sends nothing (not a byte, PINGs answered included) for this long ends with
+    /// them at once, resume window or not; `None` never. Needs `agent_keepalive`, whose
+    /// PINGs go out every second while a stream is busy.
+    pub dead_agent_timeout: Option<Duration>,
 }
+
+/// The default `--resume-window` and `--dead-agent-timeout`: a killed agent's connections
+/// (its stream breaks at once) and a lost node's (silence) both end within 5 s.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(4);
+/// See [`DEFAULT_RESUME_WINDOW`].
+pub const DEFAULT_DEAD_AGENT_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
 /// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.
@@ -309,6 +320,9 @@ impl Server {
             flow: config.flow,
             dial_timeout: config.dial_timeout,
             next_stream_id: AtomicU64::new(1),
+            dead_agent_timeout: config
+                .dead_agent_timeout
+                .filter(|_| config.agent_keepalive.is_some()),
             admission: Admission::new(limits.max_agents, limit_metrics.clone()),
             binding: Binding::new(
                 config.agent_identity_binding,

@@ -2,6 +2,7 @@
 
 mod audit;
 mod certificates;
+mod dead_agents;
 mod destinations;
 mod failures;
 mod fleet_behind_nat;
