@@ -195,6 +195,8 @@ pub struct LastPong {
     opened: std::time::Instant,
     /// When the connection last read a byte, in milliseconds after `opened`.
     heard_ms: std::sync::atomic::AtomicU64,
+    /// When a read last found nothing to read, in milliseconds after `opened`.
+    quiet_ms: std::sync::atomic::AtomicU64,
     watched: std::sync::atomic::AtomicBool,
     /// Wakes the keepalive loop when watching starts, for a PING at once.
     wake: tokio::sync::Notify,
@@ -206,6 +208,7 @@ impl Default for LastPong {
             pong: std::sync::Mutex::default(),
             opened: std::time::Instant::now(),
             heard_ms: std::sync::atomic::AtomicU64::new(0),
+            quiet_ms: std::sync::atomic::AtomicU64::new(0),
             watched: std::sync::atomic::AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
         }
@@ -228,10 +231,25 @@ impl LastPong {
         self.opened + Duration::from_millis(ms)
     }
 
+    /// When a read last found nothing to read (when it opened, before any): the moment up
+    /// to which the peer is known to have been silent since [`heard`](Self::heard).
+    pub fn quiet(&self) -> std::time::Instant {
+        let ms = self.quiet_ms.load(std::sync::atomic::Ordering::Relaxed);
+        self.opened + Duration::from_millis(ms)
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn heard_now(&self) {
-        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.heard_ms
-            .store(ms, std::sync::atomic::Ordering::Relaxed);
+            .store(self.elapsed_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn quiet_now(&self) {
+        self.quiet_ms
+            .store(self.elapsed_ms(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Watches the connection closely (PINGs every [`WATCHED_PING_INTERVAL`], the first at
@@ -272,6 +290,11 @@ impl CurrentPong {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).heard()
     }
 
+    /// When a read on the current connection last found nothing to read.
+    pub fn quiet(&self) -> std::time::Instant {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).quiet()
+    }
+
     /// Watches the current connection closely, or stops (see [`LastPong::watch`]).
     pub fn watch(&self, on: bool) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).watch(on);
@@ -283,7 +306,10 @@ impl CurrentPong {
     }
 }
 
-/// Drives pings on `ping_pong` until one goes unanswered; used by both ends.
+/// Drives pings on `ping_pong` until one goes unanswered; used by both ends. While the
+/// connection is watched, this future also wakes every [`WATCHED_PING_INTERVAL`] as it waits
+/// for a PONG: the connection's task then polls its reads again, and a read that finds
+/// nothing records the peer's silence (see [`LastPong::quiet`]).
 pub(crate) async fn keep_alive(
     mut ping_pong: h2::PingPong,
     keepalive: Keepalive,
@@ -294,10 +320,21 @@ pub(crate) async fn keep_alive(
             () = tokio::time::sleep(last_pong.ping_interval(&keepalive)) => {}
             () = last_pong.wake.notified() => {}
         }
-        match tokio::time::timeout(keepalive.timeout, ping_pong.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_pong)) => last_pong.set(std::time::Instant::now()),
-            Ok(Err(e)) => return GrpcError::H2(e),
-            Err(_) => return GrpcError::PeerUnresponsive(keepalive.timeout),
+        let pong = ping_pong.ping(h2::Ping::opaque());
+        let mut pong = std::pin::pin!(pong);
+        let deadline = tokio::time::Instant::now() + keepalive.timeout;
+        let answered = loop {
+            let tick = last_pong.ping_interval(&keepalive).min(keepalive.timeout);
+            tokio::select! {
+                answered = &mut pong => break Some(answered),
+                () = tokio::time::sleep_until(deadline) => break None,
+                () = tokio::time::sleep(tick) => {}
+            }
+        };
+        match answered {
+            Some(Ok(_pong)) => last_pong.set(std::time::Instant::now()),
+            Some(Err(e)) => return GrpcError::H2(e),
+            None => return GrpcError::PeerUnresponsive(keepalive.timeout),
         }
     }
 }

@@ -1,5 +1,7 @@
-//! Stamps a connection's [`LastPong`](crate::LastPong) whenever it reads a byte: every byte
-//! from the peer, a PONG or data, is a sign that the peer is alive.
+//! Stamps a connection's [`LastPong`](crate::LastPong) whenever it reads a byte (every byte
+//! from the peer, a PONG or data, is a sign that the peer is alive) and whenever a read finds
+//! nothing to read: only that proves silence. A busy process that has not read its socket
+//! for a while has not heard its peer, but has not found it silent either.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,8 +31,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Heard<IO> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.life.heard_now();
+        match polled {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.life.heard_now(),
+            Poll::Pending => self.life.quiet_now(),
+            _ => {}
         }
         polled
     }

@@ -7,7 +7,10 @@
 //! nothing: only silence tells. While a stream is busy the server PINGs the agent every
 //! second (`tether_grpc::WATCHED_PING_INTERVAL`), so a live agent is heard many times within
 //! the timeout; any byte it sends counts, so a PONG queued behind bulk data is no false
-//! alarm. An idle stream is not watched: nothing waits on it, and it costs no timer.
+//! alarm. Silence is what the connection's reads prove: a read that found nothing to read
+//! the timeout after the last byte, not a clock alone, so a server too busy to read its
+//! sockets for a while takes no live agent for dead. An idle stream is not watched: nothing
+//! waits on it, and it costs no timer.
 
 use std::time::Duration;
 
@@ -35,7 +38,8 @@ pub(crate) async fn silent_agent(session: &AgentSession, timeout: Option<Duratio
                 session.keepalive.watch(false);
                 break;
             }
-            let silent = session.keepalive.heard().max(busy_since).elapsed();
+            let since = session.keepalive.heard().max(busy_since);
+            let silent = session.keepalive.quiet().saturating_duration_since(since);
             if silent >= timeout {
                 return silent;
             }
