@@ -186,6 +186,10 @@ impl GrpcError {
 /// keepalive interval: a live peer is then heard at least this often.
 pub const WATCHED_PING_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How often a watched connection's reads are polled while a PING waits for its PONG, so
+/// that a read finding nothing records the silence within this (see [`LastPong::quiet`]).
+const WATCHED_READ_POLL: Duration = Duration::from_millis(250);
+
 /// A connection's signs of life: when its keepalive PING was last answered (read by
 /// introspection, `/debug/agents`), when it last read a byte from the peer (server side), and
 /// whether its owner watches it closely, which PINGs it every [`WATCHED_PING_INTERVAL`].
@@ -261,8 +265,12 @@ impl LastPong {
         }
     }
 
+    fn is_watched(&self) -> bool {
+        self.watched.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn ping_interval(&self, keepalive: &Keepalive) -> Duration {
-        if self.watched.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.is_watched() {
             keepalive.interval.min(WATCHED_PING_INTERVAL)
         } else {
             keepalive.interval
@@ -307,9 +315,9 @@ impl CurrentPong {
 }
 
 /// Drives pings on `ping_pong` until one goes unanswered; used by both ends. While the
-/// connection is watched, this future also wakes every [`WATCHED_PING_INTERVAL`] as it waits
-/// for a PONG: the connection's task then polls its reads again, and a read that finds
-/// nothing records the peer's silence (see [`LastPong::quiet`]).
+/// connection is watched, this future also wakes every [`WATCHED_READ_POLL`] as it waits for
+/// a PONG: the connection's task then polls its reads again, and a read that finds nothing
+/// records the peer's silence (see [`LastPong::quiet`]). No packet is sent for it.
 pub(crate) async fn keep_alive(
     mut ping_pong: h2::PingPong,
     keepalive: Keepalive,
@@ -324,7 +332,11 @@ pub(crate) async fn keep_alive(
         let mut pong = std::pin::pin!(pong);
         let deadline = tokio::time::Instant::now() + keepalive.timeout;
         let answered = loop {
-            let tick = last_pong.ping_interval(&keepalive).min(keepalive.timeout);
+            let tick = if last_pong.is_watched() {
+                WATCHED_READ_POLL
+            } else {
+                keepalive.timeout
+            };
             tokio::select! {
                 answered = &mut pong => break Some(answered),
                 () = tokio::time::sleep_until(deadline) => break None,

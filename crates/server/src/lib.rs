@@ -128,11 +128,11 @@ pub struct Config {
 
 /// The default `--resume-window` and `--dead-agent-timeout`: a killed agent's connections
 /// (its stream breaks at once, then waits the window) and a lost node's (silence: the timeout
-/// after its last PONG, proven by a read that found nothing, within a second) both end
-/// within 5 s.
+/// after its last byte, at most a second before the loss, proven by a read that found
+/// nothing) both end within 5 s.
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(4);
 /// See [`DEFAULT_RESUME_WINDOW`].
-pub const DEFAULT_DEAD_AGENT_TIMEOUT: Duration = Duration::from_secs(3);
+pub const DEFAULT_DEAD_AGENT_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
 /// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.

@@ -156,7 +156,7 @@ pub(crate) struct ServerArgs {
     /// cut): no --resume-window on top. While a stream is busy its agent is PINGed every
     /// second, so a live one is heard several times within it. 0 waits for
     /// --agent-ping-timeout and then the resume window instead.
-    #[arg(long, help_heading = "Agents", value_name = "DURATION", default_value = "3s", value_parser = go_duration)]
+    #[arg(long, help_heading = "Agents", value_name = "DURATION", default_value = "4s", value_parser = go_duration)]
     dead_agent_timeout: Duration,
 
     /// This server's ID, sent to agents. Default: $PROXY_SERVER_ID, else a random UUID.

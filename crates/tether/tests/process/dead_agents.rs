@@ -293,6 +293,10 @@ async fn a_lost_node_fails_tunnels_and_pending_dials_within_5s_on_both_frontends
     }
 }
 
+/// Shorter than `--dead-agent-timeout` (4 s) with room for TCP's retransmission backoff,
+/// which resends the first segment only about 3 s after a cut (200, 400, 800, 1600 ms).
+const SHORT_PARTITION: Duration = Duration::from_millis(1500);
+
 #[tokio::test]
 async fn a_short_partition_loses_nothing() {
     private_network();
@@ -301,7 +305,7 @@ async fn a_short_partition_loses_nothing() {
     cut_link(scene.server.agent_addr.port());
     let written = tether_testkit::targets::pattern(7, 64 * 1024);
     scene.tunnel.write_all(&written).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(SHORT_PARTITION).await;
     heal_link();
     let mut back = vec![0u8; written.len()];
     tokio::time::timeout(STEP, scene.tunnel.read_exact(&mut back))
