@@ -84,6 +84,13 @@ enum ConnectError {
     Dial(Box<crate::egress_proxy::DialError>),
     #[error("TLS handshake with {0}: {1}")]
     Tls(String, std::io::Error),
+    /// The server's caps close a connection at accept, before any TLS byte.
+    #[error(
+        "TLS handshake with {0}: the server closed the connection before the TLS handshake \
+         (a connection limit? see --max-agent-connections-per-address and \
+         --max-agent-connections on the server) ({1})"
+    )]
+    ClosedBeforeTls(String, std::io::Error),
     #[error("invalid server name {0:?}")]
     ServerName(String),
     #[error("reading token {0}: {1}")]
@@ -591,9 +598,18 @@ impl ClientSet {
         let tls = tokio_rustls::TlsConnector::from(tls_config)
             .connect(name, stream)
             .await
-            .map_err(|e| match self.config.egress.proxy() {
-                Some(proxy) => ConnectError::Tls(format!("{address} through proxy {proxy}"), e),
-                None => ConnectError::Tls(address.clone(), e),
+            .map_err(|e| {
+                let to = match self.config.egress.proxy() {
+                    Some(proxy) => format!("{address} through proxy {proxy}"),
+                    None => address.clone(),
+                };
+                // The server's answer to a connection over its caps is a close before TLS.
+                match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                        ConnectError::ClosedBeforeTls(to, e)
+                    }
+                    _ => ConnectError::Tls(to, e),
+                }
             })?;
         let (channel, driver) =
             Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;

@@ -7,6 +7,11 @@ use tether_proto::Packet;
 
 const PREFIX: &str = "konnectivity_network_proxy_agent_";
 
+/// Upstream's buckets for connection lifetimes (the server's `connection_duration_seconds`).
+const LIFETIME_BUCKETS: [f64; 12] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+];
+
 /// Handles on every agent metric.
 #[derive(Debug)]
 pub(crate) struct AgentMetrics {
@@ -15,6 +20,9 @@ pub(crate) struct AgentMetrics {
     pub(crate) open_server_connections: Arc<Gauge>,
     pub(crate) known_server_count: Arc<Gauge>,
     pub(crate) open_endpoint_connections: Arc<Gauge>,
+    /// Upstream's (ANP#908): how long endpoint connections lived, and why they closed.
+    endpoint_connection_duration: Arc<Histogram>,
+    endpoint_close_reasons: Arc<CounterVec>,
     stream_packets: Arc<CounterVec>,
     /// `stream_packets` children, [received, sent] by packet type, looked up once.
     packet_counters: [[OnceLock<Arc<Counter>>; Packet::TYPE_NAMES.len()]; 2],
@@ -83,6 +91,16 @@ impl AgentMetrics {
                 &name("open_endpoint_connections"),
                 "Current number of open endpoint connections.",
             ),
+            endpoint_connection_duration: registry.histogram(
+                &name("endpoint_connection_duration_seconds"),
+                "Duration in seconds an endpoint connection was established (post-dial) before being closed.",
+                &LIFETIME_BUCKETS,
+            ),
+            endpoint_close_reasons: registry.counter_vec(
+                &name("endpoint_connection_close_total"),
+                "Number of established endpoint connections (post-dial) that were closed, by reason for the close.",
+                &["reason"],
+            ),
             stream_packets: registry.counter_vec(
                 &name("stream_packets_total"),
                 "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
@@ -129,6 +147,21 @@ impl AgentMetrics {
         );
         m.known_server_count.set(1);
         m
+    }
+
+    /// An endpoint connection ended: its lifetime, and upstream's reason (ANP#908): the
+    /// server closed it (CLOSE_REQ), the endpoint did, or the agent's stream to the server
+    /// ended under it.
+    pub(crate) fn endpoint_connection_ended(&self, ended: &tether_tunnel::Ended) {
+        use tether_tunnel::Initiator as By;
+        self.endpoint_connection_duration
+            .observe(ended.duration().as_secs_f64());
+        let reason = match ended.outcome.initiator {
+            By::Peer => "server_close",
+            By::Local => "endpoint_close",
+            By::Stream => "agent_shutdown",
+        };
+        self.endpoint_close_reasons.with(&[reason]).inc();
     }
 
     pub(crate) fn endpoint_dial_failure(&self, reason: DialFailure) {

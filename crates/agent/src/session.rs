@@ -180,6 +180,7 @@ impl Hooks for AgentHooks {
                     &self.reverse_audit
                 } else {
                     self.metrics.open_endpoint_connections.dec();
+                    self.metrics.endpoint_connection_ended(&ended);
                     &self.audit
                 };
                 tether_tunnel::log_ended(&ended, &self.ids.agent_id, &self.ids.server_id);

@@ -1,6 +1,7 @@
 //! Accepting gRPC calls on HTTP/2 connections.
 
 mod handshake;
+mod heard;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -167,7 +168,9 @@ where
     F: FnMut(IncomingCall) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let (io, setup_done) = handshake::SetupWatch::new(io);
+    // Every byte read is a sign of the peer's life (see `LastPong::heard`).
+    let last_pong = Arc::new(crate::LastPong::default());
+    let (io, setup_done) = handshake::SetupWatch::new(heard::Heard::new(io, last_pong.clone()));
     let mut builder = h2::server::Builder::new();
     // Without this, the connection window stays at HTTP/2's initial 64 KiB until a call is
     // accepted (see `H2Settings::window_on_accept`).
@@ -201,7 +204,6 @@ where
             .map_or(far_future, |idle| Instant::now() + idle),
     );
     let ping_pong = settings.keepalive.zip(conn.ping_pong());
-    let last_pong = Arc::new(crate::LastPong::default());
     let pongs = last_pong.clone();
     let keepalive = async move {
         match ping_pong {

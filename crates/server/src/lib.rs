@@ -61,7 +61,7 @@ use crate::backend::admission::Admission;
 use crate::backend::binding::Binding;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
-use crate::limits::{ConnectionSlots, Limit, LimitMetrics};
+use crate::limits::{ConnectionSlots, Limit, LimitMetrics, SlotAdmission};
 use crate::net::{Listener, TlsSource};
 
 /// Where the frontend listens.
@@ -119,7 +119,20 @@ pub struct Config {
     /// `--resume-window`: how long an agent stream whose transport broke keeps its
     /// connections for the agent to resume it (tether agents only); zero turns it off.
     pub resume_window: Duration,
+    /// `--dead-agent-timeout`: an agent stream with connections or dials in flight whose
+    /// agent sends nothing (not a byte, PINGs answered included) for this long ends with
+    /// them at once, resume window or not; `None` never. Needs `agent_keepalive`, whose
+    /// PINGs go out every second while a stream is busy.
+    pub dead_agent_timeout: Option<Duration>,
 }
+
+/// The default `--resume-window` and `--dead-agent-timeout`: a killed agent's connections
+/// (its stream breaks at once, then waits the window) and a lost node's (silence: the timeout
+/// after its last byte, at most a second before the loss, proven by a read that found
+/// nothing) both end within 5 s.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(4);
+/// See [`DEFAULT_RESUME_WINDOW`].
+pub const DEFAULT_DEAD_AGENT_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Listener TLS configs rebuilt from their files when those change (certificate rotation).
 /// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.
@@ -307,6 +320,9 @@ impl Server {
             flow: config.flow,
             dial_timeout: config.dial_timeout,
             next_stream_id: AtomicU64::new(1),
+            dead_agent_timeout: config
+                .dead_agent_timeout
+                .filter(|_| config.agent_keepalive.is_some()),
             admission: Admission::new(limits.max_agents, limit_metrics.clone()),
             binding: Binding::new(
                 config.agent_identity_binding,
@@ -406,6 +422,7 @@ impl Server {
             ),
             setup_timeout: limits.setup_timeout,
             metrics: limit_metrics.clone(),
+            flags: CapFlags::AGENT,
         };
         let frontend_gate = Gate {
             slots: ConnectionSlots::new(
@@ -414,6 +431,7 @@ impl Server {
             ),
             setup_timeout: limits.setup_timeout,
             metrics: limit_metrics.clone(),
+            flags: CapFlags::FRONTEND,
         };
         let agent_loop = accept_loop(
             &agent,
@@ -421,7 +439,7 @@ impl Server {
             &shutdown,
             &stop,
             &agent_gate,
-            |conn, deadline| {
+            |conn, deadline, admission| {
                 let service = agent_service.clone();
                 let settings = agent_settings.clone();
                 let metrics = limit_metrics.clone();
@@ -437,7 +455,7 @@ impl Server {
                         io,
                         &settings,
                         connection,
-                        move |call| service.clone().serve(call),
+                        move |call| service.clone().serve(call, admission.clone()),
                         std::future::pending(),
                     )
                     .await;
@@ -461,7 +479,7 @@ impl Server {
             &shutdown,
             &stop,
             &frontend_gate,
-            |conn, deadline| frontend_service.clone().serve(conn, deadline, None),
+            |conn, deadline, _| frontend_service.clone().serve(conn, deadline, None),
         );
         // Each tenant's own frontend: the same service, with the tenant pinned.
         let mut tenant_loops = tokio::task::JoinSet::new();
@@ -486,7 +504,7 @@ impl Server {
                     &shutdown,
                     &stop,
                     &gate,
-                    |conn, deadline| service.clone().serve(conn, deadline, tenant.clone()),
+                    |conn, deadline, _| service.clone().serve(conn, deadline, tenant.clone()),
                 )
                 .await;
             });
@@ -604,6 +622,41 @@ struct Gate {
     slots: Arc<ConnectionSlots>,
     setup_timeout: Duration,
     metrics: LimitMetrics,
+    /// The flags of the listener's caps, named when they refuse a connection.
+    flags: CapFlags,
+}
+
+/// The flags that set one listener's total and per-address connection caps.
+#[derive(Clone, Copy, Debug)]
+struct CapFlags {
+    total: &'static str,
+    per_address: &'static str,
+    /// What the per-address cap counts.
+    per_address_counts: &'static str,
+}
+
+impl CapFlags {
+    const AGENT: Self = Self {
+        total: "--max-agent-connections",
+        per_address: "--max-agent-connections-per-address",
+        per_address_counts: "connections from one address with no agent stream admitted yet; \
+            admitted agents do not count, however many share the address",
+    };
+    const FRONTEND: Self = Self {
+        total: "--max-frontend-connections",
+        per_address: "--max-frontend-connections-per-address",
+        per_address_counts: "open connections from one address",
+    };
+
+    /// The flag that sets `limit`, and what it counts.
+    fn of(self, limit: Limit) -> String {
+        match limit {
+            Limit::AddressConnections => {
+                format!("{} ({})", self.per_address, self.per_address_counts)
+            }
+            _ => format!("{} (open connections on this listener)", self.total),
+        }
+    }
 }
 
 /// Completes TLS by the setup deadline, counting a connection that missed it.
@@ -639,7 +692,7 @@ async fn accept_loop<F, Fut>(
     gate: &Gate,
     mut serve: F,
 ) where
-    F: FnMut(net::Accepted, tokio::time::Instant) -> Fut,
+    F: FnMut(net::Accepted, tokio::time::Instant, SlotAdmission) -> Fut,
     Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
     let refusals = warn_limit::WarnLimit::new(Duration::from_secs(1));
@@ -656,7 +709,8 @@ async fn accept_loop<F, Fut>(
                     Err(limit) => {
                         gate.metrics.hit(limit);
                         if let Some(suppressed) = refusals.allow() {
-                            tracing::warn!(%peer, ?limit, suppressed, "connection limit reached; closing new connection");
+                            let flag = gate.flags.of(limit);
+                            tracing::warn!(%peer, suppressed, "connection limit reached: closing the new connection before TLS; raise {flag}");
                         }
                         continue;
                     }
@@ -665,7 +719,7 @@ async fn accept_loop<F, Fut>(
                 // Boxed: an async block that captures a future and awaits it keeps two
                 // copies of it for the task's life (the capture and the awaited local), and
                 // a connection's future is 3.6–4 KiB.
-                let fut = Box::pin(serve(conn, deadline));
+                let fut = Box::pin(serve(conn, deadline, slot.admission()));
                 let stop = stop.clone();
                 tasks.spawn(async move {
                     let _slot = slot;

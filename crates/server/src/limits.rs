@@ -19,9 +19,12 @@ pub struct Limits {
     pub idle_connection_timeout: Option<Duration>,
     /// Open connections on the frontend listener; more are closed at accept.
     pub max_frontend_connections: usize,
-    /// Open connections on the agent listener.
+    /// Open connections on the agent listener: every agent of the largest tenant
+    /// (`max_agents`) with a second connection while it reconnects or resumes.
     pub max_agent_connections: usize,
-    /// Open connections from one IP address on the agent listener; 0 means no limit.
+    /// Connections from one IP address on the agent listener that no agent stream has been
+    /// admitted on yet (TLS, then the credential and admission checks); admitted ones do not
+    /// count, so any number of agents may share an address. 0 means no limit.
     pub max_agent_connections_per_address: usize,
     /// Open connections from one IP address on a TCP frontend; 0 means no limit.
     pub max_frontend_connections_per_address: usize,
@@ -50,7 +53,7 @@ impl Default for Limits {
             setup_timeout: Duration::from_secs(10),
             idle_connection_timeout: Some(Duration::from_secs(3600)),
             max_frontend_connections: 20_000,
-            max_agent_connections: 10_000,
+            max_agent_connections: 40_000,
             max_agent_connections_per_address: 100,
             max_frontend_connections_per_address: 0,
             max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
@@ -128,7 +131,11 @@ impl LimitMetrics {
     }
 }
 
-/// Connection slots of one listener: a total cap and a per-address cap.
+/// Connection slots of one listener: a total cap, and a cap per address on the connections
+/// not yet admitted. A connection leaves its address's count once [`SlotAdmission::admit`] is
+/// called for it (the agent listener does so when a stream's credential is accepted), so a
+/// flood of strangers from one address stays bounded while any number of authenticated
+/// agents may share an address (nodes behind a NAT gateway or a load balancer's SNAT).
 #[derive(Debug)]
 pub(crate) struct ConnectionSlots {
     max_total: usize,
@@ -146,7 +153,16 @@ struct SlotState {
 #[derive(Debug)]
 pub(crate) struct Slot {
     slots: Arc<ConnectionSlots>,
-    address: Option<IpAddr>,
+    admission: SlotAdmission,
+}
+
+/// Takes a connection out of its address's count of connections not yet admitted; shared
+/// with whatever decides that the connection's peer is admitted.
+#[derive(Clone, Debug)]
+pub(crate) struct SlotAdmission {
+    slots: Arc<ConnectionSlots>,
+    /// The address still counted, until the connection is admitted or closed.
+    counted: Arc<Mutex<Option<IpAddr>>>,
 }
 
 impl ConnectionSlots {
@@ -158,9 +174,13 @@ impl ConnectionSlots {
         })
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes a slot for a connection from `address`, or says which limit refused it.
     pub(crate) fn take(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Slot, Limit> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.lock();
         if state.total >= self.max_total {
             return Err(Limit::ListenerConnections);
         }
@@ -176,23 +196,50 @@ impl ConnectionSlots {
         state.total += 1;
         Ok(Slot {
             slots: self.clone(),
-            address: address.filter(|_| self.max_per_address > 0),
+            admission: SlotAdmission {
+                slots: self.clone(),
+                counted: Arc::new(Mutex::new(address.filter(|_| self.max_per_address > 0))),
+            },
         })
     }
-}
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut state = self.slots.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.total -= 1;
-        if let Some(ip) = self.address
-            && let Some(n) = state.per_address.get_mut(&ip)
-        {
+    fn uncount(&self, ip: IpAddr) {
+        let mut state = self.lock();
+        if let Some(n) = state.per_address.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
                 state.per_address.remove(&ip);
             }
         }
+    }
+}
+
+impl Slot {
+    /// The handle that admits this slot's connection.
+    pub(crate) fn admission(&self) -> SlotAdmission {
+        self.admission.clone()
+    }
+}
+
+impl SlotAdmission {
+    /// The connection's peer is admitted: it no longer counts against its address's cap.
+    /// Idempotent: later calls (more streams on the connection) do nothing.
+    pub(crate) fn admit(&self) {
+        let counted = self
+            .counted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(ip) = counted {
+            self.slots.uncount(ip);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.admission.admit();
+        self.slots.lock().total -= 1;
     }
 }
 
@@ -215,5 +262,35 @@ mod tests {
         assert!(matches!(slots.take(None), Err(Limit::ListenerConnections)));
         drop(a1);
         let _a3 = slots.take(Some(a)).unwrap();
+    }
+
+    #[test]
+    fn admitted_connections_leave_their_address_count_but_not_the_total() {
+        let slots = ConnectionSlots::new(4, 1);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let first = slots.take(Some(a)).unwrap();
+        assert!(matches!(
+            slots.take(Some(a)),
+            Err(Limit::AddressConnections)
+        ));
+        first.admission().admit();
+        first.admission().admit();
+        let second = slots.take(Some(a)).unwrap();
+        second.admission().admit();
+        let _third = slots.take(Some(a)).unwrap();
+        assert!(matches!(
+            slots.take(Some(a)),
+            Err(Limit::AddressConnections)
+        ));
+        let _fourth = slots.take(None).unwrap();
+        assert!(matches!(slots.take(None), Err(Limit::ListenerConnections)));
+        // An admitted connection's close gives back its total slot only.
+        drop(first);
+        drop(second);
+        assert!(matches!(
+            slots.take(Some(a)),
+            Err(Limit::AddressConnections)
+        ));
+        let _fifth = slots.take(Some("10.0.0.2".parse().unwrap())).unwrap();
     }
 }

@@ -76,6 +76,9 @@ pub(crate) struct ServerMetrics {
     pub(crate) dial_duration: Arc<Histogram>,
     pub(crate) frontend_write_duration: Arc<Histogram>,
     pub(crate) connection_duration: Arc<Histogram>,
+    /// Upstream's close reasons (ANP#908): `frontend_close`, `backend_close`,
+    /// `stream_shutdown`; `tether_server_connection_closes_total` says more.
+    close_reasons: Arc<CounterVec>,
     grpc_connections: Arc<GaugeVec>,
     pub(crate) http_connections: Arc<Gauge>,
     pub(crate) ready_backend_connections: Arc<Gauge>,
@@ -134,7 +137,7 @@ impl ServerMetrics {
             ),
             connection_duration: registry.histogram(
                 &name("connection_duration_seconds"),
-                "Lifetime of tunnelled connections after a successful dial, in seconds",
+                "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.",
                 &LIFETIME_BUCKETS,
             ),
             grpc_connections: registry.gauge_vec(
@@ -193,6 +196,11 @@ impl ServerMetrics {
                 "Dials waiting for an agent's answer, per agent",
                 &["agent_id"],
             ),
+            close_reasons: registry.counter_vec(
+                &name("connection_close_total"),
+                "Number of established end-to-end connections (post-dial) that were closed, by reason for the close.",
+                &["reason"],
+            ),
             connection_closes: registry.counter_vec(
                 "tether_server_connection_closes_total",
                 "Tunnelled connections that ended, by who ended them (client, agent) and how (normal, error)",
@@ -235,6 +243,21 @@ impl ServerMetrics {
         };
         let outcome = if error { "error" } else { "normal" };
         self.connection_closes.with(&[initiator, outcome]).inc();
+    }
+
+    /// Counts an established connection's end under upstream's reason (ANP#908), by the
+    /// upstream code path that would have removed it: a close exchange with the agent
+    /// (CLOSE_RSP, whoever started it: `removeEstablished`), the agent's stream going away
+    /// (`removeEstablishedForBackendConn`), or the frontend's stream or connection failing
+    /// without a close (`removeEstablishedForStream`).
+    pub(crate) fn connection_close_reason(&self, outcome: &tether_tunnel::Outcome) {
+        use tether_tunnel::Initiator as By;
+        let reason = match (outcome.initiator, &outcome.error) {
+            (By::Stream, _) => "backend_close",
+            (By::Local, Some(_)) => "stream_shutdown",
+            (By::Local | By::Peer, _) => "frontend_close",
+        };
+        self.close_reasons.with(&[reason]).inc();
     }
 
     /// Drops the per-agent series of an agent that has no stream left.

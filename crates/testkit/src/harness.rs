@@ -85,6 +85,8 @@ pub struct ServerOptions {
     pub control_plane: Option<tether_server::ControlPlaneEndpoints>,
     /// `--resume-window` (zero: off).
     pub resume_window: Duration,
+    /// `--dead-agent-timeout` (`None`: off).
+    pub dead_agent_timeout: Option<Duration>,
 }
 
 impl Default for ServerOptions {
@@ -112,6 +114,7 @@ impl Default for ServerOptions {
             ipv6: false,
             control_plane: None,
             resume_window: RESUME_WINDOW,
+            dead_agent_timeout: Some(tether_server::DEFAULT_DEAD_AGENT_TIMEOUT),
         }
     }
 }
@@ -135,7 +138,7 @@ pub struct TestServer {
 
 const LOOPBACK_ANY: &str = "127.0.0.1:0";
 /// The product's default `--resume-window`, on both ends.
-const RESUME_WINDOW: Duration = Duration::from_secs(30);
+const RESUME_WINDOW: Duration = tether_server::DEFAULT_RESUME_WINDOW;
 
 impl TestServer {
     pub async fn start(pki: &Pki, opts: ServerOptions) -> anyhow::Result<Self> {
@@ -198,6 +201,7 @@ impl TestServer {
             audit_log: opts.audit_log,
             control_plane: opts.control_plane,
             resume_window: opts.resume_window,
+            dead_agent_timeout: opts.dead_agent_timeout,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

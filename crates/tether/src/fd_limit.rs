@@ -1,6 +1,6 @@
 //! The open-file limit of the long-running roles.
 //!
-//! Each connection takes a descriptor, and the connection caps (20,000 frontend and 10,000
+//! Each connection takes a descriptor, and the connection caps (20,000 frontend and 40,000
 //! agent connections by default) assume far more than the 1,024 soft limit most systems
 //! start processes with. Go programs, upstream's among them, raise the soft limit to the
 //! hard one at start (Go 1.19 and later); tether does the same, so that it is the caps, not

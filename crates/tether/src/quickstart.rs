@@ -222,7 +222,8 @@ async fn start_pair(
             tls_reload: None,
             agent_token_auth: None,
             control_plane: None,
-            resume_window: Duration::from_secs(30),
+            resume_window: tether_server::DEFAULT_RESUME_WINDOW,
+            dead_agent_timeout: Some(tether_server::DEFAULT_DEAD_AGENT_TIMEOUT),
         },
         Registry::new(),
     )
@@ -267,7 +268,7 @@ async fn start_pair(
             audit_log: None,
             tls_reload: None,
             control_plane: None,
-            resume_window: Duration::from_secs(30),
+            resume_window: tether_server::DEFAULT_RESUME_WINDOW,
         },
         Registry::new(),
     )

@@ -29,6 +29,9 @@ pub enum ResumeFailure {
     BadSequence,
     /// This end is stopping.
     Stopping,
+    /// The peer sent nothing for the dead-agent timeout while it had connections or dials
+    /// (server side: its node is gone, or the network to it is cut).
+    PeerSilent,
 }
 
 impl ResumeFailure {
@@ -38,6 +41,7 @@ impl ResumeFailure {
             Self::Unknown => "unknown_session",
             Self::BadSequence => "bad_sequence",
             Self::Stopping => "stopping",
+            Self::PeerSilent => "peer_silent",
         }
     }
 }

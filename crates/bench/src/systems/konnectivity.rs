@@ -147,12 +147,17 @@ pub(super) async fn start(
         .arg(flag("cluster-key", &pki.server_key))
         .arg(flag("cluster-ca-cert", &pki.ca_cert))
         .arg("--server-count=1");
-    if imp == Impl::Tether || (imp == Impl::TetherBefore && env.bins.before_has_caps) {
-        // The workloads are one client multiplexing thousands of tunnels on one gRPC
-        // connection (idle-conns) and thousands of agents from one address (fanin): lift
-        // tether's per-connection and per-address caps, which upstream does not have.
-        cmd.arg("--max-streams-per-frontend-connection=1000000")
-            .arg("--max-agent-connections-per-address=0");
+    let has_caps = imp == Impl::Tether || (imp == Impl::TetherBefore && env.bins.before_has_caps);
+    if has_caps && agent != AgentLink::None {
+        // idle-conns is one client multiplexing thousands of tunnels on one gRPC connection:
+        // lift the per-connection stream cap, which upstream does not have.
+        cmd.arg("--max-streams-per-frontend-connection=1000000");
+    }
+    if has_caps && imp == Impl::TetherBefore {
+        // Builds before bf2cd21 counted admitted agents against the per-address cap, and the
+        // fan-in's agents all come from 127.0.0.1. tether itself runs the fan-in (a lone
+        // server) with its default flags.
+        cmd.arg("--max-agent-connections-per-address=0");
     }
     cmd
         // The same verbosity for both: upstream's default (-v=4) logs lines per connection.

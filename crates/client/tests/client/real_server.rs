@@ -54,6 +54,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         audit_log: None,
         control_plane: None,
         resume_window: Duration::from_secs(30),
+        dead_agent_timeout: None,
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

@@ -24,6 +24,7 @@ use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
+use crate::limits::SlotAdmission;
 use crate::tenant::{Proof, Side};
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
@@ -50,6 +51,9 @@ pub(crate) struct AgentService {
     pub(crate) control_plane: crate::control_plane::ReversePolicy,
     /// `--resume-window` above zero: streams with tether agents survive a broken transport.
     pub(crate) resumable: Option<Arc<Resumable>>,
+    /// `--dead-agent-timeout`: a busy stream whose agent sent nothing for this long ends at
+    /// once, resumable or not (see `liveness`); `None` never.
+    pub(crate) dead_agent_timeout: Option<Duration>,
     /// Every agent stream's task: a stream may outlive the connection it arrived on.
     pub(crate) streams: TaskTracker,
     /// Cancelled when the server stops: ends suspended streams at once.
@@ -57,8 +61,9 @@ pub(crate) struct AgentService {
 }
 
 impl AgentService {
-    /// Serves one call on the agent listener.
-    pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall) {
+    /// Serves one call on the agent listener; `connection` leaves its address's count of
+    /// connections not yet admitted once the call's credential is admitted.
+    pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall, connection: SlotAdmission) {
         if call.path() != tether_proto::path::CONNECT {
             let path = call.path().to_owned();
             call.reject(&Status::new(
@@ -140,6 +145,7 @@ impl AgentService {
                 return;
             }
         };
+        connection.admit();
         if claim.took_over {
             // The previous owner's streams are ending; no dial may reach them meanwhile.
             tenant.registry().remove_agent(&agent_id);
@@ -314,8 +320,10 @@ impl StreamOwner {
         let stop = self.service.stop.clone();
         let evicted = self.claim.evicted.clone();
         let metrics = &self.service.hub.metrics.resume;
+        let dead_after = self.service.dead_agent_timeout;
         loop {
             let mut taken_over = None;
+            let mut silent = false;
             let resumptions = self.registration.as_mut().map(|r| &mut r.resumptions);
             let end = link
                 .run_transport(receiver, sender, async {
@@ -326,12 +334,30 @@ impl StreamOwner {
                             taken_over = Some(r);
                             TransportEnd::Broken("the agent resumed the stream on a new connection".into())
                         }
+                        quiet = super::liveness::silent_agent(&self.session, dead_after) => {
+                            silent = true;
+                            TransportEnd::Broken(format!(
+                                "the agent sent nothing for {quiet:.1?} while it had connections or dials \
+                                 (--dead-agent-timeout {:?}): its node or process is gone, or the network \
+                                 to it is cut",
+                                dead_after.unwrap_or_default()
+                            ))
+                        }
                     }
                 })
                 .await;
+            self.session.keepalive.watch(false);
             let TransportEnd::Broken(why) = end else {
                 return end.reason().to_owned();
             };
+            if silent {
+                // The timeout was the wait: a resume window on top would hold its
+                // connections longer than a dead agent deserves.
+                if self.registration.is_some() {
+                    metrics.failed(ResumeFailure::PeerSilent);
+                }
+                return why;
+            }
             let Some(registration) = self.registration.as_mut() else {
                 return why;
             };

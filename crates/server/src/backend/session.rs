@@ -35,11 +35,32 @@ pub(crate) struct Health {
     outlier: Mutex<Outlier>,
     /// The tenant's totals, which its limits are checked against.
     tenant: Arc<TenantLoad>,
+    /// Woken when a dial starts: the stream's silence watch begins (see `liveness`).
+    busy: tokio::sync::Notify,
 }
 
 impl Health {
     pub(crate) fn dial_started(&self) {
         self.pending.fetch_add(1, Ordering::Relaxed);
+        self.busy.notify_waiters();
+    }
+
+    /// The stream has dials in flight or open connections: something waits on its agent.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.pending.load(Ordering::Relaxed) > 0 || self.open.load(Ordering::Relaxed) > 0
+    }
+
+    /// Returns once the stream is busy.
+    pub(crate) async fn wait_busy(&self) {
+        loop {
+            let started = self.busy.notified();
+            let mut started = std::pin::pin!(started);
+            started.as_mut().enable();
+            if self.is_busy() {
+                return;
+            }
+            started.await;
+        }
     }
 
     /// Ends a dial's pending state, the agent's and the tenant's (reserved in `Hub::dial`).
@@ -223,6 +244,7 @@ impl AgentSession {
             last_picked: AtomicU64::new(0),
             outlier: Mutex::default(),
             tenant: watch.tenant.clone(),
+            busy: tokio::sync::Notify::new(),
         });
         let cidrs = identifiers
             .cidrs
@@ -405,6 +427,7 @@ impl Hooks for ServerHooks {
                 }
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
+                m.connection_close_reason(&ended.outcome);
                 if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
                     m.overflow_closes.inc();
                 }

@@ -15,6 +15,7 @@ const UPSTREAM_SERVER: &[&str] = &[
     "dial_duration_seconds",
     "frontend_write_duration_seconds",
     "connection_duration_seconds",
+    "connection_close_total",
     "grpc_connections",
     "http_connections",
     "ready_backend_connections",
@@ -37,6 +38,7 @@ const SERVER_AFTER_TRAFFIC: &[&str] = &[
     "dial_duration_seconds",
     "frontend_write_duration_seconds",
     "connection_duration_seconds",
+    "connection_close_total",
     "grpc_connections",
     "http_connections",
     "ready_backend_connections",
@@ -56,6 +58,8 @@ const UPSTREAM_AGENT: &[&str] = &[
     "open_server_connections",
     "known_server_count",
     "open_endpoint_connections",
+    "endpoint_connection_duration_seconds",
+    "endpoint_connection_close_total",
     "stream_packets_total",
     "stream_errors_total",
     "lease_lists_total",
@@ -69,6 +73,8 @@ const AGENT_AFTER_TRAFFIC: &[&str] = &[
     "open_server_connections",
     "known_server_count",
     "open_endpoint_connections",
+    "endpoint_connection_duration_seconds",
+    "endpoint_connection_close_total",
     "stream_packets_total",
 ];
 
@@ -83,6 +89,11 @@ const UPSTREAM_HELP: &[&str] = &[
     "# HELP konnectivity_network_proxy_agent_endpoint_dial_failure_total Number of failures dialing the remote endpoint, by reason (example: timeout).",
     "# HELP konnectivity_network_proxy_agent_open_endpoint_connections Current number of open endpoint connections.",
     "# HELP konnectivity_network_proxy_agent_open_server_connections Current number of open server connections.",
+    // ANP#908 (open upstream): pkg/testing/metrics compares these two.
+    "# HELP konnectivity_network_proxy_server_connection_close_total Number of established end-to-end connections (post-dial) that were closed, by reason for the close.",
+    "# HELP konnectivity_network_proxy_agent_endpoint_connection_close_total Number of established endpoint connections (post-dial) that were closed, by reason for the close.",
+    // ANP#899 (merged 2026-08-19).
+    "# HELP konnectivity_network_proxy_server_connection_duration_seconds Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.",
 ];
 
 fn check_help(text: &str, prefix: &str) {
@@ -153,6 +164,13 @@ async fn server_and_agent_expose_upstream_metric_names() {
         ),
         "{text}"
     );
+    // The client closed its tunnel: upstream's close exchange, `frontend_close` (ANP#908).
+    assert!(
+        text.contains(
+            "konnectivity_network_proxy_server_connection_close_total{reason=\"frontend_close\"} 1"
+        ),
+        "{text}"
+    );
     // The admin port serves the same registry.
     let (status, admin) = tether_testkit::http::get(server.admin_addr, "/metrics")
         .await
@@ -168,6 +186,12 @@ async fn server_and_agent_expose_upstream_metric_names() {
         AGENT_AFTER_TRAFFIC,
     );
     check_help(&text, "konnectivity_network_proxy_agent_");
+    assert!(
+        text.contains(
+            "konnectivity_network_proxy_agent_endpoint_connection_close_total{reason=\"server_close\"} 1"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains(
             "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"unknown\"} 1"

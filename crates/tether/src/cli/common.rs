@@ -163,9 +163,11 @@ pub(crate) struct FlowArgs {
     pub(crate) legacy_stall_timeout: std::time::Duration,
 
     /// How long the connections of an agent stream whose transport broke (a reset, a
-    /// timeout, a middlebox) wait for the agent to reconnect and resume the stream, losing
-    /// nothing; then they close with an error. Between tether peers only; 0 turns it off.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = go_duration)]
+    /// relay's restart, a middlebox) wait for the other end to reconnect and resume the
+    /// stream, losing nothing; then they close with an error. A live agent that saw the
+    /// break resumes in milliseconds; a killed one never does, so this is how long a dead
+    /// agent's connections hang. Between tether peers only; 0 turns it off.
+    #[arg(long, value_name = "DURATION", default_value = "4s", value_parser = go_duration)]
     pub(crate) resume_window: std::time::Duration,
 }
 

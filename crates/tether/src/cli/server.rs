@@ -151,6 +151,14 @@ pub(crate) struct ServerArgs {
     #[arg(long, help_heading = "Agents", value_name = "DURATION", default_value = "10s", value_parser = go_duration)]
     agent_ping_timeout: Duration,
 
+    /// End an agent stream that carries connections or dials, and them with it, when its
+    /// agent sends nothing at all for this long (its node is gone, or the network to it is
+    /// cut): no --resume-window on top. While a stream is busy its agent is PINGed every
+    /// second, so a live one is heard several times within it. 0 waits for
+    /// --agent-ping-timeout and then the resume window instead.
+    #[arg(long, help_heading = "Agents", value_name = "DURATION", default_value = "4s", value_parser = go_duration)]
+    dead_agent_timeout: Duration,
+
     /// This server's ID, sent to agents. Default: $PROXY_SERVER_ID, else a random UUID.
     #[arg(
         long,
@@ -306,6 +314,13 @@ impl ServerArgs {
                 "--agent-ping-interval must be greater than 0 (--agent-ping-timeout=0 disables PINGs)"
             );
         }
+        if self.agent_ping_timeout.is_zero() && !self.dead_agent_timeout.is_zero() {
+            bail!(
+                "--dead-agent-timeout needs PINGs to agents, which --agent-ping-timeout=0 turns \
+                 off: without them a live agent with an idle connection sends nothing and would be \
+                 taken for dead. Set --dead-agent-timeout=0 as well, or keep PINGs on"
+            );
+        }
         let strategies = Strategy::parse_list(&self.proxy_strategies)
             .map_err(|e| anyhow::anyhow!("--proxy-strategies: {e}"))?;
         for (flag, port) in [
@@ -401,6 +416,8 @@ impl ServerArgs {
                 ControlPlane::Kubeconfig | ControlPlane::Off => None,
             },
             resume_window: self.flow.resume_window,
+            dead_agent_timeout: (!self.dead_agent_timeout.is_zero())
+                .then_some(self.dead_agent_timeout),
         };
         Ok(ServerLaunch {
             config,

@@ -2,8 +2,10 @@
 
 mod audit;
 mod certificates;
+mod dead_agents;
 mod destinations;
 mod failures;
+mod fleet_behind_nat;
 mod introspect;
 mod logs;
 mod profiling;

@@ -63,11 +63,16 @@ pub(crate) struct SecurityArgs {
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 0)]
     max_frontend_connections_per_address: usize,
 
-    /// Open connections on the agent listener; further ones are closed at accept.
-    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
+    /// Open connections on the agent listener; further ones are closed at accept. The
+    /// default holds every agent --max-agents allows, each with a second connection while it
+    /// reconnects, at about 45 KiB each: size the server's memory for it (see SECURITY.md).
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 40_000)]
     max_agent_connections: usize,
 
-    /// Open connections from one IP address on the agent listener; 0 means no cap.
+    /// Connections from one IP address on the agent listener that have no admitted agent
+    /// stream yet (in TLS, or with credentials still being checked); further ones are closed
+    /// at accept. Admitted agents do not count, so any number of them may share one address
+    /// (NAT, a load balancer's SNAT). 0 means no cap.
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 100)]
     max_agent_connections_per_address: usize,
 
