@@ -32,9 +32,9 @@ const SERVER_SESSION_CACHE_SIZE: usize = 4096;
 /// CONNECT.
 ///
 /// Session resumption is on, both through a stateful in-memory cache and through stateless
-/// tickets from aws-lc-rs' rotating [`Ticketer`](rustls::crypto::aws_lc_rs::Ticketer), so that churny
-/// clients (kube-apiserver redials per request, agents reconnect on every server restart)
-/// resume with one round trip and no certificate verification.
+/// tickets from aws-lc-rs' rotating [`Ticketer`](rustls::crypto::aws_lc_rs::Ticketer), so
+/// that churny clients (kube-apiserver redials per request, agents reconnect on every server
+/// restart) resume with one round trip and no certificate verification.
 pub fn server_config(
     cert: &Path,
     key: &Path,
