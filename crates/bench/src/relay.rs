@@ -5,7 +5,7 @@
 //! Per accepted connection it dials `--to` and copies both ways with
 //! `copy_bidirectional_with_sizes` and large buffers, half-closes passed on. With
 //! `--tls-connect` the outgoing leg is mutual TLS as a client, with `--tls-accept` the
-//! incoming leg is mutual TLS as a server: the same rustls (ring) configs, cipher suites and
+//! incoming leg is mutual TLS as a server: the same rustls (aws-lc-rs) configs, cipher suites and
 //! protocol versions as tether's agent link. Runs on a single-threaded runtime (see
 //! BENCHMARKS.md). With `--cut-on-sigusr1` it stands for a middlebox between an agent and
 //! its server (the `resume` workload): SIGUSR1 closes every connection through it at once.

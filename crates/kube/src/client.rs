@@ -42,6 +42,9 @@ pub(crate) fn endpoint(config: &kube::Config) -> Option<String> {
 }
 
 pub(crate) fn build(config: kube::Config) -> anyhow::Result<kube::Client> {
+    // kube-rs builds its rustls config from the process default: tether's, so that the
+    // connection to kube-apiserver offers the post-quantum hybrid first, as Go clients do.
+    tether_tls::install_default_provider();
     kube::Client::try_from(config).map_err(|e| {
         if format!("{e:?}").contains("UnsupportedCertVersion") {
             anyhow::anyhow!("{V1_CERTIFICATE}")

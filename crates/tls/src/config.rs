@@ -32,9 +32,9 @@ const SERVER_SESSION_CACHE_SIZE: usize = 4096;
 /// CONNECT.
 ///
 /// Session resumption is on, both through a stateful in-memory cache and through stateless
-/// tickets from ring's rotating [`Ticketer`](rustls::crypto::ring::Ticketer), so that churny
-/// clients (kube-apiserver redials per request, agents reconnect on every server restart)
-/// resume with one round trip and no certificate verification.
+/// tickets from aws-lc-rs' rotating [`Ticketer`](rustls::crypto::aws_lc_rs::Ticketer), so
+/// that churny clients (kube-apiserver redials per request, agents reconnect on every server
+/// restart) resume with one round trip and no certificate verification.
 pub fn server_config(
     cert: &Path,
     key: &Path,
@@ -86,10 +86,11 @@ pub(crate) type SessionState = (Arc<dyn StoresServerSessions>, Arc<dyn ProducesT
 /// that must not resume another's sessions (after a CA change, or on a tenant's listener
 /// with its own CA) gets a new one.
 pub(crate) fn new_session_state() -> Result<SessionState, TlsError> {
-    let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Rustls {
-        what: "creating TLS session ticketer",
-        error,
-    })?;
+    let ticketer =
+        rustls::crypto::aws_lc_rs::Ticketer::new().map_err(|error| TlsError::Rustls {
+            what: "creating TLS session ticketer",
+            error,
+        })?;
     Ok((
         ServerSessionMemoryCache::new(SERVER_SESSION_CACHE_SIZE),
         ticketer,

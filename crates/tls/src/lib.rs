@@ -16,9 +16,11 @@
 //! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
 //!   benchmarks.
 //!
-//! Only rustls' `ring` provider is used, and every config is built with an explicit provider,
-//! so nothing depends on a process-wide default; [`install_default_provider`] exists for code
-//! that builds rustls configs elsewhere.
+//! Only rustls' `aws-lc-rs` provider is used, with the post-quantum hybrid X25519MLKEM768
+//! preferred and the classical groups still accepted (`key_exchange.rs`). Every config is built
+//! with an explicit provider, so nothing depends on a process-wide default;
+//! [`install_default_provider`] installs the same provider for code that builds rustls configs
+//! elsewhere (the Kubernetes API client).
 //!
 //! Errors are [`TlsError`]s whose messages name the file and what was wrong with it; callers add
 //! the flag name (e.g. `--server-cert`) as context.
@@ -28,6 +30,7 @@
 mod client_ca;
 mod config;
 mod error;
+mod key_exchange;
 mod options;
 pub mod pki;
 mod reload;
@@ -42,14 +45,16 @@ pub use reload::{ReloadOutcome, Reloading};
 pub use validity::{CertTime, OutsideValidity};
 pub use x509_version::x509_version;
 
-/// Installs rustls' `ring` provider as the process default, for callers that build rustls
-/// configs with `ServerConfig::builder()`/`ClientConfig::builder()` rather than through this
-/// crate: those builders panic when no default is installed and rustls cannot infer one from
-/// its crate features (e.g. once some other dependency enables `aws-lc-rs` too).
+/// Installs this crate's [`provider`] (default options) as the process default, for callers
+/// that build rustls configs with `ServerConfig::builder()`/`ClientConfig::builder()` rather
+/// than through this crate, such as kube-rs' client: they then offer the same key exchange
+/// groups, the post-quantum hybrid first, and do not panic should rustls be unable to infer a
+/// default from its crate features.
 ///
 /// Idempotent: calling it again, or after another provider was installed, leaves the existing
 /// default in place.
 pub fn install_default_provider() {
     // An `Err` only means a default is already installed, which is the state we want.
-    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    let provider = rustls::crypto::CryptoProvider::clone(&provider(&TlsOptions::default()));
+    let _already_installed = provider.install_default();
 }

@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
-use rustls::crypto::{CryptoProvider, ring};
+use rustls::crypto::{CryptoProvider, aws_lc_rs};
 use rustls::{CipherSuite, SupportedCipherSuite, SupportedProtocolVersion};
 
 use crate::TlsError;
+use crate::key_exchange;
 
 /// Go's names (from `tls.CipherSuites()`, plus the legacy CHACHA20 aliases that Kubernetes'
-/// `cliflag` still accepts) for the TLS 1.2 suites that rustls implements with ring.
+/// `cliflag` still accepts) for the TLS 1.2 suites that rustls implements.
 ///
 /// Everything else Go knows (CBC, static RSA key exchange, 3DES, RC4) is missing from rustls on
 /// purpose, so those names are refused rather than silently ignored.
@@ -171,8 +172,9 @@ fn tls12_suite(go_name: &str) -> Option<CipherSuite> {
         .map(|(_, suite)| *suite)
 }
 
-/// The ring crypto provider with the TLS 1.2 suites restricted to `opts.cipher_suites` (all TLS
-/// 1.3 suites are always kept, as in Go), and none at all when the minimum is TLS 1.3: the
+/// rustls' aws-lc-rs crypto provider with tether's key exchange groups (the post-quantum hybrid
+/// first), the TLS 1.2 suites restricted to `opts.cipher_suites`
+/// (all TLS 1.3 suites are always kept, as in Go), and none at all when the minimum is TLS 1.3: the
 /// provider then says which versions a config built from it can negotiate, which a config
 /// derived from another one relies on ([`crate::ClientCa`]). rustls' preference order is
 /// preserved.
@@ -180,7 +182,8 @@ fn tls12_suite(go_name: &str) -> Option<CipherSuite> {
 /// Names that are not supported are skipped here; [`TlsOptions::from_go_flags`] and the
 /// config builders in this crate reject them first.
 pub fn provider(opts: &TlsOptions) -> Arc<CryptoProvider> {
-    let mut provider = ring::default_provider();
+    let mut provider = aws_lc_rs::default_provider();
+    provider.kx_groups = key_exchange::GROUPS.to_vec();
     if opts.min_version == TlsVersion::Tls13 {
         provider
             .cipher_suites

@@ -6,8 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
-use rustls::{CipherSuite, ClientConfig, HandshakeKind, RootCertStore, ServerConfig};
+use rustls::{
+    CipherSuite, ClientConfig, HandshakeKind, NamedGroup, RootCertStore, ServerConfig,
+    SupportedProtocolVersion,
+};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use tempfile::TempDir;
@@ -47,6 +51,7 @@ fn fixture() -> Fixture {
 struct ServerSide {
     alpn: Option<Vec<u8>>,
     peer_certificates: usize,
+    group: Option<NamedGroup>,
 }
 
 /// What the client saw of a successful exchange.
@@ -55,6 +60,7 @@ struct ClientSide {
     alpn: Option<Vec<u8>>,
     suite: Option<CipherSuite>,
     kind: Option<HandshakeKind>,
+    group: Option<NamedGroup>,
 }
 
 /// Runs one TLS connection over 127.0.0.1: handshake, then "ping" from the client and "pong"
@@ -81,6 +87,9 @@ async fn exchange(
         Ok(ServerSide {
             alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
             peer_certificates: conn.peer_certificates().map_or(0, <[_]>::len),
+            group: conn
+                .negotiated_key_exchange_group()
+                .map(|group| group.name()),
         })
     };
     let dial = async {
@@ -96,6 +105,9 @@ async fn exchange(
             alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
             suite: conn.negotiated_cipher_suite().map(|suite| suite.suite()),
             kind: conn.handshake_kind(),
+            group: conn
+                .negotiated_key_exchange_group()
+                .map(|group| group.name()),
         })
     };
     tokio::time::timeout(EXCHANGE_TIMEOUT, async { tokio::join!(serve, dial) })
@@ -126,16 +138,41 @@ fn agent_client(f: &Fixture, alpn: Vec<Vec<u8>>) -> Arc<ClientConfig> {
 
 /// A client that speaks only TLS 1.2, built from this crate's provider.
 fn tls12_only_client(f: &Fixture) -> Arc<ClientConfig> {
+    other_client(
+        f,
+        provider(&TlsOptions::default()),
+        &[&rustls::version::TLS12],
+    )
+}
+
+/// A client without a certificate that trusts the fixture's CA, from `provider`, speaking
+/// `versions`: a peer configured unlike tether's own dialers.
+fn other_client(
+    f: &Fixture,
+    provider: Arc<CryptoProvider>,
+    versions: &[&'static SupportedProtocolVersion],
+) -> Arc<ClientConfig> {
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(&f.files.ca_cert).expect("open CA") {
         roots.add(cert.expect("CA PEM")).expect("CA cert");
     }
-    let config = ClientConfig::builder_with_provider(provider(&TlsOptions::default()))
-        .with_protocol_versions(&[&rustls::version::TLS12])
-        .expect("TLS 1.2")
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .expect("protocol versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
     Arc::new(config)
+}
+
+/// This crate's provider with only X25519 left, as a Go peer with
+/// `CurvePreferences: []tls.CurveID{tls.X25519}` has it.
+fn x25519_only() -> Arc<CryptoProvider> {
+    let mut provider = CryptoProvider::clone(&provider(&TlsOptions::default()));
+    provider
+        .kx_groups
+        .retain(|group| group.name() == NamedGroup::X25519);
+    assert_eq!(provider.kx_groups.len(), 1, "the provider has X25519");
+    Arc::new(provider)
 }
 
 #[tokio::test]
@@ -300,6 +337,104 @@ async fn sessions_resume_with_tls13_and_tls12() {
             [Some(HandshakeKind::Full), Some(HandshakeKind::Resumed)]
         );
     }
+}
+
+/// Every tether listener and dialer is built by `server_config`/`client_config`: between two
+/// of them, full and resumed handshakes both use the post-quantum hybrid (a TLS 1.3
+/// resumption runs a fresh key exchange too).
+#[tokio::test]
+async fn tether_to_tether_negotiates_x25519mlkem768() {
+    let f = fixture();
+    let server = mtls_server(&f, &[H2], &TlsOptions::default());
+    let client = agent_client(&f, vec![H2.to_vec()]);
+    for kind in [HandshakeKind::Full, HandshakeKind::Resumed] {
+        let (server, client) =
+            exchange(Arc::clone(&server), Arc::clone(&client), "localhost").await;
+        let (server, client) = (server.expect("server side"), client.expect("client side"));
+        assert_eq!(client.kind, Some(kind));
+        assert_eq!(client.group, Some(NamedGroup::X25519MLKEM768), "{kind:?}");
+        assert_eq!(server.group, Some(NamedGroup::X25519MLKEM768), "{kind:?}");
+    }
+}
+
+/// Peers without ML-KEM keep working: one restricted to X25519 gets X25519 from tether's
+/// listener, tether's dialer gets X25519 from such a listener, and TLS 1.2 (which has no
+/// hybrid group) gets a classical group.
+#[tokio::test]
+async fn classical_only_peers_still_connect() {
+    let f = fixture();
+    let server = server_config(
+        &f.files.server_cert,
+        &f.files.server_key,
+        None,
+        &[],
+        &TlsOptions::default(),
+    )
+    .expect("server config");
+    let (served, client) = exchange(
+        Arc::clone(&server),
+        other_client(&f, x25519_only(), rustls::ALL_VERSIONS),
+        "localhost",
+    )
+    .await;
+    assert_eq!(served.expect("server side").group, Some(NamedGroup::X25519));
+    assert_eq!(client.expect("client side").group, Some(NamedGroup::X25519));
+
+    let certificate = CertificateDer::pem_file_iter(&f.files.server_cert)
+        .expect("open certificate")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certificate PEM");
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(&f.files.server_key).expect("key");
+    let classical_server = ServerConfig::builder_with_provider(x25519_only())
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certificate, key)
+        .expect("server certificate");
+    let (served, client) = exchange(
+        Arc::new(classical_server),
+        agent_client(&f, Vec::new()),
+        "localhost",
+    )
+    .await;
+    assert_eq!(served.expect("server side").group, Some(NamedGroup::X25519));
+    assert_eq!(client.expect("client side").group, Some(NamedGroup::X25519));
+
+    let (served, client) = exchange(server, tls12_only_client(&f), "localhost").await;
+    assert_eq!(served.expect("server side").group, Some(NamedGroup::X25519));
+    assert_eq!(client.expect("client side").group, Some(NamedGroup::X25519));
+}
+
+/// Code that builds its rustls config from the process default (kube-rs' client, for the
+/// connection to kube-apiserver) offers the hybrid first once tether installed its provider.
+#[tokio::test]
+async fn the_installed_default_provider_prefers_x25519mlkem768() {
+    let f = fixture();
+    tether_tls::install_default_provider();
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&f.files.ca_cert).expect("open CA") {
+        roots.add(cert.expect("CA PEM")).expect("CA cert");
+    }
+    let client = ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let server = server_config(
+        &f.files.server_cert,
+        &f.files.server_key,
+        None,
+        &[],
+        &TlsOptions::default(),
+    )
+    .expect("server config");
+    let (served, client) = exchange(server, Arc::new(client), "localhost").await;
+    assert_eq!(
+        served.expect("server side").group,
+        Some(NamedGroup::X25519MLKEM768)
+    );
+    assert_eq!(
+        client.expect("client side").group,
+        Some(NamedGroup::X25519MLKEM768)
+    );
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 //  2. kube-apiserver's egress selector dialer (two versions), three configurations -> tether
 //  3. mixed pairs: upstream agent -> tether server and tether agent -> upstream server, with drain
 //  4. upstream's integration suite with tether's agent (-agent-path)
+//  5. the TLS key exchange group Go negotiates with tether in each direction (CurveID)
 //
 // Each cell that involves tether has a reference run of the same checks with upstream's own
 // server and agent; error texts must match upstream's after ports and socket paths are removed.
@@ -68,7 +69,7 @@ func main() {
 		upVersion = flag.String("upstream-version", "", "version of upstream's binaries and suite")
 		out       = flag.String("out", "", "COMPATIBILITY.md to update (the generated block)")
 		work      = flag.String("work", "", "scratch directory (sockets, PKI, logs)")
-		only      = flag.String("only", "", "comma-separated sections to run (1,2,3,4); empty: all, and the file is written")
+		only      = flag.String("only", "", "comma-separated sections to run (1,2,3,4,5); empty: all, and the file is written")
 	)
 	flag.Parse()
 	if *binDir == "" || *tetherBin == "" || *work == "" || *upVersion == "" {
@@ -98,6 +99,7 @@ func main() {
 		}{
 			{"1", e.section1}, {"2", e.section2}, {"3", e.section3},
 			{"4", func() error { return e.section4(*testBin, *testSrc) }},
+			{"5", e.section5},
 		}
 		for _, st := range steps {
 			if !run(st.n) || ctx.Err() != nil {
@@ -180,6 +182,7 @@ type cell struct {
 	peer, version, frontend, transport, direction string
 	checks                                        []check
 	expected                                      string // an expected difference: why, and the evidence
+	group                                         string // section 5: the negotiated key exchange group
 }
 
 func (e *env) newCell(section, peer, version, frontend, transport, direction string) *cell {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
 )
@@ -17,6 +18,7 @@ var sectionTitle = map[string]string{
 	"2": "2. kube-apiserver's egress selector dialer → proxy server → agent → HTTP backend",
 	"3": "3. Mixed pairs: upstream proxy-agent → tether server, tether agent → upstream proxy-server",
 	"4": "4. Upstream integration suite (`sigs.k8s.io/apiserver-network-proxy/tests`) with tether's agent",
+	"5": "5. TLS key exchange: the group Go's crypto/tls negotiates with each endpoint (`tls.ConnectionState().CurveID`)",
 }
 
 func (c *cell) result() string {
@@ -125,11 +127,29 @@ func (e *env) markdown() string {
 			fmt.Fprintf(&b, "| %s | %s |\n", c.peer, c.result())
 		}
 	}
+	e.groupTable(&b)
 	pass, fail, diff := e.tally()
 	fmt.Fprintf(&b, "\nTotals: %d cells pass, %d differ as expected, %d fail; upstream suite: %d passed, %d skipped, %d expected differences, %d failed.\n",
 		pass, diff, fail, counts["pass"], counts["skipped"], counts["differs"], counts["fail"])
 	fmt.Fprintln(&b, "\n"+endMarker)
 	return b.String()
+}
+
+// groupTable renders section 5: one line per direction and Go curve set, with the group.
+func (e *env) groupTable(b *strings.Builder) {
+	fmt.Fprintf(b, "\n### %s\n\n", sectionTitle["5"])
+	fmt.Fprintf(b, "Go: %s. Each line is asserted: Go's default curves must give X25519MLKEM768, X25519 alone must give X25519.\n\n", runtime.Version())
+	fmt.Fprintln(b, "| Go side configured as | Go curves | tether/upstream endpoint | Direction | Negotiated group | Result |")
+	fmt.Fprintln(b, "|---|---|---|---|---|---|")
+	for _, c := range e.cells {
+		if c.section == "5" {
+			group := c.group
+			if group == "" {
+				group = "(no handshake)"
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", c.peer, c.version, c.frontend, c.direction, group, c.result())
+		}
+	}
 }
 
 func (e *env) tally() (pass, fail, diff int) {

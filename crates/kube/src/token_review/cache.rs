@@ -18,7 +18,7 @@ use super::verdict::Verdict;
 pub(crate) type TokenKey = [u8; 32];
 
 pub(crate) fn key(token: &str) -> TokenKey {
-    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes());
     let mut key = [0; 32];
     key.copy_from_slice(digest.as_ref());
     key

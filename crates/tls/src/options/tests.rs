@@ -99,7 +99,7 @@ fn cipher_suites_empty_keeps_rustls_defaults() {
     let (opts, _) = TlsOptions::from_go_flags("", "").expect("valid flags");
     assert_eq!(
         provider(&opts).cipher_suites.len(),
-        ring::default_provider().cipher_suites.len()
+        aws_lc_rs::default_provider().cipher_suites.len()
     );
 }
 
