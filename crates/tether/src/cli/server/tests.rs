@@ -182,8 +182,16 @@ fn timeouts_and_keepalives() {
         Duration::from_secs(2)
     );
     assert!(config.frontend_keepalive.is_none());
-    let config = uds(&files, "--agent-ping-timeout=0s").unwrap();
+    // Without PINGs an idle live agent sends nothing, so the dead-agent watch must go too,
+    // and the error says which flags.
+    let err = uds(&files, "--agent-ping-timeout=0s").unwrap_err().to_string();
+    assert!(
+        err.contains("--dead-agent-timeout") && err.contains("--agent-ping-timeout=0"),
+        "{err}"
+    );
+    let config = uds(&files, "--agent-ping-timeout=0s --dead-agent-timeout=0").unwrap();
     assert!(config.agent_keepalive.is_none());
+    assert!(config.dead_agent_timeout.is_none());
 }
 
 #[test]
