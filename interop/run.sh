@@ -4,12 +4,13 @@
 #   2. kube-apiserver's egress selector dialer (HTTPConnect/UDS, HTTPConnect/TCP+mTLS, GRPC/UDS)
 #   3. upstream proxy-agent -> tether server, tether agent -> upstream proxy-server, with drain
 #   4. upstream's integration suite with tether's agent (-agent-path)
+#   5. the TLS key exchange group Go 1.26 negotiates with each tether endpoint (X25519MLKEM768)
 # Builds what it needs (tether with cargo, the Go side with build.sh; Go modules are fetched by
 # go), runs every cell on 127.0.0.1 and Unix sockets in a temp dir, and rewrites the generated
 # block of COMPATIBILITY.md from what ran. Exits non-zero when a cell fails, and, with CI set
 # (or --check), when the committed COMPATIBILITY.md differs from what ran.
 #
-#   interop/run.sh [--check] [--only 1,2,3,4]     (--only runs some sections, writes nothing)
+#   interop/run.sh [--check] [--only 1,2,3,4,5]     (--only runs some sections, writes nothing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
