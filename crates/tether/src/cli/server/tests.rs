@@ -184,7 +184,9 @@ fn timeouts_and_keepalives() {
     assert!(config.frontend_keepalive.is_none());
     // Without PINGs an idle live agent sends nothing, so the dead-agent watch must go too,
     // and the error says which flags.
-    let err = uds(&files, "--agent-ping-timeout=0s").unwrap_err().to_string();
+    let err = uds(&files, "--agent-ping-timeout=0s")
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("--dead-agent-timeout") && err.contains("--agent-ping-timeout=0"),
         "{err}"
