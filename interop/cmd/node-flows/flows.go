@@ -40,26 +40,12 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 		return "", wantOutput(k(30*time.Second, "logs", "app", "-c", "web").Run(), "node-app serving on :8080")
 	}))
 	r.run("logs -f", crossed(func() (string, error) {
-		s, err := k(60*time.Second, "logs", "-f", "--tail=1", "app", "-c", "ticker").Start()
-		if err != nil {
-			return "", err
-		}
-		defer s.Stop()
-		first, err := nextTick(s, -1)
-		if err != nil {
-			return "", err
-		}
-		// Lines written after the follow began arrive through the open stream.
-		last, err := nextTick(s, first+3)
-		return fmt.Sprintf("ticks %d..%d", first, last), err
+		return followTicks(k(60*time.Second, "logs", "-f", "--tail=1", "app", "-c", "ticker"), 3)
 	}))
 	r.run("exec (stdin)", crossed(func() (string, error) {
 		want := "stdin through the tunnel " + randomWord()
 		res := k(30*time.Second, "exec", "-i", "app", "-c", "web", "--", "/node-app", "cat").WithStdin(want + "\n").Run()
-		if err := wantOutput(res, want); err != nil {
-			return "", err
-		}
-		return "", nil
+		return "", wantOutput(res, want)
 	}))
 	r.run("exec in the container", crossed(func() (string, error) {
 		// A fake kubelet would run the command on the host; the pod's UTS namespace says "app".
@@ -73,17 +59,7 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 		return "hostname app", nil
 	}))
 	r.run("attach", crossed(func() (string, error) {
-		s, err := k(60*time.Second, "attach", "app", "-c", "ticker").Start()
-		if err != nil {
-			return "", err
-		}
-		defer s.Stop()
-		first, err := nextTick(s, -1)
-		if err != nil {
-			return "", err
-		}
-		_, err = nextTick(s, first+2)
-		return "", err
+		return followTicks(k(60*time.Second, "attach", "app", "-c", "ticker"), 2)
 	}))
 	r.run("port-forward", crossed(func() (string, error) {
 		return e.portForward(ctx)
@@ -124,6 +100,22 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 	r.run("webhook (Fail policy)", crossed(func() (string, error) {
 		return e.webhookCalls(ctx, 20)
 	}))
+}
+
+// followTicks starts cmd (a logs -f or attach of the ticker) and waits for a tick, then for
+// one numbered more later: lines written after the stream opened arrive through it.
+func followTicks(cmd *kubectl.Cmd, more int) (string, error) {
+	s, err := cmd.Start()
+	if err != nil {
+		return "", err
+	}
+	defer s.Stop()
+	first, err := nextTick(s, -1)
+	if err != nil {
+		return "", err
+	}
+	last, err := nextTick(s, first+more)
+	return fmt.Sprintf("ticks %d..%d", first, last), err
 }
 
 var tickLine = regexp.MustCompile(`(?m)^tick (\d+) `)

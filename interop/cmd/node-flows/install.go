@@ -105,25 +105,7 @@ func (e *env) helmCmd(ctx context.Context, timeout time.Duration, args ...string
 // server's static Pod rendered by helm (nodeManifests=true) into the kubelet's manifest
 // directory.
 func (e *env) installTether(ctx context.Context) error {
-	if _, err := e.helmCmd(ctx, 3*time.Minute, append([]string{"install", "tether", e.chart, "-n", "kube-system"},
-		e.helmValues()...)...); err != nil {
-		return err
-	}
-	if err := e.prepareServerFiles(ctx, nonroot); err != nil {
-		return err
-	}
-	manifest, err := e.helmCmd(ctx, time.Minute, append([]string{"template", "tether", e.chart, "-n", "kube-system",
-		"--set", "nodeManifests=true"}, e.helmValues()...)...)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(e.node(staticPodFile), []byte(manifest), 0o600); err != nil {
-		return err
-	}
-	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/tether-agent", "--timeout=100s").Run(); r.Err != nil {
-		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
-	}
-	return e.waitServerWithAgent(ctx, e.images.tether, "")
+	return seq(e.helmStep("install"), e.tetherServer(), e.rolledOut("tether-agent"))(ctx)
 }
 
 func (e *env) uninstallTether(ctx context.Context) error {

@@ -13,27 +13,10 @@ const settle = 8 * time.Second
 // migrationSteps switch upstream's Konnectivity (as the kubernetes.io task installs it) to
 // tether and back, in the order the README's "Migrating from Konnectivity" gives.
 func (e *env) migrationSteps() []step {
-	upstreamServer := func(ctx context.Context) error {
-		server, err := render(upstreamServer, map[string]string{"Image": e.images.upstreamServer})
-		if err != nil {
-			return err
-		}
-		return e.replaceServer(ctx, server, e.images.upstreamServer)
-	}
 	deleteUpstreamAgents := func(ctx context.Context) error {
 		r := e.kube.Cmd(ctx, 2*time.Minute, "delete", "daemonset", "-n", "kube-system", "konnectivity-agent", "--wait=true", "--timeout=100s").Run()
 		if r.Err != nil {
 			return fmt.Errorf("deleting upstream's DaemonSet: %v: %s", r.Err, r.Stderr)
-		}
-		return nil
-	}
-	applyUpstreamAgents := func(ctx context.Context) error {
-		agent, err := render(upstreamAgent, map[string]string{"Image": e.images.upstreamAgent, "ServerHost": e.nodeIP})
-		if err != nil {
-			return err
-		}
-		if r := e.kube.Cmd(ctx, time.Minute, "apply", "-f", "-").WithStdin(agent).Run(); r.Err != nil {
-			return fmt.Errorf("kubectl apply: %v: %s", r.Err, r.Stderr)
 		}
 		return nil
 	}
@@ -48,8 +31,8 @@ func (e *env) migrationSteps() []step {
 		{"2. upstream's agents removed (kubectl delete daemonset konnectivity-agent)", seq(deleteUpstreamAgents, e.agentsConnected(1))},
 		{"3. the server switched to tether (helm upgrade server.kind=staticPod, its node document over the old)",
 			seq(e.helmStep("upgrade", append(keepSA, "--set", "server.kind=staticPod")...), e.tetherServer(keepSA...))},
-		{"4. rollback: the server back to upstream's (its manifest written back)", upstreamServer},
-		{"5. rollback: upstream's agents back (kubectl apply)", seq(applyUpstreamAgents, e.rolledOut("konnectivity-agent"), e.agentsConnected(2))},
+		{"4. rollback: the server back to upstream's (its manifest written back)", e.taskServer(e.images.upstreamServer)},
+		{"5. rollback: upstream's agents back (kubectl apply)", seq(e.taskAgents(e.images.upstreamAgent), e.rolledOut("konnectivity-agent"), e.agentsConnected(2))},
 		{"6. rollback: tether uninstalled (helm uninstall; upstream's ServiceAccount stays)", seq(uninstall, e.agentsConnected(1))},
 	}
 }

@@ -156,24 +156,33 @@ func (e *env) installTaskManifests(ctx context.Context, serverImage, agentImage 
 	if err := e.prepareServerFiles(ctx, -1); err != nil {
 		return err
 	}
-	server, err := render(upstreamServer, map[string]string{"Image": serverImage})
-	if err != nil {
-		return err
+	return seq(e.taskAgents(agentImage), e.taskServer(serverImage), e.rolledOut("konnectivity-agent"))(ctx)
+}
+
+// taskServer writes the task's server Pod with image over the server's manifest and waits
+// until the kubelet runs it.
+func (e *env) taskServer(image string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		server, err := render(upstreamServer, map[string]string{"Image": image})
+		if err != nil {
+			return err
+		}
+		return e.replaceServer(ctx, server, image)
 	}
-	if err := os.WriteFile(e.node(staticPodFile), []byte(server), 0o600); err != nil {
-		return err
+}
+
+// taskAgents applies the task's agent objects with image.
+func (e *env) taskAgents(image string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		agent, err := render(upstreamAgent, map[string]string{"Image": image, "ServerHost": e.nodeIP})
+		if err != nil {
+			return err
+		}
+		if r := e.kube.Cmd(ctx, time.Minute, "apply", "-f", "-").WithStdin(agent).Run(); r.Err != nil {
+			return fmt.Errorf("kubectl apply: %v: %s", r.Err, r.Stderr)
+		}
+		return nil
 	}
-	agent, err := render(upstreamAgent, map[string]string{"Image": agentImage, "ServerHost": e.nodeIP})
-	if err != nil {
-		return err
-	}
-	if r := e.kube.Cmd(ctx, time.Minute, "apply", "-f", "-").WithStdin(agent).Run(); r.Err != nil {
-		return fmt.Errorf("kubectl apply: %v: %s", r.Err, r.Stderr)
-	}
-	if r := e.kube.Cmd(ctx, 2*time.Minute, "rollout", "status", "-n", "kube-system", "daemonset/konnectivity-agent", "--timeout=100s").Run(); r.Err != nil {
-		return fmt.Errorf("agents not ready: %v: %s", r.Err, r.Stderr)
-	}
-	return e.waitServerWithAgent(ctx, serverImage, "")
 }
 
 func (e *env) uninstallTaskManifests(ctx context.Context) error {
