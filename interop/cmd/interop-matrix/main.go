@@ -24,6 +24,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"tether.dev/interop/internal/checks"
 )
 
 type peerBin struct {
@@ -109,7 +111,7 @@ func main() {
 			if err := st.f(); err != nil {
 				fmt.Fprintf(os.Stderr, "interop-matrix: section %s: %v\n", st.n, err)
 				e.cells = append(e.cells, &cell{section: st.n, peer: "(section setup)",
-					checks: []check{{name: "setup", err: err}}})
+					checks: checks.List{{Name: "setup", Err: err}}})
 			}
 		}
 		code = e.report(*out, *only == "")
@@ -171,16 +173,10 @@ func (e *env) setup(binDir, tetherBin string) error {
 
 // ---- cells ----
 
-type check struct {
-	name   string
-	err    error
-	detail string
-}
-
 type cell struct {
 	section                                       string
 	peer, version, frontend, transport, direction string
-	checks                                        []check
+	checks                                        checks.List
 	expected                                      string // an expected difference: why, and the evidence
 	group                                         string // section 5: the negotiated key exchange group
 }
@@ -193,22 +189,13 @@ func (e *env) newCell(section, peer, version, frontend, transport, direction str
 }
 
 // run records one check: f returns a detail line (timings, texts) and an error on failure.
-func (c *cell) run(name string, f func() (string, error)) {
-	start := time.Now()
-	detail, err := f()
-	c.checks = append(c.checks, check{name: name, err: err, detail: detail})
-	status := "ok"
-	if err != nil {
-		status = "FAIL: " + err.Error()
-	}
-	fmt.Printf("   %-58s %s (%.0f ms) %s\n", name, status, float64(time.Since(start).Milliseconds()), detail)
-}
+func (c *cell) run(name string, f func() (string, error)) { c.checks.Run(58, name, f) }
 
 func (c *cell) failed() []string {
 	var names []string
 	for _, ch := range c.checks {
-		if ch.err != nil {
-			names = append(names, ch.name)
+		if ch.Err != nil {
+			names = append(names, ch.Name)
 		}
 	}
 	return names

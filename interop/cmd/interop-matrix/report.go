@@ -52,7 +52,7 @@ func (l *legend) add(name string) int {
 func (l *legend) checkRefs(c *cell) string {
 	var nums []int
 	for _, ch := range c.checks {
-		nums = append(nums, l.add(ch.name))
+		nums = append(nums, l.add(ch.Name))
 	}
 	sort.Ints(nums)
 	var parts []string
@@ -178,8 +178,8 @@ func (e *env) report(out string, write bool) int {
 	if fail > 0 {
 		for _, c := range e.cells {
 			for _, ch := range c.checks {
-				if ch.err != nil {
-					fmt.Printf("FAIL [%s] %s | %s | %s/%s | %s: %s: %v\n", c.section, c.peer, c.version, c.frontend, c.transport, c.direction, ch.name, ch.err)
+				if ch.Err != nil {
+					fmt.Printf("FAIL [%s] %s | %s | %s/%s | %s: %s: %v\n", c.section, c.peer, c.version, c.frontend, c.transport, c.direction, ch.Name, ch.Err)
 				}
 			}
 		}

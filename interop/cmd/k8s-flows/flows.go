@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"tether.dev/interop/internal/checks"
 )
 
 // row is one proxy implementation in one egress shape: the flows and the agent-kill cases.
@@ -13,32 +15,17 @@ type row struct {
 	impl  string
 	shape shape
 	auth  string // mtlsAuth or tokenAuth
-	flows []check
+	flows checks.List
 	kills []killCase
 	// goneFail is kubectl's error when the failurePolicy Fail webhook's agent is gone.
 	goneFail string
 	err      error // the row could not be set up
 }
 
-type check struct {
-	name   string
-	err    error
-	detail string
-}
-
 var flowNames = []string{"logs", "logs (node-b)", "logs -f", "exec", "attach", "port-forward"}
 
 // run records one check of r and prints it.
-func (r *row) run(name string, f func() (string, error)) {
-	start := time.Now()
-	detail, err := f()
-	r.flows = append(r.flows, check{name: name, err: err, detail: detail})
-	status := "ok"
-	if err != nil {
-		status = "FAIL: " + err.Error()
-	}
-	fmt.Printf("   %-16s %s (%d ms) %s\n", name, status, time.Since(start).Milliseconds(), detail)
-}
+func (r *row) run(name string, f func() (string, error)) { r.flows.Run(16, name, f) }
 
 // crossed runs f and checks that its bytes went through the proxy: the server forwarded DATA
 // packets from its agent meanwhile (kube-apiserver keeps idle kubelet connections, so a flow

@@ -18,8 +18,8 @@ func (r *row) failed() []string {
 		f = append(f, r.err.Error())
 	}
 	for _, c := range r.flows {
-		if c.err != nil {
-			f = append(f, c.name+": "+c.err.Error())
+		if c.Err != nil {
+			f = append(f, c.Name+": "+c.Err.Error())
 		}
 	}
 	for _, k := range r.kills {
@@ -31,15 +31,14 @@ func (r *row) failed() []string {
 }
 
 func (r *row) flowResult(name string) string {
-	for _, c := range r.flows {
-		if c.name == name {
-			if c.err != nil {
-				return "**FAIL**"
-			}
-			return "pass"
-		}
+	switch c, ran := r.flows.Find(name); {
+	case !ran:
+		return "not run"
+	case c.Err != nil:
+		return "**FAIL**"
+	default:
+		return "pass"
 	}
-	return "not run"
 }
 
 // markdown renders the generated block: nothing in it changes between identical runs (no

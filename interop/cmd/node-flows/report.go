@@ -74,9 +74,9 @@ func (e *env) report(out string, write, check bool) int {
 			fmt.Printf("FAIL %s: install: %v\n", r.impl, r.err)
 		}
 		for _, c := range r.checks {
-			if c.err != nil {
+			if c.Err != nil {
 				fails++
-				fmt.Printf("FAIL %s: %s: %v\n", r.impl, c.name, c.err)
+				fmt.Printf("FAIL %s: %s: %v\n", r.impl, c.Name, c.Err)
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"tether.dev/interop/internal/checks"
 )
 
 // installation is one way of putting a Konnectivity implementation on the node: a report row.
@@ -42,38 +43,22 @@ func (e *env) installations() []installation {
 type row struct {
 	impl   string
 	how    string // how it was installed, for the report
-	checks []check
+	checks checks.List
 	err    error // the install failed: no flows ran
 }
 
-type check struct {
-	name   string
-	err    error
-	detail string
-}
-
 // run records one check and prints it.
-func (r *row) run(name string, f func() (string, error)) {
-	start := time.Now()
-	detail, err := f()
-	r.checks = append(r.checks, check{name: name, err: err, detail: detail})
-	status := "ok"
-	if err != nil {
-		status = "FAIL: " + err.Error()
-	}
-	fmt.Printf("   %-22s %s (%d ms) %s\n", name, status, time.Since(start).Milliseconds(), detail)
-}
+func (r *row) run(name string, f func() (string, error)) { r.checks.Run(22, name, f) }
 
 func (r *row) result(name string) string {
-	for _, c := range r.checks {
-		if c.name == name {
-			if c.err != nil {
-				return "FAIL"
-			}
-			return "ok"
-		}
+	switch c, ran := r.checks.Find(name); {
+	case !ran:
+		return "not run"
+	case c.Err != nil:
+		return "FAIL"
+	default:
+		return "ok"
 	}
-	return "not run"
 }
 
 // runRow installs, runs every flow through the installation, and removes it again.
