@@ -3,7 +3,7 @@
 //! agent, counted and logged as an error naming the file and its notAfter.
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tether_testkit::Pki;
 use tether_testkit::http::metric_value;
@@ -13,7 +13,7 @@ use tether_tls::pki::{IssuedClient, Leaf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::{STEP, bin, tls_transport};
+use crate::{STEP, bin, tls_transport, until};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -34,19 +34,6 @@ fn expired(pki: &Pki) -> IssuedClient {
     pki.pem
         .reissue(Leaf::Server, now - 2 * DAY, now - DAY)
         .unwrap()
-}
-
-/// Polls until `check` holds, at most `STEP`.
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < STEP, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Whether a new TLS handshake with the agent listener succeeds for a client that trusts

@@ -13,12 +13,11 @@ use std::time::{Duration, Instant};
 use tether_client::{DialError, GrpcClient, Transport};
 use tether_testkit::Pki;
 use tether_testkit::cut_relay::CuttingRelay;
-use tether_testkit::http::metric_value;
 use tether_testkit::process::{Frontend, Process, ServerProcess, free_port, spawn_server};
 use tether_testkit::targets::{Blackhole, EchoServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{STEP, bin, tls_transport};
+use crate::{STEP, bin, metric, tls_transport, until};
 
 /// What the issue asks: the client hears of a dead agent within this.
 const FAIL_FAST: Duration = Duration::from_secs(5);
@@ -49,19 +48,6 @@ async fn spawn_default_agent(pki: &Pki, server_port: u16) -> Process {
         .await
         .expect("the agent connects");
     agent
-}
-
-async fn metric(process: &Process, sample: &str) -> f64 {
-    let text = process.metrics().await.unwrap_or_default();
-    metric_value(&text, sample).unwrap_or(0.0)
-}
-
-async fn until(what: &str, process: &Process, sample: &str, want: f64) {
-    let deadline = Instant::now() + STEP;
-    while metric(process, sample).await != want {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A tunnel through either frontend.
@@ -128,7 +114,10 @@ impl Scene {
         let blackhole = Blackhole::start().await.unwrap();
         let target = blackhole.addr.to_string();
         let pending = tokio::spawn(async move { client.dial(&target).await });
-        until("the dial is pending", &server.process, PENDING_DIALS, 1.0).await;
+        until("the dial is pending", || async {
+            metric(&server.process, PENDING_DIALS).await == Some(1.0)
+        })
+        .await;
         Self {
             pki,
             server,
@@ -314,7 +303,7 @@ async fn a_short_partition_loses_nothing() {
         .unwrap();
     assert!(back == written, "byte-exact across the partition");
     echo_round(&mut scene.tunnel, b"after").await;
-    assert_eq!(metric(&scene.server.process, ESTABLISHED).await, 1.0);
+    assert_eq!(metric(&scene.server.process, ESTABLISHED).await, Some(1.0));
     drop(scene.pki);
 }
 
@@ -345,13 +334,13 @@ async fn a_middlebox_reset_is_resumed_without_loss() {
             "reset {round}: the echo came back {:?} after it",
             cut.elapsed()
         );
-        until(
-            "the resume is counted",
-            &server.process,
-            RESUMES,
-            round as f64 + 1.0,
-        )
+        until("the resume is counted", || async {
+            metric(&server.process, RESUMES).await == Some(round as f64 + 1.0)
+        })
         .await;
     }
-    assert_eq!(metric(&agent, "tether_agent_resumes_total").await, 5.0);
+    assert_eq!(
+        metric(&agent, "tether_agent_resumes_total").await,
+        Some(5.0)
+    );
 }

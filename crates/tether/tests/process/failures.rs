@@ -9,26 +9,7 @@ use tether_testkit::process::{Frontend, Process, ServerProcess, spawn_agent, spa
 use tether_testkit::targets::{EchoServer, SourceServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{STEP, bin, tls_transport};
-
-async fn gauge(process: &Process, sample: &str) -> f64 {
-    let text = process.metrics().await.unwrap_or_default();
-    metric_value(&text, sample).unwrap_or(-1.0)
-}
-
-/// Polls until `check` holds; returns how long it took. Fails after `STEP`.
-async fn until<F, Fut>(what: &str, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < STEP, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    started.elapsed()
-}
+use crate::{STEP, bin, metric, tls_transport, until};
 
 const AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
 const OPEN_ENDPOINTS: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
@@ -55,12 +36,15 @@ async fn read_until_error<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> st
 /// Two agents; returns them ordered so that the first carries the next connection made.
 async fn pick_carrier(server: &ServerProcess, agents: [Process; 2]) -> (Process, Process) {
     let [a, b] = agents;
-    if gauge(&a, OPEN_ENDPOINTS).await >= 1.0 {
+    if metric(&a, OPEN_ENDPOINTS)
+        .await
+        .is_some_and(|open| open >= 1.0)
+    {
         (a, b)
     } else {
         assert_eq!(
-            gauge(&b, OPEN_ENDPOINTS).await,
-            1.0,
+            metric(&b, OPEN_ENDPOINTS).await,
+            Some(1.0),
             "one agent carries the connection"
         );
         let _ = server;
@@ -83,7 +67,7 @@ async fn killed_agent_resets_http_connect_and_new_dials_use_the_survivor() {
     a.wait_ready().await.unwrap();
     b.wait_ready().await.unwrap();
     until("both agents registered", || async {
-        gauge(&server.process, AGENTS).await == 2.0
+        metric(&server.process, AGENTS).await == Some(2.0)
     })
     .await;
     let source = SourceServer::start().await.unwrap();
@@ -114,7 +98,7 @@ async fn killed_agent_resets_http_connect_and_new_dials_use_the_survivor() {
     let mut back = [0u8; 10];
     stream.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"still here");
-    assert_eq!(gauge(&survivor, OPEN_ENDPOINTS).await, 1.0);
+    assert_eq!(metric(&survivor, OPEN_ENDPOINTS).await, Some(1.0));
 }
 
 #[tokio::test]
@@ -161,13 +145,13 @@ async fn frozen_agent_is_detected_and_removed() {
         .unwrap();
     agent.wait_ready().await.unwrap();
     until("agent registered", || async {
-        gauge(&server.process, AGENTS).await == 1.0
+        metric(&server.process, AGENTS).await == Some(1.0)
     })
     .await;
 
     agent.signal("STOP").await.unwrap();
     let detected = until("frozen agent removed", || async {
-        gauge(&server.process, AGENTS).await == 0.0
+        metric(&server.process, AGENTS).await == Some(0.0)
     })
     .await;
     eprintln!("frozen agent removed after {detected:?} (ping every 1s, timeout 2s)");
@@ -178,7 +162,7 @@ async fn frozen_agent_is_detected_and_removed() {
     agent.signal("CONT").await.unwrap();
     // Thawed, it notices its stream is gone and comes back by itself.
     until("agent back", || async {
-        gauge(&server.process, AGENTS).await == 1.0
+        metric(&server.process, AGENTS).await == Some(1.0)
     })
     .await;
 }
@@ -194,7 +178,7 @@ async fn sigterm_drains_the_agent_and_a_second_one_stops_it() {
         .unwrap();
     a.wait_ready().await.unwrap();
     until("first agent registered", || async {
-        gauge(&server.process, AGENTS).await == 1.0
+        metric(&server.process, AGENTS).await == Some(1.0)
     })
     .await;
     let echo = EchoServer::start().await.unwrap();
@@ -208,7 +192,7 @@ async fn sigterm_drains_the_agent_and_a_second_one_stops_it() {
         .unwrap();
     b.wait_ready().await.unwrap();
     until("second agent registered", || async {
-        gauge(&server.process, AGENTS).await == 2.0
+        metric(&server.process, AGENTS).await == Some(2.0)
     })
     .await;
     a.signal("TERM").await.unwrap();
@@ -316,11 +300,11 @@ async fn frozen_server_is_detected_by_the_agent() {
     .unwrap();
     agent.wait_ready().await.unwrap();
     const SERVERS: &str = "konnectivity_network_proxy_agent_open_server_connections";
-    assert_eq!(gauge(&agent, SERVERS).await, 1.0);
+    assert_eq!(metric(&agent, SERVERS).await, Some(1.0));
 
     server.process.signal("STOP").await.unwrap();
     let detected = until("the agent drops the frozen server", || async {
-        gauge(&agent, SERVERS).await == 0.0
+        metric(&agent, SERVERS).await == Some(0.0)
     })
     .await;
     eprintln!("frozen server dropped by the agent after {detected:?} (ping every 1s, timeout 2s)");
@@ -334,7 +318,7 @@ async fn frozen_server_is_detected_by_the_agent() {
     assert_eq!(status, 503, "an agent without servers is not ready");
     server.process.signal("CONT").await.unwrap();
     until("the agent reconnects", || async {
-        gauge(&agent, SERVERS).await == 1.0
+        metric(&agent, SERVERS).await == Some(1.0)
     })
     .await;
 }

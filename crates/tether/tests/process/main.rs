@@ -17,10 +17,30 @@ use std::time::Duration;
 
 use tether_client::Transport;
 use tether_testkit::Pki;
-use tether_testkit::process::ServerProcess;
+use tether_testkit::http::metric_value;
+use tether_testkit::process::{Process, ServerProcess};
 
 /// Bound for any single step: catches hangs without asserting speed.
 pub(crate) const STEP: Duration = Duration::from_secs(30);
+
+/// A sample of `process`'s metrics, `None` while its page or the sample is not there.
+pub(crate) async fn metric(process: &Process, sample: &str) -> Option<f64> {
+    metric_value(&process.metrics().await.ok()?, sample)
+}
+
+/// Polls until `check` holds; returns how long it took. Fails after `STEP`.
+pub(crate) async fn until<F, Fut>(what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < STEP, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
 
 pub(crate) fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tether"))

@@ -2,20 +2,14 @@
 //! with one, as upstream's agent, so that a DaemonSet rollout does not stall and
 //! kube-apiserver's sidecar stays Ready; every counted server only when asked for.
 
-use std::time::Instant;
-
 use tether_testkit::Pki;
-use tether_testkit::http::{get, metric_value};
-use tether_testkit::process::{Frontend, Process, spawn_agent, spawn_server};
+use tether_testkit::http::get;
+use tether_testkit::process::{Frontend, spawn_agent, spawn_server};
 
-use crate::{STEP, bin};
+use crate::{bin, metric, until};
 
 const OPEN: &str = "konnectivity_network_proxy_agent_open_server_connections";
 const KNOWN: &str = "konnectivity_network_proxy_agent_known_server_count";
-
-async fn gauge(agent: &Process, sample: &str) -> Option<f64> {
-    metric_value(&agent.metrics().await.ok()?, sample)
-}
 
 #[tokio::test]
 async fn an_agent_with_one_of_two_servers_is_ready_unless_every_server_is_required() {
@@ -28,8 +22,8 @@ async fn an_agent_with_one_of_two_servers_is_ready_unless_every_server_is_requir
         .await
         .unwrap();
     agent.wait_ready().await.unwrap();
-    assert_eq!(gauge(&agent, KNOWN).await, Some(2.0));
-    assert_eq!(gauge(&agent, OPEN).await, Some(1.0));
+    assert_eq!(metric(&agent, KNOWN).await, Some(2.0));
+    assert_eq!(metric(&agent, OPEN).await, Some(1.0));
     let (status, body) = get(agent.health, "/readyz?verbose").await.unwrap();
     assert_eq!(
         (status, body.as_str()),
@@ -44,11 +38,10 @@ async fn an_agent_with_one_of_two_servers_is_ready_unless_every_server_is_requir
     )
     .await
     .unwrap();
-    let started = Instant::now();
-    while gauge(&strict, OPEN).await != Some(1.0) {
-        assert!(started.elapsed() < STEP, "the second agent never connected");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    until("the second agent connected", || async {
+        metric(&strict, OPEN).await == Some(1.0)
+    })
+    .await;
     let (status, body) = get(strict.health, "/readyz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(
