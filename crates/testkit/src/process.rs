@@ -208,9 +208,22 @@ async fn spawn_agent_once(
     server_agent_addr: SocketAddr,
     extra: &[&str],
 ) -> anyhow::Result<Process> {
+    let health = free_port();
+    let mut args = agent_args(pki, server_agent_addr, health, free_port());
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Process::spawn(bin, args, SocketAddr::from(([127, 0, 0, 1], health))).await
+}
+
+/// `tether agent` with the PKI's agent certificate against `server_agent_addr`, its health
+/// and admin ports on loopback, reconnecting quickly (`--sync-interval` 100 ms, cap 1 s).
+pub fn agent_args(
+    pki: &Pki,
+    server_agent_addr: SocketAddr,
+    health: u16,
+    admin: u16,
+) -> Vec<String> {
     let f = &pki.files;
-    let (health, admin) = (free_port(), free_port());
-    let mut args: Vec<String> = vec![
+    vec![
         "agent".into(),
         format!("--proxy-server-host={}", server_agent_addr.ip()),
         format!("--proxy-server-port={}", server_agent_addr.port()),
@@ -222,9 +235,50 @@ async fn spawn_agent_once(
         format!("--admin-server-port={admin}"),
         "--sync-interval=100ms".into(),
         "--sync-interval-cap=1s".into(),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    Process::spawn(bin, args, SocketAddr::from(([127, 0, 0, 1], health))).await
+    ]
+}
+
+/// A process whose stdout and stderr go to a file, for tests that wait for a log line; killed
+/// when dropped.
+#[derive(Debug)]
+pub struct LoggedChild {
+    _child: Child,
+    log: PathBuf,
+}
+
+impl LoggedChild {
+    /// Starts `command` with its output appended to `log`.
+    pub fn spawn(command: &mut Command, log: PathBuf) -> anyhow::Result<Self> {
+        let out = std::fs::File::create(&log)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(Self { _child: child, log })
+    }
+
+    /// What the process has written so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `text`, at most `within`; returns the log.
+    pub async fn wait_for_log(&self, text: &str, within: Duration) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let log = self.log();
+            if log.contains(text) {
+                return Ok(log);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the log never said {text:?}; it says:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// Upstream's `proxy-server` or `proxy-agent`, as `interop/build.sh` builds it into

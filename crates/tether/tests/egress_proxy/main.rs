@@ -12,15 +12,14 @@ mod proxies;
 mod tether_agent;
 mod upstream_agent;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use tether_client::Transport;
 use tether_testkit::Pki;
-use tether_testkit::process::{ServerProcess, free_port};
+use tether_testkit::process::{LoggedChild, ServerProcess, free_port};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// Bound for any single step: catches hangs without asserting speed.
 pub(crate) const STEP: Duration = Duration::from_secs(30);
@@ -44,9 +43,8 @@ const PROXY_VARIABLES: [&str; 6] = [
 
 /// An agent process (tether's or upstream's) whose log goes to a file; killed when dropped.
 pub(crate) struct AgentProcess {
-    _child: Child,
+    process: LoggedChild,
     pub(crate) health: u16,
-    log: PathBuf,
 }
 
 impl AgentProcess {
@@ -80,21 +78,14 @@ impl AgentProcess {
             command.env_remove(variable);
         }
         command.envs(env.iter().copied());
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(&log)?)
-            .kill_on_drop(true)
-            .spawn()?;
         Ok(Self {
-            _child: child,
+            process: LoggedChild::spawn(&mut command, log)?,
             health,
-            log,
         })
     }
 
     pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log()
     }
 
     /// Waits until the agent is connected to a server (`/readyz` answers 200).
@@ -107,18 +98,7 @@ impl AgentProcess {
 
     /// Waits until the agent's log contains `text`; returns the log.
     pub(crate) async fn wait_for_log(&self, text: &str) -> anyhow::Result<String> {
-        let deadline = tokio::time::Instant::now() + STEP;
-        loop {
-            let log = self.log();
-            if log.contains(text) {
-                return Ok(log);
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "the agent's log never said {text:?}; it says:\n{log}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.process.wait_for_log(text, STEP).await
     }
 }
 

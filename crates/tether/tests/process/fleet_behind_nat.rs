@@ -5,17 +5,16 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use tether_grpc::client::Channel;
 use tether_grpc::{H2Settings, PacketReceiver, PacketSender};
 use tether_testkit::Pki;
 use tether_testkit::http::{get, metric_value};
-use tether_testkit::process::{Frontend, free_port, server_flags};
+use tether_testkit::process::{Frontend, LoggedChild, agent_args, free_port, server_flags};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::{STEP, bin};
 
@@ -24,46 +23,6 @@ const AGENTS: usize = 300;
 const READY: &str = "konnectivity_network_proxy_server_ready_backend_connections";
 /// The default `--max-agent-connections-per-address`.
 const UNADMITTED_PER_ADDRESS: usize = 100;
-
-/// A `tether` process whose output goes to a file, to read its log lines.
-struct Logged {
-    _child: Child,
-    log: PathBuf,
-}
-
-impl Logged {
-    fn spawn(args: Vec<String>, log: PathBuf) -> Self {
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Self { _child: child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn wait_for_log(&self, text: &str) -> String {
-        let deadline = tokio::time::Instant::now() + STEP;
-        loop {
-            let log = self.log();
-            if log.contains(text) {
-                return log;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the log never said {text:?}; it says:\n{log}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
 
 /// One agent stream as a tether agent opens it, with the PKI's agent certificate.
 struct AgentStream {
@@ -135,24 +94,6 @@ async fn closed_within(conn: &mut TcpStream, wait: Duration) -> bool {
     )
 }
 
-fn agent_args(pki: &Pki, server: SocketAddr, health: u16) -> Vec<String> {
-    let f = &pki.files;
-    vec![
-        "agent".into(),
-        format!("--proxy-server-host={}", server.ip()),
-        format!("--proxy-server-port={}", server.port()),
-        format!("--ca-cert={}", f.ca_cert.display()),
-        format!("--agent-cert={}", f.agent_cert.display()),
-        format!("--agent-key={}", f.agent_key.display()),
-        "--agent-id=late-node".into(),
-        "--health-server-host=127.0.0.1".into(),
-        format!("--health-server-port={health}"),
-        format!("--admin-server-port={}", free_port()),
-        "--sync-interval=100ms".into(),
-        "--sync-interval-cap=500ms".into(),
-    ]
-}
-
 fn log_path(pki: &Pki, name: &str) -> PathBuf {
     pki.dir().join(name)
 }
@@ -171,7 +112,8 @@ async fn three_hundred_agents_share_one_address_and_strangers_stay_capped_with_d
         None,
         ports,
     ));
-    let server = Logged::spawn(args, log_path(&pki, "server.log"));
+    let server =
+        LoggedChild::spawn(Command::new(bin()).args(args), log_path(&pki, "server.log")).unwrap();
     tether_testkit::http::wait_for_200(
         SocketAddr::from(([127, 0, 0, 1], ports[1])),
         "/healthz",
@@ -225,20 +167,26 @@ async fn three_hundred_agents_share_one_address_and_strangers_stay_capped_with_d
         (flood - UNADMITTED_PER_ADDRESS) as f64
     );
     server
-        .wait_for_log("raise --max-agent-connections-per-address (connections from one address with no agent stream admitted yet")
-        .await;
+        .wait_for_log("raise --max-agent-connections-per-address (connections from one address with no agent stream admitted yet", STEP)
+        .await
+        .unwrap();
 
     // A real agent arriving while the strangers hold the address's slots is refused before
     // TLS and says so; once they are gone it connects.
     let health = free_port();
-    let late = Logged::spawn(
-        agent_args(&pki, agent_addr, health),
+    let mut late_args = agent_args(&pki, agent_addr, health, free_port());
+    late_args.push("--agent-id=late-node".into());
+    let late = LoggedChild::spawn(
+        Command::new(bin()).args(late_args),
         log_path(&pki, "agent.log"),
-    );
+    )
+    .unwrap();
     late.wait_for_log(
         "the server closed the connection before the TLS handshake (a connection limit? see --max-agent-connections-per-address",
+        STEP,
     )
-    .await;
+    .await
+    .unwrap();
     drop(strangers);
     tether_testkit::http::wait_for_200(SocketAddr::from(([127, 0, 0, 1], health)), "/readyz", STEP)
         .await
