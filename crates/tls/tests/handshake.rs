@@ -126,6 +126,12 @@ fn mtls_server(f: &Fixture, alpn: &[&[u8]], opts: &TlsOptions) -> Arc<ServerConf
     .expect("server config")
 }
 
+/// A listener with the fixture's server certificate that asks for no client certificate.
+fn plain_server(f: &Fixture, opts: &TlsOptions) -> Arc<ServerConfig> {
+    server_config(&f.files.server_cert, &f.files.server_key, None, &[], opts)
+        .expect("server config")
+}
+
 fn agent_client(f: &Fixture, alpn: Vec<Vec<u8>>) -> Arc<ClientConfig> {
     client_config(
         &f.files.ca_cert,
@@ -233,14 +239,7 @@ async fn client_without_certificate_is_refused_when_client_ca_is_set() {
 #[tokio::test]
 async fn client_without_certificate_is_accepted_without_client_ca() {
     let f = fixture();
-    let server = server_config(
-        &f.files.server_cert,
-        &f.files.server_key,
-        None,
-        &[],
-        &TlsOptions::default(),
-    )
-    .expect("server config");
+    let server = plain_server(&f, &TlsOptions::default());
     let client = client_config_from_pem(&f.pki.ca_cert_pem, None, vec![]).expect("client config");
     let (server, client) = exchange(server, client, "localhost").await;
     assert_eq!(server.expect("server side").peer_certificates, 0);
@@ -312,14 +311,7 @@ async fn alpn_picks_h2_when_the_agent_also_offers_a_custom_id() {
 async fn sessions_resume_with_tls13_and_tls12() {
     let f = fixture();
     let server = mtls_server(&f, &[H2], &TlsOptions::default());
-    let server12 = server_config(
-        &f.files.server_cert,
-        &f.files.server_key,
-        None,
-        &[],
-        &TlsOptions::default(),
-    )
-    .expect("server config");
+    let server12 = plain_server(&f, &TlsOptions::default());
     for (server, client) in [
         (server, agent_client(&f, vec![H2.to_vec()])),
         (server12, tls12_only_client(&f)),
@@ -363,14 +355,7 @@ async fn tether_to_tether_negotiates_x25519mlkem768() {
 #[tokio::test]
 async fn classical_only_peers_still_connect() {
     let f = fixture();
-    let server = server_config(
-        &f.files.server_cert,
-        &f.files.server_key,
-        None,
-        &[],
-        &TlsOptions::default(),
-    )
-    .expect("server config");
+    let server = plain_server(&f, &TlsOptions::default());
     let (served, client) = exchange(
         Arc::clone(&server),
         other_client(&f, x25519_only(), rustls::ALL_VERSIONS),
@@ -418,14 +403,7 @@ async fn the_installed_default_provider_prefers_x25519mlkem768() {
     let client = ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let server = server_config(
-        &f.files.server_cert,
-        &f.files.server_key,
-        None,
-        &[],
-        &TlsOptions::default(),
-    )
-    .expect("server config");
+    let server = plain_server(&f, &TlsOptions::default());
     let (served, client) = exchange(server, Arc::new(client), "localhost").await;
     assert_eq!(
         served.expect("server side").group,
@@ -441,8 +419,7 @@ async fn the_installed_default_provider_prefers_x25519mlkem768() {
 async fn tls13_minimum_refuses_a_tls12_client() {
     let f = fixture();
     let (opts, _) = TlsOptions::from_go_flags("VersionTLS13", "").expect("flags");
-    let server = server_config(&f.files.server_cert, &f.files.server_key, None, &[], &opts)
-        .expect("server config");
+    let server = plain_server(&f, &opts);
     let (server, client) = exchange(server, tls12_only_client(&f), "localhost").await;
     server.expect_err("server must refuse TLS 1.2");
     client.expect_err("client must fail");
@@ -453,8 +430,7 @@ async fn cipher_suite_flag_restricts_tls12() {
     let f = fixture();
     let (opts, _) =
         TlsOptions::from_go_flags("", "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384").expect("flags");
-    let server = server_config(&f.files.server_cert, &f.files.server_key, None, &[], &opts)
-        .expect("server config");
+    let server = plain_server(&f, &opts);
     let (server, client) = exchange(server, tls12_only_client(&f), "localhost").await;
     server.expect("server side");
     assert_eq!(
