@@ -186,6 +186,12 @@ fn helm_template(helm: &Path, sets: &[&str]) -> anyhow::Result<String> {
     cmd.args(["template", "tether"])
         .arg(repo().join("deploy/helm/tether"))
         .args(["--namespace", "kube-system"]);
+    set_values(&mut cmd, sets);
+    run(&mut cmd, None)
+}
+
+/// `--set` for the values every install needs, then for `sets`.
+fn set_values(cmd: &mut Command, sets: &[&str]) {
     for set in required_values()
         .iter()
         .map(String::as_str)
@@ -193,7 +199,6 @@ fn helm_template(helm: &Path, sets: &[&str]) -> anyhow::Result<String> {
     {
         cmd.args(["--set", set]);
     }
-    run(&mut cmd, None)
 }
 
 /// The helm rendering of a variant, applied as rendered, as kube-apiserver would store it.
@@ -627,13 +632,7 @@ impl HelmCli<'_> {
             .arg(format!("--kubeconfig={}", self.plane.kubeconfig.display()))
             .args(["--namespace", "kube-system"]);
         if let Some(sets) = sets {
-            for set in required_values()
-                .iter()
-                .map(String::as_str)
-                .chain(sets.iter().copied())
-            {
-                cmd.args(["--set", set]);
-            }
+            set_values(&mut cmd, sets);
         }
         run(&mut cmd, None)
     }
