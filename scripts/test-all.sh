@@ -13,8 +13,9 @@ step "toolchain"
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup" >&2; exit 1; }
 command -v go >/dev/null || { echo "go not found: install Go >= 1.26" >&2; exit 1; }
 if command -v rustup >/dev/null; then
-	rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
-	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+	components=$(rustup component list --installed 2>/dev/null || true)
+	grep -q '^rustfmt' <<<"$components" || rustup component add rustfmt
+	grep -q '^clippy' <<<"$components" || rustup component add clippy
 fi
 cargo --version
 go version

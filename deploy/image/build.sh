@@ -50,7 +50,9 @@ for arch in ${arches//,/ }; do
 	arm64) triple=aarch64-unknown-linux-gnu ;;
 	*) echo "image/build.sh: unknown --arch $arch (amd64 or arm64)" >&2; exit 2 ;;
 	esac
-	if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$triple"; then
+	# Read whole, then matched: grep -q in a pipe can stop rustup with SIGPIPE under pipefail.
+	installed=$(command -v rustup >/dev/null && rustup target list --installed || echo "$triple")
+	if ! grep -qx "$triple" <<<"$installed"; then
 		echo "image/build.sh: the Rust target $triple is not installed: rustup target add $triple" >&2
 		[ "$arch" = amd64 ] || echo "  and a cross linker with static glibc (Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross)," \
 			"then CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" >&2

@@ -245,7 +245,7 @@ node clean
 say "--- nothing left"
 [ ! -e /run/netns/tether-node ] || fail "netns tether-node still there"
 [ ! -e "$W" ] || fail "work dir $W still there"
-if { cat /proc/[0-9]*/mountinfo 2>/dev/null || true; } | grep -q " ${W%/}/"; then fail "a mount under $W in some process's mount namespace"; fi
+if grep -q " ${W%/}/" < <(cat /proc/[0-9]*/mountinfo 2>/dev/null || true); then fail "a mount under $W in some process's mount namespace"; fi
 for p in /proc/[0-9]*; do
 	[ "$(readlink "$p/ns/pid" 2>/dev/null)" != "$pidns" ] || fail "process ${p#/proc/} of the node still running"
 done
