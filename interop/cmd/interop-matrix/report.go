@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+
+	"tether.dev/interop/internal/generated"
 )
 
 const (
@@ -198,7 +200,7 @@ func (e *env) report(out string, write bool) int {
 		}
 	}
 	if write && out != "" {
-		if err := replaceBlock(out, e.markdown()); err != nil {
+		if err := generated.ReplaceInFile(out, beginMarker, endMarker, e.markdown()); err != nil {
 			fmt.Fprintln(os.Stderr, "interop-matrix:", err)
 			return 1
 		}
@@ -208,18 +210,4 @@ func (e *env) report(out string, write bool) int {
 		return 1
 	}
 	return 0
-}
-
-func replaceBlock(path, block string) error {
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(old)
-	i, j := strings.Index(s, beginMarker), strings.Index(s, endMarker)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s: no %q ... %q block", path, beginMarker, endMarker)
-	}
-	s = s[:i] + strings.TrimRight(block, "\n") + s[j+len(endMarker):]
-	return os.WriteFile(path, []byte(s), 0o644)
 }

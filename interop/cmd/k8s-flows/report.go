@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"tether.dev/interop/internal/generated"
 )
 
 const (
@@ -155,7 +157,7 @@ func (e *env) report(out string, write bool) int {
 		}
 	}
 	if write && out != "" {
-		if err := replaceBlock(out, e.markdown()); err != nil {
+		if err := generated.ReplaceInFile(out, beginMarker, endMarker, e.markdown()); err != nil {
 			fmt.Fprintln(os.Stderr, "k8s-flows:", err)
 			return 1
 		}
@@ -165,18 +167,4 @@ func (e *env) report(out string, write bool) int {
 		return 1
 	}
 	return 0
-}
-
-func replaceBlock(path, block string) error {
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(old)
-	i, j := strings.Index(s, beginMarker), strings.Index(s, endMarker)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s: no %q ... %q block", path, beginMarker, endMarker)
-	}
-	s = s[:i] + strings.TrimRight(block, "\n") + s[j+len(endMarker):]
-	return os.WriteFile(path, []byte(s), 0o644)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"tether.dev/interop/internal/generated"
 )
 
 const (
@@ -93,7 +95,7 @@ func (e *env) report(out string, write, check bool) int {
 			fmt.Fprintln(os.Stderr, "node-flows:", err)
 			return 1
 		}
-		updated, err := replaceBlock(string(old), beginMarker, endMarker, e.markdown())
+		updated, err := generated.Replace(string(old), beginMarker, endMarker, e.markdown())
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "node-flows: %s: %v\n", out, err)
 			return 1
@@ -104,7 +106,7 @@ func (e *env) report(out string, write, check bool) int {
 		}
 		for _, run := range e.loadRuns {
 			begin, end := run.markers()
-			updated, err = replaceBlock(updated, begin, end, begin+"\n\n"+stepsMarkdown(run.steps)+"\n"+end)
+			updated, err = generated.Replace(updated, begin, end, begin+"\n\n"+stepsMarkdown(run.steps)+"\n"+end)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "node-flows: %s: %v\n", out, err)
 				return 1
@@ -119,15 +121,6 @@ func (e *env) report(out string, write, check bool) int {
 		return 1
 	}
 	return 0
-}
-
-// replaceBlock replaces the text from begin to end (both included) with block.
-func replaceBlock(s, begin, end, block string) (string, error) {
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	if i < 0 || j < i {
-		return "", fmt.Errorf("no %q ... %q block", begin, end)
-	}
-	return s[:i] + strings.TrimRight(block, "\n") + s[j+len(end):], nil
 }
 
 // stepsMarkdown is a run's figures as a table.
