@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -13,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"tether.dev/interop/internal/metrics"
 )
 
 var (
@@ -79,70 +79,20 @@ func waitStatus(url string, want int, d time.Duration) error {
 	return fmt.Errorf("%s: status %d (%v) after %v, want %d", url, last, err, d, want)
 }
 
-var errMissing = errors.New("no such sample")
-
 // metricSum adds up every sample of name whose labels include all of want (`k="v"` pairs) on a
-// Prometheus text page. errMissing when no sample matches.
+// Prometheus text page. metrics.ErrMissing when no sample matches.
 func metricSum(url, name string, want ...string) (float64, error) {
 	resp, err := httpClient.Get(url)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	return metricSumFrom(resp.Body, name, want...)
+	return metrics.Sum(resp.Body, name, want...)
 }
 
 // metricSumText is metricSum on a page already read.
 func metricSumText(page, name string, want ...string) (float64, error) {
-	return metricSumFrom(strings.NewReader(page), name, want...)
-}
-
-func metricSumFrom(page io.Reader, name string, want ...string) (float64, error) {
-	sc := bufio.NewScanner(page)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	var sum float64
-	found := false
-	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '{') {
-			continue
-		}
-		labels := ""
-		if strings.HasPrefix(rest, "{") {
-			end := strings.Index(rest, "}")
-			if end < 0 {
-				continue
-			}
-			labels, rest = rest[1:end], rest[end+1:]
-		}
-		match := true
-		for _, w := range want {
-			if !strings.Contains(","+labels+",", ","+w+",") {
-				match = false
-			}
-		}
-		if !match {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %q: %v", name, line, err)
-		}
-		sum += v
-		found = true
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	if !found {
-		return 0, errMissing
-	}
-	return sum, nil
+	return metrics.Sum(strings.NewReader(page), name, want...)
 }
 
 // waitMetricAtLeast polls until the sum of name{want} reaches min, for at most d.
@@ -152,7 +102,7 @@ func waitMetricAtLeast(url, name string, min float64, d time.Duration, want ...s
 	var err error
 	for {
 		v, err = metricSum(url, name, want...)
-		if err == errMissing {
+		if err == metrics.ErrMissing {
 			v, err = 0, nil
 		}
 		if err == nil && v >= min {

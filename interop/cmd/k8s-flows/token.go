@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"tether.dev/interop/internal/metrics"
 )
 
 // How agents authenticate to the proxy server: each flow runs in both modes.
@@ -108,7 +110,7 @@ func (e *env) tokenReviews(c *cluster) (float64, error) {
 		return 0, fmt.Errorf("kube-apiserver /metrics: %v: %s", r.err, r.stderr)
 	}
 	v, err := metricSumText(r.stdout, "apiserver_request_total", `resource="tokenreviews"`)
-	if err == errMissing {
+	if err == metrics.ErrMissing {
 		return 0, nil
 	}
 	return v, err

@@ -139,7 +139,7 @@ func (e *env) waitServerWithAgent(ctx context.Context, image, oldHash string) er
 		return err
 	}
 	return waitFor(ctx, "an agent connected to the server", 2*time.Minute, func() error {
-		n, err := metricSum("konnectivity_network_proxy_server_ready_backend_connections", nil)
+		n, err := metricSum("konnectivity_network_proxy_server_ready_backend_connections")
 		if err == nil && n < 1 {
 			err = fmt.Errorf("ready_backend_connections %v", n)
 		}

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"tether.dev/interop/internal/checks"
+	"tether.dev/interop/internal/metrics"
 )
 
 // installation is one way of putting a Konnectivity implementation on the node: a report row.
@@ -80,43 +79,14 @@ const serverMetricsURL = "http://127.0.0.1:8134/metrics"
 
 var httpClient = &http.Client{Timeout: 5 * time.Second}
 
-// metricSum adds up every sample of name whose labels include want (name="value" pairs).
-func metricSum(name string, want map[string]string) (float64, error) {
+// metricSum adds up every sample of name whose labels include all of want (`k="v"` pairs).
+func metricSum(name string, want ...string) (float64, error) {
 	resp, err := httpClient.Get(serverMetricsURL)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return 0, fmt.Errorf("parsing %s: %v", serverMetricsURL, err)
-	}
-	fam, ok := families[name]
-	if !ok {
-		return 0, fmt.Errorf("%s has no %s", serverMetricsURL, name)
-	}
-	var sum float64
-	for _, m := range fam.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		match := true
-		for k, v := range want {
-			match = match && labels[k] == v
-		}
-		if !match {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			sum += m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			sum += m.GetGauge().GetValue()
-		}
-	}
-	return sum, nil
+	return metrics.Sum(io.LimitReader(resp.Body, 16<<20), name, want...)
 }
 
 // waitFor polls cond every 250 ms until it returns nil or d passes; the error says what was
@@ -142,7 +112,7 @@ func waitFor(ctx context.Context, what string, d time.Duration, cond func() erro
 // through the proxy moves it.
 func agentData() float64 {
 	v, _ := metricSum("konnectivity_network_proxy_server_stream_packets_total",
-		map[string]string{"segment": "from_agent", "packet_type": "DATA"})
+		`segment="from_agent"`, `packet_type="DATA"`)
 	return v
 }
 
