@@ -17,21 +17,30 @@ import (
 // webhook pod through the proxy) and a `kubectl logs -f` that is restarted whenever it breaks.
 // Every outcome is stamped with the step it happened in.
 type load struct {
-	mu       sync.Mutex
-	step     string
-	steps    []string
-	calls    map[string]*callStats
-	breaks   map[string]int
+	mu sync.Mutex
+	// steps in the order they began; the last is the one in force.
+	steps    []*stepResult
 	cancel   context.CancelFunc
 	finished sync.WaitGroup
 }
 
-type callStats struct {
-	ok, failed int
-	// longestGap is the longest time between a failure after a success and the next success:
-	// how long this step kept webhooks from working.
-	longestGap  time.Duration
+// stepResult is one step's figures.
+type stepResult struct {
+	step               string
+	ok, failed, breaks int
+	// longestFailing is the longest run of failing calls, from the first failure to the next
+	// success or the step's end: how long this step kept webhooks from working.
+	longestFailing time.Duration
+	// failingFrom is when the current run of failures began; zero while calls succeed.
 	failingFrom time.Time
+}
+
+// endFailing closes the current run of failures, if any, at at.
+func (s *stepResult) endFailing(at time.Time) {
+	if !s.failingFrom.IsZero() {
+		s.longestFailing = max(s.longestFailing, at.Sub(s.failingFrom))
+		s.failingFrom = time.Time{}
+	}
 }
 
 // webhookInterval is the rate of webhook calls: 5 per second.
@@ -42,7 +51,7 @@ var proxyServing = regexp.MustCompile(`Starting to serve on 127\.0\.0\.1:(\d+)`)
 // startLoad starts both kinds of traffic; stop ends them and waits.
 func (e *env) startLoad(ctx context.Context, firstStep string) (*load, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	l := &load{calls: map[string]*callStats{}, breaks: map[string]int{}, cancel: cancel}
+	l := &load{cancel: cancel}
 	l.setStep(firstStep)
 	// kubectl proxy carries the creates: one process instead of one kubectl per call.
 	proxy, err := e.kube.Cmd(ctx, 30*time.Minute, "proxy", "--port=0", "--address=127.0.0.1").Start()
@@ -55,7 +64,13 @@ func (e *env) startLoad(ctx context.Context, firstStep string) (*load, error) {
 		cancel()
 		return nil, err
 	}
-	base := "http://127.0.0.1:" + proxyServing.FindStringSubmatch(proxy.Output())[1]
+	served := proxyServing.FindStringSubmatch(proxy.Output())
+	if served == nil {
+		proxy.Stop()
+		cancel()
+		return nil, fmt.Errorf("kubectl proxy printed no 127.0.0.1 port: %q", proxy.Output())
+	}
+	base := "http://127.0.0.1:" + served[1]
 	l.finished.Add(2)
 	go func() {
 		defer l.finished.Done()
@@ -69,13 +84,18 @@ func (e *env) startLoad(ctx context.Context, firstStep string) (*load, error) {
 	return l, nil
 }
 
+// setStep ends the step in force and begins step.
 func (l *load) setStep(step string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.step = step
-	l.steps = append(l.steps, step)
-	l.calls[step] = &callStats{}
+	if n := len(l.steps); n > 0 {
+		l.steps[n-1].endFailing(time.Now())
+	}
+	l.steps = append(l.steps, &stepResult{step: step})
 }
+
+// current is the step in force; l.mu must be held.
+func (l *load) current() *stepResult { return l.steps[len(l.steps)-1] }
 
 func (l *load) stop() {
 	l.cancel()
@@ -108,19 +128,15 @@ func (l *load) webhookCalls(ctx context.Context, base string) {
 func (l *load) record(ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.calls[l.step]
-	now := time.Now()
+	s := l.current()
 	if ok {
 		s.ok++
-		if !s.failingFrom.IsZero() {
-			s.longestGap = max(s.longestGap, now.Sub(s.failingFrom))
-			s.failingFrom = time.Time{}
-		}
+		s.endFailing(time.Now())
 		return
 	}
 	s.failed++
 	if s.failingFrom.IsZero() {
-		s.failingFrom = now
+		s.failingFrom = time.Now()
 	}
 }
 
@@ -136,7 +152,7 @@ func (l *load) follow(ctx context.Context, kube kubectl.Runner) {
 			return
 		}
 		l.mu.Lock()
-		l.breaks[l.step]++
+		l.current().breaks++
 		l.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -146,25 +162,14 @@ func (l *load) follow(ctx context.Context, kube kubectl.Runner) {
 	}
 }
 
-// stepResult is one step's figures.
-type stepResult struct {
-	step             string
-	ok, failed       int
-	longestFailingMs int64
-	breaks           int
-}
-
+// results are every step's figures, the one in force ended now.
 func (l *load) results() []stepResult {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []stepResult
-	for _, step := range l.steps {
-		s := l.calls[step]
-		gap := s.longestGap
-		if !s.failingFrom.IsZero() {
-			gap = max(gap, time.Since(s.failingFrom))
-		}
-		out = append(out, stepResult{step: step, ok: s.ok, failed: s.failed, longestFailingMs: gap.Milliseconds(), breaks: l.breaks[step]})
+	l.current().endFailing(time.Now())
+	out := make([]stepResult, len(l.steps))
+	for i, s := range l.steps {
+		out[i] = *s
 	}
 	return out
 }

@@ -129,7 +129,7 @@ func stepsMarkdown(res []stepResult) string {
 	fmt.Fprintln(&b, "| step | webhook calls ok | failed | longest outage | `logs -f` broken |")
 	fmt.Fprintln(&b, "| --- | --- | --- | --- | --- |")
 	for _, r := range res {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f s | %d |\n", r.step, r.ok, r.failed, float64(r.longestFailingMs)/1000, r.breaks)
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f s | %d |\n", r.step, r.ok, r.failed, r.longestFailing.Seconds(), r.breaks)
 	}
 	return b.String()
 }

@@ -132,7 +132,7 @@ func (e *env) underLoad(ctx context.Context, title, before, after string, instal
 	l.stop()
 	res := l.results()
 	for _, r := range res {
-		fmt.Printf("   %-100s webhook ok %d failed %d (longest failing %d ms), logs -f broken %d\n", r.step, r.ok, r.failed, r.longestFailingMs, r.breaks)
+		fmt.Printf("   %-100s webhook ok %d failed %d (longest failing %d ms), logs -f broken %d\n", r.step, r.ok, r.failed, r.longestFailing.Milliseconds(), r.breaks)
 	}
 	if stepErr == nil {
 		if last := res[len(res)-1]; last.failed > 0 || last.ok == 0 {
