@@ -54,6 +54,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The flows need an empty cluster: a run killed before its EXIT trap (a reboot, SIGKILL) leaves
+# its etcd behind, and a warm start would bring that run's objects into this one.
+if [ -e "$W" ]; then
+	echo "node/flows.sh: a previous node's state is in $W: cleaning it first"
+	"$here/node.sh" clean
+fi
+
 # kube-apiserver's egress selector, as the kubernetes.io task writes it: the cluster selection
 # over gRPC to the server's socket. The node's /etc/kubernetes is $W/etc-kubernetes.
 mkdir -p "$W/etc-kubernetes"
