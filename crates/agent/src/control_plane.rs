@@ -76,6 +76,16 @@ pub enum ControlPlaneProtocol {
     HttpConnect,
 }
 
+impl std::fmt::Display for ControlPlaneProtocol {
+    /// As `--control-plane-protocol` spells it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "tcp",
+            Self::HttpConnect => "http-connect",
+        })
+    }
+}
+
 /// The bound listener.
 #[derive(Debug)]
 pub(crate) enum Listener {
@@ -147,7 +157,7 @@ pub(crate) async fn serve(
     metrics: Arc<AgentMetrics>,
     stop: CancellationToken,
 ) {
-    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, max_connections, ?protocol, "control-plane listener started");
+    tracing::info!(listen = %listener.local_addr(), endpoint = %endpoint, max_connections, %protocol, "control-plane listener started");
     let tasks = TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut last_refusal_log: Option<Instant> = None;

@@ -101,7 +101,10 @@ impl Destinations {
             None => None,
         };
         tracing::info!(
-            policy = ?config.policy_file,
+            policy = config
+                .policy_file
+                .as_ref()
+                .map(|p| tracing::field::display(p.display())),
             rules = file.as_ref().map_or(0, |f| f.rules().count()),
             loopback = config.allow_loopback,
             link_local = config.allow_link_local,

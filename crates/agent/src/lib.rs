@@ -245,8 +245,8 @@ impl Agent {
         ));
         let health_addr = health.local_addr().ok();
         tracing::info!(
-            health = ?health.local_addr().ok(),
-            admin = ?admin.local_addr().ok(),
+            health = health.local_addr().ok().map(tracing::field::display),
+            admin = admin.local_addr().ok().map(tracing::field::display),
             agent.id = %clientset.agent_id(),
             "proxy agent starting"
         );

@@ -163,7 +163,7 @@ impl Hooks for AgentHooks {
                     dial.id = %random,
                     agent.id = %self.ids.agent_id,
                     server.id = %self.ids.server_id,
-                    ?why,
+                    %why,
                     "dial no longer wanted"
                 );
                 if why == DialCancel::ByPeer {

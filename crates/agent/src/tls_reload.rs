@@ -16,7 +16,7 @@ pub(crate) async fn refreshed(
     let job = reloading.clone();
     match tokio::task::spawn_blocking(move || job.reload_if_changed()).await {
         Ok(ReloadOutcome::Reloaded) => tracing::info!(
-            files = ?reloading.files(),
+            files = %reloading.files().iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","),
             "TLS client certificate or CA changed; new connections use them"
         ),
         Ok(ReloadOutcome::Failed(e)) if e.is_outside_validity() => tracing::error!(

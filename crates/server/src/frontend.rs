@@ -16,6 +16,16 @@ pub enum Mode {
     HttpConnect,
 }
 
+impl std::fmt::Display for Mode {
+    /// As `--mode` spells it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Grpc => "grpc",
+            Self::HttpConnect => "http-connect",
+        })
+    }
+}
+
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -351,10 +351,10 @@ impl Server {
 
         tracing::info!(
             frontend = %frontend.local_addr(),
-            mode = ?config.mode,
+            mode = %config.mode,
             agent = %agent.local_addr(),
-            health = ?health.local_addr().ok(),
-            admin = ?admin.local_addr().ok(),
+            health = health.local_addr().ok().map(tracing::field::display),
+            admin = admin.local_addr().ok().map(tracing::field::display),
             server.id = %config.server_id,
             "proxy server listening"
         );

@@ -60,7 +60,7 @@ async fn check(
         ReloadOutcome::Unchanged => {}
         ReloadOutcome::Reloaded => {
             metrics.reloads.with(&[listener, "reloaded"]).inc();
-            tracing::info!(listener, files = ?reloading.files(), "TLS certificates reloaded; new handshakes use them");
+            tracing::info!(listener, files = %reloading.files().iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), "TLS certificates reloaded; new handshakes use them");
         }
         // A certificate outside its validity is no half-written file that the next write
         // fixes: it needs a new certificate, so it is an error.

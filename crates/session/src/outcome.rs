@@ -113,3 +113,14 @@ pub enum DialCancel {
     /// The stream ended.
     StreamLost,
 }
+
+impl std::fmt::Display for DialCancel {
+    /// A log field's value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::ByPeer => "cancelled by the peer",
+            Self::Timeout => "dial timeout",
+            Self::StreamLost => "stream lost",
+        })
+    }
+}

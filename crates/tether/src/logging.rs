@@ -2,7 +2,11 @@
 //!
 //! klog's verbosity is finer and chattier than tracing's levels, and upstream runs at
 //! `-v=4` by default, so levels are mapped coarsely: up to 4 is INFO, 5-7 DEBUG, 8 and above
-//! TRACE. `RUST_LOG`, when set, replaces that with a full tracing filter.
+//! TRACE. The mapped level applies to tether's own events; libraries (h2 logs every frame at
+//! DEBUG) stay at INFO until `-v=8`. `RUST_LOG`, when set, replaces that with a full tracing
+//! filter.
+//!
+//! Text is klog's format ([`klog`]), which upstream writes and log pipelines parse.
 //!
 //! Destination, as klog: standard error by default; with `--logtostderr=false` and
 //! `--log-file`, that file (appended to), plus standard error with `--alsologtostderr`.
@@ -11,6 +15,9 @@
 //! UTC), `level`, `target`, `message` and the event's own fields at the top level, `span` (the
 //! innermost span: its `name` and fields) and `spans` (all of them, outermost first).
 
+mod klog;
+
+use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::IsTerminal as _;
 use std::sync::Arc;
@@ -26,25 +33,17 @@ use crate::cli::klog::{KlogArgs, LogFormat};
 /// Installs the global subscriber. Commands without klog flags (`dial`, `quickstart`) log
 /// warnings and errors to standard error as text.
 pub(crate) fn init(klog: Option<&KlogArgs>) -> anyhow::Result<()> {
-    let default = klog.map_or(LevelFilter::WARN, |k| level(k.v));
-    let filter = EnvFilter::builder()
-        .with_default_directive(default.into())
-        .from_env()
-        .context("RUST_LOG")?;
+    let directives = klog.map_or_else(|| LevelFilter::WARN.to_string(), |k| directives(k.v));
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) if !env.is_empty() => EnvFilter::try_new(&env).context("RUST_LOG")?,
+        _ => EnvFilter::try_new(&directives).context("the log filter")?,
+    };
     let Some(klog) = klog else {
         let ansi = std::io::stderr().is_terminal();
-        return install(subscriber(
-            LogFormat::Text,
-            filter,
-            BoxMakeWriter::new(std::io::stderr),
-            ansi,
-        ));
+        return install(tool_subscriber(filter, ansi));
     };
-    let (writer, ansi) = if klog.logtostderr || klog.log_file.is_empty() {
-        (
-            BoxMakeWriter::new(std::io::stderr),
-            std::io::stderr().is_terminal(),
-        )
+    let writer = if klog.logtostderr || klog.log_file.is_empty() {
+        BoxMakeWriter::new(std::io::stderr)
     } else {
         let file = OpenOptions::new()
             .create(true)
@@ -53,12 +52,30 @@ pub(crate) fn init(klog: Option<&KlogArgs>) -> anyhow::Result<()> {
             .with_context(|| format!("--log-file: opening {}", klog.log_file))?;
         let file = Arc::new(file);
         if klog.alsologtostderr {
-            (BoxMakeWriter::new(std::io::stderr.and(file)), false)
+            BoxMakeWriter::new(std::io::stderr.and(file))
         } else {
-            (BoxMakeWriter::new(file), false)
+            BoxMakeWriter::new(file)
         }
     };
-    install(subscriber(klog.log_format, filter, writer, ansi))
+    install(subscriber(klog.log_format, filter, writer))
+}
+
+/// The first line of a server's or agent's log: what runs, and how it was asked to, as
+/// upstream logs its flags at start. tether's flags take no secrets (tokens and keys are
+/// files), so the command line is logged whole.
+pub(crate) fn log_start(argv: &[OsString]) {
+    let flags = argv
+        .iter()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        invoked_as = %argv.first().map(|a| a.to_string_lossy()).unwrap_or_default(),
+        flags,
+        "tether starting"
+    );
 }
 
 type Subscriber = Box<dyn tracing::Subscriber + Send + Sync>;
@@ -68,9 +85,8 @@ fn install(subscriber: Subscriber) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
 }
 
-/// The subscriber for `format`, writing to `writer`. Colours only ever go to a terminal, and
-/// never into JSON.
-fn subscriber<W>(format: LogFormat, filter: EnvFilter, writer: W, ansi: bool) -> Subscriber
+/// The subscriber for `format`, writing to `writer`.
+fn subscriber<W>(format: LogFormat, filter: EnvFilter, writer: W) -> Subscriber
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -78,7 +94,13 @@ where
         .with_env_filter(filter)
         .with_writer(writer);
     match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Text => Box::new(
+            builder
+                .with_ansi(false)
+                .event_format(klog::Klog)
+                .fmt_fields(klog::Klog)
+                .finish(),
+        ),
         LogFormat::Json => Box::new(
             builder
                 .json()
@@ -88,6 +110,30 @@ where
                 .finish(),
         ),
     }
+}
+
+/// The subscriber of the commands a person runs in a terminal (`dial`, `top`, …): tracing's
+/// compact text on standard error, coloured on a terminal.
+fn tool_subscriber(filter: EnvFilter, ansi: bool) -> Subscriber {
+    Box::new(
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .finish(),
+    )
+}
+
+/// The filter for klog verbosity `v`: tether's own events at [`level`], libraries at INFO
+/// at most until `-v=8`, where their frame-level detail is what was asked for.
+fn directives(v: u32) -> String {
+    let own = level(v);
+    let libraries = if v >= 8 {
+        own
+    } else {
+        own.min(LevelFilter::INFO)
+    };
+    format!("{libraries},tether={own}")
 }
 
 /// The tracing level for klog verbosity `v`.
@@ -119,7 +165,7 @@ mod tests {
         let sink = Arc::clone(&out);
         let writer = move || Sink(Arc::clone(&sink));
         let filter = EnvFilter::new("info");
-        tracing::subscriber::with_default(subscriber(format, filter, writer, false), || {
+        tracing::subscriber::with_default(subscriber(format, filter, writer), || {
             let outer = tracing::info_span!("agent", agent.id = "a-1", stream = 7);
             let _outer = outer.enter();
             let inner = tracing::info_span!("dial", connect_id = 42);
@@ -155,20 +201,112 @@ mod tests {
     }
 
     #[test]
-    fn text_lines_stay_readable() {
+    fn text_lines_are_klogs() {
         let lines = lines(LogFormat::Text);
         assert_eq!(lines.len(), 1, "{lines:?}");
         let line = &lines[0];
-        assert!(!line.starts_with('{'), "{line}");
-        for part in [
-            "WARN",
-            "agent{agent.id=\"a-1\" stream=7}",
-            "dial{connect_id=42}",
-            "dial failed",
-            "error=\"refused\"",
-        ] {
-            assert!(line.contains(part), "{part:?} missing in {line}");
+        let (header, body) = line.split_once("] ").expect("klog's header ends with `] `");
+        let mut header = header.split_whitespace();
+        let date = header.next().unwrap();
+        assert!(
+            date.starts_with('W')
+                && date.len() == 5
+                && date[1..].bytes().all(|b| b.is_ascii_digit()),
+            "{line}"
+        );
+        let time = header.next().unwrap();
+        assert!(time.len() == 15 && time.as_bytes()[8] == b'.', "{line}");
+        assert_eq!(header.next(), Some(std::process::id().to_string().as_str()));
+        assert!(header.next().unwrap().starts_with("logging.rs:"), "{line}");
+        assert_eq!(
+            body,
+            r#""dial failed" agent.id="a-1" stream=7 connect_id=42 error="refused""#
+        );
+    }
+
+    #[test]
+    fn fields_carry_plain_values_and_absent_ones_are_left_out() {
+        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = Arc::clone(&out);
+        let writer = move || Sink(Arc::clone(&sink));
+        let health: Option<std::net::SocketAddr> = Some("127.0.0.1:8092".parse().unwrap());
+        let admin: Option<std::net::SocketAddr> = None;
+        let error = std::io::Error::other(Chained);
+        tracing::subscriber::with_default(
+            subscriber(LogFormat::Text, EnvFilter::new("info"), writer),
+            || {
+                tracing::info!(
+                    health = health.map(tracing::field::display),
+                    admin = admin.map(tracing::field::display),
+                    error = &error as &(dyn std::error::Error + 'static),
+                    "listening"
+                );
+            },
+        );
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let body = text.trim_end().split_once("] ").unwrap().1;
+        assert_eq!(
+            body,
+            r#""listening" health="127.0.0.1:8092" error="outer: inner""#
+        );
+    }
+
+    /// An error whose text already carries its cause's, as some libraries' do.
+    #[derive(Debug)]
+    struct Chained;
+
+    impl std::fmt::Display for Chained {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("outer: inner")
         }
+    }
+
+    impl std::error::Error for Chained {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&Inner)
+        }
+    }
+
+    #[derive(Debug)]
+    struct Inner;
+
+    impl std::fmt::Display for Inner {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("inner")
+        }
+    }
+
+    impl std::error::Error for Inner {}
+
+    #[test]
+    fn libraries_stay_at_info_until_v8() {
+        let messages = |v| {
+            let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+            let sink = Arc::clone(&out);
+            let writer = move || Sink(Arc::clone(&sink));
+            let filter = EnvFilter::new(directives(v));
+            tracing::subscriber::with_default(subscriber(LogFormat::Text, filter, writer), || {
+                tracing::info!(target: "h2::proto", "library info");
+                tracing::debug!(target: "h2::codec::framed_write", "library debug");
+                tracing::trace!(target: "h2::codec::framed_read", "library trace");
+                tracing::info!(target: "tether_server::backend", "own info");
+                tracing::debug!(target: "tether_server::backend", "own debug");
+                tracing::trace!(target: "tether_agent::session", "own trace");
+            });
+            let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .map(|line| {
+                    line.split_once("] ")
+                        .unwrap()
+                        .1
+                        .trim_matches('"')
+                        .to_owned()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(messages(4), ["library info", "own info"]);
+        assert_eq!(messages(5), ["library info", "own info", "own debug"]);
+        assert_eq!(messages(8).len(), 6);
     }
 
     struct Sink(Arc<Mutex<Vec<u8>>>);

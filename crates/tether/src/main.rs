@@ -25,10 +25,14 @@ use crate::leases::LeaseTasks;
 use crate::signals::Signals;
 
 fn main() -> ExitCode {
-    let cli = Cli::from_argv(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    let argv: Vec<_> = std::env::args_os().collect();
+    let cli = Cli::from_argv(argv.iter().cloned()).unwrap_or_else(|e| e.exit());
     if let Err(e) = logging::init(cli.command.klog()) {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
+    }
+    if cli.command.klog().is_some() {
+        logging::log_start(&argv);
     }
     if matches!(cli.command, Command::Server(_) | Command::Agent(_)) {
         fd_limit::raise();

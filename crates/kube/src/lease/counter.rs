@@ -31,7 +31,7 @@ pub async fn run(
                 Ok(all) => {
                     let count = count_valid(&all, SystemTime::now());
                     if last.as_ref() != Some(&count) {
-                        tracing::info!(count = count.count, holders = ?count.holders, "server Leases counted");
+                        tracing::info!(count = count.count, holders = %count.holders.iter().map(String::as_str).collect::<Vec<_>>().join(","), "server Leases counted");
                     }
                     publish(count.clone());
                     last = Some(count);
@@ -41,9 +41,9 @@ pub async fn run(
                     if e.status().is_some_and(|(code, _)| code == 400) {
                         // The API server parses the selector; upstream's agent refuses a bad
                         // one at start-up, which tether cannot do without asking.
-                        tracing::error!(error = %e, %selector, ?kept, "the API server refuses --lease-label-selector; keeping the last count");
+                        tracing::error!(error = %e, %selector, kept, "the API server refuses --lease-label-selector; keeping the last count");
                     } else {
-                        tracing::warn!(error = %e, ?kept, "could not list server Leases; keeping the last count");
+                        tracing::warn!(error = %e, kept, "could not list server Leases; keeping the last count");
                     }
                 }
             }

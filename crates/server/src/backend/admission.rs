@@ -122,7 +122,7 @@ impl Admission {
         if let Some(suppressed) = self.warn.allow() {
             tracing::warn!(
                 agent.id = %LogText(agent_id),
-                peer = ?claimant.peer.addr,
+                peer = claimant.peer.addr.map(tracing::field::display),
                 claimed_by = %claimant.principal,
                 owned_by = %owner,
                 suppressed,

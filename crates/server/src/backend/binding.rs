@@ -171,7 +171,7 @@ impl Binding {
             if let Some(suppressed) = self.warn.allow() {
                 tracing::warn!(
                     agent.id = %LogText(agent_id),
-                    peer = ?peer.addr,
+                    peer = peer.addr.map(tracing::field::display),
                     suppressed,
                     "refusing agent stream: {}",
                     status.message

@@ -93,7 +93,7 @@ impl AgentService {
                     if let Some(suppressed) = TOKEN_WARNINGS.allow() {
                         tracing::warn!(
                             agent.id = %LogText(&agent_id),
-                            peer = ?call.peer().addr,
+                            peer = call.peer().addr.map(tracing::field::display),
                             suppressed,
                             "refusing agent stream: {}",
                             status.message

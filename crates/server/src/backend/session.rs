@@ -325,7 +325,7 @@ impl ServerHooks {
         match self.health.record(&self.watch.ejection, ok) {
             Verdict::Unchanged => {}
             Verdict::Ejected(length) => {
-                tracing::warn!(agent.id = %self.agent_id, ?length, "ejecting agent from selection after consecutive failed dials");
+                tracing::warn!(agent.id = %self.agent_id, ejected_for = ?length, "ejecting agent from selection after consecutive failed dials");
                 self.watch.metrics.ejections.inc();
             }
             Verdict::Recovered => {
@@ -353,7 +353,7 @@ impl Hooks for ServerHooks {
                 ));
             }
             Event::DialCancelled { random, why } => {
-                tracing::debug!(agent.id = %self.agent_id, dial.id = %random, ?why, "reverse dial no longer wanted");
+                tracing::debug!(agent.id = %self.agent_id, dial.id = %random, %why, "reverse dial no longer wanted");
             }
             Event::Opened(id) if id.is_reverse() => m.control_plane_connections.inc(),
             Event::Ended(ended) if ended.id.is_reverse() => {

@@ -43,7 +43,7 @@ pub(crate) async fn serve(
     let span = log_span::connection(&hub.server_id);
     async {
         if let Err(e) = handle(&hub, &limits, io, peer.clone(), tenant).await {
-            tracing::debug!(peer = ?peer.addr, error = %e, "http connect connection ended with an error");
+            tracing::debug!(peer = peer.addr.map(tracing::field::display), error = %e, "http connect connection ended with an error");
         }
     }
     .instrument(span)
@@ -172,7 +172,7 @@ async fn handle(
         }
         // The agent, its connection or the destination failed: make the client see it.
         Err(error) => {
-            tracing::debug!(?error, "closing connection abortively");
+            tracing::debug!(error = error.as_deref(), "closing connection abortively");
             io.abort_on_close();
         }
     }

@@ -1,5 +1,6 @@
-//! `--log-format=json` on the real binaries: every line a JSON object with the fixed keys,
-//! and events inside a connection's span carry that span's fields.
+//! Logs of the real binaries: by default every line in klog's format, and with
+//! `--log-format=json` a JSON object with the fixed keys; events inside a connection's span
+//! carry that span's fields.
 
 use std::path::Path;
 use std::time::Duration;
@@ -90,6 +91,97 @@ async fn json_logs_of_server_and_agent() {
     );
     let agent_lines = json_lines(&agent_log);
     assert!(some_span_has(&agent_lines, "server.id"), "{agent_lines:#?}");
+}
+
+/// Checks that every line of `path` has klog's header, and returns the lines' bodies (after
+/// `] `).
+fn klog_bodies(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).expect("log file");
+    let pid_and_file = |header: &str| {
+        let mut parts = header.split_whitespace();
+        let date = parts.next()?;
+        let time = parts.next()?;
+        let pid = parts.next()?;
+        let file = parts.next()?;
+        let severity_ok = matches!(date.chars().next(), Some('I' | 'W' | 'E'))
+            && date.len() == 5
+            && date[1..].bytes().all(|b| b.is_ascii_digit());
+        let time_ok = time.len() == 15 && time.as_bytes()[8] == b'.';
+        let file_ok = file.contains(':') && !file.contains('/');
+        (severity_ok && time_ok && pid.parse::<u32>().is_ok() && file_ok && parts.next().is_none())
+            .then_some(())
+    };
+    let bodies: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let (header, body) = line
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("no klog header: {line}"));
+            pid_and_file(header).unwrap_or_else(|| panic!("not klog's header: {line}"));
+            assert!(
+                body.starts_with('"'),
+                "the message comes quoted first: {line}"
+            );
+            body.to_owned()
+        })
+        .collect();
+    assert!(!bodies.is_empty(), "{} is empty", path.display());
+    bodies
+}
+
+#[tokio::test]
+async fn klog_text_logs_of_server_and_agent_by_default() {
+    let pki = Pki::generate().unwrap();
+    let server_log = pki.dir().join("server.log");
+    let agent_log = pki.dir().join("agent.log");
+    let flags = |log: &Path| {
+        vec![
+            "--logtostderr=false".to_owned(),
+            format!("--log-file={}", log.display()),
+        ]
+    };
+    let server_flags = flags(&server_log);
+    let agent_flags = flags(&agent_log);
+    let uds = pki.dir().join("frontend.sock");
+    let server = spawn_server(bin(), &pki, Frontend::GrpcUds(uds), &as_str(&server_flags))
+        .await
+        .expect("server");
+    let agent = spawn_agent(bin(), &pki, server.agent_addr, &as_str(&agent_flags))
+        .await
+        .expect("agent");
+    server
+        .process
+        .wait_ready()
+        .await
+        .expect("server has the agent");
+    stop(agent, 2).await;
+    stop(server.process, 1).await;
+
+    for (role, log) in [("server", &server_log), ("agent", &agent_log)] {
+        let bodies = klog_bodies(log);
+        let first = &bodies[0];
+        assert!(
+            first.starts_with(r#""tether starting" version=""#)
+                && first.contains(&format!(r#"flags="{role} "#))
+                && first.contains("--logtostderr=false"),
+            "{role}: the first line says what runs and with which flags: {first}"
+        );
+        for body in &bodies {
+            assert!(
+                !body.contains("Some(") && !body.contains("None"),
+                "{role}: a field leaks Rust's Debug: {body}"
+            );
+        }
+    }
+    let server_bodies = klog_bodies(&server_log);
+    let listening = server_bodies
+        .iter()
+        .find(|b| b.starts_with(r#""proxy server listening""#))
+        .expect("the server says where it listens");
+    assert!(
+        listening.contains(r#" mode="grpc""#) && listening.contains(r#" health="127.0.0.1:"#),
+        "{listening}"
+    );
 }
 
 /// A destination that resets every connection after its first byte.
@@ -431,7 +523,7 @@ async fn a_forged_newline_in_a_close_error_stays_on_one_log_line() {
     rx.response_headers().await.unwrap();
     server.process.wait_ready().await.unwrap();
 
-    let forged = "boom\n2026-12-03T09:09:09.000000Z  WARN tether_server: FORGED LINE";
+    let forged = "boom\nE1203 09:09:09.000000       1 listen.rs:1] \"FORGED LINE\"";
     let agent = tokio::spawn(async move {
         loop {
             let packet = tokio::time::timeout(STEP, rx.next())
@@ -478,12 +570,12 @@ async fn a_forged_newline_in_a_close_error_stays_on_one_log_line() {
     assert_eq!(lines.len(), 1, "{text}");
     assert!(
         lines[0].contains("connection ended abnormally")
-            && lines[0].contains("boom\\n2026-12-03T09:09:09.000000Z"),
+            && lines[0].contains(r#"boom\\nE1203 09:09:09.000000"#),
         "the forged text stays on the close's own line, escaped: {}",
         lines[0]
     );
     assert!(
-        !text.lines().any(|l| l.starts_with("2026-12-03T09:09:09")),
+        !text.lines().any(|l| l.starts_with("E1203 09:09:09")),
         "{text}"
     );
     drop(client);
