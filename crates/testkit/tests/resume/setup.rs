@@ -20,14 +20,23 @@ pub(crate) const STEP: Duration = Duration::from_secs(30);
 pub(crate) const GIB: u64 = 1 << 30;
 
 /// Polls `check` every 20 ms until it holds or `STEP` passes.
-pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let until = Instant::now() + STEP;
+    eventually_by(what, Instant::now() + STEP, check).await;
+}
+
+/// Polls `check` every 20 ms until it holds or `deadline` passes: for progress that moves
+/// with the machine's speed, such as a transfer, bounded by the whole transfer's deadline.
+pub(crate) async fn eventually_by<F, Fut>(what: &str, deadline: Instant, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
     while !check().await {
-        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
