@@ -104,6 +104,14 @@ impl Link {
                         self.hooks().on_bad_packet(&e);
                         self.update(|s, _| s.count_undecodable());
                     }
+                    // A peer that stops or restarts resets its streams with CANCEL: no
+                    // failure, though its connections wait for a resume all the same.
+                    Some(Err(e)) if e.code_name() == "Canceled" => {
+                        self.hooks().on_stream_error(Direction::In, &e);
+                        break TransportEnd::Broken(format!(
+                            "{peer} cancelled the stream (it stopped, restarted or gave it up)"
+                        ));
+                    }
                     Some(Err(e)) => {
                         self.hooks().on_stream_error(Direction::In, &e);
                         break TransportEnd::Broken(format!("{peer} stream failed: {e}"));

@@ -376,20 +376,21 @@ impl Hooks for ServerHooks {
                     Ok(_) => {}
                     Err(error) => {
                         let followed = self.requests.remove(random);
+                        let error = crate::dial::DialError::from(error.clone());
+                        let request = followed.as_ref().map(|f| &f.request);
+                        tracing::info!(
+                            dial.id = %random,
+                            agent.id = %self.agent_id,
+                            server.id = %self.server_id,
+                            address = request.map(|r| r.address.as_str()),
+                            client = request.and_then(|r| r.peer.addr).map(tracing::field::display),
+                            error = %tether_grpc::LogText(&error.to_string()),
+                            "dial failed"
+                        );
                         if let (Some(audit), Some(followed)) = (&self.audit, followed) {
-                            let error = crate::dial::DialError::from(error.clone());
                             audit.failed(&followed.request, &self.agent_id, latency, &error);
                         }
                     }
-                }
-                if let Err(error) = &result {
-                    tracing::info!(
-                        dial.id = %random,
-                        agent.id = %self.agent_id,
-                        server.id = %self.server_id,
-                        error = %tether_grpc::LogText(&crate::dial::DialError::from(error.clone()).to_string()),
-                        "dial failed"
-                    );
                 }
                 if let Some(latency) = latency {
                     m.dial_duration.observe(latency.as_secs_f64());

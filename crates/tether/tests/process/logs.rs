@@ -89,6 +89,16 @@ async fn json_logs_of_server_and_agent() {
         some_span_has(&server_lines, "agent.id"),
         "{server_lines:#?}"
     );
+    // An agent that was asked to stop is no failure on the server's side.
+    let disconnected = server_lines
+        .iter()
+        .find(|l| l["message"] == "agent disconnected")
+        .expect("the server logs the agent leaving");
+    let reason = disconnected["reason"].as_str().unwrap();
+    assert!(
+        !reason.contains("fail") && !reason.contains("error"),
+        "a stopped agent is worded as a failure: {reason}"
+    );
     let agent_lines = json_lines(&agent_log);
     assert!(some_span_has(&agent_lines, "server.id"), "{agent_lines:#?}");
 }
@@ -400,6 +410,14 @@ async fn ids_on_every_line_of_a_connection(via: Via) {
         failed[0]["dial.id"].as_str().expect("dial.id").to_owned()
     };
     let refused_dial = failed_dial(&server_lines);
+    let server_failed = server_lines
+        .iter()
+        .find(|l| l["message"] == "dial failed")
+        .unwrap();
+    assert_eq!(
+        server_failed["address"], refused,
+        "the server's line names the destination: {server_failed}"
+    );
     assert_eq!(
         refused_dial,
         failed_dial(&agent_lines),
