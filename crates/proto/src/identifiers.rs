@@ -14,7 +14,10 @@ pub struct Identifiers {
 }
 
 impl Identifiers {
-    /// Parses strictly, as the agent does for `--agent-identifiers`: unknown keys are errors.
+    /// Parses strictly, as the agent does for `--agent-identifiers`: unknown keys are errors,
+    /// and so are values no server could route by (an address that does not parse, or a
+    /// value holding `,` or `=`, the sign of identifiers joined with the wrong separator),
+    /// which upstream accepts and then never matches.
     pub fn parse_strict(query: &str) -> Result<Self, String> {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let key = unescape(pair.split_once('=').map_or(pair, |(k, _)| k))?;
@@ -25,7 +28,19 @@ impl Identifiers {
                 ));
             }
         }
-        Self::parse(query)
+        let ids = Self::parse(query)?;
+        let values = [
+            ("host", &ids.hosts),
+            ("ipv4", &ids.ipv4),
+            ("ipv6", &ids.ipv6),
+            ("cidr", &ids.cidrs),
+        ];
+        for (key, values) in values {
+            for value in values {
+                check_value(key, value)?;
+            }
+        }
+        Ok(ids)
     }
 
     /// Parses the query. A malformed escape is an error; an unknown key is not.
@@ -50,6 +65,40 @@ impl Identifiers {
             }
         }
         Ok(ids)
+    }
+}
+
+/// Refuses a value that cannot identify anything under `key`.
+fn check_value(key: &str, value: &str) -> Result<(), String> {
+    if value.contains([',', '=']) {
+        return Err(format!(
+            "{key}={value:?} holds ',' or '=': separate identifiers with '&', as in \
+             host=node1&ipv4=10.0.0.1"
+        ));
+    }
+    let parses = match key {
+        "ipv4" => value.parse::<std::net::Ipv4Addr>().is_ok(),
+        "ipv6" => value.parse::<std::net::Ipv6Addr>().is_ok(),
+        "cidr" => value.split_once('/').is_some_and(|(ip, bits)| {
+            let bits = bits.parse::<u8>();
+            match ip.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V4(_)) => bits.is_ok_and(|b| b <= 32),
+                Ok(std::net::IpAddr::V6(_)) => bits.is_ok_and(|b| b <= 128),
+                Err(_) => false,
+            }
+        }),
+        _ => !value.is_empty() && !value.contains(char::is_whitespace),
+    };
+    if parses {
+        Ok(())
+    } else {
+        let expected = match key {
+            "ipv4" => "an IPv4 address",
+            "ipv6" => "an IPv6 address",
+            "cidr" => "a CIDR such as 10.0.0.0/8 (escape '/' as %2F)",
+            _ => "a host name without spaces",
+        };
+        Err(format!("{key}={value:?} is not {expected}"))
     }
 }
 
@@ -99,5 +148,31 @@ mod tests {
         );
         assert!(Identifiers::parse_strict("host=a&zone=b").is_err());
         assert!(Identifiers::parse_strict("host=a&cidr=10.0.0.0%2F8").is_ok());
+        assert!(Identifiers::parse_strict("host=a&cidr=10.0.0.0/8&ipv6=fd00::1").is_ok());
+    }
+
+    #[test]
+    fn strict_parsing_refuses_values_that_never_match() {
+        for (query, says) in [
+            ("host=node1,ipv4=10.0.0.1", "separate identifiers with '&'"),
+            ("host=node1=x", "holds ',' or '='"),
+            ("ipv4=10.0.0.300", "is not an IPv4 address"),
+            ("ipv4=fd00::1", "is not an IPv4 address"),
+            ("ipv6=10.0.0.1", "is not an IPv6 address"),
+            ("cidr=10.0.0.0", "is not a CIDR"),
+            ("cidr=10.0.0.0/33", "is not a CIDR"),
+            ("host=", "is not a host name"),
+            ("host=a+b", "is not a host name"),
+        ] {
+            let error = Identifiers::parse_strict(query).unwrap_err();
+            assert!(error.contains(says), "{query}: {error}");
+        }
+        // The server's lenient parse keeps accepting what upstream's agents send.
+        assert_eq!(
+            Identifiers::parse("host=node1,ipv4=10.0.0.1")
+                .unwrap()
+                .hosts,
+            ["node1,ipv4=10.0.0.1"]
+        );
     }
 }

@@ -323,6 +323,14 @@ impl ServerArgs {
         }
         let strategies = Strategy::parse_list(&self.proxy_strategies)
             .map_err(|e| anyhow::anyhow!("--proxy-strategies: {e}"))?;
+        if !routing.zone_rules.is_empty() && !strategies.contains(&Strategy::Topology) {
+            bail!(
+                "--routing-config has zones, which only the topology strategy reads, and \
+                 --proxy-strategies={} has none: add it (for example \
+                 --proxy-strategies=topology,default) or remove the zones",
+                self.proxy_strategies
+            );
+        }
         for (flag, port) in [
             ("--agent-port", self.agent_port),
             ("--health-port", self.health_port),

@@ -232,12 +232,26 @@ fn routing_file_is_read_and_validated_at_start_up() {
         "zones:\n  - zone: a\n    cidrs: [10.0.0.0/8]\naffinity: client\n",
     )
     .unwrap();
-    let config = uds(&files, &format!("--routing-config={}", good.display())).unwrap();
+    let config = uds(
+        &files,
+        &format!(
+            "--routing-config={} --proxy-strategies=topology,default",
+            good.display()
+        ),
+    )
+    .unwrap();
     assert_eq!(config.routing.zone_rules[0].zone, "a");
     assert!(config.routing.client_affinity);
     assert_eq!(
         uds(&files, "").unwrap().routing,
         tether_server::RoutingConfig::default()
+    );
+
+    // Zones that no strategy reads would route nothing by zone, silently.
+    let err = error(uds(&files, &format!("--routing-config={}", good.display())));
+    assert!(
+        err.contains("has zones") && err.contains("--proxy-strategies=topology,default"),
+        "{err}"
     );
 
     let bad = dir.path().join("bad.yaml");
