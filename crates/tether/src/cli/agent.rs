@@ -21,7 +21,7 @@ use tether_tls::TlsOptions;
 
 use super::common::{
     FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_pair, go_bool,
-    go_duration, id_or_random, listen_addr, non_default,
+    go_duration, id_or_random, ignored_unless, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 use super::kube::KubeconfigArgs;
@@ -429,7 +429,7 @@ impl AgentArgs {
         let ignored = self.ignored();
         if !ignored.is_empty() {
             tracing::warn!(
-                "ignoring flags that have no effect in tether: {}",
+                "ignoring flags that have no effect here: {}",
                 ignored.join(" ")
             );
         }
@@ -621,7 +621,9 @@ impl AgentArgs {
     fn ignored(&self) -> Vec<String> {
         let mut ignored = Vec::new();
         self.upstream_only.ignored(&mut ignored);
-        self.leases.ignored(&self.kube, &mut ignored);
+        ignored_unless(&mut ignored, "without --count-server-leases", |found| {
+            self.leases.ignored(&self.kube, found)
+        });
         non_default(
             &mut ignored,
             "--xfr-channel-size",

@@ -217,6 +217,22 @@ pub(crate) fn non_default<T: PartialEq + std::fmt::Display>(
     }
 }
 
+/// Runs `collect` and adds what it found to `ignored` with `(condition)` after each flag:
+/// for flags that do work in tether, but not without `condition`.
+pub(crate) fn ignored_unless(
+    ignored: &mut Vec<String>,
+    condition: &str,
+    collect: impl FnOnce(&mut Vec<String>),
+) {
+    let mut found = Vec::new();
+    collect(&mut found);
+    ignored.extend(
+        found
+            .into_iter()
+            .map(|flag| format!("{flag} ({condition})")),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

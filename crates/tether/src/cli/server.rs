@@ -15,7 +15,7 @@ use tether_tls::TlsOptions;
 
 use super::common::{
     FlowArgs, GRPC_KEEPALIVE_TIMEOUT, NO_EFFECT, UpstreamOnlyArgs, check_listen_port, check_pair,
-    go_bool, go_duration, id_or_random, listen_addr, non_default,
+    go_bool, go_duration, id_or_random, ignored_unless, listen_addr, non_default,
 };
 use super::klog::KlogArgs;
 use control_plane::{ControlPlane, ControlPlaneArgs};
@@ -366,7 +366,7 @@ impl ServerArgs {
         let ignored = self.ignored(kube.is_some());
         if !ignored.is_empty() {
             tracing::warn!(
-                "ignoring flags that have no effect in tether: {}",
+                "ignoring flags that have no effect here: {}",
                 ignored.join(" ")
             );
         }
@@ -546,9 +546,15 @@ impl ServerArgs {
         let mut ignored = Vec::new();
         self.upstream_only.ignored(&mut ignored);
         if !kube_client {
-            self.kube.ignored(&mut ignored);
+            ignored_unless(
+                &mut ignored,
+                "without token auth, Leases or --control-plane-endpoints=kubeconfig",
+                |found| self.kube.ignored(found),
+            );
         }
-        self.leases.ignored(&mut ignored);
+        ignored_unless(&mut ignored, "without --enable-lease-controller", |found| {
+            self.leases.ignored(found)
+        });
         non_default(
             &mut ignored,
             "--xfr-channel-size",

@@ -294,9 +294,9 @@ fn no_op_flags_are_reported_when_set() {
     assert_eq!(
         args.ignored(),
         [
-            "--kubeconfig=/k",
-            "--lease-label-selector=a=b",
-            "--server-count-source=max",
+            "--kubeconfig=/k (without --count-server-leases)",
+            "--lease-label-selector=a=b (without --count-server-leases)",
+            "--server-count-source=max (without --count-server-leases)",
             "--xfr-channel-size=10"
         ]
     );

@@ -586,9 +586,9 @@ fn no_op_flags_are_reported_when_set() {
     assert_eq!(
         args.ignored(false),
         [
-            "--kubeconfig=/k",
-            "--kubeconfig-qps=50",
-            "--lease-label=a=b",
+            "--kubeconfig=/k (without token auth, Leases or --control-plane-endpoints=kubeconfig)",
+            "--kubeconfig-qps=50 (without token auth, Leases or --control-plane-endpoints=kubeconfig)",
+            "--lease-label=a=b (without --enable-lease-controller)",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"
         ]
@@ -597,7 +597,7 @@ fn no_op_flags_are_reported_when_set() {
     assert_eq!(
         args.ignored(true),
         [
-            "--lease-label=a=b",
+            "--lease-label=a=b (without --enable-lease-controller)",
             "--warn-on-channel-limit=false",
             "--vmodule=x=5"
         ]
