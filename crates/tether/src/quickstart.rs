@@ -97,6 +97,30 @@ pub(crate) async fn run(args: QuickstartArgs) -> anyhow::Result<ExitCode> {
     };
     ok &= report("HTTP CONNECT over mutual TLS", via_connect.await);
 
+    // With --once everything is gone when this returns, and commands into it would fail.
+    if !args.once {
+        print_try_it(&pki, &target, &grpc, &connect);
+    }
+
+    if !args.once {
+        println!();
+        println!("Serving until Ctrl-C.");
+        let signals = Signals::install()?;
+        signals.first.cancelled().await;
+    }
+    stop.cancel();
+    tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await;
+    drop(temp);
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Commands to try while the quickstart serves, for each pair by its frontend.
+fn print_try_it(pki: &PkiFiles, target: &str, grpc: &Pair, connect: &Pair) {
     let me = std::env::current_exe().map_or_else(|_| "tether".into(), |p| p.display().to_string());
     println!();
     println!("Try it yourself:");
@@ -118,34 +142,16 @@ pub(crate) async fn run(args: QuickstartArgs) -> anyhow::Result<ExitCode> {
         pki.client_cert.display(),
         pki.client_key.display()
     );
-    for pair in [&grpc, &connect] {
+    for (name, pair) in [("gRPC pair", grpc), ("HTTP CONNECT pair", connect)] {
         println!(
-            "  curl http://{}/metrics   (server metrics; agent: http://{}/metrics)",
+            "  curl http://{}/metrics   ({name}: server metrics; agent: http://{}/metrics)",
             pair.health, pair.agent_health
         );
-    }
-    for pair in [&grpc, &connect] {
         println!(
-            "  {me} connections --admin-address {}   (or agents, top; agent: --admin-address {})",
+            "  {me} connections --admin-address {}   ({name}: or agents, top; agent: --admin-address {})",
             pair.admin, pair.agent_admin
         );
     }
-
-    if !args.once {
-        println!();
-        println!("Serving until Ctrl-C.");
-        let signals = Signals::install()?;
-        signals.first.cancelled().await;
-    }
-    stop.cancel();
-    tasks.close();
-    let _ = tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await;
-    drop(temp);
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }
 
 /// Addresses of one running server and its agent.
