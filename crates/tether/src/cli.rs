@@ -37,6 +37,10 @@ pub(crate) enum Command {
     /// destinations for them.
     Agent(agent::AgentArgs),
     /// Open one tunnelled connection through a proxy server on stdin/stdout, like `nc`.
+    ///
+    /// After end of input the tunnel stays open until the far side closes it: Konnectivity
+    /// has no half-close, and closing would cut off the answer (as `nc` without `-N`). Bound
+    /// a one-shot request with `timeout`, or ask for one the destination closes (HTTP/1.0).
     Dial(dial::DialArgs),
     /// Start a server, an agent and a demo backend on loopback, and tunnel through them.
     Quickstart(quickstart::QuickstartArgs),

@@ -31,6 +31,7 @@ pub(crate) async fn run(args: DialArgs) -> anyhow::Result<ExitCode> {
     };
     match dial
         .await
+        .map_err(|e| with_mode_hint(e, args.mode))
         .with_context(|| format!("dialing {}", args.address))?
     {
         Ok(()) => Ok(ExitCode::SUCCESS),
@@ -38,6 +39,28 @@ pub(crate) async fn run(args: DialArgs) -> anyhow::Result<ExitCode> {
             eprintln!("error: tunnel to {}: {e}", args.address);
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+/// Adds what to try when `error` looks like the other frontend protocol answering: an HTTP
+/// CONNECT client reading HTTP/2 from a gRPC frontend, or a gRPC client refused by ALPN on an
+/// HTTP CONNECT one.
+fn with_mode_hint(error: anyhow::Error, mode: DialMode) -> anyhow::Error {
+    let text = format!("{error:#}");
+    let (looks_crossed, other, flag) = match mode {
+        DialMode::HttpConnect => (text.contains("malformed HTTP response"), "gRPC", "grpc"),
+        DialMode::Grpc => (
+            text.contains("NoApplicationProtocol") || text.contains("not a gRPC response"),
+            "HTTP CONNECT",
+            "http-connect",
+        ),
+    };
+    if looks_crossed {
+        error.context(format!(
+            "the frontend seems to speak {other} (the server's --mode={flag}): try --mode {flag}"
+        ))
+    } else {
+        error
     }
 }
 

@@ -383,6 +383,40 @@ fn a_bad_destination_policy_stops_the_server_naming_the_file_and_line() {
 }
 
 #[test]
+fn dial_names_both_frontends_and_the_mode_to_try() {
+    let missing = run(Path::new(TETHER), &["dial", "127.0.0.1:9"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let text = stderr(&missing);
+    assert!(
+        text.contains("--uds") && text.contains("--proxy-server"),
+        "{text}"
+    );
+
+    let (dir, files) = pki();
+    let socket = dir.path().join("proxy.sock");
+    let _server = start_server(&files, &socket, &["--mode=grpc"]);
+    let uds = socket.display().to_string();
+    let crossed = run(
+        Path::new(TETHER),
+        &[
+            "dial",
+            "--mode",
+            "http-connect",
+            "--timeout=10s",
+            "--uds",
+            &uds,
+            "127.0.0.1:9",
+        ],
+    );
+    assert_eq!(crossed.status.code(), Some(1));
+    let text = stderr(&crossed);
+    assert!(
+        text.contains("--mode=grpc") && text.contains("try --mode grpc"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_request_the_destination_policy_denies_gets_a_403_and_an_info_line() {
     use std::os::unix::fs::MetadataExt as _;
     let (dir, files) = pki();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args, ValueEnum};
+use clap::{ArgGroup, Args, ValueEnum};
 
 use super::common::go_duration;
 
@@ -17,17 +17,14 @@ pub(crate) enum DialMode {
 }
 
 #[derive(Args, Debug)]
+#[group(skip)]
+#[command(group(ArgGroup::new("frontend").required(true).args(["uds", "proxy_server"])))]
 pub(crate) struct DialArgs {
     /// Destination `host:port`, dialed by an agent in the cluster network.
     pub(crate) address: String,
 
     /// The server's frontend Unix socket (its --uds-name).
-    #[arg(
-        long,
-        value_name = "PATH",
-        conflicts_with = "proxy_server",
-        required_unless_present = "proxy_server"
-    )]
+    #[arg(long, value_name = "PATH")]
     pub(crate) uds: Option<PathBuf>,
 
     /// The server's frontend over mutual TLS, `host:port` (its --server-port).
@@ -42,6 +39,7 @@ pub(crate) struct DialArgs {
     #[arg(long, value_name = "FILE", requires = "key")]
     pub(crate) cert: Option<PathBuf>,
 
+    /// Private key of --cert.
     #[arg(long, value_name = "FILE", requires = "cert")]
     pub(crate) key: Option<PathBuf>,
 
