@@ -330,7 +330,9 @@ pub(crate) struct AgentArgs {
     )]
     admin_bind_address: String,
 
-    /// Admin port (/metrics redirects to the health port); 0 picks a free port.
+    /// Admin port: /debug/connections and /debug/agents (`tether connections`, `agents`,
+    /// `top`), pprof with --enable-profiling; /metrics redirects to the health port. 0 picks
+    /// a free port.
     #[arg(
         long,
         help_heading = "Endpoints",

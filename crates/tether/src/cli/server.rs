@@ -205,7 +205,9 @@ pub(crate) struct ServerArgs {
     )]
     health_bind_address: String,
 
-    /// Port for the admin endpoint (/metrics): 1024-49151, or 0 for a free port.
+    /// Port for the admin endpoint: /metrics, /debug/connections and /debug/agents (`tether
+    /// connections`, `agents`, `top`), and pprof with --enable-profiling. 1024-49151, or 0
+    /// for a free port.
     #[arg(
         long,
         help_heading = "Endpoints",
