@@ -209,22 +209,28 @@ async fn relay(
     finish_after_client(tx, rx, &status).await
 }
 
-/// Lets the client end the stream first (bounded by [`LINGER`]), then ends the call.
+/// Lets the client end the stream first (bounded by [`LINGER`]), then ends the call. A
+/// client that reset the stream (as `tether dial` does once it has its answer) is gone, and
+/// trailers to it would only fail: the call is over, with nothing to report.
 async fn finish_after_client(
     tx: PacketSender,
     mut rx: PacketReceiver,
     status: &Status,
 ) -> Result<(), GrpcError> {
-    let _ = tokio::time::timeout(LINGER, async {
+    let client_reset = tokio::time::timeout(LINGER, async {
         loop {
             match rx.next().await {
-                None => return,
-                Some(Err(e)) if !e.is_bad_packet() => return,
+                None => return false,
+                Some(Err(e)) if !e.is_bad_packet() => return true,
                 Some(_) => {}
             }
         }
     })
-    .await;
+    .await
+    .unwrap_or(false);
+    if client_reset {
+        return Ok(());
+    }
     tx.finish(status)
 }
 
