@@ -10,7 +10,7 @@
 # block of COMPATIBILITY.md from what ran. Exits non-zero when a cell fails, and, with CI set
 # (or --check), when the committed COMPATIBILITY.md differs from what ran.
 #
-#   interop/run.sh [--check] [--only 1,2,3,4,5]     (--only runs some sections, writes nothing)
+#   interop/run.sh [--check] [--only 1,2,3,4,5,6]     (--only runs some sections, writes nothing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD

@@ -71,7 +71,7 @@ func main() {
 		upVersion = flag.String("upstream-version", "", "version of upstream's binaries and suite")
 		out       = flag.String("out", "", "COMPATIBILITY.md to update (the generated block)")
 		work      = flag.String("work", "", "scratch directory (sockets, PKI, logs)")
-		only      = flag.String("only", "", "comma-separated sections to run (1,2,3,4,5); empty: all, and the file is written")
+		only      = flag.String("only", "", "comma-separated sections to run (1,2,3,4,5,6); empty: all, and the file is written")
 	)
 	flag.Parse()
 	if *binDir == "" || *tetherBin == "" || *work == "" || *upVersion == "" {
@@ -101,7 +101,7 @@ func main() {
 		}{
 			{"1", e.section1}, {"2", e.section2}, {"3", e.section3},
 			{"4", func() error { return e.section4(*testBin, *testSrc) }},
-			{"5", e.section5},
+			{"5", e.section5}, {"6", e.section6},
 		}
 		for _, st := range steps {
 			if !run(st.n) || ctx.Err() != nil {

@@ -38,6 +38,11 @@ type procs struct {
 // start runs path with args, output to logs/<name>.log. Children stay in the matrix's
 // process group, so run.sh's trap can end them all even if this program is killed.
 func (ps *procs) start(name, path string, args ...string) (*proc, error) {
+	return ps.startEnv(name, path, nil, args...)
+}
+
+// startEnv is start with env as the whole environment (nil: this program's).
+func (ps *procs) startEnv(name, path string, env []string, args ...string) (*proc, error) {
 	logPath := filepath.Join(ps.logs, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -45,6 +50,7 @@ func (ps *procs) start(name, path string, args ...string) (*proc, error) {
 	}
 	fmt.Fprintf(f, "# %s %s\n", path, strings.Join(args, " "))
 	cmd := exec.Command(path, args...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Stdin = nil
 	if err := cmd.Start(); err != nil {

@@ -21,6 +21,7 @@ var sectionTitle = map[string]string{
 	"3": "3. Mixed pairs: upstream proxy-agent → tether server, tether agent → upstream proxy-server",
 	"4": "4. Upstream integration suite (`sigs.k8s.io/apiserver-network-proxy/tests`) with tether's agent",
 	"5": "5. TLS key exchange: the group Go's crypto/tls negotiates with each endpoint (`tls.ConnectionState().CurveID`)",
+	"6": "6. Agents behind an HTTP proxy (tinyproxy from Debian's packages, Basic authentication, `HTTPS_PROXY`/`NO_PROXY`)",
 }
 
 func (c *cell) result() string {
@@ -85,22 +86,7 @@ func (e *env) markdown() string {
 	}
 	fmt.Fprintf(&b, "Peers: %s. tether runs as `proxy-server`/`proxy-agent` (symlinks to the `tether` binary) with the same flags as upstream's binaries.\n", strings.Join(pv, "; "))
 	for _, sec := range []string{"1", "2", "3"} {
-		fmt.Fprintf(&b, "\n### %s\n\n", sectionTitle[sec])
-		l := &legend{index: map[string]int{}}
-		var rows strings.Builder
-		for _, c := range e.cells {
-			if c.section == sec {
-				fmt.Fprintf(&rows, "| %s | %s | %s | %s | %s | %s | %s |\n",
-					c.peer, c.version, c.frontend, c.transport, c.direction, c.result(), l.checkRefs(c))
-			}
-		}
-		fmt.Fprintln(&b, "| Peer | Version | Frontend/mode | Transport | Direction | Result | Checks |")
-		fmt.Fprintln(&b, "|---|---|---|---|---|---|---|")
-		b.WriteString(rows.String())
-		fmt.Fprintln(&b, "\nChecks:")
-		for i, n := range l.names {
-			fmt.Fprintf(&b, "%d. %s\n", i+1, n)
-		}
+		e.cellTable(&b, sec)
 	}
 	fmt.Fprintf(&b, "\n### %s\n\n", sectionTitle["4"])
 	fmt.Fprintf(&b, "Upstream's suite %s, its server in-process, its agent the external binary `-agent-path=…/proxy-agent` (a symlink to `tether`).\n\n", e.upVersion)
@@ -130,11 +116,32 @@ func (e *env) markdown() string {
 		}
 	}
 	e.groupTable(&b)
+	e.cellTable(&b, "6")
 	pass, fail, diff := e.tally()
 	fmt.Fprintf(&b, "\nTotals: %d cells pass, %d differ as expected, %d fail; upstream suite: %d passed, %d skipped, %d expected differences, %d failed.\n",
 		pass, diff, fail, counts["pass"], counts["skipped"], counts["differs"], counts["fail"])
 	fmt.Fprintln(&b, "\n"+endMarker)
 	return b.String()
+}
+
+// cellTable renders a section of cells: one row each, its checks numbered below the table.
+func (e *env) cellTable(b *strings.Builder, sec string) {
+	fmt.Fprintf(b, "\n### %s\n\n", sectionTitle[sec])
+	l := &legend{index: map[string]int{}}
+	var rows strings.Builder
+	for _, c := range e.cells {
+		if c.section == sec {
+			fmt.Fprintf(&rows, "| %s | %s | %s | %s | %s | %s | %s |\n",
+				c.peer, c.version, c.frontend, c.transport, c.direction, c.result(), l.checkRefs(c))
+		}
+	}
+	fmt.Fprintln(b, "| Peer | Version | Frontend/mode | Transport | Direction | Result | Checks |")
+	fmt.Fprintln(b, "|---|---|---|---|---|---|---|")
+	b.WriteString(rows.String())
+	fmt.Fprintln(b, "\nChecks:")
+	for i, n := range l.names {
+		fmt.Fprintf(b, "%d. %s\n", i+1, n)
+	}
 }
 
 // groupTable renders section 5: one line per direction and Go curve set, with the group.

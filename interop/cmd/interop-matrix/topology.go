@@ -96,10 +96,16 @@ func (e *env) startServer(kind, mode, transport string) (*server, error) {
 
 // startAgent starts an agent of the given kind connected to s, and waits until it is ready.
 func (e *env) startAgent(kind string, s *server) (*agent, error) {
+	return e.startAgentVia(kind, s, "127.0.0.1", nil)
+}
+
+// startAgentVia is startAgent with the server dialed by host, and env as the agent's whole
+// environment (nil: this program's).
+func (e *env) startAgentVia(kind string, s *server, host string, env []string) (*agent, error) {
 	e.seq++
 	a := &agent{kind: kind, name: fmt.Sprintf("%02d-%s-agent", e.seq, kind), health: freePort(), admin: freePort()}
 	args := []string{
-		"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + strconv.Itoa(s.agentPort),
+		"--proxy-server-host=" + host, "--proxy-server-port=" + strconv.Itoa(s.agentPort),
 		"--ca-cert=" + e.pki("ca.crt"), "--agent-cert=" + e.pki("agent.crt"), "--agent-key=" + e.pki("agent.key"),
 		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(a.health),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(a.admin),
@@ -109,7 +115,7 @@ func (e *env) startAgent(kind string, s *server) (*agent, error) {
 		// tether's topology labels travel in their own header: upstream servers must ignore it.
 		args = append(args, "--agent-labels=zone=interop-a,region=interop")
 	}
-	p, err := e.ps.start(a.name, e.agentBin(kind), args...)
+	p, err := e.ps.startEnv(a.name, e.agentBin(kind), env, args...)
 	if err != nil {
 		return nil, err
 	}
