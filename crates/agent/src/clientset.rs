@@ -318,13 +318,31 @@ impl ClientSet {
     }
 
     fn start_draining(&self) {
-        tracing::info!("draining: telling every server, opening no new server connections");
         self.draining.store(true, Ordering::Release);
         for held in self.sessions().values() {
             held.session.drain();
         }
     }
 
+        let open = self.open_connections();
+        tracing::info!(
+            open,
+            "{}",
+            crate::drain::announcement(open, self.config.drain_timeout)
+        );
+    }
+
+    /// Connections and pending dials on every server stream: what a draining agent waits
+    /// for.
+    pub(crate) fn open_connections(&self) -> usize {
+        self.sessions()
+            .values()
+            .map(|held| {
+                held.session
+                    .link
+                    .inspect(|s| s.connection_count() + s.pending_dial_count())
+            })
+            .sum()
     fn address(&self) -> String {
         format!("{}:{}", self.config.server_host, self.config.server_port)
     }
