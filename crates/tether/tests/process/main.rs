@@ -12,6 +12,7 @@ mod logs;
 mod profiling;
 mod readiness;
 mod resources;
+mod version;
 
 use std::path::Path;
 use std::time::Duration;
