@@ -1,9 +1,12 @@
 //! Tables like `ss` prints them: a header row, columns padded to their widest cell.
 
 use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use tether_observe::duration::format_go_duration;
 use tether_observe::introspect::{AgentsReport, ConnectionView, ConnectionsReport};
+use tether_observe::time::Civil;
 
 /// A table of left-aligned cells; the last column is not padded.
 struct Table {
@@ -252,6 +255,35 @@ fn release(version: &str) -> String {
     }
 }
 
+/// The first line of each `tether top` frame: where from, when, and over how long the rates
+/// were measured.
+pub(crate) fn top_header(
+    address: &str,
+    at: SystemTime,
+    seconds: f64,
+    interval: Duration,
+) -> String {
+    format!(
+        "{address} at {}, rates over {seconds:.1}s (--interval {})\n",
+        Civil::from_system_time(at).rfc3339(),
+        format_go_duration(interval)
+    )
+}
+
+/// A `--watch` frame when the admin endpoint did not answer: the next refresh tries again.
+pub(crate) fn disconnected(
+    address: &str,
+    at: SystemTime,
+    interval: Duration,
+    error: &anyhow::Error,
+) -> String {
+    format!(
+        "{address} at {}: disconnected, retrying every {} (Ctrl-C stops)\nerror: {error:#}\n",
+        Civil::from_system_time(at).rfc3339(),
+        format_go_duration(interval)
+    )
+}
+
 /// `1 connection`, `2 connections`.
 fn count(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -424,6 +456,21 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
             ..agent
         };
         assert!(agents(&old).contains("(version not reported)"));
+    }
+
+    #[test]
+    fn top_header_and_disconnected_frames_say_where_when_and_how_often() {
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_764_777_057);
+        assert_eq!(
+            top_header("127.0.0.1:8095", at, 2.004, Duration::from_secs(2)),
+            "127.0.0.1:8095 at 2025-12-03T15:50:57.000Z, rates over 2.0s (--interval 2s)\n"
+        );
+        let error = anyhow::anyhow!("Connection refused").context("connecting to 127.0.0.1:8095");
+        assert_eq!(
+            disconnected("127.0.0.1:8095", at, Duration::from_millis(500), &error),
+            "127.0.0.1:8095 at 2025-12-03T15:50:57.000Z: disconnected, retrying every 500ms \
+             (Ctrl-C stops)\nerror: connecting to 127.0.0.1:8095: Connection refused\n"
+        );
     }
 
     #[test]

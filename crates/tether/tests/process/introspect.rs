@@ -126,7 +126,12 @@ async fn the_cli_renders_a_live_server() {
     );
 
     let top = stdout(&tether(&["top", "--admin-address", &admin, "--interval", "200ms"]).await);
-    assert!(top.starts_with("1 connection, busiest first"), "{top}");
+    let lines: Vec<&str> = top.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{admin} at 20")) && lines[0].ends_with("(--interval 200ms)"),
+        "a header with the time and the interval: {top}"
+    );
+    assert!(lines[1].starts_with("1 connection, busiest first"), "{top}");
 
     let refused = tether(&["connections", "--admin-address", &admin, "--state", "bogus"]).await;
     assert_eq!(
@@ -177,4 +182,36 @@ async fn an_agent_lists_its_servers_release() {
     );
     let row: Vec<&str> = table.lines().nth(2).unwrap().split_whitespace().collect();
     assert_eq!(row[..4], ["node-v", "versioned", "0", VERSION], "{table}");
+}
+
+/// `--watch` on an endpoint that does not answer keeps going, one "disconnected, retrying"
+/// frame per refresh; `--count` still ends it, with the last fetch's error.
+#[tokio::test]
+async fn watch_survives_an_unreachable_endpoint() {
+    for command in ["agents", "connections", "top"] {
+        let output = tether(&[
+            command,
+            "--admin-address",
+            "127.0.0.1:1",
+            "--watch",
+            "--count",
+            "3",
+            "--interval",
+            "50ms",
+        ])
+        .await;
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            out.matches("127.0.0.1:1 at ").count(),
+            2,
+            "{command}: two frames retried, the third ends it: {out}"
+        );
+        assert!(
+            out.contains("disconnected, retrying every 50ms"),
+            "{command}: {out}"
+        );
+        assert_eq!(output.status.code(), Some(1), "{command}");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains("127.0.0.1:1"), "{command}: {err}");
+    }
 }
