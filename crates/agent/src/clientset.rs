@@ -119,6 +119,8 @@ struct Connected {
     resume_token: Option<String>,
     /// The stream continues a suspended one; the server received this many of its packets.
     resumed: Option<u64>,
+    /// The server's tether release (`tether-version`); `None` from an upstream server.
+    server_version: Option<String>,
 }
 
 impl ClientSet {
@@ -318,11 +320,29 @@ impl ClientSet {
     }
 
     fn start_draining(&self) {
-        tracing::info!("draining: telling every server, opening no new server connections");
         self.draining.store(true, Ordering::Release);
         for held in self.sessions().values() {
             held.session.drain();
         }
+        let open = self.open_connections();
+        tracing::info!(
+            open,
+            "{}",
+            crate::drain::announcement(open, self.config.drain_timeout)
+        );
+    }
+
+    /// Connections and pending dials on every server stream: what a draining agent waits
+    /// for.
+    pub(crate) fn open_connections(&self) -> usize {
+        self.sessions()
+            .values()
+            .map(|held| {
+                held.session
+                    .link
+                    .inspect(|s| s.connection_count() + s.pending_dial_count())
+            })
+            .sum()
     }
 
     fn address(&self) -> String {
@@ -357,6 +377,7 @@ impl ClientSet {
             self.audit.clone(),
             connected.reverse,
             connected.resume_token.clone().filter(|_| credit),
+            connected.server_version.clone(),
         ));
         let dismiss = CancellationToken::new();
         let (handover, resumes) = mpsc::channel(1);
@@ -615,7 +636,10 @@ impl ClientSet {
             Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
         tasks.spawn(driver.run());
 
-        let mut metadata = vec![(metadata::AGENT_ID, self.config.agent_id.clone())];
+        let mut metadata = vec![
+            (metadata::AGENT_ID, self.config.agent_id.clone()),
+            (metadata::TETHER_VERSION, tether_observe::VERSION.to_owned()),
+        ];
         if !self.config.identifiers.is_empty() {
             metadata.push((metadata::AGENT_IDENTIFIERS, self.config.identifiers.clone()));
         }
@@ -688,6 +712,9 @@ impl ClientSet {
             .filter(|token| offers_resume && tether_tunnel::is_resume_token(token))
             .map(str::to_owned);
         let resumed = text(metadata::TETHER_RESUMED).and_then(|v| v.parse().ok());
+        let server_version = text(metadata::TETHER_VERSION)
+            .filter(|v| metadata::is_version(v))
+            .map(str::to_owned);
         Ok(Connected {
             server_id,
             server_count,
@@ -698,6 +725,7 @@ impl ClientSet {
             receiver,
             resume_token,
             resumed,
+            server_version,
         })
     }
 }

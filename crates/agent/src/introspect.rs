@@ -63,6 +63,8 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
                 server_id: session.server_id.clone(),
                 stream_id: 0,
                 identifiers: clientset.identifiers().to_owned(),
+                agent_version: Some(tether_observe::VERSION.to_owned()),
+                server_version: session.server_version.clone(),
                 draining: clientset.is_draining(),
                 credit_flow: session.link.flow().is_credit(),
                 age_seconds: now
@@ -81,6 +83,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
     streams.sort_by(|a, b| a.server_id.cmp(&b.server_id));
     AgentsReport {
         role: "agent".into(),
+        version: tether_observe::VERSION.into(),
         server_id: String::new(),
         server_count: u32::try_from(clientset.server_count()).unwrap_or(u32::MAX),
         agent_id: clientset.agent_id().to_owned(),

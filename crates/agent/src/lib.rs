@@ -6,6 +6,7 @@
 //!
 //! Layout:
 //! - `clientset`: connecting to servers until the server count is reached;
+//! - `drain`: what a draining agent says it waits for, and stopping it once drained;
 //! - `egress_proxy`: the TCP connection to a server, directly or through an HTTP(S) proxy;
 //! - `server_count`: the count, announced by servers or counted from their Leases;
 //! - `session`: one server stream and the connections multiplexed on it;
@@ -19,6 +20,7 @@
 mod clientset;
 mod control_plane;
 mod destination;
+mod drain;
 pub mod egress_proxy;
 mod health;
 mod introspect;
@@ -90,6 +92,9 @@ pub struct Config {
     /// connections while the agent reconnects to resume it (tether servers only); zero
     /// turns it off.
     pub resume_window: Duration,
+    /// `--drain-timeout`: a draining agent stops once no connection is open, or after this
+    /// long at most. `None` keeps upstream's behaviour: it drains and runs until `stop`.
+    pub drain_timeout: Option<Duration>,
 }
 
 /// Start-up failures. The io errors are plain fields, not `source()`s, which `{:#}` would
@@ -213,8 +218,11 @@ impl Agent {
     }
 
     /// Runs until `stop`. `drain` (the first SIGTERM) tells every server this agent is going
-    /// away and stops opening server connections; live connections keep working.
+    /// away and stops opening server connections; live connections keep working. With
+    /// [`Config::drain_timeout`], a drained agent also stops by itself once they are gone.
     pub async fn run(self, drain: CancellationToken, stop: CancellationToken) {
+        // Cancelled by the caller, or by this agent once drained.
+        let stop = stop.child_token();
         let Self {
             config,
             health,
@@ -237,6 +245,7 @@ impl Agent {
             .as_ref()
             .map(|cp| (cp.endpoint.clone(), (cp.max_connections, cp.protocol)))
             .unwrap_or_default();
+        let drain_timeout = config.drain_timeout;
         let clientset = Arc::new(clientset::ClientSet::new(
             config,
             metrics.clone(),
@@ -272,6 +281,14 @@ impl Agent {
             stop.clone().cancelled_owned(),
         ));
         endpoints.spawn(destinations.watch(stop.clone()));
+        if let Some(bound) = drain_timeout {
+            endpoints.spawn(drain::stop_when_drained(
+                clientset.clone(),
+                drain.clone(),
+                bound,
+                stop.clone(),
+            ));
+        }
         if let Some(listener) = control_plane_listener {
             endpoints.spawn(control_plane::serve(
                 listener,

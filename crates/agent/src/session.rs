@@ -30,6 +30,8 @@ pub(crate) struct ServerSession {
     pub(crate) resume_token: Option<String>,
     /// The server accepted reverse dials (`tether-reverse`) on this stream.
     pub(crate) reverse: bool,
+    /// The server's tether release (`tether-version`); `None` from an upstream server.
+    pub(crate) server_version: Option<String>,
     /// The audit trail of reverse dials on this stream, when auditing.
     pub(crate) reverse_audit: Option<Arc<StreamAudit>>,
     /// Dial-and-relay tasks; the session waits for them when it ends.
@@ -52,6 +54,7 @@ impl ServerSession {
         audit: Option<AuditLog>,
         reverse: bool,
         resume_token: Option<String>,
+        server_version: Option<String>,
     ) -> Self {
         let tasks = TaskTracker::new();
         let config = SessionConfig {
@@ -94,6 +97,7 @@ impl ServerSession {
             keepalive: tether_grpc::CurrentPong::new(keepalive),
             resume_token,
             reverse,
+            server_version,
             reverse_audit,
             tasks,
         }

@@ -54,6 +54,9 @@ pub struct ConnectionView {
 pub struct AgentsReport {
     /// `server` or `agent`: which end answered.
     pub role: String,
+    /// The tether release of the end that answered.
+    #[serde(default)]
+    pub version: String,
     /// Server: its own ID. Agent: empty (each stream names its server).
     pub server_id: String,
     /// Server: `--server-count`. Agent: the last count a server announced.
@@ -72,6 +75,12 @@ pub struct StreamView {
     pub stream_id: u64,
     /// Server: the identifiers the agent advertised, in `--agent-identifiers` syntax.
     pub identifiers: String,
+    /// The agent's tether release; `None` for an upstream agent (it announces none).
+    #[serde(default)]
+    pub agent_version: Option<String>,
+    /// The server's tether release; `None` for an upstream server.
+    #[serde(default)]
+    pub server_version: Option<String>,
     /// The agent announced DRAIN.
     pub draining: bool,
     /// Per-connection credit was negotiated (tether peers); `false` with upstream peers.

@@ -9,6 +9,7 @@
 //!   flags accept and print durations exactly as upstream's do.
 //! - [`audit`]: the audit log's records and their off-the-data-path writer.
 //! - [`time`]: UTC calendar fields for HTTP dates and audit timestamps.
+//! - [`VERSION`]: the release, which the admin reports show and tether agents announce.
 #![forbid(unsafe_code)]
 
 pub mod audit;
@@ -17,3 +18,7 @@ pub mod http;
 pub mod introspect;
 pub mod metrics;
 pub mod time;
+
+/// The tether release every crate of the workspace shares (`version.workspace`): shown in the
+/// admin reports and announced by agents, so a fleet can be followed through an upgrade.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -14,6 +14,22 @@ pub const SERVER_COUNT: &str = "servercount";
 /// is the initial window in bytes the sender grants for each connection. Present in a request
 /// and in its response means both ends use [`crate::Packet::Credit`] on that stream.
 pub const TETHER_FLOW: &str = "tether-flow";
+/// tether extension, both directions: the sender's tether release (`0.1.0`), for following a
+/// fleet through an upgrade or a migration. A tether server counts and lists agents that do
+/// not send it as upstream's; upstream peers ignore it, as every unknown key.
+pub const TETHER_VERSION: &str = "tether-version";
+/// The longest [`TETHER_VERSION`] value taken as one.
+const MAX_VERSION_BYTES: usize = 64;
+
+/// Whether a [`TETHER_VERSION`] value looks like a release (`0.1.0-rc.1+abc`): short, of
+/// version characters only. It is shown in reports and logs, so nothing else is.
+pub fn is_version(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= MAX_VERSION_BYTES
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-+_".contains(&b))
+}
 /// tether extension, agent → server: the agent's labels (`zone=..,region=..`), read by tether
 /// servers for topology-aware routing and ignored by upstream servers.
 pub const TETHER_LABELS: &str = "tether-labels";

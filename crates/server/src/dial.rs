@@ -138,10 +138,12 @@ impl Hub {
     /// Publishes registry-derived gauges after a change, summed over tenants.
     pub(crate) fn refresh_backend_gauges(&self) {
         let mut agents = 0;
+        let mut tether_agents = 0;
         let mut keys: Vec<(crate::Strategy, usize)> = Vec::new();
         for tenant in self.tenants.all() {
             let registry = tenant.registry();
             agents += registry.agent_count();
+            tether_agents += registry.tether_agent_count();
             for (n, (strategy, count)) in registry.key_counts().enumerate() {
                 match keys.get_mut(n) {
                     Some(slot) => slot.1 += count,
@@ -150,6 +152,8 @@ impl Hub {
             }
         }
         self.metrics.ready_backend_connections.set(agents as i64);
+        self.metrics
+            .set_connected_agents(tether_agents, agents - tether_agents);
         for (strategy, count) in keys {
             self.metrics.set_ready_backends(strategy.as_str(), count);
         }

@@ -100,6 +100,8 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
                 server_id: membership.server_id.clone(),
                 stream_id: session.stream_id,
                 identifiers: identifiers_query(&session.identifiers),
+                agent_version: session.version.clone(),
+                server_version: Some(tether_observe::VERSION.to_owned()),
                 draining: session.is_draining(),
                 credit_flow: session.link.flow().is_credit(),
                 age_seconds: now
@@ -118,6 +120,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
     streams.sort_by(|a, b| (&a.agent_id, a.stream_id).cmp(&(&b.agent_id, b.stream_id)));
     AgentsReport {
         role: "server".into(),
+        version: tether_observe::VERSION.into(),
         server_id: membership.server_id.clone(),
         server_count: membership.server_count,
         agent_id: String::new(),

@@ -83,6 +83,8 @@ pub(crate) struct ServerMetrics {
     pub(crate) http_connections: Arc<Gauge>,
     pub(crate) ready_backend_connections: Arc<Gauge>,
     ready_backends: Arc<GaugeVec>,
+    /// tether: connected agent IDs by implementation, to follow a migration.
+    connected_agents: Arc<GaugeVec>,
     pub(crate) pending_dials: Arc<Gauge>,
     pub(crate) established: Arc<Gauge>,
     dial_failures: Arc<CounterVec>,
@@ -158,6 +160,11 @@ impl ServerMetrics {
                 "Number of konnectivity agent connected to the proxy server",
                 &["proxy_strategy"],
             ),
+            connected_agents: registry.gauge_vec(
+                "tether_server_connected_agents",
+                "Connected agent IDs by implementation: tether (its agents announce their version) or upstream",
+                &["implementation"],
+            ),
             pending_dials: registry.gauge(
                 &name("pending_backend_dials"),
                 "Current number of pending backend dial requests",
@@ -232,6 +239,7 @@ impl ServerMetrics {
         for method in ["Proxy", "Connect"] {
             m.grpc_connections.with(&[method]).set(0);
         }
+        m.set_connected_agents(0, 0);
         m
     }
 
@@ -299,6 +307,15 @@ impl ServerMetrics {
 
     pub(crate) fn grpc_stream(&self, method: &str) -> Arc<Gauge> {
         self.grpc_connections.with(&[method])
+    }
+
+    /// Sets `tether_server_connected_agents`: two series, whatever the fleet.
+    pub(crate) fn set_connected_agents(&self, tether: usize, upstream: usize) {
+        for (implementation, n) in [("tether", tether), ("upstream", upstream)] {
+            self.connected_agents
+                .with(&[implementation])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub(crate) fn set_ready_backends(&self, strategy: &str, n: usize) {

@@ -418,6 +418,7 @@ impl TestAgent {
             audit_log: opts.audit_log,
             control_plane: opts.control_plane,
             resume_window: opts.resume_window,
+            drain_timeout: None,
         };
         let agent = tether_agent::Agent::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");

@@ -22,7 +22,9 @@ use clap::{Parser, Subcommand};
 
 /// A drop-in replacement for Konnectivity's proxy-server and proxy-agent.
 #[derive(Debug, Parser)]
-#[command(name = "tether", version)]
+// `--version` on every subcommand too, so that `proxy-agent --version` and
+// `proxy-server --version` answer as `tether --version` does.
+#[command(name = "tether", version = crate::build_info::LONG_VERSION, propagate_version = true)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,

@@ -6,7 +6,7 @@ mod render;
 
 use std::io::Write as _;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use anyhow::Context as _;
 use tether_observe::introspect::{AgentsReport, ConnectionsReport, Filter};
@@ -55,7 +55,8 @@ pub(crate) async fn agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Throughput per connection between two snapshots `--interval` apart; with `--watch`,
-/// each refresh compares with the previous one.
+/// each refresh compares with the previous one (after a failed fetch, the next snapshot is
+/// the new baseline).
 pub(crate) async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
     let path = connections_path(&args.filter.filter());
     let view = &args.view;
@@ -65,23 +66,43 @@ pub(crate) async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
             serde_json::from_slice(&body).context("reading the report")?;
         anyhow::Ok((Instant::now(), report))
     };
-    let mut before = snapshot().await?;
-    let mut shown = 0u64;
-    loop {
-        tokio::time::sleep(view.interval).await;
-        let after = snapshot().await?;
-        let seconds = after.0.duration_since(before.0).as_secs_f64();
-        let rows = render::top_rows(&before.1, &after.1, seconds);
-        let text = match view.output {
+    let text = |earlier: &(Instant, ConnectionsReport), after: &(Instant, ConnectionsReport)| {
+        let seconds = after.0.duration_since(earlier.0).as_secs_f64();
+        let rows = render::top_rows(&earlier.1, &after.1, seconds);
+        anyhow::Ok(match view.output {
             Output::Json => serde_json::to_string_pretty(&rows)? + "\n",
-            Output::Table => render::top(&rows, args.limit),
+            Output::Table => {
+                let header = render::top_header(
+                    &view.admin_address,
+                    SystemTime::now(),
+                    seconds,
+                    view.interval,
+                );
+                header + &render::top(&rows, args.limit)
+            }
+        })
+    };
+    let mut before = None;
+    let mut frames = Frames::new(view);
+    loop {
+        // The first snapshot, and the first since a failure, is a baseline without a frame.
+        let frame = match snapshot().await {
+            Ok(after) => {
+                let frame = before.as_ref().map(|earlier| text(earlier, &after));
+                before = Some(after);
+                frame
+            }
+            Err(e) => {
+                before = None;
+                Some(Err(e))
+            }
         };
-        print_frame(view.watch, &text)?;
-        shown += 1;
-        if !view.watch || view.count.is_some_and(|n| shown >= n) {
-            return Ok(ExitCode::SUCCESS);
+        if let Some(frame) = frame
+            && let Some(done) = frames.show(frame)?
+        {
+            return Ok(done);
         }
-        before = after;
+        tokio::time::sleep(view.interval).await;
     }
 }
 
@@ -100,15 +121,44 @@ where
     F: FnMut(&ViewArgs) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<String>>,
 {
-    let mut shown = 0u64;
+    let mut frames = Frames::new(view);
     loop {
-        let text = frame(view).await?;
-        print_frame(view.watch, &text)?;
-        shown += 1;
-        if !view.watch || view.count.is_some_and(|n| shown >= n) {
-            return Ok(ExitCode::SUCCESS);
+        if let Some(done) = frames.show(frame(view).await)? {
+            return Ok(done);
         }
         tokio::time::sleep(view.interval).await;
+    }
+}
+
+/// The frames of one command: printed, counted against `--count`, and with `--watch` a
+/// failed fetch shown as "disconnected, retrying" instead of ending the command, so a
+/// restarting server or agent can be watched through its restart.
+struct Frames<'a> {
+    view: &'a ViewArgs,
+    shown: u64,
+}
+
+impl<'a> Frames<'a> {
+    fn new(view: &'a ViewArgs) -> Self {
+        Self { view, shown: 0 }
+    }
+
+    /// Shows one frame; `Some` when the command is done. Without `--watch` a failure is the
+    /// command's error; with it, only when it is the last of `--count` frames.
+    fn show(&mut self, frame: anyhow::Result<String>) -> anyhow::Result<Option<ExitCode>> {
+        let view = self.view;
+        self.shown += 1;
+        let last = !view.watch || view.count.is_some_and(|n| self.shown >= n);
+        match frame {
+            Ok(text) => print_frame(view.watch, &text)?,
+            Err(e) if last => return Err(e),
+            Err(e) => {
+                let text =
+                    render::disconnected(&view.admin_address, SystemTime::now(), view.interval, &e);
+                print_frame(view.watch, &text)?;
+            }
+        }
+        Ok(last.then_some(ExitCode::SUCCESS))
     }
 }
 

@@ -5,6 +5,7 @@
 //! in use) or a server's second signal, 2 for command-line syntax (clap).
 #![forbid(unsafe_code)]
 
+mod build_info;
 mod cli;
 mod dial;
 mod fd_limit;
@@ -61,6 +62,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let allocator_upkeep = tokio_util::sync::CancellationToken::new();
     if matches!(command, Command::Server(_) | Command::Agent(_)) {
         tokio::spawn(tether_profiling::trim::run(allocator_upkeep.clone()));
+        build_info::register(&registry);
     }
     let _stop_upkeep = allocator_upkeep.drop_guard();
     match command {

@@ -275,6 +275,7 @@ async fn start_pair(
             tls_reload: None,
             control_plane: None,
             resume_window: tether_server::DEFAULT_RESUME_WINDOW,
+            drain_timeout: None,
         },
         Registry::new(),
     )

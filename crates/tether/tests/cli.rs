@@ -101,6 +101,39 @@ fn upstream_binary_names_run_the_matching_subcommand() {
     );
 }
 
+/// `tether --version`, after a subcommand too, and under the upstream names the image links
+/// to the binary (`proxy-agent --version` used to fail with "unexpected argument").
+#[test]
+fn version_under_every_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut invocations = vec![
+        (Path::new(TETHER).to_path_buf(), vec!["--version"]),
+        (Path::new(TETHER).to_path_buf(), vec!["server", "--version"]),
+        (Path::new(TETHER).to_path_buf(), vec!["agent", "--version"]),
+    ];
+    for name in ["proxy-server", "proxy-agent"] {
+        let link = dir.path().join(name);
+        std::os::unix::fs::symlink(TETHER, &link).unwrap();
+        invocations.push((link, vec!["--version"]));
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    for (program, args) in invocations {
+        let output = run(&program, &args);
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{} {args:?}: {}",
+            program.display(),
+            stderr(&output)
+        );
+        assert!(
+            out.contains(&format!(" {version} (commit ")) && out.contains(", rustc 1."),
+            "{} {args:?}: {out}",
+            program.display()
+        );
+    }
+}
+
 /// How long a test waits for a log line or an exit before failing.
 const DEADLINE: Duration = Duration::from_secs(30);
 

@@ -86,6 +86,8 @@ pub(crate) trait Backend: Clone {
     /// Distinguishes several streams of the same agent ID.
     fn stream_id(&self) -> u64;
     fn is_draining(&self) -> bool;
+    /// The agent announced a tether version; upstream's agents do not.
+    fn is_tether(&self) -> bool;
     /// What selection reads about this stream now: labels, CIDRs, load and health.
     fn candidate(&self, now: Instant) -> Candidate<'_>;
     /// Records that this stream got dial number `seq` (the tie-breaker of least-loaded).
@@ -117,6 +119,9 @@ pub(crate) struct Registry<B> {
     indexes: Vec<Index<B>>,
     /// Streams per agent ID; `[0]` takes new dials, as upstream.
     agents: HashMap<String, Vec<B>>,
+    /// Agent IDs with a stream from a tether agent, kept as streams come and go so that
+    /// `tether_server_connected_agents` costs no walk over every agent.
+    tether_agents: usize,
     /// Shared by every tenant's registry: an idle tenant must not copy the table.
     routing: Arc<RoutingConfig>,
     /// Dials handed out so far.
@@ -134,6 +139,7 @@ impl<B: Backend> Registry<B> {
                 })
                 .collect(),
             agents: HashMap::new(),
+            tether_agents: 0,
             routing,
             picks: 0,
         }
@@ -149,7 +155,12 @@ impl<B: Backend> Registry<B> {
                 insert_by_age(index.keys.entry(key).or_default(), backend.clone());
             }
         }
-        insert_by_age(self.agents.entry(id).or_default(), backend);
+        let streams = self.agents.entry(id).or_default();
+        let was_tether = streams.iter().any(B::is_tether);
+        insert_by_age(streams, backend);
+        if !was_tether && streams.iter().any(B::is_tether) {
+            self.tether_agents += 1;
+        }
     }
 
     /// Removes every stream of `agent_id` (its owner changed: they are ending).
@@ -169,7 +180,11 @@ impl<B: Backend> Registry<B> {
         let Some(streams) = self.agents.get_mut(agent_id) else {
             return;
         };
+        let was_tether = streams.iter().any(B::is_tether);
         streams.retain(|b| b.stream_id() != stream_id);
+        if was_tether && !streams.iter().any(B::is_tether) {
+            self.tether_agents -= 1;
+        }
         if streams.is_empty() {
             self.agents.remove(agent_id);
         }
@@ -261,6 +276,11 @@ impl<B: Backend> Registry<B> {
         self.agents.len()
     }
 
+    /// Distinct connected agent IDs of which a tether agent holds a stream.
+    pub(crate) fn tether_agent_count(&self) -> usize {
+        self.tether_agents
+    }
+
     /// Every connected stream, for introspection.
     pub(crate) fn streams(&self) -> impl Iterator<Item = &B> + '_ {
         self.agents.values().flatten()
@@ -340,6 +360,7 @@ mod tests {
         id: &'static str,
         stream: u64,
         draining: Rc<Cell<bool>>,
+        tether: bool,
     }
 
     impl Backend for Fake {
@@ -351,6 +372,9 @@ mod tests {
         }
         fn is_draining(&self) -> bool {
             self.draining.get()
+        }
+        fn is_tether(&self) -> bool {
+            self.tether
         }
         fn candidate(&self, _now: Instant) -> Candidate<'_> {
             Candidate {
@@ -377,7 +401,31 @@ mod tests {
             id,
             stream,
             draining: Rc::default(),
+            tether: false,
         }
+    }
+
+    #[test]
+    fn tether_agents_are_counted_by_agent_id_as_streams_come_and_go() {
+        let mut r = Registry::new(&[Strategy::Default], Arc::default());
+        let tether = |id, stream| Fake {
+            tether: true,
+            ..fake(id, stream)
+        };
+        r.add(fake("upstream", 1), &ids(""));
+        r.add(tether("t", 2), &ids(""));
+        r.add(tether("t", 3), &ids(""));
+        assert_eq!((r.agent_count(), r.tether_agent_count()), (2, 1));
+        r.remove("t", 2);
+        assert_eq!(r.tether_agent_count(), 1, "one of its streams is left");
+        // The same ID from an upstream agent too: still a tether agent while its stream is.
+        r.add(fake("t", 4), &ids(""));
+        r.remove("t", 3);
+        assert_eq!((r.agent_count(), r.tether_agent_count()), (2, 0));
+        r.add(tether("t", 5), &ids(""));
+        r.remove_agent("t");
+        r.remove("upstream", 1);
+        assert_eq!((r.agent_count(), r.tether_agent_count()), (0, 0));
     }
 
     fn ids(query: &str) -> Identifiers {

@@ -196,6 +196,7 @@ impl AgentService {
         let mut response = vec![
             (metadata::SERVER_ID, self.server_id.clone()),
             (metadata::SERVER_COUNT, self.server_count.to_string()),
+            (metadata::TETHER_VERSION, tether_observe::VERSION.to_owned()),
         ];
         if flow.is_credit() {
             response.push(self.flow.announce());
@@ -220,6 +221,7 @@ impl AgentService {
             answer.push((metadata::TETHER_RESUME, r.token.clone()));
         }
         let keepalive = call.last_pong().clone();
+        let version = agent_version(call.metadata());
         let (sender, receiver) = match call.accept(&answer) {
             Ok(halves) => halves,
             Err(e) => {
@@ -233,6 +235,7 @@ impl AgentService {
             self.next_stream_id.fetch_add(1, Ordering::Relaxed),
             identifiers,
             labels,
+            version,
             SessionConfig {
                 role: Role::Server,
                 flow,
@@ -462,6 +465,18 @@ fn header<'a>(headers: &'a http::HeaderMap, key: &str) -> Option<&'a str> {
     headers.get(key).and_then(|v| v.to_str().ok())
 }
 
+/// The release a tether agent announced: one well-formed value. Anything else (upstream's
+/// agents send nothing) is `None`, so the stream counts as upstream's; a version is only
+/// shown, never trusted, and refusing an agent for it would help nobody.
+fn agent_version(headers: &http::HeaderMap) -> Option<String> {
+    let mut values = headers.get_all(metadata::TETHER_VERSION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let version = value.to_str().ok()?;
+    metadata::is_version(version).then(|| version.to_owned())
+}
+
 /// Checks the agent's metadata: exactly one `agentid`, at most one `agentidentifiers` and
 /// at most one `tether-labels`.
 fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), String> {
@@ -517,6 +532,21 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_version_is_one_short_version_or_none() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(agent_version(&h), None, "upstream agents send none");
+        h.append("tether-version", "0.1.0-rc.1+abc".parse().unwrap());
+        assert_eq!(agent_version(&h).as_deref(), Some("0.1.0-rc.1+abc"));
+        h.append("tether-version", "0.2.0".parse().unwrap());
+        assert_eq!(agent_version(&h), None, "two versions");
+        for bad in ["", "0.1.0 (commit x)", &"9".repeat(65)] {
+            let mut h = http::HeaderMap::new();
+            h.append("tether-version", bad.parse().unwrap());
+            assert_eq!(agent_version(&h), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn admission_rules() {

@@ -144,6 +144,8 @@ pub(crate) struct AgentSession {
     pub(crate) stream_id: u64,
     pub(crate) identifiers: Identifiers,
     pub(crate) labels: Labels,
+    /// The tether release the agent announced (`tether-version`); `None` from upstream's.
+    pub(crate) version: Option<String>,
     /// `cidr` identifiers, and `ipv4`/`ipv6` ones as single addresses, for `destCIDR` and
     /// `topology`. Entries that do not parse are left out (upstream ignores `cidr` anyway).
     cidrs: Vec<Cidr>,
@@ -174,6 +176,9 @@ impl Backend for Arc<AgentSession> {
     }
     fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+    fn is_tether(&self) -> bool {
+        self.version.is_some()
     }
     fn candidate(&self, now: Instant) -> Candidate<'_> {
         Candidate {
@@ -210,6 +215,7 @@ impl AgentSession {
         stream_id: u64,
         identifiers: Identifiers,
         labels: Labels,
+        version: Option<String>,
         config: tether_tunnel::SessionConfig,
         metrics: Arc<ServerMetrics>,
         watch: Watch,
@@ -273,6 +279,7 @@ impl AgentSession {
             stream_id,
             identifiers,
             labels,
+            version,
             cidrs,
             health,
             draining,

@@ -229,6 +229,13 @@ pub(crate) struct AgentArgs {
     #[arg(long, help_heading = "Servers", value_name = "BOOL", default_value = "false", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     readiness_requires_all_servers: bool,
 
+    /// After the first SIGTERM or SIGINT (which drains: DRAIN to every server, no new server
+    /// connections), exit once no proxied connection is open, or after this long at most.
+    /// 0 keeps upstream's behaviour: a draining agent keeps serving, also new dials when
+    /// every agent drains, until a second signal.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "0s", value_parser = go_duration)]
+    drain_timeout: Duration,
+
     /// Accepted for compatibility, no effect: upstream polls each connection's state at this
     /// interval; a tether agent notices a broken server stream as it happens.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "1s", value_parser = go_duration)]
@@ -482,6 +489,7 @@ impl AgentArgs {
             audit_log: tether_observe::audit::AuditTarget::from_flag(&self.audit_log_path),
             control_plane,
             resume_window: self.flow.resume_window,
+            drain_timeout: (!self.drain_timeout.is_zero()).then_some(self.drain_timeout),
         })
     }
 

@@ -1,9 +1,12 @@
 //! Tables like `ss` prints them: a header row, columns padded to their widest cell.
 
 use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use tether_observe::duration::format_go_duration;
 use tether_observe::introspect::{AgentsReport, ConnectionView, ConnectionsReport};
+use tether_observe::time::Civil;
 
 /// A table of left-aligned cells; the last column is not padded.
 struct Table {
@@ -96,19 +99,23 @@ pub(crate) fn connections(report: &ConnectionsReport) -> String {
     )
 }
 
-/// `tether agents`.
+/// `tether agents`: the answering end and its release, then one row per stream with the
+/// other end's release (`upstream` for an upstream peer, which announces none).
 pub(crate) fn agents(report: &AgentsReport) -> String {
-    let heading = if report.role == "server" {
+    let server = report.role == "server";
+    let heading = if server {
         format!(
-            "server {} (server count {}), {}\n",
+            "server {} ({}, server count {}), {}\n",
             report.server_id,
+            release(&report.version),
             report.server_count,
             count(report.streams.len(), "agent stream")
         )
     } else {
         format!(
-            "agent {}, connected to {} of {} servers\n",
+            "agent {} ({}), connected to {} of {} servers\n",
             report.agent_id,
+            release(&report.version),
             report.streams.len(),
             report.server_count
         )
@@ -117,6 +124,11 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
         "AGENT",
         "SERVER",
         "STREAM",
+        if server {
+            "AGENT-VERSION"
+        } else {
+            "SERVER-VERSION"
+        },
         "AGE",
         "LAST-PING",
         "PENDING",
@@ -131,6 +143,13 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
             s.agent_id.clone(),
             s.server_id.clone(),
             s.stream_id.to_string(),
+            if server {
+                &s.agent_version
+            } else {
+                &s.server_version
+            }
+            .clone()
+            .unwrap_or_else(|| "upstream".into()),
             age(s.age_seconds),
             s.last_ping_seconds
                 .map_or("-".into(), |ago| format!("{} ago", age(ago))),
@@ -227,6 +246,44 @@ pub(crate) fn top(rows: &[TopRow], limit: usize) -> String {
     )
 }
 
+/// `tether 0.1.0`, or what an older tether that reports no version gets.
+fn release(version: &str) -> String {
+    if version.is_empty() {
+        "version not reported".into()
+    } else {
+        format!("tether {version}")
+    }
+}
+
+/// The first line of each `tether top` frame: where from, when, and over how long the rates
+/// were measured.
+pub(crate) fn top_header(
+    address: &str,
+    at: SystemTime,
+    seconds: f64,
+    interval: Duration,
+) -> String {
+    format!(
+        "{address} at {}, rates over {seconds:.1}s (--interval {})\n",
+        Civil::from_system_time(at).rfc3339(),
+        format_go_duration(interval)
+    )
+}
+
+/// A `--watch` frame when the admin endpoint did not answer: the next refresh tries again.
+pub(crate) fn disconnected(
+    address: &str,
+    at: SystemTime,
+    interval: Duration,
+    error: &anyhow::Error,
+) -> String {
+    format!(
+        "{address} at {}: disconnected, retrying every {} (Ctrl-C stops)\nerror: {error:#}\n",
+        Civil::from_system_time(at).rfc3339(),
+        format_go_duration(interval)
+    )
+}
+
 /// `1 connection`, `2 connections`.
 fn count(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -313,6 +370,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
     fn agents_table_shows_identifiers_health_and_membership() {
         let report = AgentsReport {
             role: "server".into(),
+            version: "0.1.0".into(),
             server_id: "server-a".into(),
             server_count: 3,
             agent_id: String::new(),
@@ -321,6 +379,8 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 server_id: "server-a".into(),
                 stream_id: 1,
                 identifiers: "host=node-1&ipv4=10.0.0.1".into(),
+                agent_version: Some("0.1.0".into()),
+                server_version: Some("0.1.0".into()),
                 draining: false,
                 credit_flow: true,
                 age_seconds: 7300.0,
@@ -331,7 +391,10 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
             }],
         };
         let text = agents(&report);
-        assert!(text.starts_with("server server-a (server count 3), 1 agent stream\n"));
+        assert!(
+            text.starts_with("server server-a (tether 0.1.0, server count 3), 1 agent stream\n")
+        );
+        assert!(text.lines().nth(1).unwrap().contains(" AGENT-VERSION "));
         let row = text.lines().nth(2).unwrap();
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
@@ -340,6 +403,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 "node-1",
                 "server-a",
                 "1",
+                "0.1.0",
                 "2h01m",
                 "4s",
                 "ago",
@@ -350,6 +414,62 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 "active",
                 "host=node-1&ipv4=10.0.0.1"
             ]
+        );
+    }
+
+    #[test]
+    fn agents_table_names_upstream_peers_and_the_agents_own_release() {
+        let stream = StreamView {
+            agent_id: "node-1".into(),
+            server_id: "server-a".into(),
+            agent_version: None,
+            server_version: None,
+            ..Default::default()
+        };
+        let server = AgentsReport {
+            role: "server".into(),
+            version: "0.1.0".into(),
+            server_id: "server-a".into(),
+            server_count: 1,
+            streams: vec![stream.clone()],
+            ..Default::default()
+        };
+        let cells = |text: &str| -> Vec<String> {
+            let row = text.lines().nth(2).unwrap();
+            row.split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(cells(&agents(&server))[3], "upstream");
+        let agent = AgentsReport {
+            role: "agent".into(),
+            version: "0.1.0".into(),
+            agent_id: "node-1".into(),
+            server_count: 2,
+            streams: vec![stream],
+            ..Default::default()
+        };
+        let text = agents(&agent);
+        assert!(text.starts_with("agent node-1 (tether 0.1.0), connected to 1 of 2 servers\n"));
+        assert!(text.lines().nth(1).unwrap().contains(" SERVER-VERSION "));
+        assert_eq!(cells(&text)[3], "upstream", "an upstream server");
+        let old = AgentsReport {
+            version: String::new(),
+            ..agent
+        };
+        assert!(agents(&old).contains("(version not reported)"));
+    }
+
+    #[test]
+    fn top_header_and_disconnected_frames_say_where_when_and_how_often() {
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_764_777_057);
+        assert_eq!(
+            top_header("127.0.0.1:8095", at, 2.004, Duration::from_secs(2)),
+            "127.0.0.1:8095 at 2025-12-03T15:50:57.000Z, rates over 2.0s (--interval 2s)\n"
+        );
+        let error = anyhow::anyhow!("Connection refused").context("connecting to 127.0.0.1:8095");
+        assert_eq!(
+            disconnected("127.0.0.1:8095", at, Duration::from_millis(500), &error),
+            "127.0.0.1:8095 at 2025-12-03T15:50:57.000Z: disconnected, retrying every 500ms \
+             (Ctrl-C stops)\nerror: connecting to 127.0.0.1:8095: Connection refused\n"
         );
     }
 

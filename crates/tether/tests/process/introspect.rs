@@ -11,6 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{STEP, bin};
 
+/// The release every crate of the workspace shares, as the binary reports it.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 async fn tether(args: &[&str]) -> Output {
     tokio::time::timeout(
         STEP,
@@ -110,19 +113,25 @@ async fn the_cli_renders_a_live_server() {
 
     let agents = stdout(&tether(&["agents", "--admin-address", &admin]).await);
     assert!(
-        agents.starts_with("server cli-server (server count 1), 1 agent stream\n"),
+        agents.starts_with(&format!(
+            "server cli-server (tether {VERSION}, server count 1), 1 agent stream\n"
+        )),
         "{agents}"
     );
-    assert!(
-        agents
-            .lines()
-            .nth(2)
-            .unwrap()
-            .starts_with("cli-agent  cli-server")
+    let row: Vec<&str> = agents.lines().nth(2).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..4],
+        ["cli-agent", "cli-server", "1", VERSION],
+        "the agent's release in AGENT-VERSION: {agents}"
     );
 
     let top = stdout(&tether(&["top", "--admin-address", &admin, "--interval", "200ms"]).await);
-    assert!(top.starts_with("1 connection, busiest first"), "{top}");
+    let lines: Vec<&str> = top.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{admin} at 20")) && lines[0].ends_with("(--interval 200ms)"),
+        "a header with the time and the interval: {top}"
+    );
+    assert!(lines[1].starts_with("1 connection, busiest first"), "{top}");
 
     let refused = tether(&["connections", "--admin-address", &admin, "--state", "bogus"]).await;
     assert_eq!(
@@ -134,4 +143,75 @@ async fn the_cli_renders_a_live_server() {
     assert_eq!(unreachable.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unreachable.stderr).contains("127.0.0.1:1"));
     drop(stream);
+}
+
+#[tokio::test]
+async fn an_agent_lists_its_servers_release() {
+    let pki = Pki::generate().unwrap();
+    let server = spawn_server(
+        bin(),
+        &pki,
+        Frontend::HttpConnectTls,
+        &["--server-id=versioned"],
+    )
+    .await
+    .expect("server");
+    let admin = tether_testkit::process::free_port();
+    let health = tether_testkit::process::free_port();
+    let mut args = tether_testkit::process::agent_args(&pki, server.agent_addr, health, admin);
+    args.push("--agent-id=node-v".into());
+    let agent = tether_testkit::process::Process::spawn(
+        bin(),
+        args,
+        std::net::SocketAddr::from(([127, 0, 0, 1], health)),
+    )
+    .await
+    .expect("agent");
+    agent.wait_ready().await.expect("agent connected");
+    let table =
+        stdout(&tether(&["agents", "--admin-address", &format!("127.0.0.1:{admin}")]).await);
+    assert!(
+        table.starts_with(&format!(
+            "agent node-v (tether {VERSION}), connected to 1 of 1 servers\n"
+        )),
+        "{table}"
+    );
+    assert!(
+        table.lines().nth(1).unwrap().contains(" SERVER-VERSION "),
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(2).unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["node-v", "versioned", "0", VERSION], "{table}");
+}
+
+/// `--watch` on an endpoint that does not answer keeps going, one "disconnected, retrying"
+/// frame per refresh; `--count` still ends it, with the last fetch's error.
+#[tokio::test]
+async fn watch_survives_an_unreachable_endpoint() {
+    for command in ["agents", "connections", "top"] {
+        let output = tether(&[
+            command,
+            "--admin-address",
+            "127.0.0.1:1",
+            "--watch",
+            "--count",
+            "3",
+            "--interval",
+            "50ms",
+        ])
+        .await;
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            out.matches("127.0.0.1:1 at ").count(),
+            2,
+            "{command}: two frames retried, the third ends it: {out}"
+        );
+        assert!(
+            out.contains("disconnected, retrying every 50ms"),
+            "{command}: {out}"
+        );
+        assert_eq!(output.status.code(), Some(1), "{command}");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains("127.0.0.1:1"), "{command}: {err}");
+    }
 }

@@ -4,6 +4,7 @@ mod audit;
 mod certificates;
 mod dead_agents;
 mod destinations;
+mod drain;
 mod failures;
 mod fleet_behind_nat;
 mod introspect;
@@ -11,6 +12,7 @@ mod logs;
 mod profiling;
 mod readiness;
 mod resources;
+mod version;
 
 use std::path::Path;
 use std::time::Duration;

@@ -100,6 +100,21 @@ fn defaults_match_upstream() {
     assert_eq!(config.sync_interval, Duration::from_secs(1));
     assert_eq!(config.sync_interval_cap, Duration::from_secs(10));
     assert!(!config.agent_id.is_empty());
+    assert_eq!(
+        config.drain_timeout, None,
+        "a draining agent runs until a second signal, as upstream's"
+    );
+}
+
+#[test]
+fn drain_timeout_bounds_a_draining_agent() {
+    let (_dir, files) = pki();
+    let config = agent(&files, "--drain-timeout=25s").unwrap();
+    assert_eq!(config.drain_timeout, Some(Duration::from_secs(25)));
+    let config = agent(&files, "--drain-timeout=0s").unwrap();
+    assert_eq!(config.drain_timeout, None);
+    let err = agent_args("--drain-timeout=25").unwrap_err().to_string();
+    assert!(err.contains("--drain-timeout"), "{err}");
 }
 
 #[test]
