@@ -6,7 +6,7 @@ use tether_observe::VERSION;
 use tether_observe::metrics::Registry;
 
 /// The commit the binary was built from, or `unknown`.
-const COMMIT: &str = env!("TETHER_COMMIT");
+pub(crate) const COMMIT: &str = env!("TETHER_COMMIT");
 /// The Rust compiler's version (`1.95.0`).
 const RUSTC: &str = env!("TETHER_RUSTC");
 

@@ -72,6 +72,7 @@ pub(crate) fn log_start(argv: &[OsString]) {
         .join(" ");
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
+        commit = crate::build_info::COMMIT,
         invoked_as = %argv.first().map(|a| a.to_string_lossy()).unwrap_or_default(),
         flags,
         "tether starting"

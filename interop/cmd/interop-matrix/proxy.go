@@ -155,6 +155,14 @@ func (e *env) section6() error {
 				if a == nil {
 					continue
 				}
+				if s.kind == tether {
+					c.run("tether's server counts the agent as "+agentKind+"'s (tether_server_connected_agents)", func() (string, error) {
+						if agentKind == upstream {
+							return implementations(s, 1, 0)
+						}
+						return implementations(s, 0, 1)
+					})
+				}
 				c.run("GET / through the tunnel → 200", func() (string, error) {
 					return expectOK(e.peer(pb, e.peerArgs(s), "get", "--address", e.http))
 				})

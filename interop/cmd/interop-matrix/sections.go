@@ -286,6 +286,11 @@ func (e *env) section3() error {
 			peerLabel, version := upstreamPeer(pair[0], e.upVersion)
 			c := e.newCell("3", peerLabel, version, frontendName(f[0]), transportName[f[1]], direction(pair[0], pair[1]))
 			e.traffic(c, pb, t, 4, 16)
+			if pair[0] == tether {
+				c.run("tether's server counts the agent as upstream's (tether_server_connected_agents)", func() (string, error) {
+					return implementations(t.s, 1, 0)
+				})
+			}
 			reason := wantReason(t.s)
 			var refResult peerResult
 			c.run("refused destination: "+reason+" failure, error text as upstream's", func() (string, error) {
@@ -308,6 +313,24 @@ func (e *env) section3() error {
 		}
 	}
 	return nil
+}
+
+// implementations checks a tether server's count of connected agents by implementation.
+func implementations(s *server, wantUpstream, wantTether float64) (string, error) {
+	const name = "tether_server_connected_agents"
+	up, err := metric(s.metricsURL(), name+`{implementation="upstream"}`)
+	if err != nil {
+		return "", err
+	}
+	own, err := metric(s.metricsURL(), name+`{implementation="tether"}`)
+	if err != nil {
+		return "", err
+	}
+	got := fmt.Sprintf("upstream %v, tether %v", up, own)
+	if up != wantUpstream || own != wantTether {
+		return got, fmt.Errorf("want upstream %v, tether %v", wantUpstream, wantTether)
+	}
+	return got, nil
 }
 
 // upstreamPeer names the upstream side of a mixed pair whose server is serverKind's.

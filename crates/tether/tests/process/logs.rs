@@ -172,6 +172,7 @@ async fn klog_text_logs_of_server_and_agent_by_default() {
         let first = &bodies[0];
         assert!(
             first.starts_with(r#""tether starting" version=""#)
+                && first.contains(" commit=\"")
                 && first.contains(&format!(r#"flags="{role} "#))
                 && first.contains("--logtostderr=false"),
             "{role}: the first line says what runs and with which flags: {first}"
