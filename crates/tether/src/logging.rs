@@ -61,13 +61,14 @@ pub(crate) fn init(klog: Option<&KlogArgs>) -> anyhow::Result<()> {
 }
 
 /// The first line of a server's or agent's log: what runs, and how it was asked to, as
-/// upstream logs its flags at start. tether's flags take no secrets (tokens and keys are
-/// files), so the command line is logged whole.
+/// upstream logs its flags at start. Tokens and keys are files, never flag values; the one
+/// secret a flag can hold is a URL's user info (`--https-proxy=http://user:password@…`),
+/// which is redacted.
 pub(crate) fn log_start(argv: &[OsString]) {
     let flags = argv
         .iter()
         .skip(1)
-        .map(|arg| arg.to_string_lossy())
+        .map(|arg| redact_user_info(&arg.to_string_lossy()))
         .collect::<Vec<_>>()
         .join(" ");
     tracing::info!(
@@ -77,6 +78,22 @@ pub(crate) fn log_start(argv: &[OsString]) {
         flags,
         "tether starting"
     );
+}
+
+/// `arg` with the user info of a URL in it (`scheme://user:password@host`) replaced by
+/// `REDACTED`, as the agent's own proxy lines show it.
+fn redact_user_info(arg: &str) -> String {
+    let Some(scheme_end) = arg.find("://").map(|i| i + 3) else {
+        return arg.to_owned();
+    };
+    let authority_len = arg[scheme_end..]
+        .find(['/', '?', '#'])
+        .unwrap_or(arg.len() - scheme_end);
+    let authority = &arg[scheme_end..scheme_end + authority_len];
+    match authority.rfind('@') {
+        Some(at) => format!("{}REDACTED{}", &arg[..scheme_end], &arg[scheme_end + at..]),
+        None => arg.to_owned(),
+    }
 }
 
 type Subscriber = Box<dyn tracing::Subscriber + Send + Sync>;
@@ -151,6 +168,25 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+
+    #[test]
+    fn user_info_in_urls_is_redacted() {
+        assert_eq!(
+            redact_user_info("--https-proxy=http://alice:pw%2D1@127.0.0.1:3128"),
+            "--https-proxy=http://REDACTED@127.0.0.1:3128"
+        );
+        assert_eq!(
+            redact_user_info("https://u:p@proxy.example:3129/path@x"),
+            "https://REDACTED@proxy.example:3129/path@x"
+        );
+        for plain in [
+            "--https-proxy=http://127.0.0.1:3128",
+            "--agent-id=a@b",
+            "-v=4",
+        ] {
+            assert_eq!(redact_user_info(plain), plain);
+        }
+    }
 
     #[test]
     fn verbosity_levels() {

@@ -104,7 +104,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
     }
     let log = refused_agent_log(&server, &pki, &other_namespace).await?;
     assert!(
-        log.contains("agent token refused: incoming request from \"default\" namespace"),
+        log.contains(r#"agent token refused: incoming request from \"default\" namespace"#),
         "{log}"
     );
 
