@@ -25,6 +25,7 @@ mod introspect;
 mod metrics;
 mod server_count;
 mod session;
+mod tls_failure;
 mod tls_reload;
 
 use std::net::SocketAddr;
