@@ -19,6 +19,7 @@ mod control_plane;
 mod destinations;
 mod dial;
 pub mod frontend;
+mod handshake_failures;
 mod health;
 mod introspect;
 mod limits;
@@ -288,6 +289,8 @@ impl Server {
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
         let limit_metrics = LimitMetrics::register(&registry);
+        let handshake_failures =
+            Arc::new(handshake_failures::HandshakeFailures::register(&registry));
         let limits = config.limits.clone();
         // The audit writer outlives every connection (it is stopped last) so that the
         // records of connections cut at shutdown are written too.
@@ -443,9 +446,17 @@ impl Server {
                 let service = agent_service.clone();
                 let settings = agent_settings.clone();
                 let metrics = limit_metrics.clone();
+                let handshake_failures = handshake_failures.clone();
                 async move {
+                    let peer_label = conn.peer_label();
                     // Boxed: the TLS handshake's state is not held for the stream's life.
-                    let (io, peer) = Box::pin(ready(conn, deadline, &metrics)).await?;
+                    let (io, peer) = match Box::pin(ready(conn, deadline, &metrics)).await {
+                        Ok(ready) => ready,
+                        Err(e) => {
+                            handshake_failures.record(&peer_label, &e);
+                            return Ok(());
+                        }
+                    };
                     let connection = Connection {
                         peer: Arc::new(peer),
                         setup_deadline: Some(deadline),

@@ -6,6 +6,7 @@ mod dead_agents;
 mod destinations;
 mod failures;
 mod fleet_behind_nat;
+mod handshake_failures;
 mod introspect;
 mod logs;
 mod profiling;
