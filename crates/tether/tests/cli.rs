@@ -227,6 +227,63 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
     assert!(!socket.exists(), "nothing was left listening");
 }
 
+/// The operator trial's P3: a port in use is reported once, with the listener's flags; the
+/// same port given to two flags is reported as such before anything is bound.
+#[test]
+fn listener_errors_name_their_flags_and_say_the_os_error_once() {
+    let (dir, files) = pki();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let socket = dir.path().join("proxy.sock");
+    let server = |ports: [u16; 3]| {
+        let args = [
+            "server".to_owned(),
+            format!("--uds-name={}", socket.display()),
+            "--server-port=0".into(),
+            format!("--cluster-cert={}", files.server_cert.display()),
+            format!("--cluster-key={}", files.server_key.display()),
+            format!("--cluster-ca-cert={}", files.ca_cert.display()),
+            "--agent-bind-address=127.0.0.1".into(),
+            format!("--agent-port={}", ports[0]),
+            "--health-bind-address=127.0.0.1".into(),
+            format!("--health-port={}", ports[1]),
+            "--admin-bind-address=127.0.0.1".into(),
+            format!("--admin-port={}", ports[2]),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = run(Path::new(TETHER), &args);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        err
+    };
+
+    let err = server([port, 0, 0]);
+    let in_use = "Address already in use (os error 98)";
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: listening on agent 127.0.0.1:{port} (--agent-bind-address, --agent-port): \
+             {in_use}"
+        ),
+    );
+    assert_eq!(err.matches(in_use).count(), 1, "{err}");
+
+    let free = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let err = server([free, 0, free]);
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: --admin-port and --agent-port are both {free} (on the same or overlapping \
+             bind addresses): each listener needs a port of its own"
+        ),
+    );
+    assert!(!socket.exists(), "nothing was bound");
+    drop(taken);
+}
+
 /// An expired certificate at start-up stops the process with the flag, the file and the
 /// time it expired: serving it would fail every handshake while health checks pass (N9).
 #[test]
@@ -548,7 +605,7 @@ fn refused_files_name_the_uid_and_what_to_change() {
     let dir = socket_dir.display();
     for part in [
         format!(
-            "error: listening on frontend socket {}: {denied}. {me}",
+            "error: listening on frontend socket {} (--uds-name): {denied}. {me}",
             socket.display()
         ),
         format!("which cannot create a socket in {dir} (owned by uid "),
