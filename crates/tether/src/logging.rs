@@ -27,10 +27,13 @@ use crate::cli::klog::{KlogArgs, LogFormat};
 /// warnings and errors to standard error as text.
 pub(crate) fn init(klog: Option<&KlogArgs>) -> anyhow::Result<()> {
     let default = klog.map_or(LevelFilter::WARN, |k| level(k.v));
-    let filter = EnvFilter::builder()
+    let mut filter = EnvFilter::builder()
         .with_default_directive(default.into())
         .from_env()
         .context("RUST_LOG")?;
+    if default < LevelFilter::DEBUG && std::env::var_os("RUST_LOG").is_none() {
+        filter = filter.add_directive(KUBE_REQUEST_FAILURES.parse()?);
+    }
     let Some(klog) = klog else {
         let ansi = std::io::stderr().is_terminal();
         return install(subscriber(
@@ -60,6 +63,11 @@ pub(crate) fn init(klog: Option<&KlogArgs>) -> anyhow::Result<()> {
     };
     install(subscriber(klog.log_format, filter, writer, ansi))
 }
+
+/// kube's client logs every failed request at ERROR (`failed with error client error
+/// (Connect)`), with neither the API server's URL nor the OS error. tether's own warning for
+/// the same failure says both, so below DEBUG (`-v` under 5) kube's line is left out.
+const KUBE_REQUEST_FAILURES: &str = "kube_client::client::builder=off";
 
 type Subscriber = Box<dyn tracing::Subscriber + Send + Sync>;
 
