@@ -82,8 +82,8 @@ enum ConnectError {
     /// Boxed: a proxy's errors carry its URL.
     #[error(transparent)]
     Dial(Box<crate::egress_proxy::DialError>),
-    #[error("TLS handshake with {0}: {1}")]
-    Tls(String, std::io::Error),
+    #[error("TLS handshake with {to}: {}", crate::tls_failure::describe(error))]
+    Tls { to: String, error: std::io::Error },
     /// The server's caps close a connection at accept, before any TLS byte.
     #[error(
         "TLS handshake with {0}: the server closed the connection before the TLS handshake \
@@ -96,7 +96,11 @@ enum ConnectError {
     #[error("reading token {0}: {1}")]
     Token(String, std::io::Error),
     #[error("{0}")]
-    Grpc(#[from] GrpcError),
+    Grpc(GrpcError),
+    /// The server refused this agent after this side's TLS 1.3 handshake had finished (its
+    /// verdict on the client certificate), seen on the HTTP/2 connection.
+    #[error("TLS with {to}: {}", crate::tls_failure::describe(error))]
+    Refused { to: String, error: rustls::Error },
     #[error("server response headers: {0}")]
     Headers(String),
     #[error("timed out after {0:?}")]
@@ -629,11 +633,21 @@ impl ClientSet {
                     std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
                         ConnectError::ClosedBeforeTls(to, e)
                     }
-                    _ => ConnectError::Tls(to, e),
+                    _ => ConnectError::Tls { to, error: e },
                 }
             })?;
+        let (tls, seen) = crate::tls_failure::Watched::new(tls);
+        let refused = |e: GrpcError| match seen.get() {
+            Some(error) => ConnectError::Refused {
+                to: address.clone(),
+                error: error.clone(),
+            },
+            None => ConnectError::Grpc(e),
+        };
         let (channel, driver) =
-            Channel::handshake(tls, &H2Settings::agent_stream(), &address, true).await?;
+            Channel::handshake(tls, &H2Settings::agent_stream(), &address, true)
+                .await
+                .map_err(refused)?;
         tasks.spawn(driver.run());
 
         let mut metadata = vec![
@@ -682,8 +696,11 @@ impl ClientSet {
                 ));
             }
         }
-        let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, &metadata).await?;
-        let headers = receiver.response_headers().await?;
+        let (sender, mut receiver) = channel
+            .call(tether_proto::path::CONNECT, &metadata)
+            .await
+            .map_err(refused)?;
+        let headers = receiver.response_headers().await.map_err(refused)?;
         let one = |key: &str| -> Result<String, ConnectError> {
             let mut values = headers.get_all(key).iter();
             match (values.next(), values.next()) {

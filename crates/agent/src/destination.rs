@@ -51,18 +51,16 @@ impl Default for DestinationConfig {
     }
 }
 
-/// A policy file that cannot be used.
+/// A policy file that cannot be used. The errors are plain fields, not `source()`s, which
+/// `{:#}` would print a second time after the message that already holds them.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyFileError {
-    #[error("reading destination policy {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("destination policy {path}: {source}")]
+    #[error("reading destination policy {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("destination policy {path}: {error}")]
     Parse {
         path: String,
-        source: tether_policy::ParseError,
+        error: tether_policy::ParseError,
     },
 }
 
@@ -93,9 +91,9 @@ impl Destinations {
         let file = match &config.policy_file {
             Some(path) => Some(load(
                 path,
-                &std::fs::read(path).map_err(|source| PolicyFileError::Read {
+                &std::fs::read(path).map_err(|error| PolicyFileError::Read {
                     path: path.display().to_string(),
-                    source,
+                    error,
                 })?,
             )?),
             None => None,
@@ -155,9 +153,9 @@ impl Destinations {
             }
             current = seen;
             let loaded = read
-                .map_err(|source| PolicyFileError::Read {
+                .map_err(|error| PolicyFileError::Read {
                     path: path.display().to_string(),
-                    source,
+                    error,
                 })
                 .and_then(|bytes| load(&path, &bytes));
             match loaded {
@@ -264,9 +262,9 @@ impl Destinations {
 
 /// Parses and validates a policy file's content, naming the file in errors.
 fn load(path: &std::path::Path, bytes: &[u8]) -> Result<RuleSet, PolicyFileError> {
-    RuleSet::parse_bytes(bytes).map_err(|source| PolicyFileError::Parse {
+    RuleSet::parse_bytes(bytes).map_err(|error| PolicyFileError::Parse {
         path: path.display().to_string(),
-        source,
+        error,
     })
 }
 

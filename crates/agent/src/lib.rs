@@ -27,6 +27,7 @@ mod introspect;
 mod metrics;
 mod server_count;
 mod session;
+mod tls_failure;
 mod tls_reload;
 
 use std::net::SocketAddr;
@@ -101,10 +102,12 @@ pub struct Config {
 /// print a second time after the message that already holds them.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("listening on {what} {addr}: {error}")]
+    #[error("listening on {what} {addr} ({flags}): {error}")]
     Listen {
         what: &'static str,
         addr: SocketAddr,
+        /// The flags that set the address.
+        flags: &'static str,
         error: std::io::Error,
     },
     #[error("listening on --control-plane-listen={addr}: {error}")]
@@ -139,13 +142,28 @@ pub struct Agent {
 
 impl Agent {
     pub async fn bind(config: Config, registry: Registry) -> Result<Self, AgentError> {
-        let bind = |what, addr| async move {
+        let bind = |what, addr, flags| async move {
             TcpListener::bind(addr)
                 .await
-                .map_err(|error| AgentError::Listen { what, addr, error })
+                .map_err(|error| AgentError::Listen {
+                    what,
+                    addr,
+                    flags,
+                    error,
+                })
         };
-        let health = bind("health", config.health_addr).await?;
-        let admin = bind("admin", config.admin_addr).await?;
+        let health = bind(
+            "health",
+            config.health_addr,
+            "--health-server-host, --health-server-port",
+        )
+        .await?;
+        let admin = bind(
+            "admin",
+            config.admin_addr,
+            "--admin-bind-address, --admin-server-port",
+        )
+        .await?;
         let control_plane =
             match &config.control_plane {
                 Some(cp) => Some(control_plane::Listener::bind(&cp.listen).await.map_err(

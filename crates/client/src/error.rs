@@ -9,26 +9,23 @@ use tether_grpc::GrpcError;
 pub(crate) const NO_AGENT: &str = "No agent available";
 
 /// Reaching or talking to the proxy server failed; nothing was learnt about the destination.
+/// The inner errors are plain fields, not `source()`s: each message already holds their
+/// text, which a `{:#}` chain would print a second time.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("connecting to {target}: {source}")]
-    Connect {
-        target: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("connecting to {target}: {error}")]
+    Connect { target: String, error: io::Error },
     #[error("invalid TLS server name {0:?}")]
     ServerName(String),
-    #[error("TLS handshake with {server_name}: {source}")]
+    #[error("TLS handshake with {server_name}: {error}")]
     Tls {
         server_name: String,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     #[error("gRPC: {0}")]
-    Grpc(#[from] GrpcError),
+    Grpc(GrpcError),
     #[error("i/o with the proxy server: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// The proxy server ended the conversation before answering.
     #[error("proxy server closed: {0}")]
     Closed(String),
@@ -73,6 +70,18 @@ pub enum DialError {
     /// The proxy server could not be reached or broke the protocol.
     #[error(transparent)]
     Proxy(#[from] ClientError),
+}
+
+impl From<GrpcError> for ClientError {
+    fn from(e: GrpcError) -> Self {
+        Self::Grpc(e)
+    }
+}
+
+impl From<io::Error> for ClientError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 impl From<GrpcError> for DialError {

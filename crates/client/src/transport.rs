@@ -39,9 +39,9 @@ impl Transport {
             Self::Unix(path) => UnixStream::connect(path)
                 .await
                 .map(ProxySocket::Unix)
-                .map_err(|source| ClientError::Connect {
+                .map_err(|error| ClientError::Connect {
                     target: path.display().to_string(),
-                    source,
+                    error,
                 }),
             Self::Tls {
                 addr,
@@ -50,10 +50,10 @@ impl Transport {
             } => {
                 let name = ServerName::try_from(server_name.clone())
                     .map_err(|_| ClientError::ServerName(server_name.clone()))?;
-                let tcp = TcpStream::connect(addr.as_str()).await.map_err(|source| {
+                let tcp = TcpStream::connect(addr.as_str()).await.map_err(|error| {
                     ClientError::Connect {
                         target: addr.clone(),
-                        source,
+                        error,
                     }
                 })?;
                 // Both frontends carry interactive traffic; don't let Nagle delay small writes.
@@ -61,9 +61,9 @@ impl Transport {
                 let stream = TlsConnector::from(with_alpn(tls, alpn))
                     .connect(name, tcp)
                     .await
-                    .map_err(|source| ClientError::Tls {
+                    .map_err(|error| ClientError::Tls {
                         server_name: server_name.clone(),
-                        source,
+                        error,
                     })?;
                 Ok(ProxySocket::Tls(Box::new(stream)))
             }

@@ -151,13 +151,14 @@ impl H2Settings {
     }
 }
 
-/// Everything that can end a call.
+/// Everything that can end a call. The inner errors are plain fields, not `source()`s:
+/// each message already holds their text, which a `{:#}` chain would print a second time.
 #[derive(Debug, thiserror::Error)]
 pub enum GrpcError {
     #[error("http/2: {0}")]
-    H2(#[from] h2::Error),
+    H2(h2::Error),
     #[error("gRPC framing: {0}")]
-    Frame(#[from] tether_proto::frame::FrameError),
+    Frame(tether_proto::frame::FrameError),
     #[error("gRPC status {0}")]
     Status(Status),
     #[error("not a gRPC response: {0}")]
@@ -167,7 +168,25 @@ pub enum GrpcError {
     #[error("connection setup (TLS, HTTP/2 preface, SETTINGS) did not finish in time")]
     HandshakeTimeout,
     #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<h2::Error> for GrpcError {
+    fn from(error: h2::Error) -> Self {
+        Self::H2(error)
+    }
+}
+
+impl From<tether_proto::frame::FrameError> for GrpcError {
+    fn from(error: tether_proto::frame::FrameError) -> Self {
+        Self::Frame(error)
+    }
+}
+
+impl From<std::io::Error> for GrpcError {
+    fn from(error: std::io::Error) -> Self {
+        Self::Io(error)
+    }
 }
 
 impl GrpcError {
@@ -348,5 +367,22 @@ pub(crate) async fn keep_alive(
             Some(Err(e)) => return GrpcError::H2(e),
             None => return GrpcError::PeerUnresponsive(keepalive.timeout),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error chain prints the inner text once: the variants hold it, they are not its
+    /// `source()`.
+    #[test]
+    fn the_inner_error_is_no_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, "received fatal alert");
+        let error = GrpcError::from(io);
+        assert!(std::error::Error::source(&error).is_none());
+        assert_eq!(error.to_string(), "i/o: received fatal alert");
+        let h2 = GrpcError::from(h2::Error::from(h2::Reason::PROTOCOL_ERROR));
+        assert!(std::error::Error::source(&h2).is_none());
     }
 }

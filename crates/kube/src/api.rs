@@ -33,6 +33,8 @@ pub struct KubeApi {
     limiter: Arc<RateLimiter>,
     /// The API server's `host:port`, from the client configuration.
     endpoint: Option<String>,
+    /// The API server's URL, from the client configuration, for error messages.
+    url: Option<String>,
 }
 
 impl std::fmt::Debug for KubeApi {
@@ -49,9 +51,11 @@ impl KubeApi {
     pub async fn connect(options: &KubeApiOptions) -> anyhow::Result<Self> {
         let config = crate::client::load(options.kubeconfig.as_deref()).await?;
         let endpoint = crate::client::endpoint(&config);
+        let url = Some(config.cluster_url.to_string());
         let client = crate::client::build(config)?;
         Ok(Self {
             endpoint,
+            url,
             ..Self::new(client, options.qps, options.burst)
         })
     }
@@ -69,6 +73,7 @@ impl KubeApi {
             client,
             limiter: Arc::new(limiter),
             endpoint: None,
+            url: None,
         }
     }
 
@@ -76,6 +81,12 @@ impl KubeApi {
     /// names it; `None` for a client built by [`new`](Self::new).
     pub fn endpoint(&self) -> Option<&str> {
         self.endpoint.as_deref()
+    }
+
+    /// The API server's URL as the kubeconfig (or the in-cluster configuration) names it;
+    /// `None` for a client built by [`new`](Self::new).
+    pub fn url(&self) -> Option<&str> {
+        self.url.as_deref()
     }
 
     pub fn client(&self) -> &kube::Client {

@@ -3,27 +3,31 @@
 
 use std::path::Path;
 
-use anyhow::Context as _;
-
 /// A client for the API server named by `kubeconfig` (or the in-cluster configuration when it is
 /// `None`), with upstream's `--kubeconfig-qps`/`--kubeconfig-burst` applied by the caller.
 pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
     build(load(kubeconfig).await?)
 }
 
-/// The client configuration `kubeconfig` names (or the in-cluster one).
+/// The client configuration `kubeconfig` names (or the in-cluster one). kube's config errors
+/// print their source in their own message, so only their text is kept: as `source()`s,
+/// `{:#}` would print it a second time (`environment variable not found: environment
+/// variable not found`).
 pub(crate) async fn load(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
     Ok(match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                .map_err(|e| anyhow::anyhow!("reading kubeconfig {}: {e}", path.display()))?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+                .map_err(|e| anyhow::anyhow!("loading kubeconfig {}: {e}", path.display()))?
         }
-        None => kube::Config::incluster().context(
-            "no --kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST unset)",
-        )?,
+        None => kube::Config::incluster().map_err(|e| {
+            anyhow::anyhow!(
+                "no --kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST \
+                 unset): {e}"
+            )
+        })?,
     })
 }
 
@@ -49,7 +53,7 @@ pub(crate) fn build(config: kube::Config) -> anyhow::Result<kube::Client> {
         if format!("{e:?}").contains("UnsupportedCertVersion") {
             anyhow::anyhow!("{V1_CERTIFICATE}")
         } else {
-            anyhow::Error::new(e).context("building the Kubernetes API client")
+            anyhow::anyhow!("building the Kubernetes API client: {e}")
         }
     })
 }

@@ -7,6 +7,7 @@ pub mod lease;
 pub mod node_addresses;
 mod rate_limit;
 pub mod token_review;
+mod unreachable;
 
 pub use api::{KubeApi, KubeApiOptions};
 pub use rate_limit::Throttled;

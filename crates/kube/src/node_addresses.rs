@@ -72,7 +72,7 @@ impl NodeAddressLookup {
         let remaining = LOOKUP_TIMEOUT.saturating_sub(started.elapsed());
         let node_object = match tokio::time::timeout(remaining, nodes.get(node)).await {
             Ok(Ok(object)) => object,
-            Ok(Err(e)) => return Err(describe(&e)),
+            Ok(Err(e)) => return Err(describe(&self.api, &e)),
             Err(_) => {
                 return Err(NodeLookupError::Unavailable(format!(
                     "reading the Node got no answer within {LOOKUP_TIMEOUT:?}"
@@ -105,7 +105,7 @@ fn addresses_of(node: &Node) -> Vec<IpAddr> {
 }
 
 /// Why a Node could not be read, with what to grant where that is the fix.
-fn describe(e: &kube::Error) -> NodeLookupError {
+fn describe(api: &KubeApi, e: &kube::Error) -> NodeLookupError {
     match e {
         kube::Error::Api(status) if status.code == 404 => NodeLookupError::NotFound,
         kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
@@ -120,7 +120,11 @@ fn describe(e: &kube::Error) -> NodeLookupError {
             "the API server failed to read the Node (HTTP {}: {})",
             status.code, status.message
         )),
-        other => NodeLookupError::Unavailable(format!("reading the Node failed: {other}")),
+        other => NodeLookupError::Unavailable(crate::unreachable::describe(
+            api,
+            "reading the Node",
+            other,
+        )),
     }
 }
 

@@ -292,7 +292,7 @@ impl Inner {
                 });
                 return Answer::Judged(verdict);
             }
-            Ok(Err(e)) => (describe(&e), is_outage(&e)),
+            Ok(Err(e)) => (describe(&self.api, &e), is_outage(&e)),
             Err(_) => (
                 format!("the TokenReview got no answer within {REVIEW_TIMEOUT:?}"),
                 true,
@@ -394,7 +394,7 @@ fn is_outage(e: &kube::Error) -> bool {
 }
 
 /// Why a request to the API server failed, with the likely fix where there is one.
-fn describe(e: &kube::Error) -> String {
+fn describe(api: &KubeApi, e: &kube::Error) -> String {
     match e {
         kube::Error::Api(status) if status.code == 401 || status.code == 403 => format!(
             "the API server refused the TokenReview (HTTP {}: {}); the server's user needs \
@@ -405,7 +405,7 @@ fn describe(e: &kube::Error) -> String {
             "the API server failed the TokenReview (HTTP {}: {})",
             status.code, status.message
         ),
-        other => format!("the TokenReview failed: {other}"),
+        other => crate::unreachable::describe(api, "the TokenReview", other),
     }
 }
 

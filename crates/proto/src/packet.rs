@@ -148,8 +148,9 @@ impl Packet {
 /// Why a wire packet was rejected. The stream it came on stays usable: framing was intact.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtoError {
+    /// A plain field, not a `source()`: the message already holds its text.
     #[error("undecodable protobuf: {0}")]
-    Decode(#[from] prost::DecodeError),
+    Decode(prost::DecodeError),
     #[error("unknown packet type {0}")]
     UnknownType(i32),
     #[error("{0} packet without its payload")]

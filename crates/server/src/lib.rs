@@ -19,6 +19,7 @@ mod control_plane;
 mod destinations;
 mod dial;
 pub mod frontend;
+mod handshake_failures;
 mod health;
 mod introspect;
 mod limits;
@@ -149,11 +150,24 @@ pub struct TlsReload {
 /// print a second time after the message that already holds them.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("listening on {what} {addr}: {error}")]
+    #[error("listening on {what} {addr} ({flags}): {error}")]
     Listen {
         what: &'static str,
         addr: String,
+        /// The flags that set the address.
+        flags: &'static str,
         error: std::io::Error,
+    },
+    /// Two of the server's own listeners given one port: said before binding, rather than
+    /// as the second one's "address already in use".
+    #[error(
+        "{second} and {first} are both {port} (on the same or overlapping bind addresses): \
+         each listener needs a port of its own"
+    )]
+    SamePort {
+        first: &'static str,
+        second: &'static str,
+        port: u16,
     },
     /// A tenant's own frontend that cannot be served as configured.
     #[error("--routing-config: {0}")]
@@ -185,19 +199,33 @@ impl Server {
     /// Binds every listener, so that errors surface before anything is served and callers
     /// that asked for port 0 can learn the ports.
     pub async fn bind(config: Config, registry: Registry) -> Result<Self, ServerError> {
-        let listen_err =
-            |what, addr: String| move |error| ServerError::Listen { what, addr, error };
+        distinct_ports(&config)?;
+        let listen_err = |what, addr: String, flags| {
+            move |error| ServerError::Listen {
+                what,
+                addr,
+                flags,
+                error,
+            }
+        };
         let frontend = match &config.frontend {
             FrontendListen::Unix {
                 path,
                 delete_existing,
-            } => Listener::unix(path, *delete_existing)
-                .map_err(listen_err("frontend socket", path.display().to_string()))?,
+            } => Listener::unix(path, *delete_existing).map_err(listen_err(
+                "frontend socket",
+                path.display().to_string(),
+                "--uds-name",
+            ))?,
             FrontendListen::Tls { addr, tls } => {
                 let reloading = config.tls_reload.as_ref().and_then(|r| r.frontend.clone());
                 Listener::tls(*addr, TlsSource::new(tls.clone(), reloading))
                     .await
-                    .map_err(listen_err("frontend", addr.to_string()))?
+                    .map_err(listen_err(
+                        "frontend",
+                        addr.to_string(),
+                        "--server-bind-address, --server-port",
+                    ))?
             }
         };
         let tenant_frontends = bind_tenant_frontends(&config).await?;
@@ -205,13 +233,25 @@ impl Server {
         let agent_tls = TlsSource::new(config.agent_tls.clone(), agent_reloading);
         let agent = Listener::tls(config.agent_addr, agent_tls)
             .await
-            .map_err(listen_err("agent", config.agent_addr.to_string()))?;
+            .map_err(listen_err(
+                "agent",
+                config.agent_addr.to_string(),
+                "--agent-bind-address, --agent-port",
+            ))?;
         let health = TcpListener::bind(config.health_addr)
             .await
-            .map_err(listen_err("health", config.health_addr.to_string()))?;
+            .map_err(listen_err(
+                "health",
+                config.health_addr.to_string(),
+                "--health-bind-address, --health-port",
+            ))?;
         let admin = TcpListener::bind(config.admin_addr)
             .await
-            .map_err(listen_err("admin", config.admin_addr.to_string()))?;
+            .map_err(listen_err(
+                "admin",
+                config.admin_addr.to_string(),
+                "--admin-bind-address, --admin-port",
+            ))?;
         let audit = match &config.audit_log {
             None => None,
             Some(target) => Some(
@@ -288,6 +328,8 @@ impl Server {
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
         let limit_metrics = LimitMetrics::register(&registry);
+        let handshake_failures =
+            Arc::new(handshake_failures::HandshakeFailures::register(&registry));
         let limits = config.limits.clone();
         // The audit writer outlives every connection (it is stopped last) so that the
         // records of connections cut at shutdown are written too.
@@ -443,9 +485,17 @@ impl Server {
                 let service = agent_service.clone();
                 let settings = agent_settings.clone();
                 let metrics = limit_metrics.clone();
+                let handshake_failures = handshake_failures.clone();
                 async move {
+                    let peer_label = conn.peer_label();
                     // Boxed: the TLS handshake's state is not held for the stream's life.
-                    let (io, peer) = Box::pin(ready(conn, deadline, &metrics)).await?;
+                    let (io, peer) = match Box::pin(ready(conn, deadline, &metrics)).await {
+                        Ok(ready) => ready,
+                        Err(e) => {
+                            handshake_failures.record(&peer_label, &e);
+                            return Ok(());
+                        }
+                    };
                     let connection = Connection {
                         peer: Arc::new(peer),
                         setup_deadline: Some(deadline),
@@ -541,6 +591,32 @@ impl Server {
     }
 }
 
+/// Refuses two of the server's own TCP listeners on one port (the check tenant frontends
+/// get below), naming both flags.
+fn distinct_ports(config: &Config) -> Result<(), ServerError> {
+    let mut listeners = Vec::with_capacity(4);
+    if let FrontendListen::Tls { addr, .. } = &config.frontend {
+        listeners.push((*addr, "--server-port"));
+    }
+    listeners.extend([
+        (config.agent_addr, "--agent-port"),
+        (config.health_addr, "--health-port"),
+        (config.admin_addr, "--admin-port"),
+    ]);
+    for (i, &(a, first)) in listeners.iter().enumerate() {
+        for &(b, second) in &listeners[i + 1..] {
+            if tenant_frontend::tcp_overlaps(a, b) {
+                return Err(ServerError::SamePort {
+                    first,
+                    second,
+                    port: a.port(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Binds every tenant's own frontend, refusing one that would share an address with the
 /// server's other listeners.
 async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)>, ServerError> {
@@ -571,6 +647,7 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                 Listener::unix(path, delete_existing).map_err(|error| ServerError::Listen {
                     what: "tenant frontend socket",
                     addr: path.display().to_string(),
+                    flags: "--routing-config",
                     error,
                 })?;
             bound.push((tenant.name.clone(), listener));
@@ -608,6 +685,7 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                 .map_err(|error| ServerError::Listen {
                     what: "tenant frontend",
                     addr: addr.to_string(),
+                    flags: "--routing-config",
                     error,
                 })?;
             bound.push((tenant.name.clone(), listener));

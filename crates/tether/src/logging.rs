@@ -96,6 +96,11 @@ fn redact_user_info(arg: &str) -> String {
     }
 }
 
+/// kube's client logs every failed request at ERROR (`failed with error client error
+/// (Connect)`), with neither the API server's URL nor the OS error. tether's own warning for
+/// the same failure says both, so below DEBUG (`-v` under 5) kube's line is left out.
+const KUBE_REQUEST_FAILURES: &str = "kube_client::client::builder=off";
+
 type Subscriber = Box<dyn tracing::Subscriber + Send + Sync>;
 
 fn install(subscriber: Subscriber) -> anyhow::Result<()> {
@@ -143,7 +148,8 @@ fn tool_subscriber(filter: EnvFilter, ansi: bool) -> Subscriber {
 }
 
 /// The filter for klog verbosity `v`: tether's own events at [`level`], libraries at INFO
-/// at most until `-v=8`, where their frame-level detail is what was asked for.
+/// at most until `-v=8`, where their frame-level detail is what was asked for, and kube's
+/// request failures not below `-v=5` (see [`KUBE_REQUEST_FAILURES`]).
 fn directives(v: u32) -> String {
     let own = level(v);
     let libraries = if v >= 8 {
@@ -151,7 +157,12 @@ fn directives(v: u32) -> String {
     } else {
         own.min(LevelFilter::INFO)
     };
-    format!("{libraries},tether={own}")
+    let mut directives = format!("{libraries},tether={own}");
+    if own < LevelFilter::DEBUG {
+        directives.push(',');
+        directives.push_str(KUBE_REQUEST_FAILURES);
+    }
+    directives
 }
 
 /// The tracing level for klog verbosity `v`.

@@ -44,7 +44,9 @@ fn refusal(error: &anyhow::Error) -> Option<Refused> {
         {
             return denied(e).then(|| Refused::Read(path.clone()));
         }
-        if let Some(tether_server::ServerError::Listen { what, addr, error }) = cause.downcast_ref()
+        if let Some(tether_server::ServerError::Listen {
+            what, addr, error, ..
+        }) = cause.downcast_ref()
         {
             let flag = match *what {
                 "frontend socket" => "--uds-name",
@@ -221,6 +223,7 @@ mod tests {
         let error = anyhow::Error::new(tether_server::ServerError::Listen {
             what: "frontend socket",
             addr: "/etc/kubernetes/konnectivity-server/konnectivity-server.socket".into(),
+            flags: "--uds-name",
             error: io::Error::from(io::ErrorKind::PermissionDenied),
         });
         let refused = refusal(&error).expect("a refusal");
@@ -239,6 +242,7 @@ mod tests {
         let in_use = anyhow::Error::new(tether_server::ServerError::Listen {
             what: "agent",
             addr: "127.0.0.1:8132".into(),
+            flags: "--agent-bind-address, --agent-port",
             error: io::Error::from(io::ErrorKind::AddrInUse),
         });
         assert_eq!(refusal(&in_use), None);

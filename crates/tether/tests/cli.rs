@@ -164,15 +164,21 @@ impl Running {
         Self { child, lines }
     }
 
-    /// Waits for a log line containing `text`.
-    fn wait_for(&self, text: &str) {
+    /// Waits for a log line containing `text`; the lines read until then, that one last.
+    fn wait_for(&self, text: &str) -> Vec<String> {
         let deadline = Instant::now() + DEADLINE;
+        let mut read = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return,
-                Ok(_) => {}
-                Err(e) => panic!("no log line {text:?}: {e}"),
+                Ok(line) => {
+                    let found = line.contains(text);
+                    read.push(line);
+                    if found {
+                        return read;
+                    }
+                }
+                Err(e) => panic!("no log line {text:?}: {e}; read: {read:#?}"),
             }
         }
     }
@@ -274,6 +280,111 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
         assert!(err.contains(&expected), "{err}");
     }
     assert!(!socket.exists(), "nothing was left listening");
+}
+
+/// The operator trial's P3: a port in use is reported once, with the listener's flags; the
+/// same port given to two flags is reported as such before anything is bound.
+#[test]
+fn listener_errors_name_their_flags_and_say_the_os_error_once() {
+    let (dir, files) = pki();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let socket = dir.path().join("proxy.sock");
+    let server = |ports: [u16; 3]| {
+        let args = [
+            "server".to_owned(),
+            format!("--uds-name={}", socket.display()),
+            "--server-port=0".into(),
+            format!("--cluster-cert={}", files.server_cert.display()),
+            format!("--cluster-key={}", files.server_key.display()),
+            format!("--cluster-ca-cert={}", files.ca_cert.display()),
+            "--agent-bind-address=127.0.0.1".into(),
+            format!("--agent-port={}", ports[0]),
+            "--health-bind-address=127.0.0.1".into(),
+            format!("--health-port={}", ports[1]),
+            "--admin-bind-address=127.0.0.1".into(),
+            format!("--admin-port={}", ports[2]),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = run(Path::new(TETHER), &args);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        err
+    };
+
+    let err = server([port, 0, 0]);
+    let in_use = "Address already in use (os error 98)";
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: listening on agent 127.0.0.1:{port} (--agent-bind-address, --agent-port): \
+             {in_use}"
+        ),
+    );
+    assert_eq!(err.matches(in_use).count(), 1, "{err}");
+
+    let free = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let err = server([free, 0, free]);
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: --admin-port and --agent-port are both {free} (on the same or overlapping \
+             bind addresses): each listener needs a port of its own"
+        ),
+    );
+    assert!(!socket.exists(), "nothing was bound");
+    drop(taken);
+}
+
+/// The operator trial's A6: with token authentication and no API server behind the
+/// kubeconfig, the warning names the API server's URL and the OS error, and kube's own
+/// ERROR line, which said neither, is not written at the default verbosity.
+#[test]
+fn an_unreachable_kubernetes_api_is_named_with_its_url_and_the_os_error() {
+    let (dir, files) = pki();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
+             https://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n\
+             - name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let args = [
+        "server".to_owned(),
+        format!("--uds-name={}", dir.path().join("proxy.sock").display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", files.server_cert.display()),
+        format!("--cluster-key={}", files.server_key.display()),
+        "--agent-namespace=kube-system".into(),
+        "--agent-service-account=konnectivity-agent".into(),
+        "--authentication-audience=system:konnectivity-server".into(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--agent-port=0".into(),
+        "--health-port=0".into(),
+        "--admin-port=0".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Running::start(&args);
+    let lines = server.wait_for("kubernetes API server unavailable");
+    let warning = lines.last().unwrap();
+    let expected = format!(
+        "the TokenReview failed: API server https://127.0.0.1:{port}/ (--kubeconfig): \
+         Connection refused (os error 111)"
+    );
+    assert!(warning.contains(&expected), "{warning}");
+    assert!(
+        !lines.iter().any(|line| line.contains("kube_client")),
+        "{lines:#?}"
+    );
 }
 
 /// An expired certificate at start-up stops the process with the flag, the file and the
@@ -631,7 +742,7 @@ fn refused_files_name_the_uid_and_what_to_change() {
     let dir = socket_dir.display();
     for part in [
         format!(
-            "error: listening on frontend socket {}: {denied}. {me}",
+            "error: listening on frontend socket {} (--uds-name): {denied}. {me}",
             socket.display()
         ),
         format!("which cannot create a socket in {dir} (owned by uid "),

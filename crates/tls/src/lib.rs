@@ -13,6 +13,8 @@
 //!   error at start-up and is not loaded on reload ([`TlsError::OutsideValidity`]).
 //! - tether's own certificates may be X.509 v1, as the kubernetes.io task's openssl recipe
 //!   makes them and Go accepts them; rustls alone refuses those ([`x509_version`]).
+//! - [`HandshakeFailure`] reads what went wrong from a failed handshake's rustls error, for
+//!   messages that say what to check.
 //! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
 //!   benchmarks.
 //!
@@ -30,6 +32,7 @@
 mod client_ca;
 mod config;
 mod error;
+mod handshake_failure;
 mod key_exchange;
 mod options;
 pub mod pki;
@@ -40,6 +43,7 @@ mod x509_version;
 pub use client_ca::ClientCa;
 pub use config::{client_config, client_config_from_pem, server_config};
 pub use error::{PemOrigin, PemProblem, TlsError};
+pub use handshake_failure::{HandshakeFailure, rustls_error};
 pub use options::{TlsOptions, TlsVersion, provider};
 pub use reload::{ReloadOutcome, Reloading};
 pub use validity::{CertTime, OutsideValidity};

@@ -93,9 +93,9 @@ pub struct TlsConfig {
 impl EgressSelectorConfiguration {
     /// Reads and decodes `path`; see [`parse`](Self::parse).
     pub fn read(path: &Path) -> Result<Self, EgressError> {
-        let data = std::fs::read(path).map_err(|source| EgressError::Read {
+        let data = std::fs::read(path).map_err(|error| EgressError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::parse(&data)
     }

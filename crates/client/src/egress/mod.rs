@@ -59,11 +59,11 @@ impl Selection {
 /// Why a configuration could not be loaded or used.
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
-    #[error("reading egress selector configuration {}: {source}", path.display())]
+    #[error("reading egress selector configuration {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        /// A plain field, not a `source()`: the message already holds its text.
+        error: std::io::Error,
     },
     /// Not YAML/JSON, an unknown field, or another kind or version.
     #[error("decoding egress selector configuration: {0}")]

@@ -53,15 +53,17 @@ impl ApiError {
     }
 }
 
-impl From<kube::Error> for ApiError {
-    fn from(e: kube::Error) -> Self {
+impl ApiError {
+    /// A failed call to `kube`'s API server; one without an answer names the server's URL
+    /// and the OS error.
+    fn of(kube: &KubeApi, e: kube::Error) -> Self {
         match e {
             kube::Error::Api(status) => Self::Status {
                 code: status.code,
                 reason: status.reason,
                 message: status.message,
             },
-            other => Self::Transport(other.to_string()),
+            other => Self::Transport(crate::unreachable::describe(kube, "the request", &other)),
         }
     }
 }
@@ -95,7 +97,7 @@ impl Leases {
     ) -> Result<T, ApiError> {
         let limited = async {
             self.kube.throttle(CALL_TIMEOUT).await?;
-            call.await.map_err(ApiError::from)
+            call.await.map_err(|e| ApiError::of(&self.kube, e))
         };
         tokio::time::timeout(CALL_TIMEOUT, limited)
             .await

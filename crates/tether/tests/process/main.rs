@@ -7,6 +7,7 @@ mod destinations;
 mod drain;
 mod failures;
 mod fleet_behind_nat;
+mod handshake_failures;
 mod introspect;
 mod logs;
 mod profiling;

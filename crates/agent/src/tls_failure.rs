@@ -1,0 +1,289 @@
+//! What to check when the TLS connection to a proxy server fails, from the agent's side.
+//!
+//! rustls says `invalid peer certificate: UnknownIssuer` or, when the server refuses this
+//! agent's certificate after a TLS 1.3 handshake already finished on this side, `received
+//! fatal alert: UnknownCA` out of the HTTP/2 connection, which reads like an HTTP/2 problem.
+//! [`describe`] puts the flags to check first; [`Watched`] keeps the rustls error that h2
+//! would reduce to text.
+
+use std::error::Error as StdError;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+
+use rustls::AlertDescription;
+use tether_tls::HandshakeFailure;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// `error`'s text, preceded by what to check when it is a TLS failure the agent can explain.
+pub(crate) fn describe(error: &(dyn StdError + 'static)) -> String {
+    let explained = tether_tls::rustls_error(error)
+        .and_then(|tls| Some((advice(HandshakeFailure::of(tls))?, tls)));
+    match explained {
+        Some((advice, tls)) => format!("{advice} (TLS: {tls})"),
+        None => error.to_string(),
+    }
+}
+
+/// A TLS stream that keeps the first rustls error its reads or writes returned. h2 keeps
+/// only an io error's kind and text, so without it the server's refusal of this agent's
+/// certificate, an alert that arrives on the HTTP/2 connection in TLS 1.3, would be text.
+#[derive(Debug)]
+pub(crate) struct Watched<IO> {
+    io: IO,
+    seen: Arc<OnceLock<rustls::Error>>,
+}
+
+impl<IO> Watched<IO> {
+    /// `io`, and where its first rustls error will be.
+    pub(crate) fn new(io: IO) -> (Self, Arc<OnceLock<rustls::Error>>) {
+        let seen = Arc::new(OnceLock::new());
+        (
+            Self {
+                io,
+                seen: seen.clone(),
+            },
+            seen,
+        )
+    }
+
+    fn note<T>(&self, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if let Poll::Ready(Err(e)) = &polled
+            && let Some(tls) = tether_tls::rustls_error(e)
+        {
+            let _first = self.seen.set(tls.clone());
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        self.note(polled)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note(polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.note(polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.note(polled)
+    }
+}
+
+/// What to check for `failure`; `None` when there is nothing to add to rustls' text.
+fn advice(failure: HandshakeFailure) -> Option<&'static str> {
+    Some(match failure {
+        HandshakeFailure::UnknownIssuer => {
+            "the server's certificate is not signed by --ca-cert: check --ca-cert, and the \
+             server's --cluster-cert"
+        }
+        HandshakeFailure::V1Certificate => {
+            "the server's certificate (its --cluster-cert) is an X.509 v1 certificate, which \
+             tether agents refuse (v3 required; Go accepts v1): issue it again with an \
+             extension, see the README's Certificates"
+        }
+        HandshakeFailure::OutsideValidity => {
+            "the server's certificate (its --cluster-cert) has expired or is not valid yet \
+             (check its dates, and both clocks)"
+        }
+        HandshakeFailure::WrongName => {
+            "the server's certificate does not name --proxy-server-host: use a name or \
+             address its subjectAltName holds, or issue it again with this one"
+        }
+        HandshakeFailure::BadCertificate => {
+            "the server's certificate (its --cluster-cert) was refused by the check against \
+             --ca-cert"
+        }
+        HandshakeFailure::PeerAlert(alert) => server_alert(alert)?,
+        HandshakeFailure::Incompatible => {
+            "the server and this agent share no TLS version, cipher suite or ALPN protocol: \
+             is --proxy-server-port the server's agent port (--agent-port), and does \
+             --alpn-proto include h2?"
+        }
+        HandshakeFailure::NotTls => {
+            "the server did not answer in TLS: is --proxy-server-port the server's agent \
+             port (--agent-port)?"
+        }
+        // A server always sends a certificate; rustls' text says the rest.
+        HandshakeFailure::NoCertificate | HandshakeFailure::Other => return None,
+    })
+}
+
+/// An alert the server sent, almost always about this agent's client certificate.
+fn server_alert(alert: AlertDescription) -> Option<&'static str> {
+    Some(match alert {
+        // rustls servers say unknown_ca, Go servers bad_certificate.
+        AlertDescription::UnknownCA | AlertDescription::BadCertificate => {
+            "the server rejected this agent's client certificate: is --agent-cert signed by \
+             the server's --cluster-ca-cert?"
+        }
+        AlertDescription::CertificateRequired => {
+            "the server requires a client certificate and this agent sent none: give \
+             --agent-cert and --agent-key, signed by the server's --cluster-ca-cert"
+        }
+        // What a tether server sends for an X.509 v1 client certificate.
+        AlertDescription::CertificateUnknown | AlertDescription::UnsupportedCertificate => {
+            "the server rejected this agent's client certificate without saying why: is \
+             --agent-cert an X.509 v1 certificate? tether servers require v3 (see the \
+             README's Certificates)"
+        }
+        AlertDescription::CertificateExpired => {
+            "the server finds this agent's client certificate (--agent-cert) expired or not \
+             valid yet (check its dates, and both clocks)"
+        }
+        AlertDescription::CertificateRevoked => {
+            "the server says this agent's client certificate (--agent-cert) is revoked"
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rustls::{CertificateError, OtherError};
+
+    use super::*;
+
+    /// The error tokio-rustls returns from a failed handshake.
+    fn tls(error: rustls::Error) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, error)
+    }
+
+    #[derive(Debug)]
+    struct UnsupportedCertVersion;
+
+    impl std::fmt::Display for UnsupportedCertVersion {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("UnsupportedCertVersion")
+        }
+    }
+
+    impl StdError for UnsupportedCertVersion {}
+
+    /// Every failure the operator trial met, with the words its message must hold.
+    #[test]
+    fn each_failure_says_what_to_check() {
+        let cases = [
+            (
+                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+                "not signed by --ca-cert",
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(
+                    UnsupportedCertVersion,
+                )))),
+                "X.509 v1",
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::Expired),
+                "expired",
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+                "--proxy-server-host",
+            ),
+            (
+                rustls::Error::AlertReceived(AlertDescription::UnknownCA),
+                "is --agent-cert signed by the server's --cluster-ca-cert?",
+            ),
+            (
+                rustls::Error::AlertReceived(AlertDescription::BadCertificate),
+                "is --agent-cert signed by the server's --cluster-ca-cert?",
+            ),
+            (
+                rustls::Error::AlertReceived(AlertDescription::CertificateRequired),
+                "sent none: give --agent-cert and --agent-key",
+            ),
+            (
+                rustls::Error::AlertReceived(AlertDescription::CertificateUnknown),
+                "X.509 v1",
+            ),
+            (
+                rustls::Error::AlertReceived(AlertDescription::CertificateExpired),
+                "expired",
+            ),
+            (
+                rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol),
+                "--alpn-proto",
+            ),
+        ];
+        for (error, words) in cases {
+            let rustls_text = error.to_string();
+            let text = describe(&tls(error));
+            assert!(text.contains(words), "{text}");
+            assert_eq!(text.matches(&rustls_text).count(), 1, "{text}");
+        }
+    }
+
+    /// TLS 1.3: the server's verdict on the client certificate arrives after this side's
+    /// handshake finished, as a read error of the HTTP/2 connection; it is kept.
+    #[tokio::test]
+    async fn an_alert_on_the_connection_is_kept() {
+        use tokio::io::AsyncReadExt as _;
+
+        struct Refusing;
+        impl AsyncRead for Refusing {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                _: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                Poll::Ready(Err(tls(rustls::Error::AlertReceived(
+                    AlertDescription::UnknownCA,
+                ))))
+            }
+        }
+
+        let (mut watched, seen) = Watched::new(Refusing);
+        assert!(watched.read(&mut [0; 8]).await.is_err());
+        let kept = seen.get().expect("the rustls error is kept");
+        let text = describe(kept);
+        assert!(
+            text.starts_with("the server rejected this agent's client certificate"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn other_errors_keep_their_own_text() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(describe(&refused), refused.to_string());
+        let general = tls(rustls::Error::General("no".into()));
+        assert_eq!(describe(&general), general.to_string());
+    }
+}
