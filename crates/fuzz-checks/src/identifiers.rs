@@ -3,24 +3,33 @@
 use tether_proto::Identifiers;
 
 /// Invariants: parsing never panics; strict parsing accepts a subset of what lenient parsing
-/// accepts, with the same result; what parses re-encodes to a query that parses the same.
+/// accepts, with the same result; what parses re-encodes to a query that parses the same,
+/// strictly too when the original passed the strict parse (which also checks the values).
 pub fn check(data: &[u8]) {
     let Ok(query) = std::str::from_utf8(data) else {
         return;
     };
     let lenient = Identifiers::parse(query);
-    if let Ok(strict) = Identifiers::parse_strict(query) {
-        assert_eq!(Ok(&strict), lenient.as_ref(), "strict and lenient disagree");
+    let strict = Identifiers::parse_strict(query);
+    if let Ok(strict) = &strict {
+        assert_eq!(Ok(strict), lenient.as_ref(), "strict and lenient disagree");
     }
     let Ok(ids) = lenient else {
         return;
     };
     let encoded = encode(&ids);
     assert_eq!(
-        Identifiers::parse_strict(&encoded).as_ref(),
+        Identifiers::parse(&encoded).as_ref(),
         Ok(&ids),
         "{encoded:?} does not parse back"
     );
+    if strict.is_ok() {
+        assert_eq!(
+            Identifiers::parse_strict(&encoded).as_ref(),
+            Ok(&ids),
+            "{encoded:?} does not parse back strictly"
+        );
+    }
 }
 
 /// The query an agent would send for `ids`.

@@ -307,9 +307,8 @@ fn listener_errors_name_their_flags_and_say_the_os_error_once() {
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = run(Path::new(TETHER), &args);
-        let err = stderr(&output);
-        assert_eq!(output.status.code(), Some(1), "{err}");
-        err
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        start_up_error(&output)
     };
 
     let err = server([port, 0, 0]);
