@@ -8,6 +8,8 @@
 mod build_info;
 mod cli;
 mod dial;
+#[cfg(test)]
+mod docs;
 mod fd_limit;
 mod introspect;
 mod leases;
