@@ -358,8 +358,7 @@ async fn server_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
     let Command::Server(args) = parse(&args) else {
         unreachable!()
     };
-    let registry = Registry::new();
-    registry.register_process_metrics();
+    let registry = crate::registry(true);
     let (config, leases) = args.into_launch().unwrap().start(&registry).await.unwrap();
     let server = tether_server::Server::bind(config, registry.clone())
         .await
@@ -397,8 +396,7 @@ async fn agent_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
     let Command::Agent(args) = parse(&args) else {
         unreachable!()
     };
-    let registry = Registry::new();
-    registry.register_process_metrics();
+    let registry = crate::registry(true);
     let settings = args.lease_settings().unwrap().expect("Leases are on");
     let mut config = args.into_config().unwrap();
     let (leases, counting) = crate::leases::LeaseTasks::agent(&settings, &registry)
