@@ -5,7 +5,7 @@
 # every panel's own queries (read from the dashboard JSON) against Prometheus's range API and
 # draws them as SVG (`tether-bench dashboard`). Stops everything it started.
 #
-#   scripts/dashboard-snapshot.sh [OUT.svg]     default docs/dashboard.svg
+#   scripts/dashboard-snapshot.sh [OUT.svg]     default docs/src/images/dashboard.svg (the book shows it)
 #
 # Needs Go (Prometheus is built at promtool's pinned version by interop/build-promtool.sh,
 # cached under ~/.cache/tether/tools), python3 (the bulk-transfer destination) and curl.
@@ -14,7 +14,7 @@ set -euo pipefail
 # Each background job in its own process group, so that stopping one stops its children.
 set -m
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="$(realpath -m "${1:-$repo/docs/dashboard.svg}")"
+out="$(realpath -m "${1:-$repo/docs/src/images/dashboard.svg}")"
 cd "$repo"
 
 say() { echo "dashboard-snapshot: $*" >&2; }

@@ -242,6 +242,17 @@ impl<M> fmt::Debug for MetricVec<M> {
     }
 }
 
+/// A registered family, as [`Registry::families`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyInfo {
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`, as in `# TYPE`.
+    pub kind: &'static str,
+    pub help: String,
+    /// Label names in the order they were registered.
+    pub labels: Vec<String>,
+}
+
 /// The set of metrics one process exposes. Cloning shares it.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
@@ -345,6 +356,32 @@ impl Registry {
         for (metric, name, help) in process::Metric::ALL {
             self.register(name, help, Metric::Process(metric));
         }
+    }
+
+    /// What is registered, sorted by name, whether or not it has a value yet (a labelled
+    /// family without series renders nothing): the generated metrics reference reads it.
+    pub fn families(&self) -> Vec<FamilyInfo> {
+        let families = lock(&self.families);
+        families
+            .iter()
+            .map(|(name, family)| {
+                let (kind, labels) = match &family.metric {
+                    Metric::Counter(_) => ("counter", &[][..]),
+                    Metric::Gauge(_) => ("gauge", &[][..]),
+                    Metric::Histogram(_) => ("histogram", &[][..]),
+                    Metric::CounterVec(v) => ("counter", &v.label_names[..]),
+                    Metric::GaugeVec(v) => ("gauge", &v.label_names[..]),
+                    Metric::HistogramVec(v) => ("histogram", &v.label_names[..]),
+                    Metric::Process(metric) => (metric.kind(), &[][..]),
+                };
+                FamilyInfo {
+                    name: name.clone(),
+                    kind,
+                    help: family.help.clone(),
+                    labels: labels.to_vec(),
+                }
+            })
+            .collect()
     }
 
     /// The current values in the text exposition format (see [`CONTENT_TYPE`]).
@@ -491,6 +528,31 @@ mod tests {
     use super::*;
 
     const DIAL_BUCKETS: [f64; 9] = [1e-6, 1e-5, 1e-4, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+
+    #[test]
+    fn families_lists_labelled_families_before_their_first_series() {
+        let registry = Registry::new();
+        registry.counter_vec("b_total", "B.", &["reason", "code"]);
+        registry.gauge("a", "A.");
+        registry.register_process_metrics();
+        let families = registry.families();
+        assert_eq!(
+            families[0],
+            FamilyInfo {
+                name: "a".into(),
+                kind: "gauge",
+                help: "A.".into(),
+                labels: vec![],
+            }
+        );
+        assert_eq!(families[1].labels, ["reason", "code"]);
+        assert!(!registry.render().contains("b_total"));
+        let cpu = families
+            .iter()
+            .find(|f| f.name == "process_cpu_seconds_total")
+            .unwrap();
+        assert_eq!(cpu.kind, "counter");
+    }
 
     #[test]
     fn counter_keeps_its_name() {

@@ -1,6 +1,6 @@
 //! Limits and deadlines that keep one peer from exhausting the server, with their defaults.
 //!
-//! Each one is a flag of `tether server` (see the README's flag table and SECURITY.md) and is
+//! Each one is a flag of `tether server` (see docs/src/reference/flags.md and SECURITY.md) and is
 //! counted in `tether_server_limit_hits_total{limit}` when it refuses or closes something.
 
 use std::collections::HashMap;

@@ -561,11 +561,11 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_example_is_valid() {
-        let readme = include_str!("../../../README.md");
+    fn the_books_example_is_valid() {
+        let readme = include_str!("../../../docs/src/guide/multi-tenancy.md");
         let start = readme
             .find("# /etc/tether/routing.yaml")
-            .expect("README has the example");
+            .expect("the book's \"Routing and tenants\" has the example");
         let block = &readme[start..];
         let block = &block[..block.find("```").unwrap()];
         let c = RoutingConfig::from_yaml(block).unwrap();

@@ -8,6 +8,8 @@
 mod build_info;
 mod cli;
 mod dial;
+#[cfg(test)]
+mod docs;
 mod fd_limit;
 mod introspect;
 mod leases;
@@ -55,14 +57,24 @@ fn main() -> ExitCode {
     })
 }
 
-async fn run(command: Command) -> anyhow::Result<ExitCode> {
+/// The metrics every process starts with, before its server or agent adds its own; the
+/// generated metrics reference (docs.rs) starts from here too.
+fn registry(long_running: bool) -> Registry {
     let registry = Registry::new();
     registry.register_process_metrics();
+    if long_running {
+        build_info::register(&registry);
+    }
+    registry
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    let long_running = matches!(command, Command::Server(_) | Command::Agent(_));
+    let registry = registry(long_running);
     // Both long-running roles give freed heap back after load; the task ends with them.
     let allocator_upkeep = tokio_util::sync::CancellationToken::new();
-    if matches!(command, Command::Server(_) | Command::Agent(_)) {
+    if long_running {
         tokio::spawn(tether_profiling::trim::run(allocator_upkeep.clone()));
-        build_info::register(&registry);
     }
     let _stop_upkeep = allocator_upkeep.drop_guard();
     match command {

@@ -14,8 +14,8 @@ const HEADING: &str = "Routing (tether)";
 #[derive(Args, Clone, Debug)]
 pub(crate) struct RoutingArgs {
     /// YAML file with CIDR→zone rules for the topology strategy, client affinity, outlier
-    /// ejection, tenants and per-client destination policies (see the README's "Routing"
-    /// section). Without `destinations` in it the server checks no destination, as upstream
+    /// ejection, tenants and per-client destination policies (see docs/src/reference/routing-file.md
+    /// in the book). Without `destinations` in it the server checks no destination, as upstream
     /// (agents still apply theirs). Read and validated at start-up; errors name the file and
     /// the entry or line.
     #[arg(long, help_heading = HEADING, value_name = "PATH")]
