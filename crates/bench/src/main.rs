@@ -383,7 +383,9 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     };
     let fanin_tls = systems::konnectivity_agent_tls(&env)?;
 
-    // The plan: every run visits every system (interleaved, so drift hits all alike).
+    // The plan: every run visits every system (interleaved, so drift hits all alike), each
+    // run starting one system further on: whichever system goes first in a run is measured
+    // slower (seen with tether against tether-before swapped), so no system always does.
     let per_instance: Vec<Workload> = [
         Workload::IdleRss,
         Workload::Bulk,
@@ -398,7 +400,8 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     let mut tasks = Vec::new();
     for run in 1..=p.runs {
         if !per_instance.is_empty() {
-            for &system in &systems {
+            let first = (run - 1) % systems.len().max(1);
+            for &system in systems[first..].iter().chain(&systems[..first]) {
                 tasks.push(Task::Instance {
                     run,
                     system,
