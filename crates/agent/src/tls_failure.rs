@@ -113,7 +113,7 @@ fn advice(failure: HandshakeFailure) -> Option<&'static str> {
         HandshakeFailure::V1Certificate => {
             "the server's certificate (its --cluster-cert) is an X.509 v1 certificate, which \
              tether agents refuse (v3 required; Go accepts v1): issue it again with an \
-             extension, see the README's Certificates"
+             extension, see Certificates in the book's Install guide (docs/src/guide/install.md)"
         }
         HandshakeFailure::OutsideValidity => {
             "the server's certificate (its --cluster-cert) has expired or is not valid yet \
@@ -157,8 +157,8 @@ fn server_alert(alert: AlertDescription) -> Option<&'static str> {
         // What a tether server sends for an X.509 v1 client certificate.
         AlertDescription::CertificateUnknown | AlertDescription::UnsupportedCertificate => {
             "the server rejected this agent's client certificate without saying why: is \
-             --agent-cert an X.509 v1 certificate? tether servers require v3 (see the \
-             README's Certificates)"
+             --agent-cert an X.509 v1 certificate? tether servers require v3 (see \
+             Certificates in the book's Install guide, docs/src/guide/install.md)"
         }
         AlertDescription::CertificateExpired => {
             "the server finds this agent's client certificate (--agent-cert) expired or not \

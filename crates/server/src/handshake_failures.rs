@@ -119,7 +119,7 @@ fn explain(failure: HandshakeFailure, error: &io::Error) -> (Reason, String) {
             Reason::V1Certificate,
             "the agent's client certificate (--agent-cert) is an X.509 v1 certificate (v3 \
              required; Go accepts v1, tether does not): issue it again with an extension, \
-             see the README's Certificates"
+             see Certificates in the book's Install guide (docs/src/guide/install.md)"
                 .to_owned(),
         ),
         HandshakeFailure::OutsideValidity => (
@@ -168,7 +168,7 @@ fn agent_alert(alert: AlertDescription) -> (Reason, String) {
         }
         AlertDescription::CertificateUnknown | AlertDescription::UnsupportedCertificate => {
             "was refused; a tether agent refuses an X.509 v1 certificate (v3 required, see \
-             the README's Certificates)"
+             Certificates in the book's Install guide, docs/src/guide/install.md)"
         }
         AlertDescription::CertificateRevoked => "is revoked, says the agent",
         _ => {
