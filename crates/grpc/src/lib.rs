@@ -194,9 +194,19 @@ impl GrpcError {
     pub fn code_name(&self) -> &'static str {
         match self {
             Self::Status(s) => s.code.name(),
-            Self::H2(e) if e.reason() == Some(h2::Reason::CANCEL) => "Canceled",
+            Self::H2(_) if self.is_cancelled() => "Canceled",
             Self::Frame(_) => "Internal",
             _ => "Unavailable",
+        }
+    }
+
+    /// Whether the peer gave the call up: an HTTP/2 reset with CANCEL (a peer stopping or
+    /// restarting does that) or a CANCELLED status.
+    pub fn is_cancelled(&self) -> bool {
+        match self {
+            Self::H2(e) => e.reason() == Some(h2::Reason::CANCEL),
+            Self::Status(s) => s.code == Code::CANCELLED,
+            _ => false,
         }
     }
 }

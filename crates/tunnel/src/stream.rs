@@ -106,7 +106,7 @@ impl Link {
                     }
                     // A peer that stops or restarts resets its streams with CANCEL: no
                     // failure, though its connections wait for a resume all the same.
-                    Some(Err(e)) if e.code_name() == "Canceled" => {
+                    Some(Err(e)) if e.is_cancelled() => {
                         self.hooks().on_stream_error(Direction::In, &e);
                         break TransportEnd::Broken(format!(
                             "{peer} cancelled the stream (it stopped, restarted or gave it up)"
