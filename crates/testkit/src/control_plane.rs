@@ -318,7 +318,9 @@ impl ControlPlane {
     }
 }
 
-fn kubeconfig_yaml(url: &str, ca: &Path, user: &str, credentials: &str) -> String {
+/// A kubeconfig for one API server at `url`, verified with `ca`, as `user` with `credentials`
+/// (a YAML line such as `token: t`).
+pub fn kubeconfig_yaml(url: &str, ca: &Path, user: &str, credentials: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {url}\n    \
          certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    {credentials}\n\

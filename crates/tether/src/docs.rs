@@ -280,16 +280,13 @@ fn parse(args: &[String]) -> Command {
 /// Lease tasks' calls fail without leaving the machine.
 fn kubeconfig(dir: &Path, files: &PkiFiles) -> PathBuf {
     let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    \
-             certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  \
-             context: {{cluster: c, user: u}}\ncurrent-context: c\n",
-            files.ca_cert.display()
-        ),
-    )
-    .unwrap();
+    let yaml = tether_testkit::control_plane::kubeconfig_yaml(
+        "https://127.0.0.1:1",
+        &files.ca_cert,
+        "u",
+        "token: t",
+    );
+    std::fs::write(&path, yaml).unwrap();
     path
 }
 

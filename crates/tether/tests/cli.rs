@@ -348,15 +348,13 @@ fn an_unreachable_kubernetes_api_is_named_with_its_url_and_the_os_error() {
     let port = closed.local_addr().unwrap().port();
     drop(closed);
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
-             https://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n\
-             - name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
-        ),
-    )
-    .unwrap();
+    let yaml = tether_testkit::control_plane::kubeconfig_yaml(
+        &format!("https://127.0.0.1:{port}"),
+        &files.ca_cert,
+        "u",
+        "token: t",
+    );
+    std::fs::write(&kubeconfig, yaml).unwrap();
     let args = [
         "server".to_owned(),
         format!("--uds-name={}", dir.path().join("proxy.sock").display()),
