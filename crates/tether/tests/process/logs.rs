@@ -2,7 +2,7 @@
 //! `--log-format=json` a JSON object with the fixed keys; events inside a connection's span
 //! carry that span's fields.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tether_client::{GrpcClient, Transport};
@@ -53,20 +53,21 @@ async fn stop(mut process: Process, times: usize) {
     assert_eq!(code, Some(0));
 }
 
-#[tokio::test]
-async fn json_logs_of_server_and_agent() {
+/// Runs a server and an agent that log to files (with `flags` too) until the agent has
+/// stopped, then the server; returns the PKI (whose directory holds the logs) and the two
+/// logs' paths.
+async fn logs_of_a_pair(flags: &[&str]) -> (Pki, PathBuf, PathBuf) {
     let pki = Pki::generate().unwrap();
     let server_log = pki.dir().join("server.log");
     let agent_log = pki.dir().join("agent.log");
-    let flags = |log: &Path| {
-        vec![
-            "--log-format=json".to_owned(),
-            "--logtostderr=false".to_owned(),
-            format!("--log-file={}", log.display()),
-        ]
+    let with_file = |log: &Path| {
+        let mut all: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+        all.push("--logtostderr=false".to_owned());
+        all.push(format!("--log-file={}", log.display()));
+        all
     };
-    let server_flags = flags(&server_log);
-    let agent_flags = flags(&agent_log);
+    let server_flags = with_file(&server_log);
+    let agent_flags = with_file(&agent_log);
     let uds = pki.dir().join("frontend.sock");
     let server = spawn_server(bin(), &pki, Frontend::GrpcUds(uds), &as_str(&server_flags))
         .await
@@ -83,6 +84,12 @@ async fn json_logs_of_server_and_agent() {
     // The server notices the agent leaving; give it a moment to log it.
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop(server.process, 1).await;
+    (pki, server_log, agent_log)
+}
+
+#[tokio::test]
+async fn json_logs_of_server_and_agent() {
+    let (_pki, server_log, agent_log) = logs_of_a_pair(&["--log-format=json"]).await;
 
     let server_lines = json_lines(&server_log);
     assert!(
@@ -141,34 +148,11 @@ fn klog_bodies(path: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn klog_text_logs_of_server_and_agent_by_default() {
-    let pki = Pki::generate().unwrap();
-    let server_log = pki.dir().join("server.log");
-    let agent_log = pki.dir().join("agent.log");
-    let flags = |log: &Path| {
-        vec![
-            "--logtostderr=false".to_owned(),
-            format!("--log-file={}", log.display()),
-        ]
-    };
-    let server_flags = flags(&server_log);
-    let agent_flags = flags(&agent_log);
-    let uds = pki.dir().join("frontend.sock");
-    let server = spawn_server(bin(), &pki, Frontend::GrpcUds(uds), &as_str(&server_flags))
-        .await
-        .expect("server");
-    let agent = spawn_agent(bin(), &pki, server.agent_addr, &as_str(&agent_flags))
-        .await
-        .expect("agent");
-    server
-        .process
-        .wait_ready()
-        .await
-        .expect("server has the agent");
-    stop(agent, 2).await;
-    stop(server.process, 1).await;
+    let (_pki, server_log, agent_log) = logs_of_a_pair(&[]).await;
 
-    for (role, log) in [("server", &server_log), ("agent", &agent_log)] {
-        let bodies = klog_bodies(log);
+    let server_bodies = klog_bodies(&server_log);
+    let agent_bodies = klog_bodies(&agent_log);
+    for (role, bodies) in [("server", &server_bodies), ("agent", &agent_bodies)] {
         let first = &bodies[0];
         assert!(
             first.starts_with(r#""tether starting" version=""#)
@@ -177,14 +161,13 @@ async fn klog_text_logs_of_server_and_agent_by_default() {
                 && first.contains("--logtostderr=false"),
             "{role}: the first line says what runs and with which flags: {first}"
         );
-        for body in &bodies {
+        for body in bodies {
             assert!(
                 !body.contains("Some(") && !body.contains("None"),
                 "{role}: a field leaks Rust's Debug: {body}"
             );
         }
     }
-    let server_bodies = klog_bodies(&server_log);
     let listening = server_bodies
         .iter()
         .find(|b| b.starts_with(r#""proxy server listening""#))
