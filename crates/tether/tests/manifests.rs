@@ -511,6 +511,7 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
             "additional properties 'proxyServerHots' not allowed",
         ),
         ("server.kind=static", "at '/server/kind'"),
+        ("agent.drainSeconds=-1", "at '/agent/drainSeconds'"),
     ] {
         let rendered = helm_template(&helm, &[set]);
         ensure!(
@@ -925,6 +926,20 @@ fn readiness_and_rollouts(objects: &[Value]) -> anyhow::Result<()> {
             "the kubernetes.io task's DaemonSet name or selector: {daemonset}"
         );
         let pod = &daemonset["spec"]["template"]["spec"];
+        let grace = pod["terminationGracePeriodSeconds"].as_i64().unwrap_or(30);
+        let drain = pod["containers"][0]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find_map(|a| a.strip_prefix("--drain-timeout="))
+            .and_then(|t| t.strip_suffix('s'))
+            .and_then(|t| t.parse::<i64>().ok())
+            .context("an agent without --drain-timeout=Ns waits for SIGKILL on every rollout")?;
+        ensure!(
+            drain > 0 && grace > drain,
+            "terminationGracePeriodSeconds {grace} ends the agent's {drain}s drain early"
+        );
         ensure!(
             pod["nodeSelector"]["kubernetes.io/os"] == "linux",
             "agents on Windows nodes: {pod}"
