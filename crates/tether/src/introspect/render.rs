@@ -171,6 +171,9 @@ pub(crate) struct TopRow {
     pub(crate) connection: ConnectionView,
     pub(crate) received_per_second: f64,
     pub(crate) sent_per_second: f64,
+    /// Bytes waited in its queue at both snapshots and none moved in between: the reader on
+    /// one side is not reading (a paused `kubectl logs -f`, a stuck webhook client).
+    pub(crate) stalled: bool,
 }
 
 /// The connections present in `after`, with their rates since `before` (a connection new
@@ -189,13 +192,18 @@ pub(crate) fn top_rows(
         .iter()
         .filter(|c| c.connect_id.is_some())
         .map(|c| {
-            let (rx, tx) = earlier
-                .get(&key(c))
-                .map_or((0, 0), |b| (b.bytes_received, b.bytes_sent));
+            let earlier = earlier.get(&key(c));
+            let (rx, tx) = earlier.map_or((0, 0), |b| (b.bytes_received, b.bytes_sent));
+            let stalled = earlier.is_some_and(|b| {
+                b.queued_bytes > 0
+                    && c.queued_bytes > 0
+                    && (rx, tx) == (c.bytes_received, c.bytes_sent)
+            });
             TopRow {
                 connection: c.clone(),
                 received_per_second: c.bytes_received.saturating_sub(rx) as f64 / seconds,
                 sent_per_second: c.bytes_sent.saturating_sub(tx) as f64 / seconds,
+                stalled,
             }
         })
         .collect();
@@ -221,6 +229,7 @@ pub(crate) fn top(rows: &[TopRow], limit: usize) -> String {
         "RX",
         "TX",
         "QUEUED",
+        "",
     ]);
     for r in rows.iter().take(limit) {
         let c = &r.connection;
@@ -236,10 +245,15 @@ pub(crate) fn top(rows: &[TopRow], limit: usize) -> String {
             bytes(c.bytes_received),
             bytes(c.bytes_sent),
             bytes(c.queued_bytes),
+            if r.stalled { "stalled" } else { "" }.into(),
         ]);
     }
+    let stalled = match rows.iter().filter(|r| r.stalled).count() {
+        0 => String::new(),
+        n => format!(", {n} stalled (bytes queued, none moved)"),
+    };
     format!(
-        "{}, busiest first (showing {})\n{}",
+        "{}{stalled}, busiest first (showing {})\n{}",
         count(rows.len(), "connection"),
         rows.len().min(limit),
         table.render()
@@ -499,6 +513,45 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
         assert_eq!(text.lines().count(), 4);
         let busiest: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
         assert_eq!(busiest[..3], ["0B", "4.9KiB", "2"]);
+    }
+
+    #[test]
+    fn top_marks_connections_whose_queue_did_not_move() {
+        let queued = |dial, rx, queued| ConnectionView {
+            queued_bytes: queued,
+            ..view(dial, "open", rx, 0)
+        };
+        let before = ConnectionsReport {
+            role: "server".into(),
+            connections: vec![queued(1, 5000, 786_432), queued(2, 5000, 4096), queued(3, 0, 0)],
+        };
+        let after = ConnectionsReport {
+            role: "server".into(),
+            connections: vec![
+                queued(1, 5000, 786_432),
+                queued(2, 9000, 4096),
+                queued(3, 0, 0),
+                queued(4, 0, 1024),
+            ],
+        };
+        let rows = top_rows(&before, &after, 2.0);
+        let stalled: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.stalled)
+            .map(|r| r.connection.dial_id)
+            .collect();
+        assert_eq!(
+            stalled,
+            [1],
+            "moving, idle without a queue, and new since the last snapshot are not stalled"
+        );
+        let text = top(&rows, 10);
+        assert!(
+            text.starts_with("4 connections, 1 stalled (bytes queued, none moved), busiest first"),
+            "{text}"
+        );
+        let line = text.lines().find(|l| l.contains("768.0KiB")).unwrap();
+        assert!(line.ends_with("768.0KiB  stalled"), "{line:?}");
     }
 
     #[test]
