@@ -636,7 +636,7 @@ impl ClientSet {
                     _ => ConnectError::Tls { to, error: e },
                 }
             })?;
-        let (tls, seen) = crate::tls_failure::Watched::new(tls);
+        let (tls, seen) = tether_tls::Watched::new(tls);
         let refused = |e: GrpcError| match seen.get() {
             Some(error) => ConnectError::Refused {
                 to: address.clone(),

@@ -3,18 +3,13 @@
 //! rustls says `invalid peer certificate: UnknownIssuer` or, when the server refuses this
 //! agent's certificate after a TLS 1.3 handshake already finished on this side, `received
 //! fatal alert: UnknownCA` out of the HTTP/2 connection, which reads like an HTTP/2 problem.
-//! [`describe`] puts the flags to check first; [`Watched`] keeps the rustls error that h2
-//! would reduce to text.
+//! [`describe`] puts the flags to check first; [`tether_tls::Watched`] keeps the rustls
+//! error that h2 would reduce to text.
 
 use std::error::Error as StdError;
-use std::io;
-use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 
 use rustls::AlertDescription;
 use tether_tls::HandshakeFailure;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// `error`'s text, preceded by what to check when it is a TLS failure the agent can explain.
 pub(crate) fn describe(error: &(dyn StdError + 'static)) -> String {
@@ -23,83 +18,6 @@ pub(crate) fn describe(error: &(dyn StdError + 'static)) -> String {
     match explained {
         Some((advice, tls)) => format!("{advice} (TLS: {tls})"),
         None => error.to_string(),
-    }
-}
-
-/// A TLS stream that keeps the first rustls error its reads or writes returned. h2 keeps
-/// only an io error's kind and text, so without it the server's refusal of this agent's
-/// certificate, an alert that arrives on the HTTP/2 connection in TLS 1.3, would be text.
-#[derive(Debug)]
-pub(crate) struct Watched<IO> {
-    io: IO,
-    seen: Arc<OnceLock<rustls::Error>>,
-}
-
-impl<IO> Watched<IO> {
-    /// `io`, and where its first rustls error will be.
-    pub(crate) fn new(io: IO) -> (Self, Arc<OnceLock<rustls::Error>>) {
-        let seen = Arc::new(OnceLock::new());
-        (
-            Self {
-                io,
-                seen: seen.clone(),
-            },
-            seen,
-        )
-    }
-
-    fn note<T>(&self, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        if let Poll::Ready(Err(e)) = &polled
-            && let Some(tls) = tether_tls::rustls_error(e)
-        {
-            let _first = self.seen.set(tls.clone());
-        }
-        polled
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        self.note(polled)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.note(polled)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.note(polled)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.io).poll_flush(cx);
-        self.note(polled)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
-        self.note(polled)
     }
 }
 
@@ -248,35 +166,6 @@ mod tests {
             assert!(text.contains(words), "{text}");
             assert_eq!(text.matches(&rustls_text).count(), 1, "{text}");
         }
-    }
-
-    /// TLS 1.3: the server's verdict on the client certificate arrives after this side's
-    /// handshake finished, as a read error of the HTTP/2 connection; it is kept.
-    #[tokio::test]
-    async fn an_alert_on_the_connection_is_kept() {
-        use tokio::io::AsyncReadExt as _;
-
-        struct Refusing;
-        impl AsyncRead for Refusing {
-            fn poll_read(
-                self: Pin<&mut Self>,
-                _: &mut Context<'_>,
-                _: &mut ReadBuf<'_>,
-            ) -> Poll<io::Result<()>> {
-                Poll::Ready(Err(tls(rustls::Error::AlertReceived(
-                    AlertDescription::UnknownCA,
-                ))))
-            }
-        }
-
-        let (mut watched, seen) = Watched::new(Refusing);
-        assert!(watched.read(&mut [0; 8]).await.is_err());
-        let kept = seen.get().expect("the rustls error is kept");
-        let text = describe(kept);
-        assert!(
-            text.starts_with("the server rejected this agent's client certificate"),
-            "{text}"
-        );
     }
 
     #[test]

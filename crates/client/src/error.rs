@@ -72,6 +72,32 @@ pub enum DialError {
     Proxy(#[from] ClientError),
 }
 
+impl ClientError {
+    /// The TLS failure behind this error, if the proxy server's TLS refused or was refused:
+    /// what `tether dial` explains. A refusal that arrives inside HTTP/2 (TLS 1.3 sends a
+    /// client certificate's rejection after the handshake) survives only when h2 kept the
+    /// io error.
+    pub fn handshake_failure(&self) -> Option<tether_tls::HandshakeFailure> {
+        let io = match self {
+            Self::Tls { error, .. } | Self::Io(error) | Self::Connect { error, .. } => error,
+            Self::Grpc(GrpcError::Io(error)) => error,
+            Self::Grpc(GrpcError::H2(error)) => error.get_io()?,
+            _ => return None,
+        };
+        tether_tls::HandshakeFailure::find(io)
+    }
+}
+
+impl DialError {
+    /// See [`ClientError::handshake_failure`].
+    pub fn handshake_failure(&self) -> Option<tether_tls::HandshakeFailure> {
+        match self {
+            Self::Proxy(error) => error.handshake_failure(),
+            _ => None,
+        }
+    }
+}
+
 impl From<GrpcError> for ClientError {
     fn from(e: GrpcError) -> Self {
         Self::Grpc(e)

@@ -1,5 +1,6 @@
 //! [`GrpcClient`]: dials through a proxy server's gRPC frontend.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tether_grpc::H2Settings;
@@ -21,6 +22,9 @@ pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug)]
 pub struct GrpcClient {
     channel: Channel,
+    /// The frontend's TLS refusal, if one came inside HTTP/2 (see [`tether_tls::Watched`]).
+    refusal: Arc<OnceLock<rustls::Error>>,
+    authority: String,
 }
 
 impl GrpcClient {
@@ -29,17 +33,22 @@ impl GrpcClient {
     /// `tokio::time::timeout` (kube-apiserver allows 30 s).
     pub async fn connect(transport: &Transport) -> Result<Self, ClientError> {
         let socket = transport.connect(b"h2").await?;
-        let (channel, driver) = Channel::handshake(
-            socket,
-            &H2Settings::frontend(),
-            transport.authority(),
-            transport.is_tls(),
-        )
-        .await?;
+        let (socket, refusal) = tether_tls::Watched::new(socket);
+        let authority = transport.authority().to_owned();
+        let settings = H2Settings::frontend();
+        let handshake = Channel::handshake(socket, &settings, &authority, transport.is_tls());
+        let (channel, driver) = match handshake.await {
+            Ok(connected) => connected,
+            Err(error) => return Err(tls_refusal(&refusal, &authority, error.into())),
+        };
         // A library has no task tracker to hand this to: the driver ends by itself once the
         // last clone of this client and the last stream opened on it are dropped.
         tokio::spawn(driver.run());
-        Ok(Self { channel })
+        Ok(Self {
+            channel,
+            refusal,
+            authority,
+        })
     }
 
     /// Dials `address` (`host:port`, TCP) through the proxy, waiting at most
@@ -66,12 +75,37 @@ impl GrpcClient {
     }
 
     async fn open(&self, address: &str) -> Result<TunnelStream, DialError> {
-        let (tx, rx) = self.channel.call(tether_proto::path::PROXY, &[]).await?;
-        let (result_tx, result_rx) = oneshot::channel();
-        tokio::spawn(call::run(tx, rx, address.to_owned(), result_tx));
-        result_rx.await.unwrap_or_else(|_| {
-            let gone = ClientError::Closed("the call's task ended before the dial response".into());
-            Err(gone.into())
+        let opened = async {
+            let (tx, rx) = self.channel.call(tether_proto::path::PROXY, &[]).await?;
+            let (result_tx, result_rx) = oneshot::channel();
+            tokio::spawn(call::run(tx, rx, address.to_owned(), result_tx));
+            result_rx.await.unwrap_or_else(|_| {
+                let gone =
+                    ClientError::Closed("the call's task ended before the dial response".into());
+                Err(gone.into())
+            })
+        };
+        opened.await.map_err(|error| match error {
+            DialError::Proxy(error) => {
+                DialError::Proxy(tls_refusal(&self.refusal, &self.authority, error))
+            }
+            other => other,
         })
+    }
+}
+
+/// `error`, or the TLS refusal behind it when the frontend's TLS refused this client inside
+/// HTTP/2 (the rustls error, which [`ClientError::handshake_failure`] reads).
+fn tls_refusal(
+    refusal: &OnceLock<rustls::Error>,
+    authority: &str,
+    error: ClientError,
+) -> ClientError {
+    match (refusal.get(), &error) {
+        (Some(tls), ClientError::Grpc(_) | ClientError::Io(_)) => ClientError::Tls {
+            server_name: authority.to_owned(),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidData, tls.clone()),
+        },
+        _ => error,
     }
 }

@@ -574,6 +574,98 @@ fn dial_names_both_frontends_and_the_mode_to_try() {
 }
 
 #[test]
+fn dial_says_what_to_check_when_tls_with_the_frontend_fails() {
+    let (_dir, files) = pki();
+    let (_other_dir, other) = pki();
+    let ca = format!("--server-ca-cert={}", files.ca_cert.display());
+    let cert = format!("--server-cert={}", files.server_cert.display());
+    let key = format!("--server-key={}", files.server_key.display());
+    for mode in ["http-connect", "grpc"] {
+        let cluster_ca = format!("--cluster-ca-cert={}", files.ca_cert.display());
+        let cluster_cert = format!("--cluster-cert={}", files.server_cert.display());
+        let cluster_key = format!("--cluster-key={}", files.server_key.display());
+        let server = Running::start(&[
+            "server",
+            &format!("--mode={mode}"),
+            "--server-port=0",
+            "--server-bind-address=127.0.0.1",
+            &ca,
+            &cert,
+            &key,
+            &cluster_cert,
+            &cluster_key,
+            &cluster_ca,
+            "--agent-port=0",
+            "--health-port=0",
+            "--admin-port=0",
+        ]);
+        let listening = server.wait_for("proxy server listening");
+        let line = listening.last().unwrap();
+        let frontend = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("frontend=\""))
+            .and_then(|f| f.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("no frontend address in {line}"))
+            .to_owned();
+        let path = |p: &Path| p.display().to_string();
+        let (right_ca, wrong_ca) = (path(&files.ca_cert), path(&other.ca_cert));
+        let (client_cert, client_key) = (path(&files.client_cert), path(&files.client_key));
+        let (stranger_cert, stranger_key) = (path(&other.client_cert), path(&other.client_key));
+        let cases: [(&[&str], &str); 4] = [
+            (
+                &[
+                    "--ca-cert",
+                    &wrong_ca,
+                    "--cert",
+                    &client_cert,
+                    "--key",
+                    &client_key,
+                ],
+                "the server's certificate is not signed by --ca-cert",
+            ),
+            (
+                &["--ca-cert", &right_ca],
+                "the server asks for a client certificate: pass --cert and --key",
+            ),
+            (
+                &[
+                    "--ca-cert",
+                    &right_ca,
+                    "--cert",
+                    &stranger_cert,
+                    "--key",
+                    &stranger_key,
+                ],
+                "the server refused this client's certificate: is --cert signed by the \
+                 server's --server-ca-cert",
+            ),
+            (
+                &[
+                    "--ca-cert",
+                    &right_ca,
+                    "--cert",
+                    &client_cert,
+                    "--key",
+                    &client_key,
+                    "--server-name=elsewhere.invalid",
+                ],
+                "does not name \"elsewhere.invalid\": pass --server-name",
+            ),
+        ];
+        for (flags, advice) in cases {
+            let mut args = vec!["dial", "--mode", mode, "--timeout=10s"];
+            args.extend(["--proxy-server", &frontend]);
+            args.extend(flags);
+            args.push("127.0.0.1:9");
+            let output = run(Path::new(TETHER), &args);
+            let text = stderr(&output);
+            assert_eq!(output.status.code(), Some(1), "{mode} {flags:?}: {text}");
+            assert!(text.contains(advice), "{mode} {flags:?}: {text}");
+        }
+    }
+}
+
+#[test]
 fn a_request_the_destination_policy_denies_gets_a_403_and_an_info_line() {
     use std::os::unix::fs::MetadataExt as _;
     let (dir, files) = pki();

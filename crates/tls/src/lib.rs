@@ -14,7 +14,8 @@
 //! - tether's own certificates may be X.509 v1, as the kubernetes.io task's openssl recipe
 //!   makes them and Go accepts them; rustls alone refuses those ([`x509_version`]).
 //! - [`HandshakeFailure`] reads what went wrong from a failed handshake's rustls error, for
-//!   messages that say what to check.
+//!   messages that say what to check; [`Watched`] keeps that error when h2 would reduce it
+//!   to text.
 //! - [`pki::Pki`] generates a throwaway CA and certificates for the quickstart, tests and
 //!   benchmarks.
 //!
@@ -38,6 +39,7 @@ mod options;
 pub mod pki;
 mod reload;
 mod validity;
+mod watched;
 mod x509_version;
 
 pub use client_ca::ClientCa;
@@ -47,6 +49,7 @@ pub use handshake_failure::{HandshakeFailure, rustls_error};
 pub use options::{TlsOptions, TlsVersion, provider};
 pub use reload::{ReloadOutcome, Reloading};
 pub use validity::{CertTime, OutsideValidity};
+pub use watched::Watched;
 pub use x509_version::x509_version;
 
 /// Installs this crate's [`provider`] (default options) as the process default, for callers

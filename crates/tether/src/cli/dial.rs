@@ -57,6 +57,17 @@ pub(crate) struct DialArgs {
 }
 
 impl DialArgs {
+    /// The name the server's certificate must carry: --server-name, or the host of
+    /// --proxy-server; `None` over a Unix socket.
+    pub(crate) fn server_name(&self) -> Option<String> {
+        if let Some(name) = &self.server_name {
+            return Some(name.clone());
+        }
+        let addr = self.proxy_server.as_deref()?;
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        Some(host.trim_matches(['[', ']']).to_owned())
+    }
+
     /// The way to the frontend.
     pub(crate) fn transport(&self) -> anyhow::Result<tether_client::Transport> {
         if let Some(path) = &self.uds {
@@ -72,14 +83,7 @@ impl DialArgs {
             .context("--ca-cert is required with --proxy-server")?;
         let client = self.cert.as_deref().zip(self.key.as_deref());
         let tls = tether_tls::client_config(ca, client, Vec::new(), &Default::default())?;
-        let server_name = match &self.server_name {
-            Some(name) => name.clone(),
-            None => addr
-                .rsplit_once(':')
-                .map_or(addr.as_str(), |(host, _)| host)
-                .trim_matches(['[', ']'])
-                .to_owned(),
-        };
+        let server_name = self.server_name().unwrap_or_default();
         Ok(tether_client::Transport::Tls {
             addr,
             server_name,

@@ -523,7 +523,11 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
         };
         let before = ConnectionsReport {
             role: "server".into(),
-            connections: vec![queued(1, 5000, 786_432), queued(2, 5000, 4096), queued(3, 0, 0)],
+            connections: vec![
+                queued(1, 5000, 786_432),
+                queued(2, 5000, 4096),
+                queued(3, 0, 0),
+            ],
         };
         let after = ConnectionsReport {
             role: "server".into(),
