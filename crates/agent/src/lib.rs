@@ -110,6 +110,17 @@ pub enum AgentError {
         flags: &'static str,
         error: std::io::Error,
     },
+    /// Two of the agent's own listeners given one port: said before binding, rather than as
+    /// the second one's "address already in use".
+    #[error(
+        "{second} and {first} are both {port} (on the same or overlapping bind addresses): \
+         each listener needs a port of its own"
+    )]
+    SamePort {
+        first: &'static str,
+        second: &'static str,
+        port: u16,
+    },
     #[error("listening on --control-plane-listen={addr}: {error}")]
     ControlPlaneListen {
         addr: ListenAddr,
@@ -140,8 +151,34 @@ pub struct Agent {
     )>,
 }
 
+/// Refuses two of the agent's own TCP listeners on one port, naming both flags.
+fn distinct_ports(config: &Config) -> Result<(), AgentError> {
+    let mut listeners = vec![
+        (config.health_addr, "--health-server-port"),
+        (config.admin_addr, "--admin-server-port"),
+    ];
+    if let Some(control_plane::ListenAddr::Tcp(addr)) =
+        config.control_plane.as_ref().map(|c| &c.listen)
+    {
+        listeners.push((*addr, "--control-plane-listen"));
+    }
+    for (i, &(a, first)) in listeners.iter().enumerate() {
+        for &(b, second) in &listeners[i + 1..] {
+            if tether_observe::http::tcp_overlaps(a, b) {
+                return Err(AgentError::SamePort {
+                    first,
+                    second,
+                    port: a.port(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Agent {
     pub async fn bind(config: Config, registry: Registry) -> Result<Self, AgentError> {
+        distinct_ports(&config)?;
         let bind = |what, addr, flags| async move {
             TcpListener::bind(addr)
                 .await

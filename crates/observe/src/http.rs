@@ -19,6 +19,15 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::metrics::{self, Counter, Registry};
 
+/// Whether two TCP listeners would take the same connections: the same (non-zero) port on
+/// the same address, or on any address when either is the unspecified one. The server and
+/// the agent refuse such pairs among their own listeners before binding, naming both flags.
+pub fn tcp_overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
 /// Answers one request. Handlers are synchronous: health checks and metric rendering only
 /// read in-memory state.
 pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
@@ -518,6 +527,26 @@ fn split_target(target: &str) -> Option<(Option<&str>, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_overlap_as_listeners_would() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(tcp_overlaps(addr("127.0.0.1:8131"), addr("127.0.0.1:8131")));
+        assert!(tcp_overlaps(addr("0.0.0.0:8131"), addr("127.0.0.1:8131")));
+        assert!(tcp_overlaps(addr("[::]:8131"), addr("127.0.0.1:8131")));
+        assert!(!tcp_overlaps(
+            addr("127.0.0.1:8131"),
+            addr("127.0.0.2:8131")
+        ));
+        assert!(!tcp_overlaps(
+            addr("127.0.0.1:8131"),
+            addr("127.0.0.1:8132")
+        ));
+        assert!(
+            !tcp_overlaps(addr("127.0.0.1:0"), addr("127.0.0.1:0")),
+            "ephemeral"
+        );
+    }
     use std::net::SocketAddr;
     use tokio::sync::oneshot;
     use tokio::task::JoinHandle;

@@ -605,7 +605,7 @@ fn distinct_ports(config: &Config) -> Result<(), ServerError> {
     ]);
     for (i, &(a, first)) in listeners.iter().enumerate() {
         for &(b, second) in &listeners[i + 1..] {
-            if tenant_frontend::tcp_overlaps(a, b) {
+            if tether_observe::http::tcp_overlaps(a, b) {
                 return Err(ServerError::SamePort {
                     first,
                     second,
@@ -665,7 +665,7 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                 (config.health_addr, "--health-port"),
                 (config.admin_addr, "--admin-port"),
             ] {
-                if tenant_frontend::tcp_overlaps(addr, other) {
+                if tether_observe::http::tcp_overlaps(addr, other) {
                     return Err(refuse(format!(
                         "frontend.tcp {addr} overlaps {other} ({flag})"
                     )));

@@ -404,7 +404,7 @@ fn check_frontend_is_its_own(
             ));
         }
         if let (Some(a), Some(b)) = (frontend.tcp, theirs.tcp)
-            && tenant_frontend::tcp_overlaps(a, b)
+            && tether_observe::http::tcp_overlaps(a, b)
         {
             return Err(format!(
                 "{at}: frontend.tcp {a} overlaps tenant {:?}'s {b}",

@@ -124,14 +124,6 @@ fn socket_path(text: &str) -> Result<PathBuf, String> {
     Ok(path.components().collect())
 }
 
-/// Whether two TCP listeners would take the same connections: the same (non-zero) port on
-/// the same address, or on any address when either is the unspecified one.
-pub(crate) fn tcp_overlaps(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() != 0
-        && a.port() == b.port()
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
-}
-
 /// Whether two socket paths name the same file, lexically (`/run//a.sock` is `/run/a.sock`).
 pub(crate) fn unix_overlaps(a: &Path, b: &Path) -> bool {
     a.components().eq(b.components())
@@ -142,23 +134,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_overlap_as_listeners_would() {
-        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
-        assert!(tcp_overlaps(addr("127.0.0.1:8131"), addr("127.0.0.1:8131")));
-        assert!(tcp_overlaps(addr("0.0.0.0:8131"), addr("127.0.0.1:8131")));
-        assert!(tcp_overlaps(addr("[::]:8131"), addr("127.0.0.1:8131")));
-        assert!(!tcp_overlaps(
-            addr("127.0.0.1:8131"),
-            addr("127.0.0.2:8131")
-        ));
-        assert!(!tcp_overlaps(
-            addr("127.0.0.1:8131"),
-            addr("127.0.0.1:8132")
-        ));
-        assert!(
-            !tcp_overlaps(addr("127.0.0.1:0"), addr("127.0.0.1:0")),
-            "ephemeral"
-        );
+    fn socket_paths_overlap_as_listeners_would() {
         let unix = |s: &str| {
             TenantFrontend::parse(Some(s), None, None)
                 .unwrap()

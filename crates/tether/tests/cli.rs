@@ -283,7 +283,8 @@ fn a_tenant_frontend_on_another_listeners_address_is_a_start_up_error() {
 }
 
 /// The operator trial's P3: a port in use is reported once, with the listener's flags; the
-/// same port given to two flags is reported as such before anything is bound.
+/// same port given to two flags is reported as such before anything is bound, by the server
+/// and by the agent.
 #[test]
 fn listener_errors_name_their_flags_and_say_the_os_error_once() {
     let (dir, files) = pki();
@@ -336,6 +337,28 @@ fn listener_errors_name_their_flags_and_say_the_os_error_once() {
     );
     assert!(!socket.exists(), "nothing was bound");
     drop(taken);
+
+    let agent = [
+        "agent".to_owned(),
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--proxy-server-port={port}"),
+        format!("--ca-cert={}", files.ca_cert.display()),
+        format!("--agent-cert={}", files.agent_cert.display()),
+        format!("--agent-key={}", files.agent_key.display()),
+        format!("--health-server-port={free}"),
+        "--admin-bind-address=127.0.0.1".into(),
+        format!("--admin-server-port={free}"),
+    ];
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let output = run(Path::new(TETHER), &agent);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(
+        start_up_error(&output).trim_end(),
+        format!(
+            "error: --admin-server-port and --health-server-port are both {free} (on the same \
+             or overlapping bind addresses): each listener needs a port of its own"
+        ),
+    );
 }
 
 /// The operator trial's A6: with token authentication and no API server behind the
