@@ -1,7 +1,9 @@
-//! Refused TLS handshakes on the agent port, which were silent at the default verbosity
-//! although "agents do not connect" is the most common ticket: each is logged with the
+//! Refused TLS handshakes on the agent port and on the TCP frontends, which were silent at
+//! the default verbosity although "agents do not connect" is the most common ticket (and a
+//! refused kube-apiserver fails every `logs`, `exec` and webhook): each is logged with the
 //! peer, what to check and the flag involved, and counted by reason in
-//! `tether_server_agent_handshake_failures_total{reason}`.
+//! `tether_server_agent_handshake_failures_total{reason}` or
+//! `tether_server_frontend_handshake_failures_total{reason}`.
 //!
 //! The log is rate-limited per reason (one line per second, then the count of those held
 //! back), so a misconfigured fleet of thousands of agents cannot flood it; the counter
@@ -77,11 +79,25 @@ struct Refusal {
     explanation: String,
 }
 
-/// What a failed handshake on the agent port means, and what to check; `None` for a peer
-/// that only closed the connection.
-fn refusal(error: &io::Error) -> Option<Refusal> {
+/// Which listener refused: the words and flags of its explanations differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Listener {
+    Agent,
+    /// A TCP frontend for kube-apiserver: the main one (`--server-port`), or a tenant's own
+    /// (its `frontend.client_ca` in the routing file).
+    Frontend {
+        tenant: Option<String>,
+    },
+}
+
+/// What a failed handshake means, and what to check; `None` for a peer that only closed
+/// the connection.
+fn refusal(listener: &Listener, error: &io::Error) -> Option<Refusal> {
     let (reason, explanation) = match HandshakeFailure::find(error) {
-        Some(failure) => explain(failure, error),
+        Some(failure) => match listener {
+            Listener::Agent => explain(failure, error),
+            Listener::Frontend { tenant } => explain_frontend(failure, error, tenant.as_deref()),
+        },
         None => match error.kind() {
             io::ErrorKind::UnexpectedEof
             | io::ErrorKind::ConnectionReset
@@ -187,7 +203,100 @@ fn agent_alert(alert: AlertDescription) -> (Reason, String) {
     )
 }
 
-/// The counter and the per-reason log limits; one per server.
+/// What a failed handshake on a TCP frontend means; `tenant` names a tenant's own frontend,
+/// whose client CA is its `frontend.client_ca`.
+fn explain_frontend(
+    failure: HandshakeFailure,
+    error: &io::Error,
+    tenant: Option<&str>,
+) -> (Reason, String) {
+    let ca = match tenant {
+        Some(tenant) => format!("tenant {tenant:?}'s frontend.client_ca (--routing-config)"),
+        None => "--server-ca-cert".to_owned(),
+    };
+    let certificate = "the client's certificate (kube-apiserver: the EgressSelectorConfiguration's \
+                       tlsConfig.clientCert)";
+    match failure {
+        HandshakeFailure::UnknownIssuer => (
+            Reason::UnknownIssuer,
+            format!(
+                "{certificate} is not signed by {ca}: check the one, or add its CA to the other"
+            ),
+        ),
+        HandshakeFailure::NoCertificate => (
+            Reason::NoClientCertificate,
+            format!(
+                "the client sent no certificate, and {ca} requires one: give kube-apiserver \
+                 tlsConfig.clientCert and tlsConfig.clientKey"
+            ),
+        ),
+        HandshakeFailure::V1Certificate => (
+            Reason::V1Certificate,
+            format!(
+                "{certificate} is an X.509 v1 certificate (v3 required; Go accepts v1, tether \
+                 does not): issue it again with an extension, see Certificates in the book's \
+                 Install guide (docs/src/guide/install.md)"
+            ),
+        ),
+        HandshakeFailure::OutsideValidity => (
+            Reason::CertificateOutsideValidity,
+            format!(
+                "{certificate} has expired or is not valid yet (check its dates, and both clocks)"
+            ),
+        ),
+        HandshakeFailure::WrongName | HandshakeFailure::BadCertificate => (
+            Reason::BadClientCertificate,
+            format!("{certificate} was refused by the check against {ca}: {error}"),
+        ),
+        HandshakeFailure::PeerAlert(alert) => {
+            let why = match alert {
+                AlertDescription::UnknownCA => {
+                    "is not signed by a CA it trusts (tlsConfig.caBundle)"
+                }
+                AlertDescription::CertificateExpired => {
+                    "has expired or is not valid yet for it (check the dates, and both clocks)"
+                }
+                // What Go clients send for any verification failure.
+                AlertDescription::BadCertificate => {
+                    "was refused: is the host of its url (or tlsConfig.tlsServerName) in it, and \
+                     is it signed by tlsConfig.caBundle?"
+                }
+                AlertDescription::CertificateUnknown | AlertDescription::UnsupportedCertificate => {
+                    "was refused; tether clients refuse an X.509 v1 certificate"
+                }
+                _ => {
+                    return (
+                        Reason::Other,
+                        format!("the client ended the handshake with alert {alert:?}"),
+                    );
+                }
+            };
+            (
+                Reason::ServerCertificateRefused,
+                format!(
+                    "the client does not accept this server's certificate (--server-cert; it \
+                     sent alert {alert:?}): it {why}"
+                ),
+            )
+        }
+        HandshakeFailure::Incompatible => (
+            Reason::Incompatible,
+            format!(
+                "the client and this server share no TLS version, cipher suite or ALPN \
+                 protocol (check --tls-min-version and --cipher-suites, and that the client \
+                 speaks this server's --mode): {error}"
+            ),
+        ),
+        HandshakeFailure::NotTls => (
+            Reason::NotTls,
+            "the peer does not speak TLS (a plaintext client, or one dialing the wrong port)"
+                .to_owned(),
+        ),
+        HandshakeFailure::Other => (Reason::Other, error.to_string()),
+    }
+}
+
+/// The counter and the per-reason log limits; one per listener kind and server.
 #[derive(Debug)]
 pub(crate) struct HandshakeFailures {
     failures: Arc<CounterVec>,
@@ -195,12 +304,26 @@ pub(crate) struct HandshakeFailures {
 }
 
 impl HandshakeFailures {
-    pub(crate) fn register(registry: &Registry) -> Self {
-        let failures = registry.counter_vec(
+    /// Counts the agent port's refusals.
+    pub(crate) fn agents(registry: &Registry) -> Self {
+        Self::register(
+            registry,
             "tether_server_agent_handshake_failures_total",
             "TLS handshakes refused on the agent port, by reason",
-            &["reason"],
-        );
+        )
+    }
+
+    /// Counts the TCP frontends' refusals (the main one and tenants' own).
+    pub(crate) fn frontends(registry: &Registry) -> Self {
+        Self::register(
+            registry,
+            "tether_server_frontend_handshake_failures_total",
+            "TLS handshakes refused on the TCP frontends (--server-port, tenants' own), by reason",
+        )
+    }
+
+    fn register(registry: &Registry, name: &str, help: &str) -> Self {
+        let failures = registry.counter_vec(name, help, &["reason"]);
         // Present from the start, so that alerts on them need no absent() special case.
         for reason in Reason::ALL {
             failures.with(&[reason.label()]);
@@ -211,24 +334,34 @@ impl HandshakeFailures {
         }
     }
 
-    /// Counts and logs the failed handshake of `peer` (its address).
-    pub(crate) fn record(&self, peer: &str, error: &io::Error) {
+    /// Counts and logs the failed handshake of `peer` (its address) on `listener`.
+    pub(crate) fn record(&self, listener: &Listener, peer: &str, error: &io::Error) {
         let Some(Refusal {
             reason,
             explanation,
-        }) = refusal(error)
+        }) = refusal(listener, error)
         else {
-            tracing::debug!(%peer, %error, "agent connection closed during the TLS handshake");
+            tracing::debug!(%peer, %error, "connection closed during the TLS handshake");
             return;
         };
         self.failures.with(&[reason.label()]).inc();
-        if let Some(suppressed) = self.logged[reason.index()].allow() {
-            tracing::warn!(
+        let Some(suppressed) = self.logged[reason.index()].allow() else {
+            return;
+        };
+        match listener {
+            Listener::Agent => tracing::warn!(
                 %peer,
                 reason = %reason.label(),
                 suppressed,
                 "refused an agent's TLS handshake: {explanation}"
-            );
+            ),
+            Listener::Frontend { tenant } => tracing::warn!(
+                %peer,
+                tenant = tenant.as_deref(),
+                reason = %reason.label(),
+                suppressed,
+                "refused a frontend client's TLS handshake: {explanation}"
+            ),
         }
     }
 }
@@ -244,7 +377,7 @@ mod tests {
     }
 
     fn reason(error: &io::Error) -> Option<Reason> {
-        refusal(error).map(|r| r.reason)
+        refusal(&Listener::Agent, error).map(|r| r.reason)
     }
 
     #[test]
@@ -291,13 +424,73 @@ mod tests {
             ),
         ];
         for (error, expected, flag) in cases {
-            let refusal = refusal(&error).expect("a refusal");
+            let refusal = refusal(&Listener::Agent, &error).expect("a refusal");
             assert_eq!(refusal.reason, expected, "{error}");
             assert!(
                 refusal.explanation.contains(flag),
                 "{}",
                 refusal.explanation
             );
+        }
+    }
+
+    #[test]
+    fn a_frontend_refusal_names_the_frontend_flags_and_kube_apiserver_settings() {
+        let main = Listener::Frontend { tenant: None };
+        let tenant = Listener::Frontend {
+            tenant: Some("blue".into()),
+        };
+        let cases = [
+            (
+                &main,
+                tls(rustls::Error::InvalidCertificate(
+                    CertificateError::UnknownIssuer,
+                )),
+                Reason::UnknownIssuer,
+                ["--server-ca-cert", "tlsConfig.clientCert"],
+            ),
+            (
+                &tenant,
+                tls(rustls::Error::InvalidCertificate(
+                    CertificateError::UnknownIssuer,
+                )),
+                Reason::UnknownIssuer,
+                [
+                    "tenant \"blue\"'s frontend.client_ca",
+                    "tlsConfig.clientCert",
+                ],
+            ),
+            (
+                &main,
+                tls(rustls::Error::NoCertificatesPresented),
+                Reason::NoClientCertificate,
+                ["--server-ca-cert", "tlsConfig.clientKey"],
+            ),
+            (
+                &main,
+                tls(rustls::Error::AlertReceived(
+                    AlertDescription::BadCertificate,
+                )),
+                Reason::ServerCertificateRefused,
+                ["--server-cert", "tlsConfig.caBundle"],
+            ),
+            (
+                &main,
+                tls(rustls::Error::NoApplicationProtocol),
+                Reason::Incompatible,
+                ["--mode", "--tls-min-version"],
+            ),
+        ];
+        for (listener, error, expected, words) in cases {
+            let refusal = refusal(listener, &error).expect("a refusal");
+            assert_eq!(refusal.reason, expected, "{error}");
+            for word in words {
+                assert!(
+                    refusal.explanation.contains(word),
+                    "{word}: {}",
+                    refusal.explanation
+                );
+            }
         }
     }
 
@@ -311,9 +504,18 @@ mod tests {
     #[test]
     fn every_reason_is_counted_from_zero() {
         let registry = Registry::new();
-        let failures = HandshakeFailures::register(&registry);
-        failures.record("127.0.0.1:1", &tls(rustls::Error::NoCertificatesPresented));
-        failures.record("127.0.0.1:2", &tls(rustls::Error::NoCertificatesPresented));
+        let failures = HandshakeFailures::agents(&registry);
+        let agent = Listener::Agent;
+        failures.record(
+            &agent,
+            "127.0.0.1:1",
+            &tls(rustls::Error::NoCertificatesPresented),
+        );
+        failures.record(
+            &agent,
+            "127.0.0.1:2",
+            &tls(rustls::Error::NoCertificatesPresented),
+        );
         let text = registry.render();
         assert!(
             text.contains(

@@ -328,8 +328,7 @@ impl Server {
         } = self;
         let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
         let limit_metrics = LimitMetrics::register(&registry);
-        let handshake_failures =
-            Arc::new(handshake_failures::HandshakeFailures::register(&registry));
+        let handshake_failures = Arc::new(handshake_failures::HandshakeFailures::agents(&registry));
         let limits = config.limits.clone();
         // The audit writer outlives every connection (it is stopped last) so that the
         // records of connections cut at shutdown are written too.
@@ -492,7 +491,11 @@ impl Server {
                     let (io, peer) = match Box::pin(ready(conn, deadline, &metrics)).await {
                         Ok(ready) => ready,
                         Err(e) => {
-                            handshake_failures.record(&peer_label, &e);
+                            handshake_failures.record(
+                                &handshake_failures::Listener::Agent,
+                                &peer_label,
+                                &e,
+                            );
                             return Ok(());
                         }
                     };
@@ -522,6 +525,7 @@ impl Server {
             metrics: limit_metrics.clone(),
             first_packet_timeout: limits.first_packet_timeout,
             strangers: warn_limit::WarnLimit::new(Duration::from_secs(1)),
+            handshake_failures: handshake_failures::HandshakeFailures::frontends(&registry),
         });
         let frontend_loop = accept_loop(
             &frontend,

@@ -219,6 +219,35 @@ impl Listener {
     }
 }
 
+/// How long a refused TLS peer may take to read the alert that says why.
+const ALERT_LINGER: Duration = Duration::from_secs(1);
+/// How much a refused TLS peer may send meanwhile, all of it discarded.
+const ALERT_LINGER_BYTES: usize = 256 << 10;
+
+/// Closes a connection whose handshake this side refused so that the peer reads the alert.
+/// In TLS 1.3 a client sends its first data (the HTTP/2 preface) right after its
+/// certificate; a close with that data unread would be a TCP RST, and a RST discards the
+/// alert in the peer's receive buffer, which then reports "broken pipe" instead of the
+/// refusal. So: FIN after the alert, then read and discard until the peer closes, for at most
+/// [`ALERT_LINGER`] (within the setup deadline) and [`ALERT_LINGER_BYTES`].
+async fn close_after_alert(mut stream: TcpStream, deadline: Instant) {
+    use tokio::io::AsyncWriteExt as _;
+    let deadline = deadline.min(Instant::now() + ALERT_LINGER);
+    let drain = async {
+        stream.shutdown().await?;
+        let mut buf = [0u8; 4096];
+        let mut discarded = 0;
+        while discarded < ALERT_LINGER_BYTES {
+            match stream.read(&mut buf).await? {
+                0 => break,
+                n => discarded += n,
+            }
+        }
+        io::Result::Ok(())
+    };
+    let _ended = tokio::time::timeout_at(deadline, drain).await;
+}
+
 impl Accepted {
     /// Completes the TLS handshake by `deadline` and returns the stream with the peer's
     /// identity, including the verified client certificate's names.
@@ -227,11 +256,18 @@ impl Accepted {
         match self.pending {
             Pending::Unix(stream) => Ok((Box::new(stream), peer)),
             Pending::Tls(stream, acceptor) => {
-                let tls = tokio::time::timeout_at(deadline, acceptor.accept(stream))
-                    .await
-                    .map_err(|_| {
-                        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
-                    })??;
+                let accept = acceptor.accept(stream).into_fallible();
+                let tls = match tokio::time::timeout_at(deadline, accept).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err((error, stream))) => {
+                        close_after_alert(stream, deadline).await;
+                        return Err(error);
+                    }
+                    Err(_) => {
+                        let timeout = "TLS handshake timed out";
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, timeout));
+                    }
+                };
                 peer.certificate = tls
                     .get_ref()
                     .1

@@ -685,6 +685,16 @@ fn dial_says_what_to_check_when_tls_with_the_frontend_fails() {
             assert_eq!(output.status.code(), Some(1), "{mode} {flags:?}: {text}");
             assert!(text.contains(advice), "{mode} {flags:?}: {text}");
         }
+        // The server's side of the same refusals.
+        let refused = server.wait_for("refused a frontend client's TLS handshake");
+        assert!(
+            refused
+                .last()
+                .unwrap()
+                .contains("reason=\"server_certificate_refused\""),
+            "{refused:#?}"
+        );
+        server.wait_for("reason=\"no_client_certificate\"");
     }
 }
 

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Mode;
 use crate::dial::Hub;
+use crate::handshake_failures::{HandshakeFailures, Listener};
 use crate::limits::LimitMetrics;
 use crate::net;
 use crate::tenant::Tenant;
@@ -27,6 +28,8 @@ pub(crate) struct FrontendService {
     pub(crate) first_packet_timeout: Duration,
     /// Limits the warnings about clients refused on a tenant's own frontend.
     pub(crate) strangers: WarnLimit,
+    /// Refused TLS handshakes on the TCP frontends.
+    pub(crate) handshake_failures: HandshakeFailures,
 }
 
 impl FrontendService {
@@ -40,7 +43,19 @@ impl FrontendService {
         let metrics = &self.metrics;
         // The TLS handshake's state (about 2 KiB) is boxed, and so is each mode's: a
         // connection's task then holds only what its own mode needs once set up.
-        let (io, peer) = Box::pin(crate::ready(conn, deadline, metrics)).await?;
+        let (peer_label, tls) = (conn.peer_label(), conn.peer.transport == PeerTransport::Tls);
+        let (io, peer) = match Box::pin(crate::ready(conn, deadline, metrics)).await {
+            Ok(ready) => ready,
+            Err(error) if tls => {
+                let listener = Listener::Frontend {
+                    tenant: tenant.as_ref().map(|t| t.name.clone()),
+                };
+                self.handshake_failures
+                    .record(&listener, &peer_label, &error);
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
         // Before any request is read: a client that is not the tenant's gets nothing.
         if let Some(tenant) = &tenant
             && let Err(why) = self.hub.tenants.admit_own_frontend(tenant, &peer)
