@@ -159,7 +159,11 @@ struct EjectionEntry {
 impl RoutingConfig {
     /// Parses and validates a routing file's text; errors name the entry at fault.
     pub fn from_yaml(text: &str) -> Result<Self, String> {
-        let file: File = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+        // serde_saphyr starts its text with "error: ", which the caller's own prefix repeats.
+        let file: File = serde_saphyr::from_str(text).map_err(|e| {
+            let text = e.to_string();
+            text.strip_prefix("error: ").map_or(text.clone(), str::to_owned)
+        })?;
         let mut zone_rules = Vec::new();
         for (n, entry) in file.zones.into_iter().enumerate() {
             let at = || format!("zones[{n}] ({:?})", entry.zone);

@@ -14,6 +14,7 @@ pub(crate) mod quickstart;
 pub(crate) mod server;
 #[cfg(test)]
 mod testutil;
+pub(crate) mod validate;
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -52,6 +53,9 @@ pub(crate) enum Command {
     Agents(introspect::AgentsArgs),
     /// Connections sorted by throughput between two snapshots.
     Top(introspect::TopArgs),
+    /// Check kube-apiserver's EgressSelectorConfiguration, a routing file or a destination
+    /// policy before a rollout, as their readers check them at start-up.
+    Validate(validate::ValidateArgs),
 }
 
 impl Command {
@@ -64,7 +68,8 @@ impl Command {
             | Self::Quickstart(_)
             | Self::Connections(_)
             | Self::Agents(_)
-            | Self::Top(_) => None,
+            | Self::Top(_)
+            | Self::Validate(_) => None,
         }
     }
 }

@@ -17,6 +17,7 @@ mod logging;
 mod permission;
 mod quickstart;
 mod signals;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -93,6 +94,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Connections(args) => introspect::connections(args).await,
         Command::Agents(args) => introspect::agents(args).await,
         Command::Top(args) => introspect::top(args).await,
+        Command::Validate(args) => Ok(validate::run(&args)),
     }
 }
 

@@ -699,6 +699,83 @@ fn dial_says_what_to_check_when_tls_with_the_frontend_fails() {
 }
 
 #[test]
+fn validate_checks_each_file_as_its_reader_does_and_reports_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("konnectivity-server.socket");
+    let egress = dir.path().join("egress.yaml");
+    let egress_yaml = |name: &str| {
+        format!(
+            "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\n\
+             egressSelections:\n- name: {name}\n  connection:\n    proxyProtocol: GRPC\n    \
+             transport:\n      uds:\n        udsName: {}\n",
+            socket.display()
+        )
+    };
+    std::fs::write(&egress, egress_yaml("cluster")).unwrap();
+    let policy = dir.path().join("destinations.policy");
+    std::fs::write(&policy, "deny port 8133,8134\nallow all\n").unwrap();
+    let routing = dir.path().join("routing.yaml");
+    std::fs::write(&routing, "zones:\n  - zone: a\n    cidrs: [10.0.0.0/8]\n").unwrap();
+    let flag = |name: &str, path: &Path| format!("--{name}={}", path.display());
+    let validate = |files: &[String]| {
+        let mut args = vec!["validate"];
+        args.extend(files.iter().map(String::as_str));
+        run(Path::new(TETHER), &args)
+    };
+    let all = [
+        flag("egress-selector-config-file", &egress),
+        flag("routing-config", &routing),
+        flag("destination-policy", &policy),
+    ];
+
+    let valid = validate(&all);
+    let out = String::from_utf8_lossy(&valid.stdout).into_owned();
+    assert_eq!(valid.status.code(), Some(0), "{out}{}", stderr(&valid));
+    assert!(
+        out.contains(&format!(
+            "  cluster: GRPC over unix socket {} (absent: no server has created it yet)",
+            socket.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("  controlplane: not configured (dials directly)"),
+        "{out}"
+    );
+    assert!(out.contains("  1 zone rules, 0 tenants"), "{out}");
+    assert!(out.contains("  2 rules, after the built-in ones"), "{out}");
+
+    // Every file is checked, and each error names its flag, file and what is wrong.
+    std::fs::write(&egress, egress_yaml("clusters")).unwrap();
+    std::fs::write(&policy, "deny port 8133,8134\nallow to 10.0.0.1/8\n").unwrap();
+    let invalid = validate(&all);
+    let err = stderr(&invalid);
+    assert_eq!(invalid.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: --egress-selector-config-file {}: invalid",
+            egress.display()
+        )) && err.contains("clusters"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "error: --destination-policy {}: line 2:",
+            policy.display()
+        )),
+        "{err}"
+    );
+    let out = String::from_utf8_lossy(&invalid.stdout).into_owned();
+    assert!(
+        out.contains("--routing-config"),
+        "the valid one is reported too: {out}"
+    );
+
+    let none = validate(&[]);
+    assert_eq!(none.status.code(), Some(2), "a file is required");
+}
+
+#[test]
 fn a_request_the_destination_policy_denies_gets_a_403_and_an_info_line() {
     use std::os::unix::fs::MetadataExt as _;
     let (dir, files) = pki();
