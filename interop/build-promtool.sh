@@ -7,7 +7,8 @@
 #   interop/build-promtool.sh             build promtool if missing; print its path
 #   interop/build-promtool.sh prometheus  the same for the Prometheus server
 #
-# The output directory is $TETHER_TOOLS_DIR, else ${XDG_CACHE_HOME:-~/.cache}/tether/tools.
+# The output directory is $TETHER_TOOLS_DIR, else $TETHER_CACHE_DIR/tools (the cache every
+# pinned tool shares), else ${XDG_CACHE_HOME:-~/.cache}/tether/tools.
 set -euo pipefail
 tool="${1:-promtool}"
 case "$tool" in
@@ -17,7 +18,7 @@ esac
 cd "$(dirname "${BASH_SOURCE[0]}")/promtool"
 command -v go >/dev/null || { echo "build-promtool.sh: go not found in PATH" >&2; exit 1; }
 version="$(go list -m -f '{{.Version}}' github.com/prometheus/prometheus)"
-dir="${TETHER_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tether/tools}/promtool-$version"
+dir="${TETHER_TOOLS_DIR:-${TETHER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}/tools}/promtool-$version"
 if [[ ! -x "$dir/$tool" ]]; then
 	mkdir -p "$dir"
 	echo "build-promtool.sh: building $tool $version into $dir" >&2

@@ -162,7 +162,8 @@ impl RoutingConfig {
         // serde_saphyr starts its text with "error: ", which the caller's own prefix repeats.
         let file: File = serde_saphyr::from_str(text).map_err(|e| {
             let text = e.to_string();
-            text.strip_prefix("error: ").map_or(text.clone(), str::to_owned)
+            text.strip_prefix("error: ")
+                .map_or(text.clone(), str::to_owned)
         })?;
         let mut zone_rules = Vec::new();
         for (n, entry) in file.zones.into_iter().enumerate() {
