@@ -1,9 +1,6 @@
 //! A token-bucket rate limit (as a generic cell rate algorithm: one timestamp, no refill task),
-//! matching client-go's QPS/burst limiter in what it allows; and the same limit kept per key
-//! (a source address) in a bounded table.
+//! matching client-go's QPS/burst limiter in what it allows.
 
-use std::collections::HashMap;
-use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -23,7 +20,7 @@ pub(crate) struct RateLimiter {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Rate {
+pub(crate) struct Rate {
     /// Time one request uses up: 1/QPS.
     interval: Duration,
     /// How far ahead of the rate requests may run: (burst - 1) intervals.
@@ -31,7 +28,7 @@ struct Rate {
 }
 
 impl Rate {
-    fn new(qps: f32, burst: u32) -> Self {
+    pub(crate) fn new(qps: f32, burst: u32) -> Self {
         let interval = Duration::from_secs_f64(1.0 / f64::from(qps.max(f32::MIN_POSITIVE)));
         Self {
             interval,
@@ -48,15 +45,31 @@ impl Rate {
         now: Instant,
         deadline: Instant,
     ) -> Result<Instant, Throttled> {
-        let arrival = tat.map_or(now, |t| t.max(now));
-        let start = arrival
-            .checked_sub(self.tolerance)
-            .map_or(now, |t| t.max(now));
+        let start = self.earliest(*tat, now);
         if start > deadline {
             return Err(Throttled);
         }
-        *tat = Some(arrival + self.interval);
+        self.charge(tat, now);
         Ok(start)
+    }
+
+    /// When a request could start against the bucket `tat`, without using it up.
+    pub(crate) fn earliest(self, tat: Option<Instant>, now: Instant) -> Instant {
+        let arrival = tat.map_or(now, |t| t.max(now));
+        arrival
+            .checked_sub(self.tolerance)
+            .map_or(now, |t| t.max(now))
+    }
+
+    /// Uses up one request's share of the bucket `tat`.
+    pub(crate) fn charge(self, tat: &mut Option<Instant>, now: Instant) {
+        let arrival = tat.map_or(now, |t| t.max(now));
+        *tat = Some(arrival + self.interval);
+    }
+
+    /// Whether the bucket `tat` is full again at `now` (it holds nothing worth keeping).
+    pub(crate) fn refilled(self, tat: Option<Instant>, now: Instant) -> bool {
+        tat.is_none_or(|t| t <= now)
     }
 }
 
@@ -86,56 +99,6 @@ impl RateLimiter {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         rate.reserve(&mut tat, now, deadline)
-    }
-}
-
-/// One [`RateLimiter`] per key, in a table of at most `max_keys` entries. A key whose bucket
-/// has refilled holds nothing worth keeping and is dropped when room is needed; when every
-/// entry is still in use, the one closest to refilled goes (it loses at most part of a burst).
-#[derive(Debug)]
-pub(crate) struct KeyedRateLimiter<K> {
-    rate: Rate,
-    max_keys: usize,
-    /// Each key's theoretical arrival time.
-    buckets: Mutex<HashMap<K, Instant>>,
-}
-
-impl<K: Hash + Eq + Copy> KeyedRateLimiter<K> {
-    pub(crate) fn new(qps: f32, burst: u32, max_keys: usize) -> Self {
-        Self {
-            rate: Rate::new(qps, burst),
-            max_keys: max_keys.max(1),
-            buckets: Mutex::default(),
-        }
-    }
-
-    /// As [`RateLimiter::reserve`], against `key`'s own bucket.
-    pub(crate) fn reserve(
-        &self,
-        key: K,
-        now: Instant,
-        deadline: Instant,
-    ) -> Result<Instant, Throttled> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= self.max_keys && !buckets.contains_key(&key) {
-            buckets.retain(|_, tat| *tat > now);
-            if buckets.len() >= self.max_keys
-                && let Some(soonest) = buckets.iter().min_by_key(|(_, tat)| **tat).map(|(k, _)| *k)
-            {
-                buckets.remove(&soonest);
-            }
-        }
-        let mut tat = buckets.get(&key).copied();
-        let start = self.rate.reserve(&mut tat, now, deadline)?;
-        if let Some(tat) = tat {
-            buckets.insert(key, tat);
-        }
-        Ok(start)
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.buckets.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -169,50 +132,6 @@ mod tests {
         // After a quiet period the burst is available again.
         let later = now + Duration::from_secs(10);
         assert_eq!(limiter.reserve(later, later), Ok(later));
-    }
-
-    #[test]
-    fn each_key_has_its_own_bucket() {
-        let limiter = KeyedRateLimiter::new(2.0, 3, 100);
-        let now = Instant::now();
-        for _ in 0..3 {
-            assert_eq!(limiter.reserve('a', now, now), Ok(now));
-        }
-        assert_eq!(limiter.reserve('a', now, now), Err(Throttled));
-        // Another key is not affected by the first one's use.
-        assert_eq!(limiter.reserve('b', now, now), Ok(now));
-        assert_eq!(
-            limiter.reserve('a', now, now + Duration::from_secs(1)),
-            Ok(now + Duration::from_millis(500))
-        );
-    }
-
-    #[test]
-    fn the_table_is_bounded_and_keeps_busy_keys() {
-        let limiter = KeyedRateLimiter::new(1.0, 2, 3);
-        let now = Instant::now();
-        // 'busy' has used its burst and a slot beyond; the others one slot, refilled a
-        // second later.
-        let far = now + Duration::from_secs(10);
-        for _ in 0..3 {
-            limiter.reserve("busy", now, far).unwrap();
-        }
-        limiter.reserve("x", now, now).unwrap();
-        limiter.reserve("y", now, now).unwrap();
-        assert_eq!(limiter.len(), 3);
-        let later = now + Duration::from_millis(1_500);
-        limiter.reserve("z", later, later).unwrap();
-        assert_eq!(limiter.len(), 2, "refilled keys are dropped for room");
-        assert_eq!(
-            limiter.reserve("busy", later, later),
-            Err(Throttled),
-            "a key still limited keeps its bucket"
-        );
-        // With every entry in use, the one closest to refilled goes.
-        for key in ["p", "q", "r", "s"] {
-            limiter.reserve(key, later, later).unwrap();
-            assert!(limiter.len() <= 3);
-        }
     }
 
     #[test]

@@ -5,17 +5,19 @@
 //!
 //! Floods of bad tokens cannot lock real agents out: a token that is not a JWT for the
 //! configured audience, or is expired, is refused without a review; each source address has
-//! its own review rate limit below the shared one; and a cached admission past its TTL is
+//! its own limits below the shared one, which only its refused tokens use up
+//! (`address_limit`); and a cached admission past its TTL is
 //! used only when the API server itself fails, never when a review was not sent because of
 //! the rate limits (which clients can exhaust).
 
+mod address_limit;
 mod cache;
 mod jwt;
 mod metrics;
 mod verdict;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,6 +28,8 @@ use tether_server::{AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal}
 use tokio::sync::OnceCell;
 use tokio_util::task::AbortOnDropHandle;
 
+pub use address_limit::AddressLimit;
+use address_limit::{AddressLimiter, InFlight};
 pub use cache::CacheLimits;
 use cache::{Lookup, TokenCache, TokenKey};
 use metrics::TokenMetrics;
@@ -33,7 +37,6 @@ use verdict::Verdict;
 pub use verdict::{ANY, AgentServiceAccount};
 
 use crate::KubeApi;
-use crate::rate_limit::KeyedRateLimiter;
 
 /// Longest a review may take, waiting for the rate limit included.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,32 +48,12 @@ const PROBE_TOKEN: &str = "tether-api-probe";
 /// Most source addresses whose review rate is tracked at once.
 const MAX_TRACKED_ADDRESSES: usize = 4096;
 
-/// How many TokenReviews one source address may cause: `--token-review-qps-per-address` and
-/// `--token-review-burst-per-address`. An address is an IPv4 address or an IPv6 /64 (what one
-/// host is usually given).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AddressLimit {
-    /// Reviews per second; a negative value means no limit per address.
-    pub qps: f32,
-    /// Reviews at once above the rate.
-    pub burst: u32,
-}
-
-impl Default for AddressLimit {
-    /// Two reviews a second with a burst of five: a node's agent needs one per token
-    /// rotation, and an address that floods leaves the shared limit (client-go's 5 per
-    /// second) to everyone else.
-    fn default() -> Self {
-        Self { qps: 2.0, burst: 5 }
-    }
-}
-
 /// Checks agent tokens with TokenReviews. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct TokenReviewAuthenticator {
     inner: Arc<Inner>,
     /// `None`: no limit per address.
-    per_address: Option<Arc<KeyedRateLimiter<Option<IpAddr>>>>,
+    per_address: Option<Arc<AddressLimiter>>,
     /// The API probe belongs to the authenticator: it is aborted when the last clone drops.
     _probe: Arc<AbortOnDropHandle<()>>,
 }
@@ -130,13 +113,8 @@ impl TokenReviewAuthenticator {
     /// Limits the TokenReviews each source address may cause (the default is
     /// [`AddressLimit::default`]).
     pub fn with_address_limit(mut self, limit: AddressLimit) -> Self {
-        self.per_address = (limit.qps >= 0.0).then(|| {
-            Arc::new(KeyedRateLimiter::new(
-                limit.qps,
-                limit.burst,
-                MAX_TRACKED_ADDRESSES,
-            ))
-        });
+        self.per_address =
+            (limit.qps >= 0.0).then(|| Arc::new(AddressLimiter::new(limit, MAX_TRACKED_ADDRESSES)));
         self
     }
 }
@@ -237,22 +215,25 @@ impl Inner {
     /// [`REVIEW_TIMEOUT`].
     async fn ask(&self, token: &str, gate: Option<AddressGate<'_>>) -> Answer {
         let started = tokio::time::Instant::now();
-        if let Some(gate) = gate {
-            match gate.reserve(started, started + REVIEW_TIMEOUT) {
-                Ok(start) => tokio::time::sleep_until(start).await,
-                Err(address) => {
+        // Held until the review ends: the address's slot.
+        let _in_flight: Option<InFlight> = match gate {
+            None => None,
+            Some(gate) => match gate.admit(started + REVIEW_TIMEOUT).await {
+                Some(in_flight) => Some(in_flight),
+                None => {
                     self.metrics.review(metrics::ADDRESS_THROTTLED);
                     return Answer::Failed {
                         why: format!(
-                            "too many TokenReviews for agents from {address}: none could be \
-                             sent within {REVIEW_TIMEOUT:?} (--token-review-qps-per-address/\
-                             --token-review-burst-per-address)"
+                            "too many TokenReviews for agents from {}: none could be sent \
+                             within {REVIEW_TIMEOUT:?} (--token-review-qps-per-address/\
+                             --token-review-burst-per-address)",
+                            gate.address()
                         ),
                         outage: false,
                     };
                 }
-            }
-        }
+            },
+        };
         if self
             .api
             .throttle(REVIEW_TIMEOUT.saturating_sub(started.elapsed()))
@@ -290,6 +271,9 @@ impl Inner {
                     Verdict::Admit(_) => metrics::ADMITTED,
                     Verdict::Refuse(_) => metrics::REFUSED,
                 });
+                if let (Verdict::Refuse(_), Some(gate)) = (&verdict, gate) {
+                    gate.charge();
+                }
                 return Answer::Judged(verdict);
             }
             Ok(Err(e)) => (describe(&self.api, &e), is_outage(&e)),
@@ -350,36 +334,30 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-/// A source address's own review rate limit, for one check.
+/// A source address's own review limits, for one check.
 #[derive(Clone, Copy, Debug)]
 struct AddressGate<'a> {
-    limiter: &'a KeyedRateLimiter<Option<IpAddr>>,
+    limiter: &'a AddressLimiter,
     peer: Option<SocketAddr>,
 }
 
 impl AddressGate<'_> {
-    /// When the review may start; the address (as shown in the refusal) if not in time.
-    fn reserve(
-        self,
-        now: tokio::time::Instant,
-        deadline: tokio::time::Instant,
-    ) -> Result<tokio::time::Instant, String> {
-        let key = self.peer.map(|peer| address_key(peer.ip()));
+    /// A review slot for the peer's address, by `deadline`.
+    async fn admit(self, deadline: tokio::time::Instant) -> Option<InFlight> {
         self.limiter
-            .reserve(key, now, deadline)
-            .map_err(|_| key.map_or_else(|| "an unknown address".to_owned(), |ip| ip.to_string()))
+            .admit(self.peer.map(|p| p.ip()), deadline)
+            .await
     }
-}
 
-/// The address a limit applies to: an IPv4 address (also when mapped into IPv6) or the /64
-/// of an IPv6 address, which one host can otherwise draw any number of addresses from.
-fn address_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
-        },
+    /// Charges the peer's address for a refused token.
+    fn charge(self) {
+        self.limiter.charge(self.peer.map(|p| p.ip()));
+    }
+
+    /// The address, as a refusal names it.
+    fn address(self) -> String {
+        self.peer
+            .map_or_else(|| "an unknown address".to_owned(), |p| p.ip().to_string())
     }
 }
 
@@ -426,16 +404,6 @@ async fn probe(inner: Arc<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_are_limited_per_host() {
-        let key = |s: &str| address_key(s.parse().unwrap());
-        assert_eq!(key("10.0.0.1"), key("::ffff:10.0.0.1"));
-        assert_ne!(key("10.0.0.1"), key("10.0.0.2"));
-        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
-        assert_eq!(key("2001:db8:1:2::1").to_string(), "2001:db8:1:2::");
-        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
-    }
 
     #[test]
     fn only_failures_of_the_api_server_are_outages() {

@@ -190,6 +190,78 @@ async fn junk_is_refused_without_reviews_and_a_flood_does_not_lock_out_another_a
     Ok(())
 }
 
+/// Agents behind one NAT address that connect together, as after a server restart: a token
+/// that admits an agent costs its address nothing, so the address's own limit (2 a second,
+/// 5 at once by default) refuses none of them; only the shared limit paces them. Before,
+/// 30 agents from one address took 12.5 s of that limit and the last ones were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_behind_one_address_is_not_held_back_by_the_address_limit() -> anyhow::Result<()> {
+    const FLEET: usize = 30;
+    let cluster = Cluster::start().await?;
+    let pki = Pki::generate()?;
+    let (auth, registry) = cluster.token_auth(default_limits()).await?;
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            agent_token_auth: Some(auth),
+            limits: tether_server::Limits {
+                max_agent_connections_per_address: 0,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await?;
+    let (addr, ca) = (server.agent_addr, pki.files.ca_cert.clone());
+    started(&cluster, &registry).await?;
+    let mut tokens = Vec::with_capacity(FLEET);
+    for _ in 0..FLEET {
+        tokens.push(cluster.agent_token(None).await?);
+    }
+    let started_at = tokio::time::Instant::now();
+    let mut fleet = tokio::task::JoinSet::new();
+    for (i, token) in tokens.into_iter().enumerate() {
+        let ca = ca.clone();
+        fleet.spawn(async move {
+            let id = format!("nat-{i}");
+            connect_agent_from(Some(FLOODER), addr, &ca, &id, "", Some(&token)).await
+        });
+    }
+    let mut held = Vec::with_capacity(FLEET);
+    tokio::time::timeout(STEP, async {
+        while let Some(joined) = fleet.join_next().await {
+            held.push(joined.expect("agent task"));
+        }
+    })
+    .await?;
+    let refused: Vec<String> = held
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+        .collect();
+    eprintln!(
+        "{FLEET} agents from one address admitted in {:?}",
+        started_at.elapsed()
+    );
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    assert_eq!(
+        metric(
+            &registry,
+            "tether_server_token_reviews_total{outcome=\"address_throttled\"}"
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &registry,
+            "tether_server_token_reviews_total{outcome=\"admitted\"}"
+        ),
+        FLEET as f64
+    );
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(30), server.stop()).await?;
+    Ok(())
+}
+
 /// The review's second probe: with a 2 s cache TTL, a token revoked at the API server was
 /// admitted from the stale cache while junk tokens kept the rate limit busy. Here the flood
 /// comes from many addresses at once (the per-address limit is off), so that reviews really

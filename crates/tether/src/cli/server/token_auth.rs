@@ -53,14 +53,16 @@ pub(crate) struct TokenAuthArgs {
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 10_000)]
     token_review_cache_size: usize,
 
-    /// TokenReviews per second that agents from one address (IPv4, or IPv6 /64) may cause,
-    /// within --kubeconfig-qps, so that one address sending bad tokens cannot use up the
-    /// reviews every agent needs; a negative value removes this limit. Raise it when many
-    /// agents reach the server from one address (behind NAT).
+    /// Refused tokens per second that agents from one address (IPv4, or IPv6 /64) may
+    /// cause TokenReviews for, within --kubeconfig-qps, so that one address sending bad
+    /// tokens cannot use up the reviews every agent needs; a negative value removes this
+    /// limit. Tokens that admit an agent cost their address nothing: agents behind one
+    /// address (NAT) are paced by --kubeconfig-qps alone.
     #[arg(long, help_heading = HEADING, value_name = "QPS", default_value_t = AddressLimit::default().qps, allow_negative_numbers = true)]
     token_review_qps_per_address: f32,
 
-    /// TokenReviews one address may cause at once above --token-review-qps-per-address.
+    /// Refused tokens one address may cause reviews for at once above
+    /// --token-review-qps-per-address, and TokenReviews in flight at once per address.
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = AddressLimit::default().burst)]
     token_review_burst_per_address: u32,
 }
