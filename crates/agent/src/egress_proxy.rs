@@ -1,18 +1,12 @@
 //! The agent's TCP connections to proxy servers: direct, or through an HTTP(S) proxy with an
 //! HTTP/1.1 CONNECT tunnel, as upstream's agent does through grpc-go's default proxy mapper.
-//!
-//! - `environment`: which proxy, from `--https-proxy` or `HTTPS_PROXY`/`NO_PROXY`;
-//! - `no_proxy`: `NO_PROXY` matching with Go's rules;
-//! - `proxy_url`: parsing the proxy URL, its credentials kept out of every log line;
-//! - `connect`: the CONNECT exchange and the proxy's answer.
+//! Which proxy (from `--https-proxy` or `HTTPS_PROXY`/`NO_PROXY`) is `tether_proxy_env`'s
+//! decision; `connect` is the CONNECT exchange and the proxy's answer.
 //!
 //! The server's own TLS handshake runs inside the tunnel afterwards, with the server's name,
 //! exactly as without a proxy.
 
 mod connect;
-mod environment;
-mod no_proxy;
-mod proxy_url;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +17,10 @@ use tokio::time::Instant;
 use tokio_util::either::Either;
 
 pub use connect::{AnswerError, Refusal};
-pub use environment::{EnvironmentError, ProxyEnvironment, ProxySetting, Route, route};
-pub use proxy_url::{ProxyScheme, ProxyUrl, ProxyUrlError};
+pub use tether_proxy_env::{
+    EnvironmentError, ProxyEnvironment, ProxyScheme, ProxySetting, ProxyUrl, ProxyUrlError, Route,
+    route,
+};
 
 /// A connection on which the server's TLS handshake starts: a TCP connection to the server
 /// or through an `http://` proxy's tunnel, or a TLS connection to an `https://` proxy
@@ -109,7 +105,7 @@ impl Egress {
         deadline: Instant,
     ) -> Result<EgressStream, DialError> {
         let Self::Proxy(proxy) = self else {
-            let server = proxy_url::join_host_port(host, port);
+            let server = tether_proxy_env::join_host_port(host, port);
             let tcp = TcpStream::connect((host, port))
                 .await
                 .and_then(nodelay)
@@ -157,7 +153,7 @@ impl Egress {
                 Either::Right(tls)
             }
         };
-        let target = proxy_url::join_host_port(host, port);
+        let target = tether_proxy_env::join_host_port(host, port);
         let credentials = url.basic_credentials();
         let exchange = connect::connect(&mut stream, &target, credentials.as_deref());
         tokio::time::timeout_at(deadline, exchange)

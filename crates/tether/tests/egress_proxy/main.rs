@@ -8,6 +8,7 @@
 //! is proxied while it still resolves to loopback, for the proxy and for a direct connection.
 //! The server certificate's `localhost` matches it (names compare case-insensitively).
 
+mod kube_api;
 mod proxies;
 mod tether_agent;
 mod upstream_agent;

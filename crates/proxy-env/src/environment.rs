@@ -1,8 +1,8 @@
-//! Which proxy, if any, the agent's server connections take: `--https-proxy`, else the
-//! environment as grpc-go reads it for upstream's agent.
+//! Which proxy, if any, a connection takes: the agent's `--https-proxy` for its server
+//! connections, else the environment as grpc-go and client-go read it.
 
-use super::no_proxy::NoProxy;
-use super::proxy_url::{ProxyUrl, ProxyUrlError};
+use crate::no_proxy::NoProxy;
+use crate::proxy_url::{ProxyUrl, ProxyUrlError};
 
 /// The proxy variables grpc-go consults, read once at start-up (Go caches them too).
 ///

@@ -69,10 +69,24 @@ impl ProxyUrl {
     }
 
     /// `user:password` for `Proxy-Authorization: Basic`, when the URL has user info.
-    pub(crate) fn basic_credentials(&self) -> Option<String> {
+    pub fn basic_credentials(&self) -> Option<String> {
         self.credentials
             .as_ref()
             .map(|(user, password)| format!("{user}:{password}"))
+    }
+
+    /// The URL with its user info, percent-encoded, for a client that takes the proxy as a
+    /// URL and sends the Basic credentials itself (the Kubernetes client). Never log it.
+    pub fn with_credentials(&self) -> String {
+        let user_info = match &self.credentials {
+            Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
+            None => String::new(),
+        };
+        let scheme = match self.scheme {
+            ProxyScheme::Http => "http",
+            ProxyScheme::Https => "https",
+        };
+        format!("{scheme}://{user_info}{}", self.address())
     }
 
     /// The proxy's `host:port`, bracketed for IPv6, to dial.
@@ -102,8 +116,21 @@ impl fmt::Debug for ProxyUrl {
     }
 }
 
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
 /// `host:port`, with brackets around an IPv6 host (Go's `net.JoinHostPort`).
-pub(crate) fn join_host_port(host: &str, port: u16) -> String {
+pub fn join_host_port(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -302,6 +329,18 @@ mod tests {
         // "user:pass@host:port" parses as http:// with credentials.
         let url = parsed("user:secret@proxy:3128");
         assert_eq!(url.basic_credentials().as_deref(), Some("user:secret"));
+    }
+
+    #[test]
+    fn with_credentials_encodes_what_parse_decodes() {
+        let url = ProxyUrl::parse("http://al%40ice:p%3Aw@proxy.example:3128").unwrap();
+        assert_eq!(
+            url.with_credentials(),
+            "http://al%40ice:p%3Aw@proxy.example:3128"
+        );
+        assert_eq!(ProxyUrl::parse(&url.with_credentials()).unwrap(), url);
+        let plain = ProxyUrl::parse("[fd00::1]:8080").unwrap();
+        assert_eq!(plain.with_credentials(), "http://[fd00::1]:8080");
     }
 
     #[test]
