@@ -26,7 +26,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 use progress::Progress;
-use results::{Metric, Results};
+use results::{Metric, Results, TunnelFigure, TunnelPoint};
 use systems::{Binaries, Env, Frontend, Impl, Running, System};
 use workloads::{Profile, Workload, bulk::Direction};
 
@@ -51,7 +51,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
     /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, fairness, idle-conns,
-    /// scale-conns, fanin, resume.
+    /// scale-conns, fanin, resume, tunnel.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Idle connections to hold open (default 10000; 200 with --quick).
@@ -64,6 +64,20 @@ struct Args {
     /// The two fan-in sizes, small and large (default 1000,5000; 20,50 with --quick).
     #[arg(long, value_delimiter = ',')]
     fanin: Vec<usize>,
+    /// The tunnel workload's sweep: streams held open on its one gRPC connection, one point
+    /// each, while short dials run beside them (default 0,200,900,980; 0,40 with --quick).
+    /// More held streams than the stream cap leave the rest waiting for a free stream until
+    /// their dial deadline (10 s each).
+    #[arg(long, value_delimiter = ',')]
+    tunnel_held: Vec<usize>,
+    /// Workers making short dials beside the held streams (default 64; 16 with --quick).
+    #[arg(long)]
+    tunnel_concurrency: Option<usize>,
+    /// tether's --max-streams-per-frontend-connection in the tunnel workload, one instance
+    /// each (default: the built-in default and 4× it, 1000,4000; 50 with --quick). Upstream
+    /// has no such flag and runs once.
+    #[arg(long, value_delimiter = ',')]
+    tunnel_stream_caps: Vec<u32>,
     /// The tether binary (default: `tether` next to this program).
     #[arg(long)]
     tether_bin: Option<PathBuf>,
@@ -266,6 +280,14 @@ enum Task {
     },
     /// A fresh tether system whose agent link is cut again and again.
     Resume { run: usize, system: System },
+    /// A fresh gRPC/UDS system whose one frontend connection holds streams while short
+    /// dials run beside them; `cap`: tether's stream cap per frontend connection (`None`
+    /// for a server without the flag).
+    Tunnel {
+        run: usize,
+        system: System,
+        cap: Option<u32>,
+    },
 }
 
 fn rewrite_report(dir: &Path) -> anyhow::Result<ExitCode> {
@@ -303,6 +325,22 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         [] => {}
         [small, large] => p.fanin = [small.max(1), large.max(1)],
         _ => bail!("--fanin takes two sizes, SMALL,LARGE (e.g. 1000,10000)"),
+    }
+    if !args.tunnel_held.is_empty() {
+        p.tunnel_held = args.tunnel_held.clone();
+        p.tunnel_held.sort_unstable();
+        p.tunnel_held.dedup();
+    }
+    if let Some(n) = args.tunnel_concurrency {
+        p.tunnel_concurrency = n.max(1);
+    }
+    if !args.tunnel_stream_caps.is_empty() {
+        if args.tunnel_stream_caps.contains(&0) {
+            bail!("--tunnel-stream-caps: a cap is at least 1");
+        }
+        p.tunnel_caps = args.tunnel_stream_caps.clone();
+        p.tunnel_caps.sort_unstable();
+        p.tunnel_caps.dedup();
     }
 
     let bins = binaries(args)?;
@@ -439,6 +477,29 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 tasks.push(Task::Resume { run, system });
             }
         }
+        if workloads.contains(&Workload::Tunnel) {
+            for &system in &systems {
+                // kube-apiserver's reusable tunnel is gRPC over its Unix socket.
+                let System::Konn(imp, Frontend::GrpcUds) = system else {
+                    continue;
+                };
+                if imp.has_caps(&env.bins) {
+                    for &cap in &p.tunnel_caps {
+                        tasks.push(Task::Tunnel {
+                            run,
+                            system,
+                            cap: Some(cap),
+                        });
+                    }
+                } else {
+                    tasks.push(Task::Tunnel {
+                        run,
+                        system,
+                        cap: None,
+                    });
+                }
+            }
+        }
         if workloads.contains(&Workload::FanIn) {
             for imp in [Impl::Tether, Impl::TetherBefore, Impl::Upstream] {
                 if systems
@@ -471,6 +532,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         Task::IdleConns { .. } => 2.0 + Workload::IdleConns.weight(&p),
         Task::ScaleConns { .. } => 2.0 + Workload::ScaleConns.weight(&p),
         Task::Resume { .. } => 2.0 + Workload::Resume.weight(&p),
+        Task::Tunnel { .. } => 2.0 + Workload::Tunnel.weight(&p),
         Task::FanIn { agents, large, .. } => {
             1.0 + *agents as f64 / 800.0
                 + 4.0 * p.settle.as_secs_f64()
@@ -621,6 +683,24 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                     Err(e) => fail(&progress, &mut results, *system, "resume", &e),
                 }
             }
+            Task::Tunnel { run, system, cap } => {
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · {} · {} · held streams {} beside short dials from {} workers",
+                        p.runs,
+                        system.name(),
+                        cap.map_or("no stream cap".to_owned(), |c| format!("stream cap {c}")),
+                        p.tunnel_held
+                            .iter()
+                            .map(usize::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        p.tunnel_concurrency
+                    ),
+                    weight(task),
+                );
+                tunnel(&env, &p, *run, *system, *cap, &progress, &mut results).await;
+            }
             Task::FanIn {
                 run,
                 imp,
@@ -753,7 +833,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     );
 
     // Everything planned must have produced its figures, without errors.
-    let missing = missing_figures(&results, &tasks);
+    let missing = missing_figures(&results, &tasks, &p);
     for m in &missing {
         eprintln!("tether-bench: missing figure: {m}");
     }
@@ -768,6 +848,78 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The tunnel workload: a fresh instance of `system` (whose server allows `cap` streams per
+/// frontend connection), every point of the sweep on it in turn, each bounded.
+async fn tunnel(
+    env: &Env,
+    p: &Profile,
+    run: usize,
+    system: System,
+    cap: Option<u32>,
+    progress: &Progress,
+    results: &mut Results,
+) {
+    let started = match cap {
+        Some(cap) => Running::start_with_stream_cap(env, system, cap).await,
+        None => Running::start(env, system).await,
+    };
+    let mut r = match started {
+        Ok(r) => r,
+        Err(e) => {
+            fail(progress, results, system, "tunnel start", &e);
+            return;
+        }
+    };
+    // Held streams beyond the cap wait out their dial deadline, 64 at a time.
+    let bound = Duration::from_secs(300);
+    for &held in &p.tunnel_held {
+        let point = TunnelPoint {
+            cap,
+            held: held as u32,
+        };
+        let workload = format!(
+            "tunnel cap={} held={held}",
+            cap.map_or("none".to_owned(), |c| c.to_string())
+        );
+        let res = tokio::time::timeout(bound, workloads::tunnel::run(&r, p, held, progress))
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out after {bound:?}"))
+            .and_then(|x| x);
+        match res {
+            Ok(x) => {
+                let c = &x.churn;
+                let m = |figure| Metric::Tunnel(point, figure);
+                results.add(system, m(TunnelFigure::Rate), run, c.conns_per_s);
+                results.add(system, m(TunnelFigure::DialP50), run, c.dial_p50_us);
+                results.add(system, m(TunnelFigure::DialP99), run, c.dial_p99_us);
+                if let Some(cpu) = c.cpu_us_per_conn {
+                    results.add(system, m(TunnelFigure::Cpu), run, cpu);
+                }
+                results.add(
+                    system,
+                    m(TunnelFigure::HeldFailed),
+                    run,
+                    x.held_failed as f64,
+                );
+                results.add(system, m(TunnelFigure::Errors), run, c.errors.len() as f64);
+                if let Some(peak) = x.peak_streams {
+                    results.add(system, m(TunnelFigure::PeakStreams), run, peak);
+                }
+                progress.note(&x.line(cap));
+                for (msg, n) in group(&x.held_errors).into_iter().chain(group(&c.errors)) {
+                    results.error(system, &workload, format!("{n}× {msg}"));
+                }
+            }
+            Err(e) => fail(progress, results, system, &workload, &e),
+        }
+        if let Err(e) = r.check_alive() {
+            fail(progress, results, system, &workload, &e);
+            break;
+        }
+    }
+    r.stop().await;
 }
 
 /// Files an idle-connections result under `figures` (server, agents, both, RSS after).
@@ -988,7 +1140,8 @@ async fn run_instance(
                 Workload::IdleConns
                 | Workload::ScaleConns
                 | Workload::FanIn
-                | Workload::Resume => {}
+                | Workload::Resume
+                | Workload::Tunnel => {}
             }
             anyhow::Ok(())
         }
@@ -1035,7 +1188,7 @@ fn group(errors: &[String]) -> Vec<(String, usize)> {
         .collect()
 }
 
-fn missing_figures(results: &Results, tasks: &[Task]) -> Vec<String> {
+fn missing_figures(results: &Results, tasks: &[Task], p: &Profile) -> Vec<String> {
     let mut missing = Vec::new();
     for t in tasks {
         let (system, metrics): (System, Vec<Metric>) = match t {
@@ -1070,6 +1223,21 @@ fn missing_figures(results: &Results, tasks: &[Task]) -> Vec<String> {
             Task::IdleConns { system, .. } => (*system, vec![Metric::ConnTotal]),
             Task::ScaleConns { system, .. } => (*system, vec![Metric::ScaleTotal]),
             Task::Resume { system, .. } => (*system, vec![Metric::ResumePauseP50]),
+            Task::Tunnel { system, cap, .. } => (
+                *system,
+                p.tunnel_held
+                    .iter()
+                    .map(|&held| {
+                        Metric::Tunnel(
+                            TunnelPoint {
+                                cap: *cap,
+                                held: held as u32,
+                            },
+                            TunnelFigure::Rate,
+                        )
+                    })
+                    .collect(),
+            ),
             Task::FanIn { imp, large, .. } => (
                 System::Konn(*imp, Frontend::HttpConnectUds),
                 if *large {

@@ -1,6 +1,7 @@
 //! What is measured (figures, their units and which way is better) and the samples
 //! collected, one value per figure, system and run.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::stats::Summary;
@@ -49,6 +50,89 @@ pub enum Metric {
     ConnRssAfter,
     ResumePauseP50,
     ResumePauseMax,
+    /// A figure of one point of the reusable-tunnel sweep (its own table in the report; not
+    /// in [`Metric::ALL`], since the points are the run's flags).
+    Tunnel(TunnelPoint, TunnelFigure),
+}
+
+/// One point of the reusable-tunnel sweep: the server's stream cap per frontend connection
+/// and the streams held open while the short dials run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TunnelPoint {
+    /// tether's `--max-streams-per-frontend-connection`; `None`: the server has no such flag
+    /// (upstream: grpc-go's default, no limit).
+    pub cap: Option<u32>,
+    pub held: u32,
+}
+
+/// What is measured at a [`TunnelPoint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TunnelFigure {
+    /// Short dials (dial, 64-byte echo, close) completed per second.
+    Rate,
+    DialP50,
+    DialP99,
+    /// Server + agent CPU per completed short dial.
+    Cpu,
+    /// Held streams that failed to open, or no longer echoed at the end.
+    HeldFailed,
+    /// Failed short dials.
+    Errors,
+    /// The most `Proxy` streams the server's gauge showed during the short dials.
+    PeakStreams,
+}
+
+impl TunnelFigure {
+    pub const ALL: [TunnelFigure; 7] = [
+        TunnelFigure::Rate,
+        TunnelFigure::DialP50,
+        TunnelFigure::DialP99,
+        TunnelFigure::Cpu,
+        TunnelFigure::HeldFailed,
+        TunnelFigure::Errors,
+        TunnelFigure::PeakStreams,
+    ];
+
+    fn key(&self) -> &'static str {
+        match self {
+            TunnelFigure::Rate => "dials_s",
+            TunnelFigure::DialP50 => "dial_p50_us",
+            TunnelFigure::DialP99 => "dial_p99_us",
+            TunnelFigure::Cpu => "cpu_us_per_dial",
+            TunnelFigure::HeldFailed => "held_failed",
+            TunnelFigure::Errors => "dial_errors",
+            TunnelFigure::PeakStreams => "peak_proxy_streams",
+        }
+    }
+}
+
+impl TunnelPoint {
+    /// `tunnel_cap1000_held900` or `tunnel_capnone_held900`.
+    fn key(&self) -> String {
+        match self.cap {
+            Some(cap) => format!("tunnel_cap{cap}_held{}", self.held),
+            None => format!("tunnel_capnone_held{}", self.held),
+        }
+    }
+
+    /// The point and figure of a key made by [`Metric::key`].
+    fn parse(key: &str) -> Option<(TunnelPoint, TunnelFigure)> {
+        let rest = key.strip_prefix("tunnel_cap")?;
+        let (cap, rest) = rest.split_once("_held")?;
+        let cap = match cap {
+            "none" => None,
+            n => Some(n.parse().ok()?),
+        };
+        let (held, figure) = rest.split_once('_')?;
+        let figure = TunnelFigure::ALL.into_iter().find(|f| f.key() == figure)?;
+        Some((
+            TunnelPoint {
+                cap,
+                held: held.parse().ok()?,
+            },
+            figure,
+        ))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,8 +186,8 @@ impl Metric {
     ];
 
     /// Stable key for CSV.
-    pub fn key(&self) -> &'static str {
-        match self {
+    pub fn key(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Metric::BulkUp => "bulk_upload_mib_s",
             Metric::BulkDown => "bulk_download_mib_s",
             Metric::CpuUp => "cpu_upload_s_per_gib",
@@ -144,11 +228,17 @@ impl Metric {
             Metric::ConnRssAfter => "idle_conn_rss_after_ratio",
             Metric::ResumePauseP50 => "resume_pause_p50_ms",
             Metric::ResumePauseMax => "resume_pause_max_ms",
-        }
+            Metric::Tunnel(point, figure) => {
+                return Cow::Owned(format!("{}_{}", point.key(), figure.key()));
+            }
+        })
     }
 
     /// The metric of a CSV key.
     pub fn from_key(key: &str) -> Option<Metric> {
+        if let Some((point, figure)) = TunnelPoint::parse(key) {
+            return Some(Metric::Tunnel(point, figure));
+        }
         Metric::ALL.into_iter().find(|m| m.key() == key)
     }
 
@@ -250,6 +340,23 @@ impl Metric {
                 "Pause a resume costs: the 64-byte round trip across a cut of the agent's stream, max"
                     .into()
             }
+            Metric::Tunnel(point, figure) => {
+                let what = match figure {
+                    TunnelFigure::Rate => "short dials per second",
+                    TunnelFigure::DialP50 => "dial latency p50",
+                    TunnelFigure::DialP99 => "dial latency p99",
+                    TunnelFigure::Cpu => "CPU of server + agent per short dial",
+                    TunnelFigure::HeldFailed => "held streams that failed",
+                    TunnelFigure::Errors => "failed short dials",
+                    TunnelFigure::PeakStreams => "most Proxy streams the server counted",
+                };
+                format!(
+                    "Reusable tunnel, {} held + {} dialling on one gRPC connection, stream cap {}: {what}",
+                    point.held,
+                    p.tunnel_concurrency,
+                    point.cap.map_or("none".to_owned(), |c| c.to_string())
+                )
+            }
         }
     }
 
@@ -277,6 +384,13 @@ impl Metric {
             | Metric::ScaleRssAfter => "ratio",
             Metric::AgentIdleCpu => "CPU ms per agent per minute",
             Metric::ResumePauseP50 | Metric::ResumePauseMax => "ms",
+            Metric::Tunnel(_, figure) => match figure {
+                TunnelFigure::Rate => "dials/s",
+                TunnelFigure::DialP50 | TunnelFigure::DialP99 => "µs",
+                TunnelFigure::Cpu => "CPU µs/dial",
+                TunnelFigure::HeldFailed | TunnelFigure::Errors => "count",
+                TunnelFigure::PeakStreams => "streams",
+            },
             Metric::IdleRssServer
             | Metric::IdleRssAgent
             | Metric::IdleAnonServer
@@ -300,7 +414,8 @@ impl Metric {
             | Metric::Churn64Rate
             | Metric::FanInChurnRate
             | Metric::HolRatio
-            | Metric::FairBulkRatio => Better::Higher,
+            | Metric::FairBulkRatio
+            | Metric::Tunnel(_, TunnelFigure::Rate) => Better::Higher,
             _ => Better::Lower,
         }
     }
@@ -341,6 +456,21 @@ impl Results {
         self.samples.keys().any(|&(_, m)| m == metric)
     }
 
+    /// The reusable-tunnel points measured on `system`, in order (cap, then held).
+    pub fn tunnel_points(&self, system: System) -> Vec<TunnelPoint> {
+        let mut points: Vec<TunnelPoint> = self
+            .samples
+            .keys()
+            .filter_map(|&(s, m)| match m {
+                Metric::Tunnel(point, _) if s == system => Some(point),
+                _ => None,
+            })
+            .collect();
+        points.sort();
+        points.dedup();
+        points
+    }
+
     pub fn errors_of(&self, system: System) -> usize {
         self.errors.iter().filter(|(s, _, _)| *s == system).count()
     }
@@ -360,5 +490,46 @@ impl Results {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_reads_back_as_its_metric() {
+        for m in Metric::ALL {
+            assert_eq!(Metric::from_key(&m.key()), Some(m), "{}", m.key());
+        }
+        for cap in [Some(1_000), None] {
+            for figure in TunnelFigure::ALL {
+                let m = Metric::Tunnel(TunnelPoint { cap, held: 900 }, figure);
+                assert_eq!(Metric::from_key(&m.key()), Some(m), "{}", m.key());
+            }
+        }
+        let m = Metric::Tunnel(
+            TunnelPoint {
+                cap: Some(1_000),
+                held: 980,
+            },
+            TunnelFigure::DialP99,
+        );
+        assert_eq!(m.key(), "tunnel_cap1000_held980_dial_p99_us");
+        assert_eq!(
+            Metric::Tunnel(
+                TunnelPoint { cap: None, held: 0 },
+                TunnelFigure::PeakStreams
+            )
+            .key(),
+            "tunnel_capnone_held0_peak_proxy_streams"
+        );
+        for bad in [
+            "tunnel_cap_held9_dials_s",
+            "tunnel_capx_held9_dials_s",
+            "tunnel_cap1_held9_nope",
+        ] {
+            assert_eq!(Metric::from_key(bad), None, "{bad}");
+        }
     }
 }

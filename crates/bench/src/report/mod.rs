@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use crate::results::{Better, Metric, Results};
+use crate::results::{Better, Metric, Results, TunnelFigure};
 use crate::stats::Summary;
 use crate::systems::System;
 use crate::workloads::Profile;
@@ -164,6 +164,17 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// A count: whole, with thousands separated.
+fn fmt_count(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        fmt_num(v)
+    } else if v.is_finite() {
+        format!("{v:.0}")
+    } else {
+        "–".into()
+    }
+}
+
 fn fmt_ratio(r: Option<f64>) -> String {
     match r {
         Some(r) if r.is_finite() => {
@@ -232,6 +243,84 @@ fn before_and_after(s: &mut String, meta: &Meta, results: &Results, p: &Profile)
         s.push('\n');
     }
     s.push('\n');
+}
+
+/// The reusable-tunnel sweep: one row per system, stream cap and held streams, medians
+/// over the runs (failures added up over them).
+fn tunnel_table(s: &mut String, meta: &Meta, results: &Results, p: &Profile) {
+    let rows: Vec<_> = meta
+        .systems
+        .iter()
+        .flat_map(|&sys| {
+            results
+                .tunnel_points(sys)
+                .into_iter()
+                .map(move |point| (sys, point))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let c = p.tunnel_concurrency;
+    let _ = writeln!(
+        s,
+        "## Reusable tunnel: one gRPC connection, held streams beside short dials\n"
+    );
+    let _ = writeln!(
+        s,
+        "One `GrpcClient` (one HTTP/2 connection) per row: `held` streams opened on it (dial, one echo) and kept idle, and beside them short dials (dial, 64-byte echo, close) from {c} workers for {} s on the same connection; then every held stream must echo again. Dial latency runs until the DIAL_RSP, including any wait for a free HTTP/2 stream. The stream cap is tether's `--max-streams-per-frontend-connection` (upstream has none: grpc-go's default leaves a connection's streams unlimited). Peak Proxy streams is the server's `grpc_connections{{service_method=\"Proxy\"}}` gauge, sampled every 100 ms. Medians of the runs; failures are added up over the runs.\n",
+        p.churn_secs
+    );
+    let _ = writeln!(
+        s,
+        "| system | stream cap | held | held + dialling | dials/s | dial p50 µs | dial p99 µs | CPU µs/dial | peak Proxy streams | held failed | failed dials | runs |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (sys, point) in rows {
+        let figure = |f| Metric::Tunnel(point, f);
+        let median = |f, fmt: fn(f64) -> String| {
+            results
+                .summary(sys, figure(f))
+                .map(|x| fmt(x.median))
+                .unwrap_or_default()
+        };
+        let total = |f| {
+            let v = results.values(sys, figure(f));
+            if v.is_empty() {
+                String::new()
+            } else {
+                fmt_count(v.iter().sum())
+            }
+        };
+        let streams = point.held as usize + c;
+        let over = point.cap.is_some_and(|cap| streams > cap as usize);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            sys.name(),
+            point
+                .cap
+                .map_or("none".to_owned(), |cap| fmt_count(f64::from(cap))),
+            fmt_count(f64::from(point.held)),
+            fmt_count(streams as f64),
+            if over { " (over the cap)" } else { "" },
+            median(TunnelFigure::Rate, fmt_count),
+            median(TunnelFigure::DialP50, fmt_num),
+            median(TunnelFigure::DialP99, fmt_num),
+            median(TunnelFigure::Cpu, fmt_num),
+            median(TunnelFigure::PeakStreams, fmt_count),
+            total(TunnelFigure::HeldFailed),
+            total(TunnelFigure::Errors),
+            results.values(sys, figure(TunnelFigure::Rate)).len()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nThe failed dials' and held streams' messages are under Errors, by cap and held count.\n"
+    );
 }
 
 /// Writes report.md, results.csv and the charts into `out`; returns the Markdown.
@@ -390,6 +479,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
     }
 
     before_and_after(&mut s, meta, results, p);
+    tunnel_table(&mut s, meta, results, p);
 
     if !charts.is_empty() {
         let _ = writeln!(s, "## Charts\n");
@@ -677,5 +767,67 @@ mod tests {
         ] {
             assert!(md.contains(row), "no row {row:?} in:\n{md}");
         }
+    }
+
+    #[test]
+    fn the_tunnel_table_has_a_row_per_cap_and_held_count() {
+        use crate::results::TunnelPoint;
+        let tether = System::Konn(Impl::Tether, Frontend::GrpcUds);
+        let upstream = System::Konn(Impl::Upstream, Frontend::GrpcUds);
+        let mut results = Results::default();
+        let mut add = |system, cap, held, figures: [f64; 7], run| {
+            for (f, v) in TunnelFigure::ALL.into_iter().zip(figures) {
+                results.add(system, Metric::Tunnel(TunnelPoint { cap, held }, f), run, v);
+            }
+        };
+        add(
+            tether,
+            Some(50),
+            0,
+            [4_000.0, 90.0, 400.0, 61.0, 0.0, 0.0, 16.0],
+            1,
+        );
+        add(
+            tether,
+            Some(50),
+            40,
+            [2_000.0, 900.0, 9_000.0, 70.0, 0.0, 3.0, 50.0],
+            1,
+        );
+        add(
+            tether,
+            Some(50),
+            40,
+            [3_000.0, 700.0, 8_000.0, 60.0, 1.0, 2.0, 50.0],
+            2,
+        );
+        add(
+            upstream,
+            None,
+            40,
+            [1_500.0, 300.0, 2_000.0, 150.0, 0.0, 0.0, 56.0],
+            1,
+        );
+        let meta = Meta {
+            command: "tether-bench --workloads tunnel".into(),
+            date: String::new(),
+            machine: String::new(),
+            elapsed_secs: 1.0,
+            quick: true,
+            systems: vec![tether, upstream],
+            notes: Vec::new(),
+        };
+        let md = markdown(&results, &meta, &Profile::quick(), &[]);
+        for row in [
+            "## Reusable tunnel: one gRPC connection, held streams beside short dials",
+            "| system | stream cap | held | held + dialling | dials/s | dial p50 µs | dial p99 µs | CPU µs/dial | peak Proxy streams | held failed | failed dials | runs |",
+            "| tether grpc/uds | 50 | 0 | 16 | 4,000 | 90.0 | 400 | 61.0 | 16 | 0 | 0 | 1 |",
+            "| tether grpc/uds | 50 | 40 | 56 (over the cap) | 2,500 | 800 | 8,500 | 65.0 | 50 | 1 | 5 | 2 |",
+            "| upstream grpc/uds | none | 40 | 56 | 1,500 | 300 | 2,000 | 150 | 56 | 0 | 0 | 1 |",
+        ] {
+            assert!(md.contains(row), "no row {row:?} in:\n{md}");
+        }
+        // Not among the per-figure tables, whose list is fixed.
+        assert!(!md.contains("### Reusable tunnel"), "{md}");
     }
 }

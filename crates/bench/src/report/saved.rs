@@ -52,6 +52,7 @@ pub fn run_file(results: &Results, meta: &Meta, p: &Profile) -> String {
     let _ = writeln!(s, "idle_conns {}", p.idle_conns);
     let _ = writeln!(s, "fanin {},{}", p.fanin[0], p.fanin[1]);
     let _ = writeln!(s, "scale {},{}", p.scale_conns, p.scale_agents);
+    let _ = writeln!(s, "tunnel_concurrency {}", p.tunnel_concurrency);
     for line in meta.machine.lines() {
         let _ = writeln!(s, "machine {}", escape(line));
     }
@@ -98,6 +99,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
     };
     let mut results = Results::default();
     let (mut runs, mut idle_conns, mut fanin, mut scale) = (None, None, None, None);
+    let mut tunnel_concurrency = None;
     for (n, line) in run.lines().enumerate() {
         let at = || format!("{}:{}", run_path.display(), n + 1);
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
@@ -118,6 +120,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
             "idle_conns" => idle_conns = Some(value.parse().with_context(at)?),
             "fanin" => fanin = Some(pair(value).with_context(at)?.into()),
             "scale" => scale = Some(pair(value).with_context(at)?),
+            "tunnel_concurrency" => tunnel_concurrency = Some(value.parse().with_context(at)?),
             "machine" => {
                 meta.machine.push_str(&unescape(value));
                 meta.machine.push('\n');
@@ -142,6 +145,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
     p.idle_conns = idle_conns.unwrap_or(p.idle_conns);
     p.fanin = fanin.unwrap_or(p.fanin);
     (p.scale_conns, p.scale_agents) = scale.unwrap_or((p.scale_conns, p.scale_agents));
+    p.tunnel_concurrency = tunnel_concurrency.unwrap_or(p.tunnel_concurrency);
 
     let csv_path = dir.join("results.csv");
     let csv =
@@ -183,11 +187,18 @@ mod tests {
         let mut results = Results::default();
         results.add(System::Direct, Metric::BulkUp, 1, 3000.5);
         results.add(System::RelayLimit { tls: true }, Metric::PingP50, 2, 88.0);
+        let point = crate::results::TunnelPoint {
+            cap: Some(1_000),
+            held: 980,
+        };
+        let tunnel = Metric::Tunnel(point, crate::results::TunnelFigure::DialP99);
+        results.add(System::RelayLimit { tls: true }, tunnel, 1, 22_400.5);
         results.error(System::Direct, "bulk", "broke\nhere".into());
         let mut p = Profile::full();
         p.runs = 2;
         p.idle_conns = 123;
         p.scale_conns = 4_567;
+        p.tunnel_concurrency = 48;
         fs::write(dir.path().join(RUN_FILE), run_file(&results, &meta, &p)).unwrap();
         fs::write(dir.path().join("results.csv"), results.csv()).unwrap();
 
@@ -200,6 +211,7 @@ mod tests {
         assert_eq!(m.notes, meta.notes);
         assert_eq!((q.runs, q.idle_conns, q.fanin), (2, 123, p.fanin));
         assert_eq!((q.scale_conns, q.scale_agents), (4_567, p.scale_agents));
+        assert_eq!(q.tunnel_concurrency, 48);
         assert_eq!(r.csv(), results.csv());
         assert_eq!(r.errors, results.errors);
     }

@@ -10,7 +10,7 @@ use tether_client::{GrpcClient, Transport};
 use tether_tls::TlsOptions;
 use tokio::process::Command;
 
-use super::{Dialer, Env, Running, System, free_port, wait_http_ok};
+use super::{Binaries, Dialer, Env, Running, System, free_port, wait_http_ok};
 use crate::procs::Proc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,6 +27,17 @@ impl Impl {
             Impl::Tether => "tether",
             Impl::TetherBefore => "tether-before",
             Impl::Upstream => "upstream",
+        }
+    }
+
+    /// Whether this implementation's server has tether's connection caps, among them
+    /// `--max-streams-per-frontend-connection` (upstream has none; grpc-go's default leaves
+    /// the streams of a connection unlimited).
+    pub fn has_caps(&self, bins: &Binaries) -> bool {
+        match self {
+            Impl::Tether => true,
+            Impl::TetherBefore => bins.before_has_caps,
+            Impl::Upstream => false,
         }
     }
 }
@@ -109,11 +120,14 @@ pub(super) enum AgentLink {
 }
 
 /// Starts a server (and an agent, unless `agent` is `None`) and connects a client.
+/// `frontend_streams` is tether's `--max-streams-per-frontend-connection` (upstream has no
+/// such flag); `None` lifts the cap where a client is to multiplex (see below).
 pub(super) async fn start(
     env: &Env,
     imp: Impl,
     frontend: Frontend,
     agent: AgentLink,
+    frontend_streams: Option<u32>,
 ) -> anyhow::Result<Running> {
     let system = System::Konn(imp, frontend);
     let dir = env.instance_dir(&system)?;
@@ -147,11 +161,17 @@ pub(super) async fn start(
         .arg(flag("cluster-key", &pki.server_key))
         .arg(flag("cluster-ca-cert", &pki.ca_cert))
         .arg("--server-count=1");
-    let has_caps = imp == Impl::Tether || (imp == Impl::TetherBefore && env.bins.before_has_caps);
-    if has_caps && agent != AgentLink::None {
+    let has_caps = imp.has_caps(&env.bins);
+    match frontend_streams {
+        Some(cap) if has_caps => {
+            cmd.arg(flag("max-streams-per-frontend-connection", cap.to_string()));
+        }
         // idle-conns is one client multiplexing thousands of tunnels on one gRPC connection:
         // lift the per-connection stream cap, which upstream does not have.
-        cmd.arg("--max-streams-per-frontend-connection=1000000");
+        None if has_caps && agent != AgentLink::None => {
+            cmd.arg("--max-streams-per-frontend-connection=1000000");
+        }
+        _ => {}
     }
     if has_caps && imp == Impl::TetherBefore {
         // Builds before bf2cd21 counted admitted agents against the per-address cap, and the

@@ -242,7 +242,9 @@ impl Running {
                 cut_relay: None,
             },
             System::RelayLimit { tls } => relay::start(env, system, tls).await?,
-            System::Konn(i, f) => konnectivity::start(env, i, f, AgentLink::Direct(1)).await?,
+            System::Konn(i, f) => {
+                konnectivity::start(env, i, f, AgentLink::Direct(1), None).await?
+            }
             System::SshL | System::SshR => ssh::start(env, system).await?,
             System::Rathole => rathole::start(env, system).await?,
         };
@@ -256,7 +258,8 @@ impl Running {
         let System::Konn(imp, frontend) = system else {
             bail!("{} has no agents to scale", system.name());
         };
-        let running = konnectivity::start(env, imp, frontend, AgentLink::Direct(agents)).await?;
+        let running =
+            konnectivity::start(env, imp, frontend, AgentLink::Direct(agents), None).await?;
         running
             .wait_for_agents(
                 |counted| counted >= agents,
@@ -268,9 +271,26 @@ impl Running {
         Ok(running)
     }
 
+    /// Starts a Konnectivity system with one agent whose server allows `cap` concurrent
+    /// streams per frontend connection (reusable tunnel). Upstream has no such flag and
+    /// ignores it; [`Impl::has_caps`] says which servers take it.
+    pub async fn start_with_stream_cap(
+        env: &Env,
+        system: System,
+        cap: u32,
+    ) -> anyhow::Result<Running> {
+        let System::Konn(imp, frontend) = system else {
+            bail!("{} has no frontend stream cap", system.name());
+        };
+        let running =
+            konnectivity::start(env, imp, frontend, AgentLink::Direct(1), Some(cap)).await?;
+        running.check_end_to_end().await?;
+        Ok(running)
+    }
+
     /// Starts a Konnectivity server with no agent (fan-in).
     pub async fn start_lone_server(env: &Env, imp: Impl) -> anyhow::Result<Running> {
-        konnectivity::start(env, imp, Frontend::HttpConnectUds, AgentLink::None).await
+        konnectivity::start(env, imp, Frontend::HttpConnectUds, AgentLink::None, None).await
     }
 
     /// Starts a Konnectivity system whose agent reaches the server through a relay the
@@ -279,7 +299,7 @@ impl Running {
         let System::Konn(imp, frontend) = system else {
             bail!("{} has no agent link to cut", system.name());
         };
-        let running = konnectivity::start(env, imp, frontend, AgentLink::CutRelay).await?;
+        let running = konnectivity::start(env, imp, frontend, AgentLink::CutRelay, None).await?;
         running.check_end_to_end().await?;
         Ok(running)
     }
@@ -386,18 +406,18 @@ impl Running {
         }
     }
 
-    /// Reads one gauge or counter from the server's Prometheus metrics.
+    /// Reads one gauge or counter from the server's Prometheus metrics (every series of it
+    /// added up).
     pub async fn server_metric(&self, name: &str) -> Option<f64> {
+        self.server_metric_where(name, "").await
+    }
+
+    /// Reads one gauge or counter from the server's Prometheus metrics, adding up the series
+    /// whose labels contain `label` (e.g. `service_method="Proxy"`).
+    pub async fn server_metric_where(&self, name: &str, label: &str) -> Option<f64> {
         let port = self.server_health?;
         let body = http_get(port, "/metrics").await.ok()?.1;
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (key, value) = l.rsplit_once(' ')?;
-                let bare = key.split('{').next()?;
-                (bare == name).then(|| value.parse::<f64>().ok())?
-            })
-            .reduce(|a, b| a + b)
+        metric_sum(&body, name, label)
     }
 
     pub async fn stop(self) {
@@ -415,6 +435,22 @@ impl Running {
 
 /// The Konnectivity server's gauge of connected agents (upstream's name, which tether keeps).
 const READY_BACKENDS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+
+/// The Konnectivity server's gauge of open gRPC streams, by `service_method` (`Proxy` for
+/// the frontend's; upstream's name, which tether keeps).
+pub const GRPC_STREAMS: &str = "konnectivity_network_proxy_server_grpc_connections";
+
+/// The sum of `name`'s series in a Prometheus text exposition whose labels contain `label`.
+fn metric_sum(body: &str, name: &str, label: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let (bare, labels) = key.split_once('{').unwrap_or((key, ""));
+            (bare == name && labels.contains(label)).then(|| value.parse::<f64>().ok())?
+        })
+        .reduce(|a, b| a + b)
+}
 
 /// Client TLS config with the agent's certificate, for fake agents.
 pub fn konnectivity_agent_tls(env: &Env) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
@@ -491,5 +527,22 @@ pub async fn wait_port(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
             bail!("{} did not listen on {port}", proc.role);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_is_summed_over_the_series_with_the_label() {
+        let body = "# HELP konnectivity_network_proxy_server_grpc_connections streams\n\
+            konnectivity_network_proxy_server_grpc_connections{service_method=\"Connect\"} 1\n\
+            konnectivity_network_proxy_server_grpc_connections{service_method=\"Proxy\"} 964\n\
+            konnectivity_network_proxy_server_grpc_connections_other{service_method=\"Proxy\"} 7\n";
+        let proxy = r#"service_method="Proxy""#;
+        assert_eq!(metric_sum(body, GRPC_STREAMS, proxy), Some(964.0));
+        assert_eq!(metric_sum(body, GRPC_STREAMS, ""), Some(965.0));
+        assert_eq!(metric_sum(body, READY_BACKENDS, ""), None);
     }
 }

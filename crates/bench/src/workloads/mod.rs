@@ -9,6 +9,7 @@ pub mod hol;
 pub mod idle;
 pub mod pingpong;
 pub mod resume;
+pub mod tunnel;
 
 use std::time::Duration;
 
@@ -48,6 +49,14 @@ pub struct Profile {
     pub dial_timeout: Duration,
     /// Cuts of the agent's stream in the resume workload.
     pub resume_cuts: usize,
+    /// Streams the reusable-tunnel workload holds open on its one gRPC connection, one sweep
+    /// point each, while short dials run beside them for `churn_secs`.
+    pub tunnel_held: Vec<usize>,
+    /// Workers dialling beside the held streams.
+    pub tunnel_concurrency: usize,
+    /// tether's `--max-streams-per-frontend-connection` values: one instance each (upstream
+    /// has no such flag and runs once).
+    pub tunnel_caps: Vec<u32>,
 }
 
 impl Profile {
@@ -74,6 +83,15 @@ impl Profile {
             open_concurrency: 64,
             dial_timeout: Duration::from_secs(10),
             resume_cuts: 20,
+            // With 64 dialling: 64, 264 and 964 streams (under the default cap), and 1,044
+            // (over it: 20 free slots for 64 workers).
+            tunnel_held: vec![0, 200, 900, 980],
+            tunnel_concurrency: 64,
+            // The default, and 4× it (above every point of the sweep).
+            tunnel_caps: vec![
+                tether_grpc::DEFAULT_FRONTEND_STREAMS,
+                4 * tether_grpc::DEFAULT_FRONTEND_STREAMS,
+            ],
         }
     }
 
@@ -98,6 +116,10 @@ impl Profile {
             open_concurrency: 16,
             dial_timeout: Duration::from_secs(10),
             resume_cuts: 3,
+            // A small cap so that the quick run crosses it too: 16 and 56 streams against 50.
+            tunnel_held: vec![0, 40],
+            tunnel_concurrency: 16,
+            tunnel_caps: vec![50],
         }
     }
 }
@@ -120,10 +142,13 @@ pub enum Workload {
     FanIn,
     /// A ping-pong across cuts of the agent's stream (own instance, tether only).
     Resume,
+    /// One gRPC connection holding many streams while short dials run beside them (own
+    /// instance per stream cap, gRPC over UDS only).
+    Tunnel,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 10] = [
+    pub const ALL: [Workload; 11] = [
         Workload::IdleRss,
         Workload::Bulk,
         Workload::PingPong,
@@ -134,6 +159,7 @@ impl Workload {
         Workload::ScaleConns,
         Workload::FanIn,
         Workload::Resume,
+        Workload::Tunnel,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -148,6 +174,7 @@ impl Workload {
             Workload::ScaleConns => "scale-conns",
             Workload::FanIn => "fanin",
             Workload::Resume => "resume",
+            Workload::Tunnel => "tunnel",
         }
     }
 
@@ -179,6 +206,11 @@ impl Workload {
                     + 3.0
             }
             Workload::Resume => 2.0 + p.resume_cuts as f64 * 0.1,
+            Workload::Tunnel => p
+                .tunnel_held
+                .iter()
+                .map(|&h| h as f64 / 600.0 + p.settle.as_secs_f64() + p.churn_secs + 1.0)
+                .sum(),
         }
     }
 }
