@@ -9,6 +9,7 @@ use tether_tunnel::{Abandoned, Tunnel};
 
 use crate::audit::Audit;
 use crate::backend::outlier::EjectionConfig;
+use crate::backend::selection::Strategy;
 use crate::backend::selection_metrics::SelectionMetrics;
 use crate::backend::session::Watch;
 use crate::byte_rate::ByteRate;
@@ -139,7 +140,7 @@ impl Hub {
     pub(crate) fn refresh_backend_gauges(&self) {
         let mut agents = 0;
         let mut tether_agents = 0;
-        let mut keys: Vec<(crate::Strategy, usize)> = Vec::new();
+        let mut keys: Vec<(Strategy, usize)> = Vec::new();
         for tenant in self.tenants.all() {
             let registry = tenant.registry();
             agents += registry.agent_count();

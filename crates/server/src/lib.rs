@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use backend::binding::{IdentityBinding, NodeAddresses, NodeFuture, NodeLookupError};
-pub use backend::registry::Strategy;
+pub use backend::selection::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
 };

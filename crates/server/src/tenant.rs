@@ -19,7 +19,8 @@ use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
 use crate::backend::admission::AgentTable;
-use crate::backend::registry::{Registry, Strategy};
+use crate::backend::registry::Registry;
+use crate::backend::selection::{SelectionConfig, Strategy};
 use crate::backend::session::AgentSession;
 use crate::bandwidth::Bandwidth;
 use crate::byte_rate::{ByteRate, TenantShare};
@@ -238,7 +239,7 @@ impl Tenant {
         name: String,
         limits: TenantLimits,
         strategies: &[Strategy],
-        routing: &Arc<RoutingConfig>,
+        selection: &Arc<SelectionConfig>,
         metrics: Arc<TenantMetrics>,
         share: Option<TenantShare>,
     ) -> Self {
@@ -249,7 +250,7 @@ impl Tenant {
             limits,
             load: Arc::default(),
             bucket: Mutex::new(None),
-            registry: Mutex::new(Registry::new(strategies, routing.clone())),
+            registry: Mutex::new(Registry::new(strategies, selection.clone())),
             agent_ids: Arc::default(),
             metrics,
             dials: OnceLock::new(),
@@ -392,7 +393,10 @@ pub(crate) enum Side {
 
 impl Tenants {
     pub(crate) fn new(strategies: &[Strategy], routing: &RoutingConfig, metrics: &Metrics) -> Self {
-        let shared = Arc::new(routing.clone());
+        let selection = Arc::new(SelectionConfig {
+            zone_rules: routing.zone_rules.clone(),
+            client_affinity: routing.client_affinity,
+        });
         let metrics = Arc::new(TenantMetrics::register(metrics));
         let bandwidth = routing.bandwidth.map(|rate| {
             // The implicit tenant, alone, has the whole bandwidth.
@@ -426,7 +430,7 @@ impl Tenants {
                     config.name.clone(),
                     config.limits,
                     strategies,
-                    &shared,
+                    &selection,
                     metrics.clone(),
                     share(index),
                 );
@@ -438,7 +442,7 @@ impl Tenants {
                 String::new(),
                 TenantLimits::default(),
                 strategies,
-                &shared,
+                &selection,
                 metrics.clone(),
                 share(0),
             ))
