@@ -14,9 +14,10 @@ use crate::backend::selection_metrics::SelectionMetrics;
 use crate::backend::session::Watch;
 use crate::byte_rate::ByteRate;
 use crate::destinations::DestinationPolicies;
+use crate::identity::Proof;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
-use crate::tenant::{Proof, Side, Tenant, Tenants};
+use crate::tenant::{Side, Tenant, Tenants};
 
 /// Why a dial did not produce a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

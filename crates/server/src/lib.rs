@@ -21,6 +21,7 @@ mod dial;
 pub mod frontend;
 mod handshake_failures;
 mod health;
+mod identity;
 mod introspect;
 mod limits;
 mod metrics;

@@ -46,7 +46,8 @@ use tether_policy::Cidr;
 pub use crate::backend::outlier::EjectionConfig;
 pub use crate::backend::selection::ZoneRule;
 pub use crate::destinations::{DestinationPolicyConfig, MAX_DESTINATION_POLICIES};
-pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
+pub use crate::identity::Identity;
+pub use crate::tenant::{MAX_TENANTS, TenantConfig, TenantLimits};
 use crate::tenant_frontend;
 pub use crate::tenant_frontend::TenantFrontend;
 
