@@ -105,7 +105,7 @@ impl Audit {
         request: &RequestContext,
         agent_id: &str,
         latency: Option<Duration>,
-        error: &crate::dial::DialError,
+        error: &crate::error::DialError,
     ) {
         self.log.record(AuditRecord {
             agent_id: Some(agent_id.to_owned()),

@@ -18,6 +18,7 @@ mod byte_rate;
 mod control_plane;
 mod destinations;
 mod dial;
+mod error;
 pub mod frontend;
 mod handshake_failures;
 mod health;

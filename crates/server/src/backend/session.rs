@@ -383,7 +383,7 @@ impl Hooks for ServerHooks {
                     Ok(_) => {}
                     Err(error) => {
                         let followed = self.requests.remove(random);
-                        let error = crate::dial::DialError::from(error.clone());
+                        let error = crate::error::DialError::from(error.clone());
                         let request = followed.as_ref().map(|f| &f.request);
                         tracing::info!(
                             dial.id = %random,

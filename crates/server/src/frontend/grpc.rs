@@ -12,7 +12,8 @@ use tracing::Instrument as _;
 
 use super::log_span;
 use crate::byte_rate::ByteRate;
-use crate::dial::{DialError, Dialed, Hub};
+use crate::dial::{Dialed, Hub};
+use crate::error::DialError;
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
 use crate::request::{FrontendKind, RequestContext};
