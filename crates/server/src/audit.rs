@@ -2,7 +2,7 @@
 //! written through [`tether_observe::audit`] (off the data path, bounded, dropped and counted
 //! when the writer falls behind).
 //!
-//! The agent stream's [`Requests`](crate::backend::session::Requests) follow each dial from
+//! The agent stream's [`Requests`](crate::request::Requests) follow each dial from
 //! DIAL_REQ to its connection's end, so the one record per connection carries the
 //! [`RequestContext`] it was dialed with next to the table's typed [`Ended`] outcome.
 //!
@@ -16,8 +16,7 @@ use tether_observe::audit::AuditLog;
 use tether_observe::audit::{AuditEvent, AuditRecord, millis};
 use tether_tunnel::{CloseError, Ended, Initiator};
 
-use crate::backend::session::Followed;
-use crate::request::{FrontendKind, RequestContext};
+use crate::request::{Followed, FrontendKind, RequestContext};
 use crate::tenant::Tenant;
 
 /// Writes the server's records.

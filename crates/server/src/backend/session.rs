@@ -1,15 +1,14 @@
 //! One agent stream on the server: its [`Link`] (the sans-IO table of its dials and
 //! connections) and the hooks that turn the table's events into the server's metrics.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
-use tether_proto::{DialId, Identifiers, Labels, Packet};
+use tether_proto::{Identifiers, Labels, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
 use super::outlier::{EjectionConfig, Outlier, Verdict};
@@ -19,7 +18,7 @@ use super::selection_metrics::SelectionMetrics;
 use crate::audit::Audit;
 use crate::control_plane::{self, ControlPlaneEndpoints, ReverseDials};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
-use crate::request::RequestContext;
+use crate::request::Requests;
 use crate::tenant::TenantLoad;
 
 /// Bytes queued toward frontends that weigh as much as one connection in the load figure.
@@ -90,50 +89,6 @@ impl Health {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .record(config, Instant::now(), ok)
-    }
-}
-
-/// Who asked for each of a stream's dials and connections, by dial ID: the client and
-/// frontend introspection shows, and the request and dial latency an audit record carries.
-/// Written when a dial starts, when it is answered (only while auditing) and when it ends,
-/// never per packet.
-#[derive(Debug, Default)]
-pub(crate) struct Requests(Mutex<HashMap<DialId, Followed>>);
-
-/// One dial's request, and once answered, how long the agent took.
-#[derive(Debug)]
-pub(crate) struct Followed {
-    pub(crate) request: Arc<RequestContext>,
-    pub(crate) latency: Option<Duration>,
-}
-
-impl Requests {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Followed>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records `request` unless its dial ID is taken (the table then refuses the dial).
-    pub(crate) fn insert(&self, request: &RequestContext) -> bool {
-        match self.lock().entry(request.dial_id) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(Followed {
-                    request: Arc::new(request.clone()),
-                    latency: None,
-                });
-                true
-            }
-        }
-    }
-
-    fn answered(&self, dial_id: DialId, latency: Option<Duration>) {
-        if let Some(followed) = self.lock().get_mut(&dial_id) {
-            followed.latency = latency;
-        }
-    }
-
-    pub(crate) fn remove(&self, dial_id: DialId) -> Option<Followed> {
-        self.lock().remove(&dial_id)
     }
 }
 
