@@ -11,7 +11,7 @@
 //! An idle tenant is its table entry, an empty registry and a few counters: metric series
 //! are created on first use.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
 use crate::backend::admission::AgentTable;
+use crate::backend::health::TenantLoad;
 use crate::backend::registry::Registry;
 use crate::backend::selection::{SelectionConfig, Strategy};
 use crate::backend::session::AgentSession;
@@ -73,21 +74,6 @@ impl TenantLimit {
             Self::PendingDials => "pending_dials",
             Self::DialRate => "dial_rate",
         }
-    }
-}
-
-/// Counters every agent stream of a tenant updates.
-#[derive(Debug, Default)]
-pub(crate) struct TenantLoad {
-    pub(crate) pending: AtomicU64,
-    pub(crate) open: AtomicU64,
-}
-
-impl TenantLoad {
-    pub(crate) fn release_pending(&self) {
-        let _ = self
-            .pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 }
 
