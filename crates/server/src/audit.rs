@@ -17,7 +17,6 @@ use tether_observe::audit::{AuditEvent, AuditRecord, millis};
 use tether_tunnel::{CloseError, Ended, Initiator};
 
 use crate::request::{Followed, FrontendKind, RequestContext};
-use crate::tenant::Tenant;
 
 /// Writes the server's records.
 #[derive(Debug)]
@@ -32,9 +31,9 @@ impl Audit {
     }
 
     /// The records of one agent stream, stamped with the agent's tenant.
-    pub(crate) fn for_tenant(&self, tenant: &Tenant) -> Self {
+    pub(crate) fn for_tenant(&self, tenant: &str) -> Self {
         Self {
-            log: self.log.for_tenant(&tenant.name),
+            log: self.log.for_tenant(tenant),
             server_id: self.server_id.clone(),
         }
     }
@@ -50,7 +49,7 @@ impl Audit {
             event: Some(event),
             side: "server",
             server_id: self.server_id.clone(),
-            tenant: tenant_name(request.tenant.as_deref()),
+            tenant: tenant_name(request.tenant.as_deref().map(|t| t.name.as_str())),
             dial_id: Some(request.dial_id.to_string()),
             frontend: Some(request.frontend.as_str()),
             transport: Some(transport(&request.peer)),
@@ -64,7 +63,7 @@ impl Audit {
 
     /// A dial refused before any agent was asked (bad address, no agent, limits, policy);
     /// `tenant` once the request's tenant was resolved.
-    pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
+    pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&str>, reason: &str) {
         let record = self.record(request, AuditEvent::DialRefused);
         self.log.record(AuditRecord {
             tenant: tenant_name(tenant).or(record.tenant.clone()),
@@ -79,7 +78,7 @@ impl Audit {
         &self,
         frontend: FrontendKind,
         peer: &PeerIdentity,
-        tenant: Option<&Tenant>,
+        tenant: Option<&str>,
         reason: &str,
     ) {
         let (client, client_pid) = client(peer);
@@ -139,10 +138,8 @@ impl Audit {
 }
 
 /// A tenant's name for a record; the implicit tenant (no tenant table) has none.
-fn tenant_name(tenant: Option<&Tenant>) -> Option<String> {
-    tenant
-        .map(|t| t.name.clone())
-        .filter(|name| !name.is_empty())
+fn tenant_name(tenant: Option<&str>) -> Option<String> {
+    tenant.filter(|name| !name.is_empty()).map(str::to_owned)
 }
 
 /// The client identity as the listener proved it, and its pid on a Unix socket.

@@ -66,7 +66,7 @@ impl Hub {
     /// Records a dial refused before any agent was asked; `tenant` once it was resolved.
     pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
         if let Some(audit) = &self.audit {
-            audit.refused(request, tenant, reason);
+            audit.refused(request, tenant.map(|t| t.name.as_str()), reason);
         }
     }
 
@@ -83,7 +83,7 @@ impl Hub {
             audit: self
                 .audit
                 .as_ref()
-                .map(|audit| Arc::new(audit.for_tenant(tenant))),
+                .map(|audit| Arc::new(audit.for_tenant(&tenant.name))),
         }
     }
 

@@ -64,7 +64,8 @@ async fn handle(
         tokio::time::timeout(READ_HEADER_TIMEOUT, connect_head::read(&mut io, &mut buf)).await;
     let refused = |reason: &str| {
         if let Some(audit) = &hub.audit {
-            audit.request_refused(FrontendKind::HttpConnect, &peer, tenant.as_deref(), reason);
+            let tenant = tenant.as_deref().map(|t| t.name.as_str());
+            audit.request_refused(FrontendKind::HttpConnect, &peer, tenant, reason);
         }
     };
     let target = match head {
