@@ -49,7 +49,7 @@ impl Audit {
             event: Some(event),
             side: "server",
             server_id: self.server_id.clone(),
-            tenant: tenant_name(request.tenant.as_deref().map(|t| t.name.as_str())),
+            tenant: tenant_name(request.tenant.as_deref()),
             dial_id: Some(request.dial_id.to_string()),
             frontend: Some(request.frontend.as_str()),
             transport: Some(transport(&request.peer)),

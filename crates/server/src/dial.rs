@@ -66,7 +66,7 @@ impl Hub {
     /// Records a dial refused before any agent was asked; `tenant` once it was resolved.
     pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
         if let Some(audit) = &self.audit {
-            audit.refused(request, tenant.map(|t| t.name.as_str()), reason);
+            audit.refused(request, tenant.map(|t| &*t.name), reason);
         }
     }
 
@@ -131,7 +131,11 @@ impl Hub {
         };
         let tenant = match &request.tenant {
             // Pinned by a tenant's own frontend: the client must still be the tenant's.
-            Some(tenant) => {
+            Some(name) => {
+                let tenant = self.tenants.by_name(name).ok_or_else(|| {
+                    let why = format!("tenant {name} is not in the tenant table");
+                    refuse(None, DialError::NoTenant(why))
+                })?;
                 self.tenants
                     .admit_own_frontend(tenant, &request.peer)
                     .map_err(|why| refuse(Some(tenant), DialError::NoTenant(why)))?;

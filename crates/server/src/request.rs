@@ -11,8 +11,6 @@ use std::time::Duration;
 use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
 
-use crate::tenant::Tenant;
-
 /// Which frontend a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FrontendKind {
@@ -39,9 +37,9 @@ pub(crate) struct RequestContext {
     /// The requested `host:port`, already checked by the frontend.
     pub(crate) address: String,
     pub(crate) dial_id: DialId,
-    /// The tenant whose own frontend the request arrived on; `None` on the main frontend,
-    /// where the tenant is resolved from `peer`.
-    pub(crate) tenant: Option<Arc<Tenant>>,
+    /// The name of the tenant whose own frontend the request arrived on; `None` on the main
+    /// frontend, where the tenant is resolved from `peer`.
+    pub(crate) tenant: Option<Arc<str>>,
 }
 
 impl RequestContext {
@@ -51,7 +49,7 @@ impl RequestContext {
         protocol: String,
         address: String,
         dial_id: DialId,
-        tenant: Option<Arc<Tenant>>,
+        tenant: Option<Arc<str>>,
     ) -> Self {
         Self {
             frontend,

@@ -87,7 +87,8 @@ struct Bucket {
 /// A tenant at run time.
 #[derive(Debug)]
 pub(crate) struct Tenant {
-    pub(crate) name: String,
+    /// Shared with the requests of its own frontend, which name it.
+    pub(crate) name: Arc<str>,
     limits: TenantLimits,
     pub(crate) load: Arc<TenantLoad>,
     bucket: Mutex<Option<Bucket>>,
@@ -113,7 +114,7 @@ impl Tenant {
         let waits = metrics.byte_rate_waits.with(&[&name]);
         let byte_rate = ByteRate::new(limits.bytes_per_second, share, waits).map(Arc::new);
         Self {
-            name,
+            name: name.into(),
             limits,
             load: Arc::default(),
             bucket: Mutex::new(None),
@@ -511,7 +512,7 @@ pub(crate) mod tests {
         let name = |side, peer: &PeerIdentity| {
             tenants
                 .resolve(side, Proof::peer(peer))
-                .map(|t| t.name.clone())
+                .map(|t| t.name.to_string())
         };
         assert_eq!(name(Side::Client, &cert(&["api.b"])).unwrap(), "b");
         assert_eq!(name(Side::Agent, &cert(&["ag.a"])).unwrap(), "a");
@@ -647,7 +648,7 @@ pub(crate) mod tests {
                         token_user: Some(user),
                     },
                 )
-                .map(|t| t.name.clone())
+                .map(|t| t.name.to_string())
         };
         assert_eq!(
             agent("system:serviceaccount:tenant-a:anything").unwrap(),

@@ -48,7 +48,7 @@ impl FrontendService {
             Ok(ready) => ready,
             Err(error) if tls => {
                 let listener = Listener::Frontend {
-                    tenant: tenant.as_ref().map(|t| t.name.clone()),
+                    tenant: tenant.as_ref().map(|t| t.name.to_string()),
                 };
                 self.handshake_failures
                     .record(&listener, &peer_label, &error);
@@ -77,6 +77,8 @@ impl FrontendService {
             peer: Arc::new(peer),
             setup_deadline: Some(deadline),
         };
+        // Requests name the tenant, which each dial looks up again.
+        let pinned = tenant.map(|t| t.name.clone());
         let served = match self.mode {
             Mode::Grpc => {
                 let service = self.clone();
@@ -85,7 +87,7 @@ impl FrontendService {
                         service.hub.clone(),
                         service.metrics.clone(),
                         service.first_packet_timeout,
-                        tenant.clone(),
+                        pinned.clone(),
                         call,
                     )
                 };
@@ -110,7 +112,7 @@ impl FrontendService {
                     metrics.clone(),
                     io,
                     connection.peer,
-                    tenant,
+                    pinned,
                 ))
                 .await;
                 Ok(())

@@ -20,7 +20,6 @@ use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
 use crate::request::{FrontendKind, RequestContext};
-use crate::tenant::Tenant;
 use tether_tunnel::connect_head::{self, Head};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
@@ -38,7 +37,7 @@ pub(crate) async fn serve(
     limits: LimitMetrics,
     io: Box<dyn Io>,
     peer: Arc<PeerIdentity>,
-    tenant: Option<Arc<Tenant>>,
+    tenant: Option<Arc<str>>,
 ) {
     hub.metrics.http_connections.inc();
     let span = log_span::connection(&hub.server_id);
@@ -57,15 +56,14 @@ async fn handle(
     limits: &LimitMetrics,
     mut io: Box<dyn Io>,
     peer: Arc<PeerIdentity>,
-    tenant: Option<Arc<Tenant>>,
+    tenant: Option<Arc<str>>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(4096);
     let head =
         tokio::time::timeout(READ_HEADER_TIMEOUT, connect_head::read(&mut io, &mut buf)).await;
     let refused = |reason: &str| {
         if let Some(audit) = &hub.audit {
-            let tenant = tenant.as_deref().map(|t| t.name.as_str());
-            audit.request_refused(FrontendKind::HttpConnect, &peer, tenant, reason);
+            audit.request_refused(FrontendKind::HttpConnect, &peer, tenant.as_deref(), reason);
         }
     };
     let target = match head {
