@@ -46,11 +46,9 @@ pub use backend::selection::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
 };
-pub use control_plane::{
-    ControlPlaneEndpoints, DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM, check_host_port,
-};
+pub use control_plane::{ControlPlaneEndpoints, check_host_port};
 pub use frontend::Mode;
-pub use limits::Limits;
+pub use limits::{DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM, Limits};
 pub use routing::RoutingConfig;
 use tether_grpc::server::Connection;
 use tether_grpc::{H2Settings, Keepalive};
