@@ -32,6 +32,7 @@ pub mod routing;
 mod tenant;
 mod tenant_frontend;
 mod tls_reload;
+mod tls_source;
 mod unix_socket;
 mod warn_limit;
 
@@ -63,7 +64,8 @@ use crate::backend::binding::Binding;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
 use crate::limits::{ConnectionSlots, Limit, LimitMetrics, SlotAdmission};
-use crate::net::{Listener, TlsSource};
+use crate::net::Listener;
+use crate::tls_source::{TenantTls, TlsSource};
 
 /// Where the frontend listens.
 #[derive(Clone, Debug)]
@@ -680,7 +682,7 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
             let tls = match &frontend.client_ca {
                 None => main_tls,
                 Some(ca) => TlsSource::TenantCa(Arc::new(
-                    tenant_frontend::TenantTls::new(main_tls, ca)
+                    TenantTls::new(main_tls, ca)
                         .map_err(|e| refuse(format!("frontend.client_ca: {e}")))?,
                 )),
             };
