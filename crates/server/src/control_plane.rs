@@ -13,7 +13,7 @@ use tether_tunnel::{DialFacts, IncomingDial, StreamAudit};
 use tokio::net::TcpStream;
 
 use crate::metrics::{ReverseDial, ServerMetrics};
-use crate::tenant::TenantConfig;
+use crate::tenant_config::TenantConfig;
 use crate::warn_limit::WarnLimit;
 
 /// The only addresses reverse dials may reach. The first is the default, which an agent asks

@@ -30,6 +30,7 @@ mod net;
 mod request;
 pub mod routing;
 mod tenant;
+mod tenant_config;
 mod tenant_frontend;
 mod tls_reload;
 mod tls_source;
@@ -339,7 +340,13 @@ impl Server {
             (audit, writer.spawn())
         });
         let hub = Arc::new(Hub::new(
-            tenant::Tenants::new(&config.strategies, &config.routing, &registry),
+            tenant::Tenants::new(
+                &config.strategies,
+                &config.routing.tenants,
+                config.routing.bandwidth,
+                config.routing.selection(),
+                &registry,
+            ),
             destinations::DestinationPolicies::new(
                 &config.routing.destinations,
                 &registry,

@@ -25,39 +25,8 @@ use crate::backend::selection::{SelectionConfig, Strategy};
 use crate::backend::session::AgentSession;
 use crate::bandwidth::Bandwidth;
 use crate::byte_rate::{ByteRate, TenantShare};
-use crate::identity::{Identity, Proof};
-use crate::routing::RoutingConfig;
-
-/// Most tenants a routing file may declare: bounds the `tenant` label's cardinality.
-pub const MAX_TENANTS: usize = 10_000;
-
-/// Caps on one tenant; `None` is unlimited.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct TenantLimits {
-    /// Established connections plus pending dials.
-    pub connections: Option<u64>,
-    pub pending_dials: Option<u64>,
-    /// New dials per second, with a burst of one second's worth.
-    pub dials_per_second: Option<f64>,
-    /// Bytes per second over all the tenant's connections, both directions together.
-    pub bytes_per_second: Option<u64>,
-}
-
-/// One row of the tenant table.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TenantConfig {
-    pub name: String,
-    pub clients: Vec<Identity>,
-    pub agents: Vec<Identity>,
-    pub limits: TenantLimits,
-    /// The tenant's own listeners: every client on them is this tenant's.
-    pub frontend: Option<crate::tenant_frontend::TenantFrontend>,
-    /// Its share of the server's bandwidth against other busy tenants (1 unless set).
-    pub weight: u32,
-    /// Where its agents' reverse dials may go; `None`: the server's `--control-plane-endpoints`,
-    /// empty: nowhere.
-    pub control_plane_endpoints: Option<Vec<String>>,
-}
+use crate::identity::Proof;
+use crate::tenant_config::{TenantConfig, TenantLimits};
 
 /// Which cap a dial hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,25 +229,29 @@ pub(crate) enum Side {
 }
 
 impl Tenants {
-    pub(crate) fn new(strategies: &[Strategy], routing: &RoutingConfig, metrics: &Metrics) -> Self {
-        let selection = Arc::new(SelectionConfig {
-            zone_rules: routing.zone_rules.clone(),
-            client_affinity: routing.client_affinity,
-        });
+    /// The table of `tenants` (none: one implicit tenant), sharing `bandwidth` bytes/s by
+    /// weight when set; every tenant's registry selects with `strategies` and `selection`.
+    pub(crate) fn new(
+        strategies: &[Strategy],
+        tenants: &[TenantConfig],
+        bandwidth: Option<u64>,
+        selection: SelectionConfig,
+        metrics: &Metrics,
+    ) -> Self {
+        let selection = Arc::new(selection);
         let metrics = Arc::new(TenantMetrics::register(metrics));
-        let bandwidth = routing.bandwidth.map(|rate| {
+        let bandwidth = bandwidth.map(|rate| {
             // The implicit tenant, alone, has the whole bandwidth.
-            let tenants: Vec<(&str, u32)> = if routing.tenants.is_empty() {
+            let shares: Vec<(&str, u32)> = if tenants.is_empty() {
                 vec![("", 1)]
             } else {
-                routing
-                    .tenants
+                tenants
                     .iter()
                     .map(|t| (t.name.as_str(), t.weight))
                     .collect()
             };
-            let weights: Vec<u32> = tenants.iter().map(|(_, weight)| *weight).collect();
-            let gauges = tenants
+            let weights: Vec<u32> = shares.iter().map(|(_, weight)| *weight).collect();
+            let gauges = shares
                 .iter()
                 .map(|(name, _)| metrics.bandwidth_share.with(&[name]))
                 .collect();
@@ -289,8 +262,7 @@ impl Tenants {
                 .clone()
                 .map(|bandwidth| TenantShare { bandwidth, index })
         };
-        let table: Vec<_> = routing
-            .tenants
+        let table: Vec<_> = tenants
             .iter()
             .enumerate()
             .map(|(index, config)| {
@@ -434,6 +406,19 @@ pub(crate) mod tests {
     use tether_grpc::{CertificateNames, PeerTransport, UnixCredentials};
 
     use super::*;
+    use crate::identity::Identity;
+    use crate::routing::RoutingConfig;
+
+    /// The table a routing file declares.
+    fn table(routing: &RoutingConfig, metrics: &Metrics) -> Tenants {
+        Tenants::new(
+            &[Strategy::Default],
+            &routing.tenants,
+            routing.bandwidth,
+            routing.selection(),
+            metrics,
+        )
+    }
 
     /// A TLS peer whose certificate names are `names` (the first is the common name).
     pub(crate) fn cert(names: &[&str]) -> PeerIdentity {
@@ -508,7 +493,7 @@ pub(crate) mod tests {
             "tenants:\n  - {name: a, clients: [\"cert:api.a\", \"uid:1001\"], agents: [\"cert:ag.a\"]}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"cert:ag.b\"]}\n",
         )
         .unwrap();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let tenants = table(&routing, &Metrics::new());
         let name = |side, peer: &PeerIdentity| {
             tenants
                 .resolve(side, Proof::peer(peer))
@@ -540,11 +525,7 @@ pub(crate) mod tests {
         };
         assert_eq!(name(Side::Client, &unix).unwrap(), "a");
         // No table: one implicit tenant for everyone.
-        let open = Tenants::new(
-            &[Strategy::Default],
-            &RoutingConfig::default(),
-            &Metrics::new(),
-        );
+        let open = table(&RoutingConfig::default(), &Metrics::new());
         assert!(
             open.resolve(Side::Client, Proof::peer(&PeerIdentity::unknown()))
                 .is_ok()
@@ -576,7 +557,7 @@ pub(crate) mod tests {
 ",
         )
         .unwrap();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &registry);
+        let tenants = table(&routing, &registry);
         let on = |name: &str, peer: &PeerIdentity| {
             tenants.admit_own_frontend(tenants.by_name(name).unwrap(), peer)
         };
@@ -620,7 +601,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         routing.tenants[0].clients.clear();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let tenants = table(&routing, &Metrics::new());
         let a = tenants.by_name("a").unwrap();
         let err = tenants
             .admit_own_frontend(a, &cert(&["api.a"]))
@@ -637,7 +618,7 @@ pub(crate) mod tests {
             "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"sa:tenant-a\"]}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"sa:tenant-b:agent\"]}\n",
         )
         .unwrap();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let tenants = table(&routing, &Metrics::new());
         let peer = PeerIdentity::unknown();
         let agent = |user: &str| {
             tenants
