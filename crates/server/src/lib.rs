@@ -56,6 +56,7 @@ use tether_grpc::server::Connection;
 use tether_grpc::{H2Settings, Keepalive};
 use tether_observe::metrics::Registry;
 pub use tether_tunnel::FlowConfig;
+pub use tls_reload::TlsReload;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -137,17 +138,6 @@ pub struct Config {
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(4);
 /// See [`DEFAULT_RESUME_WINDOW`].
 pub const DEFAULT_DEAD_AGENT_TIMEOUT: Duration = Duration::from_secs(4);
-
-/// Listener TLS configs rebuilt from their files when those change (certificate rotation).
-/// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.
-#[derive(Clone, Debug)]
-pub struct TlsReload {
-    /// How often the files are checked.
-    pub interval: Duration,
-    pub agent: Arc<tether_tls::Reloading<rustls::ServerConfig>>,
-    /// The TCP frontend's; `None` for a Unix socket frontend.
-    pub frontend: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
-}
 
 /// Start-up failures. The io errors are plain fields, not `source()`s, which `{:#}` would
 /// print a second time after the message that already holds them.
