@@ -44,7 +44,7 @@ impl FrontendService {
         // The TLS handshake's state (about 2 KiB) is boxed, and so is each mode's: a
         // connection's task then holds only what its own mode needs once set up.
         let (peer_label, tls) = (conn.peer_label(), conn.peer.transport == PeerTransport::Tls);
-        let (io, peer) = match Box::pin(crate::ready(conn, deadline, metrics)).await {
+        let (io, peer) = match Box::pin(crate::serve::ready(conn, deadline, metrics)).await {
             Ok(ready) => ready,
             Err(error) if tls => {
                 let listener = Listener::Frontend {
@@ -118,7 +118,7 @@ impl FrontendService {
                 Ok(())
             }
         };
-        crate::count_connection_end(metrics, &served);
+        crate::serve::count_connection_end(metrics, &served);
         served.map_err(|e| std::io::Error::other(e.to_string()))
     }
 }
