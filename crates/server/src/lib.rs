@@ -8,7 +8,7 @@
 //! - `dial`: one dial from request to established tunnel, with a deadline;
 //! - `destinations`: what each frontend client may ask for, checked before an agent is chosen;
 //! - `health`: health, readiness and metrics endpoints;
-//! - `net`: listeners.
+//! - `net`: listeners; `serve` accepts on them, `shutdown` ends a run (grace, then stop).
 #![forbid(unsafe_code)]
 
 mod audit;
