@@ -2,7 +2,7 @@
 //! written through [`tether_observe::audit`] (off the data path, bounded, dropped and counted
 //! when the writer falls behind).
 //!
-//! The agent stream's [`Requests`](crate::backend::session::Requests) follow each dial from
+//! The agent stream's [`Requests`](crate::request::Requests) follow each dial from
 //! DIAL_REQ to its connection's end, so the one record per connection carries the
 //! [`RequestContext`] it was dialed with next to the table's typed [`Ended`] outcome.
 //!
@@ -16,9 +16,7 @@ use tether_observe::audit::AuditLog;
 use tether_observe::audit::{AuditEvent, AuditRecord, millis};
 use tether_tunnel::{CloseError, Ended, Initiator};
 
-use crate::backend::session::Followed;
-use crate::request::{FrontendKind, RequestContext};
-use crate::tenant::Tenant;
+use crate::request::{Followed, FrontendKind, RequestContext};
 
 /// Writes the server's records.
 #[derive(Debug)]
@@ -33,9 +31,9 @@ impl Audit {
     }
 
     /// The records of one agent stream, stamped with the agent's tenant.
-    pub(crate) fn for_tenant(&self, tenant: &Tenant) -> Self {
+    pub(crate) fn for_tenant(&self, tenant: &str) -> Self {
         Self {
-            log: self.log.for_tenant(&tenant.name),
+            log: self.log.for_tenant(tenant),
             server_id: self.server_id.clone(),
         }
     }
@@ -65,7 +63,7 @@ impl Audit {
 
     /// A dial refused before any agent was asked (bad address, no agent, limits, policy);
     /// `tenant` once the request's tenant was resolved.
-    pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
+    pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&str>, reason: &str) {
         let record = self.record(request, AuditEvent::DialRefused);
         self.log.record(AuditRecord {
             tenant: tenant_name(tenant).or(record.tenant.clone()),
@@ -80,7 +78,7 @@ impl Audit {
         &self,
         frontend: FrontendKind,
         peer: &PeerIdentity,
-        tenant: Option<&Tenant>,
+        tenant: Option<&str>,
         reason: &str,
     ) {
         let (client, client_pid) = client(peer);
@@ -105,7 +103,7 @@ impl Audit {
         request: &RequestContext,
         agent_id: &str,
         latency: Option<Duration>,
-        error: &crate::dial::DialError,
+        error: &crate::error::DialError,
     ) {
         self.log.record(AuditRecord {
             agent_id: Some(agent_id.to_owned()),
@@ -140,10 +138,8 @@ impl Audit {
 }
 
 /// A tenant's name for a record; the implicit tenant (no tenant table) has none.
-fn tenant_name(tenant: Option<&Tenant>) -> Option<String> {
-    tenant
-        .map(|t| t.name.clone())
-        .filter(|name| !name.is_empty())
+fn tenant_name(tenant: Option<&str>) -> Option<String> {
+    tenant.filter(|name| !name.is_empty()).map(str::to_owned)
 }
 
 /// The client identity as the listener proved it, and its pid on a Unix socket.

@@ -13,11 +13,8 @@ use tether_tunnel::{DialFacts, IncomingDial, StreamAudit};
 use tokio::net::TcpStream;
 
 use crate::metrics::{ReverseDial, ServerMetrics};
-use crate::tenant::TenantConfig;
+use crate::tenant_config::TenantConfig;
 use crate::warn_limit::WarnLimit;
-
-/// The default of `--control-plane-max-connections-per-stream`.
-pub const DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM: usize = 256;
 
 /// The only addresses reverse dials may reach. The first is the default, which an agent asks
 /// for with an empty address.

@@ -15,9 +15,9 @@ use tether_grpc::PeerIdentity;
 use tether_observe::metrics::{CounterVec, Registry as Metrics};
 use tether_policy::RuleSet;
 
+use crate::identity::{Identity, Proof};
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
-use crate::tenant::{Identity, Proof};
 use crate::warn_limit::WarnLimit;
 
 /// Most entries a routing file may declare: bounds the `policy` label's cardinality.

@@ -4,69 +4,26 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tether_proto::DialId;
 use tether_tunnel::{Abandoned, Tunnel};
 
 use crate::audit::Audit;
 use crate::backend::outlier::EjectionConfig;
+use crate::backend::selection::Strategy;
 use crate::backend::selection_metrics::SelectionMetrics;
 use crate::backend::session::Watch;
 use crate::byte_rate::ByteRate;
 use crate::destinations::DestinationPolicies;
+use crate::error::DialError;
+use crate::identity::Proof;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
-use crate::tenant::{Proof, Side, Tenant, Tenants};
-
-/// Why a dial did not produce a connection.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum DialError {
-    #[error("No agent available")]
-    NoAgent,
-    /// The agent tried and failed; the text is the agent's dial error.
-    #[error("{0}")]
-    Endpoint(String),
-    #[error("agent disconnected: {0}")]
-    AgentGone(String),
-    #[error("timed out waiting for backend dial")]
-    Timeout,
-    #[error("dial closed by agent")]
-    DialClosed,
-    #[error("dial ID {0} is already pending")]
-    Duplicate(DialId),
-    #[error("too many pending dials on this agent (limit {0})")]
-    TooManyPending(usize),
-    #[error("frontend went away")]
-    FrontendGone,
-    /// The client's identity maps to no tenant (or to several).
-    #[error("{0}")]
-    NoTenant(String),
-    /// The client's tenant is over one of its limits.
-    #[error("{0}")]
-    TenantLimit(String),
-    /// The server's destination policy refused the client's request (`policy: ...`).
-    #[error("{0}")]
-    Policy(String),
-}
+use crate::tenant::{Side, Tenant, Tenants};
 
 /// An established tunnel, with its tenant's bytes/s limit when it has one.
 #[derive(Debug)]
 pub(crate) struct Dialed {
     pub(crate) tunnel: Tunnel,
     pub(crate) byte_rate: Option<Arc<ByteRate>>,
-}
-
-impl From<tether_tunnel::DialError> for DialError {
-    fn from(e: tether_tunnel::DialError) -> Self {
-        use tether_tunnel::DialError as E;
-        match e {
-            E::Endpoint(text) => Self::Endpoint(text),
-            E::StreamLost(reason) => Self::AgentGone(reason),
-            E::Timeout => Self::Timeout,
-            E::ClosedByPeer => Self::DialClosed,
-            E::Duplicate(random) => Self::Duplicate(random),
-            E::TooManyPending { limit } => Self::TooManyPending(limit),
-        }
-    }
 }
 
 /// State shared by every frontend and agent stream of one server.
@@ -109,7 +66,7 @@ impl Hub {
     /// Records a dial refused before any agent was asked; `tenant` once it was resolved.
     pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
         if let Some(audit) = &self.audit {
-            audit.refused(request, tenant, reason);
+            audit.refused(request, tenant.map(|t| &*t.name), reason);
         }
     }
 
@@ -126,7 +83,7 @@ impl Hub {
             audit: self
                 .audit
                 .as_ref()
-                .map(|audit| Arc::new(audit.for_tenant(tenant))),
+                .map(|audit| Arc::new(audit.for_tenant(&tenant.name))),
         }
     }
 
@@ -139,7 +96,7 @@ impl Hub {
     pub(crate) fn refresh_backend_gauges(&self) {
         let mut agents = 0;
         let mut tether_agents = 0;
-        let mut keys: Vec<(crate::Strategy, usize)> = Vec::new();
+        let mut keys: Vec<(Strategy, usize)> = Vec::new();
         for tenant in self.tenants.all() {
             let registry = tenant.registry();
             agents += registry.agent_count();
@@ -174,7 +131,11 @@ impl Hub {
         };
         let tenant = match &request.tenant {
             // Pinned by a tenant's own frontend: the client must still be the tenant's.
-            Some(tenant) => {
+            Some(name) => {
+                let tenant = self.tenants.by_name(name).ok_or_else(|| {
+                    let why = format!("tenant {name} is not in the tenant table");
+                    refuse(None, DialError::NoTenant(why))
+                })?;
                 self.tenants
                     .admit_own_frontend(tenant, &request.peer)
                     .map_err(|why| refuse(Some(tenant), DialError::NoTenant(why)))?;

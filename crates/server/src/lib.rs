@@ -8,7 +8,7 @@
 //! - `dial`: one dial from request to established tunnel, with a deadline;
 //! - `destinations`: what each frontend client may ask for, checked before an agent is chosen;
 //! - `health`: health, readiness and metrics endpoints;
-//! - `net`: listeners.
+//! - `net`: listeners; `serve` accepts on them, `shutdown` ends a run (grace, then stop).
 #![forbid(unsafe_code)]
 
 mod audit;
@@ -18,42 +18,46 @@ mod byte_rate;
 mod control_plane;
 mod destinations;
 mod dial;
+mod error;
 pub mod frontend;
 mod handshake_failures;
 mod health;
+mod identity;
 mod introspect;
 mod limits;
 mod metrics;
 mod net;
 mod request;
 pub mod routing;
+mod serve;
+mod shutdown;
 mod tenant;
+mod tenant_config;
 mod tenant_frontend;
 mod tls_reload;
+mod tls_source;
 mod unix_socket;
 mod warn_limit;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 pub use backend::binding::{IdentityBinding, NodeAddresses, NodeFuture, NodeLookupError};
-pub use backend::registry::Strategy;
+pub use backend::selection::Strategy;
 pub use backend::token::{
     AgentTokenAuth, AuthFuture, TokenAuthenticator, TokenIdentity, TokenRefusal,
 };
-pub use control_plane::{
-    ControlPlaneEndpoints, DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM, check_host_port,
-};
+pub use control_plane::{ControlPlaneEndpoints, check_host_port};
 pub use frontend::Mode;
-pub use limits::Limits;
+pub use limits::{DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM, Limits};
 pub use routing::RoutingConfig;
-use tether_grpc::server::Connection;
 use tether_grpc::{H2Settings, Keepalive};
 use tether_observe::metrics::Registry;
 pub use tether_tunnel::FlowConfig;
+pub use tls_reload::TlsReload;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -62,8 +66,10 @@ use crate::backend::admission::Admission;
 use crate::backend::binding::Binding;
 use crate::backend::service::AgentService;
 use crate::dial::Hub;
-use crate::limits::{ConnectionSlots, Limit, LimitMetrics, SlotAdmission};
-use crate::net::{Listener, TlsSource};
+use crate::limits::{Limit, LimitMetrics};
+use crate::net::Listener;
+use crate::serve::Gate;
+use crate::tls_source::{TenantTls, TlsSource};
 
 /// Where the frontend listens.
 #[derive(Clone, Debug)]
@@ -135,17 +141,6 @@ pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(4);
 /// See [`DEFAULT_RESUME_WINDOW`].
 pub const DEFAULT_DEAD_AGENT_TIMEOUT: Duration = Duration::from_secs(4);
 
-/// Listener TLS configs rebuilt from their files when those change (certificate rotation).
-/// When set, these replace `agent_tls` and the frontend's `tls` for new handshakes.
-#[derive(Clone, Debug)]
-pub struct TlsReload {
-    /// How often the files are checked.
-    pub interval: Duration,
-    pub agent: Arc<tether_tls::Reloading<rustls::ServerConfig>>,
-    /// The TCP frontend's; `None` for a Unix socket frontend.
-    pub frontend: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
-}
-
 /// Start-up failures. The io errors are plain fields, not `source()`s, which `{:#}` would
 /// print a second time after the message that already holds them.
 #[derive(Debug, thiserror::Error)]
@@ -176,7 +171,8 @@ pub enum ServerError {
     AuditLog { path: String, error: std::io::Error },
 }
 
-/// A server whose listeners are bound; [`run`](Self::run) serves them.
+/// A server whose listeners are bound and whose shared state is built; [`run`](Self::run)
+/// serves them.
 #[derive(Debug)]
 pub struct Server {
     config: Config,
@@ -189,10 +185,14 @@ pub struct Server {
     registry: Registry,
     /// Extra admin routes answered before the built-in ones (profiling).
     admin_routes: Option<tether_observe::http::DeferredHandler>,
-    audit: Option<(
-        tether_observe::audit::AuditLog,
-        tether_observe::audit::AuditWriter,
-    )>,
+    hub: Arc<Hub>,
+    agent_service: Arc<AgentService>,
+    limit_metrics: LimitMetrics,
+    /// Ends every connection at once: after the grace period, or immediately without one.
+    stop: CancellationToken,
+    /// Spawned when the server runs; it outlives every connection (it is stopped last) so
+    /// that the records of connections cut at shutdown are written too.
+    audit_writer: Option<tether_observe::audit::AuditWriter>,
 }
 
 impl Server {
@@ -263,6 +263,23 @@ impl Server {
                 })?,
             ),
         };
+        let (audit, audit_writer) = match audit {
+            Some((log, writer)) => (
+                Some(Arc::new(audit::Audit::new(log, config.server_id.clone()))),
+                Some(writer),
+            ),
+            None => (None, None),
+        };
+        let hub = Arc::new(build_hub(&config, &registry, audit));
+        hub.refresh_backend_gauges();
+        let limit_metrics = LimitMetrics::register(&registry);
+        let stop = CancellationToken::new();
+        let agent_service = Arc::new(build_agent_service(
+            &config,
+            hub.clone(),
+            limit_metrics.clone(),
+            stop.clone(),
+        ));
         Ok(Self {
             config,
             frontend,
@@ -272,7 +289,11 @@ impl Server {
             admin,
             registry,
             admin_routes: None,
-            audit,
+            hub,
+            agent_service,
+            limit_metrics,
+            stop,
+            audit_writer,
         })
     }
 
@@ -324,67 +345,14 @@ impl Server {
             admin,
             registry,
             admin_routes,
-            audit,
+            hub,
+            agent_service,
+            limit_metrics,
+            stop,
+            audit_writer,
         } = self;
-        let metrics = Arc::new(metrics::ServerMetrics::register(&registry));
-        let limit_metrics = LimitMetrics::register(&registry);
-        let handshake_failures = Arc::new(handshake_failures::HandshakeFailures::agents(&registry));
-        let limits = config.limits.clone();
-        // The audit writer outlives every connection (it is stopped last) so that the
-        // records of connections cut at shutdown are written too.
-        let audit_writer = audit.map(|(log, writer)| {
-            let audit = Arc::new(audit::Audit::new(log, config.server_id.clone()));
-            (audit, writer.spawn())
-        });
-        let hub = Arc::new(Hub::new(
-            tenant::Tenants::new(&config.strategies, &config.routing, &registry),
-            destinations::DestinationPolicies::new(
-                &config.routing.destinations,
-                &registry,
-                metrics.clone(),
-            ),
-            metrics,
-            config.routing.ejection,
-            Arc::new(backend::selection_metrics::SelectionMetrics::register(
-                &registry,
-            )),
-            audit_writer.as_ref().map(|(audit, _)| audit.clone()),
-            config.server_id.clone(),
-        ));
-        hub.refresh_backend_gauges();
-        // Ends every connection at once: after the grace period, or immediately without one.
-        let stop = CancellationToken::new();
-        let agent_service = Arc::new(AgentService {
-            hub: hub.clone(),
-            server_id: config.server_id.clone(),
-            server_count: config.server_count,
-            flow: config.flow,
-            dial_timeout: config.dial_timeout,
-            next_stream_id: AtomicU64::new(1),
-            dead_agent_timeout: config
-                .dead_agent_timeout
-                .filter(|_| config.agent_keepalive.is_some()),
-            admission: Admission::new(limits.max_agents, limit_metrics.clone()),
-            binding: Binding::new(
-                config.agent_identity_binding,
-                config
-                    .agent_token_auth
-                    .as_ref()
-                    .and_then(|auth| auth.nodes.clone()),
-                limit_metrics.clone(),
-            ),
-            limit_metrics: limit_metrics.clone(),
-            token_auth: config.agent_token_auth.clone(),
-            control_plane: control_plane::ReversePolicy::new(
-                config.control_plane.clone(),
-                &config.routing.tenants,
-                limits.max_reverse_connections_per_stream,
-            ),
-            resumable: (!config.resume_window.is_zero())
-                .then(|| backend::resume::Resumable::new(config.resume_window)),
-            streams: TaskTracker::new(),
-            stop: stop.clone(),
-        });
+        let audit_writer = audit_writer.map(tether_observe::audit::AuditWriter::spawn);
+        let limits = &config.limits;
         let shutting_down = Arc::new(AtomicBool::new(false));
         let frontends = TaskTracker::new();
         let agents = TaskTracker::new();
@@ -433,7 +401,6 @@ impl Server {
             http_limits,
             stop.clone().cancelled_owned(),
         ));
-
         if let Some(reload) = config.tls_reload.clone() {
             endpoints.spawn(tls_reload::run(
                 reload,
@@ -442,84 +409,31 @@ impl Server {
             ));
         }
 
-        let partial_messages = {
-            let metrics = limit_metrics.clone();
-            tether_grpc::PartialMessageBudget::new(limits.agent_partial_message_bytes, move || {
-                metrics.hit(Limit::PartialMessages)
-            })
-        };
-        let agent_settings = H2Settings::agent_stream()
-            .with_keepalive(config.agent_keepalive)
-            .with_idle_timeout(limits.idle_connection_timeout)
-            .with_partial_message_budget(Some(partial_messages));
-        let frontend_settings = H2Settings::frontend()
-            .with_keepalive(config.frontend_keepalive)
-            .with_idle_timeout(limits.idle_connection_timeout)
-            .with_max_concurrent_streams(limits.max_streams_per_frontend_connection);
-        let agent_gate = Gate {
-            slots: ConnectionSlots::new(
-                limits.max_agent_connections,
-                limits.max_agent_connections_per_address,
-            ),
-            setup_timeout: limits.setup_timeout,
-            metrics: limit_metrics.clone(),
-            flags: CapFlags::AGENT,
-        };
-        let frontend_gate = Gate {
-            slots: ConnectionSlots::new(
-                limits.max_frontend_connections,
-                limits.max_frontend_connections_per_address,
-            ),
-            setup_timeout: limits.setup_timeout,
-            metrics: limit_metrics.clone(),
-            flags: CapFlags::FRONTEND,
-        };
-        let agent_loop = accept_loop(
+        let agent_settings = agent_settings(&config, &limit_metrics);
+        let handshake_failures = Arc::new(handshake_failures::HandshakeFailures::agents(&registry));
+        let agent_gate = Gate::agents(limits, limit_metrics.clone());
+        let agent_loop = serve::accept_loop(
             &agent,
             &agents,
             &shutdown,
             &stop,
             &agent_gate,
             |conn, deadline, admission| {
-                let service = agent_service.clone();
-                let settings = agent_settings.clone();
-                let metrics = limit_metrics.clone();
-                let handshake_failures = handshake_failures.clone();
-                async move {
-                    let peer_label = conn.peer_label();
-                    // Boxed: the TLS handshake's state is not held for the stream's life.
-                    let (io, peer) = match Box::pin(ready(conn, deadline, &metrics)).await {
-                        Ok(ready) => ready,
-                        Err(e) => {
-                            handshake_failures.record(
-                                &handshake_failures::Listener::Agent,
-                                &peer_label,
-                                &e,
-                            );
-                            return Ok(());
-                        }
-                    };
-                    let connection = Connection {
-                        peer: Arc::new(peer),
-                        setup_deadline: Some(deadline),
-                    };
-                    // Agent streams never end by themselves; `stop` cuts them (see accept_loop).
-                    let served = tether_grpc::server::serve_connection(
-                        io,
-                        &settings,
-                        connection,
-                        move |call| service.clone().serve(call, admission.clone()),
-                        std::future::pending(),
-                    )
-                    .await;
-                    count_connection_end(&metrics, &served);
-                    served.map_err(|e| std::io::Error::other(e.to_string()))
-                }
+                serve::agent_connection(
+                    agent_service.clone(),
+                    agent_settings.clone(),
+                    limit_metrics.clone(),
+                    handshake_failures.clone(),
+                    (conn, deadline, admission),
+                )
             },
         );
         let frontend_service = Arc::new(frontend::connection::FrontendService {
             hub: hub.clone(),
-            settings: frontend_settings,
+            settings: H2Settings::frontend()
+                .with_keepalive(config.frontend_keepalive)
+                .with_idle_timeout(limits.idle_connection_timeout)
+                .with_max_concurrent_streams(limits.max_streams_per_frontend_connection),
             shutdown: shutdown.clone(),
             mode: config.mode,
             metrics: limit_metrics.clone(),
@@ -527,7 +441,8 @@ impl Server {
             strangers: warn_limit::WarnLimit::new(Duration::from_secs(1)),
             handshake_failures: handshake_failures::HandshakeFailures::frontends(&registry),
         });
-        let frontend_loop = accept_loop(
+        let frontend_gate = Gate::frontends(limits, limit_metrics.clone());
+        let frontend_loop = serve::accept_loop(
             &frontend,
             &frontends,
             &shutdown,
@@ -552,7 +467,7 @@ impl Server {
                 frontend_gate.clone(),
             );
             tenant_loops.spawn(async move {
-                accept_loop(
+                serve::accept_loop(
                     &listener,
                     &tasks,
                     &shutdown,
@@ -567,32 +482,104 @@ impl Server {
 
         tokio::join!(agent_loop, frontend_loop, tenant_loops);
 
-        // Shutting down: no new connections are accepted from here on.
-        shutting_down.store(true, Ordering::Release);
-        drop(frontend);
-        frontends.close();
-        agents.close();
-        agent_service.streams.close();
-        let grace = config.graceful_shutdown_timeout;
-        if !grace.is_zero() {
-            tracing::info!(?grace, "draining live connections");
-            let _ = tokio::time::timeout(grace, frontends.wait()).await;
+        shutdown::Draining {
+            shutting_down,
+            frontend,
+            frontends,
+            agents,
+            streams: agent_service.streams.clone(),
+            endpoints,
+            stop,
+            audit_writer,
         }
-        stop.cancel();
-        // Cut connections drop their HTTP/2 state at once, which ends every stream task.
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            frontends.wait().await;
-            agents.wait().await;
-            agent_service.streams.wait().await;
-        })
+        .drain(config.graceful_shutdown_timeout)
         .await;
-        endpoints.close();
-        endpoints.wait().await;
-        if let Some((_, writer)) = audit_writer {
-            writer.finish().await;
-        }
-        tracing::info!("proxy server stopped");
     }
+}
+
+/// The state every dial and agent stream shares: the tenant table, destination policies,
+/// metrics and the audit log.
+fn build_hub(config: &Config, registry: &Registry, audit: Option<Arc<audit::Audit>>) -> Hub {
+    let metrics = Arc::new(metrics::ServerMetrics::register(registry));
+    Hub::new(
+        tenant::Tenants::new(
+            &config.strategies,
+            &config.routing.tenants,
+            config.routing.bandwidth,
+            config.routing.selection(),
+            registry,
+        ),
+        destinations::DestinationPolicies::new(
+            &config.routing.destinations,
+            registry,
+            metrics.clone(),
+        ),
+        metrics,
+        config.routing.ejection,
+        Arc::new(backend::selection_metrics::SelectionMetrics::register(
+            registry,
+        )),
+        audit,
+        config.server_id.clone(),
+    )
+}
+
+/// What every agent stream shares: admission, identity binding, reverse-dial policy and
+/// resumption; `stop` cuts the streams.
+fn build_agent_service(
+    config: &Config,
+    hub: Arc<Hub>,
+    limit_metrics: LimitMetrics,
+    stop: CancellationToken,
+) -> AgentService {
+    let limits = &config.limits;
+    AgentService {
+        hub,
+        server_id: config.server_id.clone(),
+        server_count: config.server_count,
+        flow: config.flow,
+        dial_timeout: config.dial_timeout,
+        next_stream_id: AtomicU64::new(1),
+        dead_agent_timeout: config
+            .dead_agent_timeout
+            .filter(|_| config.agent_keepalive.is_some()),
+        admission: Admission::new(limits.max_agents, limit_metrics.clone()),
+        binding: Binding::new(
+            config.agent_identity_binding,
+            config
+                .agent_token_auth
+                .as_ref()
+                .and_then(|auth| auth.nodes.clone()),
+            limit_metrics.clone(),
+        ),
+        limit_metrics,
+        token_auth: config.agent_token_auth.clone(),
+        control_plane: control_plane::ReversePolicy::new(
+            config.control_plane.clone(),
+            &config.routing.tenants,
+            limits.max_reverse_connections_per_stream,
+        ),
+        resumable: (!config.resume_window.is_zero())
+            .then(|| backend::resume::Resumable::new(config.resume_window)),
+        streams: TaskTracker::new(),
+        stop,
+    }
+}
+
+/// The agent listener's HTTP/2 settings: keepalive, idle timeout and the shared budget of
+/// large incomplete messages.
+fn agent_settings(config: &Config, limit_metrics: &LimitMetrics) -> H2Settings {
+    let partial_messages = {
+        let metrics = limit_metrics.clone();
+        tether_grpc::PartialMessageBudget::new(
+            config.limits.agent_partial_message_bytes,
+            move || metrics.hit(Limit::PartialMessages),
+        )
+    };
+    H2Settings::agent_stream()
+        .with_keepalive(config.agent_keepalive)
+        .with_idle_timeout(config.limits.idle_connection_timeout)
+        .with_partial_message_budget(Some(partial_messages))
 }
 
 /// Refuses two of the server's own TCP listeners on one port (the check tenant frontends
@@ -680,7 +667,7 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
             let tls = match &frontend.client_ca {
                 None => main_tls,
                 Some(ca) => TlsSource::TenantCa(Arc::new(
-                    tenant_frontend::TenantTls::new(main_tls, ca)
+                    TenantTls::new(main_tls, ca)
                         .map_err(|e| refuse(format!("frontend.client_ca: {e}")))?,
                 )),
             };
@@ -696,128 +683,4 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
         }
     }
     Ok(bound)
-}
-
-/// What a listener checks at accept: its connection slots and the setup deadline.
-#[derive(Clone)]
-struct Gate {
-    slots: Arc<ConnectionSlots>,
-    setup_timeout: Duration,
-    metrics: LimitMetrics,
-    /// The flags of the listener's caps, named when they refuse a connection.
-    flags: CapFlags,
-}
-
-/// The flags that set one listener's total and per-address connection caps.
-#[derive(Clone, Copy, Debug)]
-struct CapFlags {
-    total: &'static str,
-    per_address: &'static str,
-    /// What the per-address cap counts.
-    per_address_counts: &'static str,
-}
-
-impl CapFlags {
-    const AGENT: Self = Self {
-        total: "--max-agent-connections",
-        per_address: "--max-agent-connections-per-address",
-        per_address_counts: "connections from one address with no agent stream admitted yet; \
-            admitted agents do not count, however many share the address",
-    };
-    const FRONTEND: Self = Self {
-        total: "--max-frontend-connections",
-        per_address: "--max-frontend-connections-per-address",
-        per_address_counts: "open connections from one address",
-    };
-
-    /// The flag that sets `limit`, and what it counts.
-    fn of(self, limit: Limit) -> String {
-        match limit {
-            Limit::AddressConnections => {
-                format!("{} ({})", self.per_address, self.per_address_counts)
-            }
-            _ => format!("{} (open connections on this listener)", self.total),
-        }
-    }
-}
-
-/// Completes TLS by the setup deadline, counting a connection that missed it.
-async fn ready(
-    conn: net::Accepted,
-    deadline: tokio::time::Instant,
-    metrics: &LimitMetrics,
-) -> std::io::Result<(Box<dyn net::Io>, tether_grpc::PeerIdentity)> {
-    let ready = conn.ready(deadline).await;
-    if let Err(e) = &ready
-        && e.kind() == std::io::ErrorKind::TimedOut
-    {
-        metrics.hit(Limit::SetupTimeout);
-    }
-    ready
-}
-
-/// Counts connections that ended because setup missed its deadline.
-fn count_connection_end(metrics: &LimitMetrics, served: &Result<(), tether_grpc::GrpcError>) {
-    if let Err(tether_grpc::GrpcError::HandshakeTimeout) = served {
-        metrics.hit(Limit::SetupTimeout);
-    }
-}
-
-/// Accepts until `shutdown`, running each connection as a tracked task that ends when it
-/// finishes or when `stop` cuts it. A connection over a listener's caps is closed at once;
-/// every other one gets a setup deadline counted from its accept.
-async fn accept_loop<F, Fut>(
-    listener: &Listener,
-    tasks: &TaskTracker,
-    shutdown: &CancellationToken,
-    stop: &CancellationToken,
-    gate: &Gate,
-    mut serve: F,
-) where
-    F: FnMut(net::Accepted, tokio::time::Instant, SlotAdmission) -> Fut,
-    Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
-{
-    let refusals = warn_limit::WarnLimit::new(Duration::from_secs(1));
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok(conn) => {
-                let peer = conn.peer_label();
-                let slot = match gate.slots.take(conn.peer.addr.map(|a| a.ip())) {
-                    Ok(slot) => slot,
-                    Err(limit) => {
-                        gate.metrics.hit(limit);
-                        if let Some(suppressed) = refusals.allow() {
-                            let flag = gate.flags.of(limit);
-                            tracing::warn!(%peer, suppressed, "connection limit reached: closing the new connection before TLS; raise {flag}");
-                        }
-                        continue;
-                    }
-                };
-                let deadline = tokio::time::Instant::now() + gate.setup_timeout;
-                // Boxed: an async block that captures a future and awaits it keeps two
-                // copies of it for the task's life (the capture and the awaited local), and
-                // a connection's future is 3.6–4 KiB.
-                let fut = Box::pin(serve(conn, deadline, slot.admission()));
-                let stop = stop.clone();
-                tasks.spawn(async move {
-                    let _slot = slot;
-                    tokio::select! {
-                        result = fut => if let Err(e) = result {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        },
-                        () = stop.cancelled() => {}
-                    }
-                });
-            }
-            Err(e) => {
-                // Out of descriptors or similar: back off rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }

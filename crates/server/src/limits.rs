@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use tether_observe::metrics::{Counter, CounterVec, Registry};
 
+/// The default of `--control-plane-max-connections-per-stream`.
+pub const DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM: usize = 256;
+
 /// The server's limits; `Default` is the safe default every flag documents.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -59,8 +62,7 @@ impl Default for Limits {
             max_streams_per_frontend_connection: tether_grpc::DEFAULT_FRONTEND_STREAMS,
             max_agents: 20_000,
             first_packet_timeout: Duration::from_secs(60),
-            max_reverse_connections_per_stream:
-                crate::control_plane::DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM,
+            max_reverse_connections_per_stream: DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM,
             agent_partial_message_bytes: 64 << 20,
             max_http_connections: tether_observe::http::DEFAULT_MAX_CONNECTIONS,
         }

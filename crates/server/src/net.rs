@@ -3,7 +3,6 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -13,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::tls_source::TlsSource;
 use crate::unix_socket::SocketFile;
 
 /// An accepted, ready-to-use byte stream.
@@ -100,36 +100,6 @@ pub(crate) enum Listener {
         listener: TcpListener,
         tls: TlsSource,
     },
-}
-
-/// The TLS config of a listener: fixed, reloaded from its files (see `tls_reload`), or a
-/// tenant's own CA over the main frontend's (see `tenant_frontend`).
-#[derive(Clone)]
-pub(crate) enum TlsSource {
-    Fixed(Arc<rustls::ServerConfig>),
-    Reloading(Arc<tether_tls::Reloading<rustls::ServerConfig>>),
-    TenantCa(Arc<crate::tenant_frontend::TenantTls>),
-}
-
-impl TlsSource {
-    pub(crate) fn new(
-        config: Arc<rustls::ServerConfig>,
-        reloading: Option<Arc<tether_tls::Reloading<rustls::ServerConfig>>>,
-    ) -> Self {
-        match reloading {
-            Some(r) => Self::Reloading(r),
-            None => Self::Fixed(config),
-        }
-    }
-
-    /// The config for a new handshake: the newest.
-    pub(crate) fn config(&self) -> Arc<rustls::ServerConfig> {
-        match self {
-            Self::Fixed(config) => config.clone(),
-            Self::Reloading(reloading) => reloading.current(),
-            Self::TenantCa(tenant) => tenant.config(),
-        }
-    }
 }
 
 impl std::fmt::Debug for Listener {

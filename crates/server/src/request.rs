@@ -1,14 +1,15 @@
-//! What the server knows about one dial request, carried from accept to dial.
+//! What the server knows about one dial request, carried from accept to dial, and then
+//! followed by its agent stream until the connection ends ([`Requests`]).
 //!
 //! Agent selection reads it today; destination policy per client, audit records and tenancy
 //! key on the same value, so nothing downstream has to reconstruct who asked for what.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
-
-use crate::tenant::Tenant;
 
 /// Which frontend a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,9 +37,9 @@ pub(crate) struct RequestContext {
     /// The requested `host:port`, already checked by the frontend.
     pub(crate) address: String,
     pub(crate) dial_id: DialId,
-    /// The tenant whose own frontend the request arrived on; `None` on the main frontend,
-    /// where the tenant is resolved from `peer`.
-    pub(crate) tenant: Option<Arc<Tenant>>,
+    /// The name of the tenant whose own frontend the request arrived on; `None` on the main
+    /// frontend, where the tenant is resolved from `peer`.
+    pub(crate) tenant: Option<Arc<str>>,
 }
 
 impl RequestContext {
@@ -48,7 +49,7 @@ impl RequestContext {
         protocol: String,
         address: String,
         dial_id: DialId,
-        tenant: Option<Arc<Tenant>>,
+        tenant: Option<Arc<str>>,
     ) -> Self {
         Self {
             frontend,
@@ -71,5 +72,50 @@ impl RequestContext {
             DialId(1),
             None,
         )
+    }
+}
+
+/// Who asked for each of a stream's dials and connections, by dial ID: the client and
+/// frontend introspection shows, and the request and dial latency an audit record carries.
+/// Written when a dial starts, when it is answered (only while auditing) and when it ends,
+/// never per packet.
+#[derive(Debug, Default)]
+pub(crate) struct Requests(Mutex<HashMap<DialId, Followed>>);
+
+/// One dial's request, and once answered, how long the agent took.
+#[derive(Debug)]
+pub(crate) struct Followed {
+    pub(crate) request: Arc<RequestContext>,
+    pub(crate) latency: Option<Duration>,
+}
+
+impl Requests {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Followed>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `request` unless its dial ID is taken (the table then refuses the dial).
+    pub(crate) fn insert(&self, request: &RequestContext) -> bool {
+        match self.lock().entry(request.dial_id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Followed {
+                    request: Arc::new(request.clone()),
+                    latency: None,
+                });
+                true
+            }
+        }
+    }
+
+    /// Notes how long the agent took to answer `dial_id`.
+    pub(crate) fn answered(&self, dial_id: DialId, latency: Option<Duration>) {
+        if let Some(followed) = self.lock().get_mut(&dial_id) {
+            followed.latency = latency;
+        }
+    }
+
+    pub(crate) fn remove(&self, dial_id: DialId) -> Option<Followed> {
+        self.lock().remove(&dial_id)
     }
 }

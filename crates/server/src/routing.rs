@@ -44,9 +44,11 @@ use serde::Deserialize;
 use tether_policy::Cidr;
 
 pub use crate::backend::outlier::EjectionConfig;
+use crate::backend::selection::SelectionConfig;
 pub use crate::backend::selection::ZoneRule;
 pub use crate::destinations::{DestinationPolicyConfig, MAX_DESTINATION_POLICIES};
-pub use crate::tenant::{Identity, MAX_TENANTS, TenantConfig, TenantLimits};
+pub use crate::identity::Identity;
+pub use crate::tenant_config::{MAX_TENANTS, TenantConfig, TenantLimits};
 use crate::tenant_frontend;
 pub use crate::tenant_frontend::TenantFrontend;
 
@@ -157,6 +159,14 @@ struct EjectionEntry {
 }
 
 impl RoutingConfig {
+    /// The settings tether's strategies read, which every tenant's registry shares.
+    pub(crate) fn selection(&self) -> SelectionConfig {
+        SelectionConfig {
+            zone_rules: self.zone_rules.clone(),
+            client_affinity: self.client_affinity,
+        }
+    }
+
     /// Parses and validates a routing file's text; errors name the entry at fault.
     pub fn from_yaml(text: &str) -> Result<Self, String> {
         // serde_saphyr starts its text with "error: ", which the caller's own prefix repeats.

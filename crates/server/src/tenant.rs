@@ -11,7 +11,7 @@
 //! An idle tenant is its table entry, an empty registry and a few counters: metric series
 //! are created on first use.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -19,162 +19,14 @@ use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};
 
 use crate::backend::admission::AgentTable;
-use crate::backend::registry::{Registry, Strategy};
+use crate::backend::health::TenantLoad;
+use crate::backend::registry::Registry;
+use crate::backend::selection::{SelectionConfig, Strategy};
 use crate::backend::session::AgentSession;
 use crate::bandwidth::Bandwidth;
 use crate::byte_rate::{ByteRate, TenantShare};
-use crate::routing::RoutingConfig;
-
-/// Most tenants a routing file may declare: bounds the `tenant` label's cardinality.
-pub const MAX_TENANTS: usize = 10_000;
-
-/// A proven identity in the tenant table.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Identity {
-    /// `cert:NAME`: the certificate's CN, a DNS SAN or a URI SAN.
-    CertName(String),
-    /// `uid:N`: the peer process's uid on a Unix socket frontend.
-    UnixUid(u32),
-    /// `sa:NAMESPACE` or `sa:NAMESPACE:NAME`: an agent whose token review (token
-    /// authentication) proved a ServiceAccount of that namespace (and name).
-    ServiceAccount {
-        namespace: String,
-        name: Option<String>,
-    },
-}
-
-/// The prefix of a ServiceAccount's user name in a TokenReview.
-const SERVICE_ACCOUNT_USER: &str = "system:serviceaccount:";
-
-/// What a peer proved: its connection's identity and, for an agent with token
-/// authentication, the reviewed user name (`system:serviceaccount:NS:NAME`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Proof<'a> {
-    pub(crate) peer: &'a PeerIdentity,
-    pub(crate) token_user: Option<&'a str>,
-}
-
-impl<'a> Proof<'a> {
-    pub(crate) fn peer(peer: &'a PeerIdentity) -> Self {
-        Self {
-            peer,
-            token_user: None,
-        }
-    }
-
-    /// The ServiceAccount's namespace and name, when the token proved one.
-    fn service_account(&self) -> Option<(&'a str, &'a str)> {
-        self.token_user?
-            .strip_prefix(SERVICE_ACCOUNT_USER)?
-            .split_once(':')
-    }
-}
-
-impl std::fmt::Display for Proof<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.token_user {
-            Some(user) => write!(f, "{}", tether_grpc::LogText(user)),
-            None => write!(f, "{}", self.peer.principal()),
-        }
-    }
-}
-
-impl Identity {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        match text.split_once(':') {
-            Some(("cert", name)) if !name.is_empty() => Ok(Self::CertName(name.to_owned())),
-            Some(("uid", uid)) => uid
-                .parse()
-                .map(Self::UnixUid)
-                .map_err(|_| format!("{text:?}: uid must be a number")),
-            Some(("sa", account)) => {
-                let (namespace, name) = match account.split_once(':') {
-                    Some((namespace, name)) => (namespace, Some(name)),
-                    None => (account, None),
-                };
-                if !is_dns_label(namespace) {
-                    return Err(format!(
-                        "{text:?}: the namespace must be a DNS label (lowercase letters, digits and '-', at most 63)"
-                    ));
-                }
-                if name.is_some_and(|n| n.is_empty() || n.len() > 253 || n.contains(':')) {
-                    return Err(format!(
-                        "{text:?}: the ServiceAccount name must be 1 to 253 characters without ':'"
-                    ));
-                }
-                Ok(Self::ServiceAccount {
-                    namespace: namespace.to_owned(),
-                    name: name.map(str::to_owned),
-                })
-            }
-            _ => Err(format!(
-                "{text:?}: expected cert:NAME (a certificate's CN or SAN), uid:N (a Unix socket peer) or sa:NAMESPACE[:NAME] (an agent's ServiceAccount, with token authentication)"
-            )),
-        }
-    }
-
-    pub(crate) fn matches(&self, proof: &Proof<'_>) -> bool {
-        let peer = proof.peer;
-        match self {
-            Self::CertName(name) => peer.certificate.as_ref().is_some_and(|c| c.has_name(name)),
-            Self::UnixUid(uid) => peer.unix.is_some_and(|u| u.uid == *uid),
-            Self::ServiceAccount { namespace, name } => {
-                proof.service_account().is_some_and(|(ns, n)| {
-                    ns == namespace && name.as_ref().is_none_or(|name| name == n)
-                })
-            }
-        }
-    }
-
-    /// Whether a peer arriving over `transport` can prove this identity at all: a
-    /// certificate name over TLS, a uid on a Unix socket (a token is agents' only).
-    fn provable_over(&self, transport: PeerTransport) -> bool {
-        match self {
-            Self::CertName(_) => transport == PeerTransport::Tls,
-            Self::UnixUid(_) => transport == PeerTransport::Unix,
-            Self::ServiceAccount { .. } => false,
-        }
-    }
-}
-
-/// A Kubernetes namespace name: an RFC 1123 label.
-fn is_dns_label(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 63
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !text.starts_with('-')
-        && !text.ends_with('-')
-}
-
-/// Caps on one tenant; `None` is unlimited.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct TenantLimits {
-    /// Established connections plus pending dials.
-    pub connections: Option<u64>,
-    pub pending_dials: Option<u64>,
-    /// New dials per second, with a burst of one second's worth.
-    pub dials_per_second: Option<f64>,
-    /// Bytes per second over all the tenant's connections, both directions together.
-    pub bytes_per_second: Option<u64>,
-}
-
-/// One row of the tenant table.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TenantConfig {
-    pub name: String,
-    pub clients: Vec<Identity>,
-    pub agents: Vec<Identity>,
-    pub limits: TenantLimits,
-    /// The tenant's own listeners: every client on them is this tenant's.
-    pub frontend: Option<crate::tenant_frontend::TenantFrontend>,
-    /// Its share of the server's bandwidth against other busy tenants (1 unless set).
-    pub weight: u32,
-    /// Where its agents' reverse dials may go; `None`: the server's `--control-plane-endpoints`,
-    /// empty: nowhere.
-    pub control_plane_endpoints: Option<Vec<String>>,
-}
+use crate::identity::Proof;
+use crate::tenant_config::{TenantConfig, TenantLimits};
 
 /// Which cap a dial hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,21 +46,6 @@ impl TenantLimit {
     }
 }
 
-/// Counters every agent stream of a tenant updates.
-#[derive(Debug, Default)]
-pub(crate) struct TenantLoad {
-    pub(crate) pending: AtomicU64,
-    pub(crate) open: AtomicU64,
-}
-
-impl TenantLoad {
-    pub(crate) fn release_pending(&self) {
-        let _ = self
-            .pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-    }
-}
-
 /// A token bucket for the dial rate.
 #[derive(Debug)]
 struct Bucket {
@@ -219,7 +56,8 @@ struct Bucket {
 /// A tenant at run time.
 #[derive(Debug)]
 pub(crate) struct Tenant {
-    pub(crate) name: String,
+    /// Shared with the requests of its own frontend, which name it.
+    pub(crate) name: Arc<str>,
     limits: TenantLimits,
     pub(crate) load: Arc<TenantLoad>,
     bucket: Mutex<Option<Bucket>>,
@@ -238,18 +76,18 @@ impl Tenant {
         name: String,
         limits: TenantLimits,
         strategies: &[Strategy],
-        routing: &Arc<RoutingConfig>,
+        selection: &Arc<SelectionConfig>,
         metrics: Arc<TenantMetrics>,
         share: Option<TenantShare>,
     ) -> Self {
         let waits = metrics.byte_rate_waits.with(&[&name]);
         let byte_rate = ByteRate::new(limits.bytes_per_second, share, waits).map(Arc::new);
         Self {
-            name,
+            name: name.into(),
             limits,
             load: Arc::default(),
             bucket: Mutex::new(None),
-            registry: Mutex::new(Registry::new(strategies, routing.clone())),
+            registry: Mutex::new(Registry::new(strategies, selection.clone())),
             agent_ids: Arc::default(),
             metrics,
             dials: OnceLock::new(),
@@ -391,22 +229,29 @@ pub(crate) enum Side {
 }
 
 impl Tenants {
-    pub(crate) fn new(strategies: &[Strategy], routing: &RoutingConfig, metrics: &Metrics) -> Self {
-        let shared = Arc::new(routing.clone());
+    /// The table of `tenants` (none: one implicit tenant), sharing `bandwidth` bytes/s by
+    /// weight when set; every tenant's registry selects with `strategies` and `selection`.
+    pub(crate) fn new(
+        strategies: &[Strategy],
+        tenants: &[TenantConfig],
+        bandwidth: Option<u64>,
+        selection: SelectionConfig,
+        metrics: &Metrics,
+    ) -> Self {
+        let selection = Arc::new(selection);
         let metrics = Arc::new(TenantMetrics::register(metrics));
-        let bandwidth = routing.bandwidth.map(|rate| {
+        let bandwidth = bandwidth.map(|rate| {
             // The implicit tenant, alone, has the whole bandwidth.
-            let tenants: Vec<(&str, u32)> = if routing.tenants.is_empty() {
+            let shares: Vec<(&str, u32)> = if tenants.is_empty() {
                 vec![("", 1)]
             } else {
-                routing
-                    .tenants
+                tenants
                     .iter()
                     .map(|t| (t.name.as_str(), t.weight))
                     .collect()
             };
-            let weights: Vec<u32> = tenants.iter().map(|(_, weight)| *weight).collect();
-            let gauges = tenants
+            let weights: Vec<u32> = shares.iter().map(|(_, weight)| *weight).collect();
+            let gauges = shares
                 .iter()
                 .map(|(name, _)| metrics.bandwidth_share.with(&[name]))
                 .collect();
@@ -417,8 +262,7 @@ impl Tenants {
                 .clone()
                 .map(|bandwidth| TenantShare { bandwidth, index })
         };
-        let table: Vec<_> = routing
-            .tenants
+        let table: Vec<_> = tenants
             .iter()
             .enumerate()
             .map(|(index, config)| {
@@ -426,7 +270,7 @@ impl Tenants {
                     config.name.clone(),
                     config.limits,
                     strategies,
-                    &shared,
+                    &selection,
                     metrics.clone(),
                     share(index),
                 );
@@ -438,7 +282,7 @@ impl Tenants {
                 String::new(),
                 TenantLimits::default(),
                 strategies,
-                &shared,
+                &selection,
                 metrics.clone(),
                 share(0),
             ))
@@ -562,6 +406,19 @@ pub(crate) mod tests {
     use tether_grpc::{CertificateNames, PeerTransport, UnixCredentials};
 
     use super::*;
+    use crate::identity::Identity;
+    use crate::routing::RoutingConfig;
+
+    /// The table a routing file declares.
+    fn table(routing: &RoutingConfig, metrics: &Metrics) -> Tenants {
+        Tenants::new(
+            &[Strategy::Default],
+            &routing.tenants,
+            routing.bandwidth,
+            routing.selection(),
+            metrics,
+        )
+    }
 
     /// A TLS peer whose certificate names are `names` (the first is the common name).
     pub(crate) fn cert(names: &[&str]) -> PeerIdentity {
@@ -636,11 +493,11 @@ pub(crate) mod tests {
             "tenants:\n  - {name: a, clients: [\"cert:api.a\", \"uid:1001\"], agents: [\"cert:ag.a\"]}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"cert:ag.b\"]}\n",
         )
         .unwrap();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let tenants = table(&routing, &Metrics::new());
         let name = |side, peer: &PeerIdentity| {
             tenants
                 .resolve(side, Proof::peer(peer))
-                .map(|t| t.name.clone())
+                .map(|t| t.name.to_string())
         };
         assert_eq!(name(Side::Client, &cert(&["api.b"])).unwrap(), "b");
         assert_eq!(name(Side::Agent, &cert(&["ag.a"])).unwrap(), "a");
@@ -668,11 +525,7 @@ pub(crate) mod tests {
         };
         assert_eq!(name(Side::Client, &unix).unwrap(), "a");
         // No table: one implicit tenant for everyone.
-        let open = Tenants::new(
-            &[Strategy::Default],
-            &RoutingConfig::default(),
-            &Metrics::new(),
-        );
+        let open = table(&RoutingConfig::default(), &Metrics::new());
         assert!(
             open.resolve(Side::Client, Proof::peer(&PeerIdentity::unknown()))
                 .is_ok()
@@ -704,7 +557,7 @@ pub(crate) mod tests {
 ",
         )
         .unwrap();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &registry);
+        let tenants = table(&routing, &registry);
         let on = |name: &str, peer: &PeerIdentity| {
             tenants.admit_own_frontend(tenants.by_name(name).unwrap(), peer)
         };
@@ -748,7 +601,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         routing.tenants[0].clients.clear();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let tenants = table(&routing, &Metrics::new());
         let a = tenants.by_name("a").unwrap();
         let err = tenants
             .admit_own_frontend(a, &cert(&["api.a"]))
@@ -765,7 +618,7 @@ pub(crate) mod tests {
             "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"sa:tenant-a\"]}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"sa:tenant-b:agent\"]}\n",
         )
         .unwrap();
-        let tenants = Tenants::new(&[Strategy::Default], &routing, &Metrics::new());
+        let tenants = table(&routing, &Metrics::new());
         let peer = PeerIdentity::unknown();
         let agent = |user: &str| {
             tenants
@@ -776,7 +629,7 @@ pub(crate) mod tests {
                         token_user: Some(user),
                     },
                 )
-                .map(|t| t.name.clone())
+                .map(|t| t.name.to_string())
         };
         assert_eq!(
             agent("system:serviceaccount:tenant-a:anything").unwrap(),

@@ -15,9 +15,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
-
-use crate::net::TlsSource;
 
 /// Where one tenant's own frontend listens; at least one of the two is set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -65,50 +62,6 @@ impl TenantFrontend {
             tcp,
             client_ca,
         })
-    }
-}
-
-/// A tenant's TCP listener with its own client CA: the main frontend's TLS config, followed
-/// through its reloads (a rotated certificate), with the tenant's CA verifying clients.
-pub(crate) struct TenantTls {
-    main: TlsSource,
-    client_ca: tether_tls::ClientCa,
-    /// The main config last seen and the config derived from it.
-    derived: Mutex<(Arc<rustls::ServerConfig>, Arc<rustls::ServerConfig>)>,
-}
-
-impl TenantTls {
-    pub(crate) fn new(main: TlsSource, client_ca: &Path) -> Result<Self, tether_tls::TlsError> {
-        let base = main.config();
-        let client_ca = tether_tls::ClientCa::load(client_ca, base.crypto_provider())?;
-        let derived = client_ca.apply(&base)?;
-        Ok(Self {
-            main,
-            client_ca,
-            derived: Mutex::new((base, derived)),
-        })
-    }
-
-    /// The config for a new handshake, derived again when the main one was reloaded.
-    pub(crate) fn config(&self) -> Arc<rustls::ServerConfig> {
-        let base = self.main.config();
-        let mut derived = self.derived.lock().unwrap_or_else(|e| e.into_inner());
-        if !Arc::ptr_eq(&derived.0, &base) {
-            match self.client_ca.apply(&base) {
-                Ok(config) => *derived = (base, config),
-                // Not expected: the base was built the same way. The previous config stays.
-                Err(e) => {
-                    tracing::warn!(error = %e, "a tenant frontend keeps its previous TLS config")
-                }
-            }
-        }
-        derived.1.clone()
-    }
-}
-
-impl std::fmt::Debug for TenantTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenantTls").finish_non_exhaustive()
     }
 }
 

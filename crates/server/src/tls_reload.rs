@@ -1,12 +1,23 @@
 //! Polling the listeners' certificate files and swapping in new TLS configs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tether_observe::metrics::{CounterVec, Registry};
 use tether_tls::{ReloadOutcome, Reloading};
 use tokio_util::sync::CancellationToken;
 
-use crate::TlsReload;
+/// Listener TLS configs rebuilt from their files when those change (certificate rotation).
+/// When set, these replace the [`Config`](crate::Config)'s `agent_tls` and the frontend's
+/// `tls` for new handshakes.
+#[derive(Clone, Debug)]
+pub struct TlsReload {
+    /// How often the files are checked.
+    pub interval: Duration,
+    pub agent: Arc<Reloading<rustls::ServerConfig>>,
+    /// The TCP frontend's; `None` for a Unix socket frontend.
+    pub frontend: Option<Arc<Reloading<rustls::ServerConfig>>>,
+}
 
 /// `tether_server_tls_reloads_total{listener, outcome}`.
 #[derive(Debug)]

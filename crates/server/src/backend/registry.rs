@@ -7,78 +7,13 @@
 //! among every agent's first stream with the pure functions of `selection`.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tether_proto::Identifiers;
 
-use super::selection::{self, Candidate};
+use super::selection::{self, Candidate, SelectionConfig, Strategy};
 use crate::request::RequestContext;
-use crate::routing::RoutingConfig;
-
-/// A `--proxy-strategies` entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    /// Any agent, chosen at random.
-    Default,
-    /// The agent whose `host`, `ipv4` or `ipv6` identifier equals the destination host.
-    DestHost,
-    /// Any agent that advertised `default-route=true`, chosen at random.
-    DefaultRoute,
-    /// tether: an agent in the destination's zone (from the routing file's CIDR rules, or
-    /// the zone of the agents whose CIDRs cover it), else in its region; least loaded.
-    Topology,
-    /// tether: the agents whose `cidr`/`ipv4`/`ipv6` identifiers cover the destination
-    /// address with the longest prefix; least loaded among them.
-    DestCidr,
-    /// tether: any agent, by the power of two choices on its load.
-    LeastLoaded,
-}
-
-impl Strategy {
-    /// Upstream's spelling, also the `proxy_strategy` metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Default => "default",
-            Self::DestHost => "destHost",
-            Self::DefaultRoute => "defaultRoute",
-            Self::Topology => "topology",
-            Self::DestCidr => "destCIDR",
-            Self::LeastLoaded => "leastLoaded",
-        }
-    }
-
-    /// Parses the comma-separated flag value; empty or unknown entries are errors.
-    pub fn parse_list(value: &str) -> Result<Vec<Self>, String> {
-        let list: Vec<Self> = value
-            .split(',')
-            .map(|s| s.trim().parse())
-            .collect::<Result<_, _>>()?;
-        if list.is_empty() {
-            return Err("--proxy-strategies must not be empty".into());
-        }
-        Ok(list)
-    }
-}
-
-impl FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "default" => Ok(Self::Default),
-            "destHost" => Ok(Self::DestHost),
-            "defaultRoute" => Ok(Self::DefaultRoute),
-            "topology" => Ok(Self::Topology),
-            "destCIDR" => Ok(Self::DestCidr),
-            "leastLoaded" => Ok(Self::LeastLoaded),
-            other => Err(format!(
-                "unknown proxy strategy {other:?} (expected default, destHost, defaultRoute, \
-                 or tether's topology, destCIDR, leastLoaded)"
-            )),
-        }
-    }
-}
 
 /// What the registry needs to know about a connected agent stream.
 pub(crate) trait Backend: Clone {
@@ -122,14 +57,14 @@ pub(crate) struct Registry<B> {
     /// Agent IDs with a stream from a tether agent, kept as streams come and go so that
     /// `tether_server_connected_agents` costs no walk over every agent.
     tether_agents: usize,
-    /// Shared by every tenant's registry: an idle tenant must not copy the table.
-    routing: Arc<RoutingConfig>,
+    /// Shared by every tenant's registry: an idle tenant must not copy the zone rules.
+    config: Arc<SelectionConfig>,
     /// Dials handed out so far.
     picks: u64,
 }
 
 impl<B: Backend> Registry<B> {
-    pub(crate) fn new(strategies: &[Strategy], routing: Arc<RoutingConfig>) -> Self {
+    pub(crate) fn new(strategies: &[Strategy], config: Arc<SelectionConfig>) -> Self {
         Self {
             indexes: strategies
                 .iter()
@@ -140,7 +75,7 @@ impl<B: Backend> Registry<B> {
                 .collect(),
             agents: HashMap::new(),
             tether_agents: 0,
-            routing,
+            config,
             picks: 0,
         }
     }
@@ -201,7 +136,7 @@ impl<B: Backend> Registry<B> {
     pub(crate) fn select(&mut self, request: &RequestContext, now: Instant) -> Option<Selected<B>> {
         let host = host_of(&request.address);
         let affinity_key = self
-            .routing
+            .config
             .client_affinity
             .then(|| request.peer.principal().to_string());
         let selected = self.indexes.iter().find_map(|index| {
@@ -219,7 +154,7 @@ impl<B: Backend> Registry<B> {
                     let request = selection::Request {
                         host,
                         affinity_key: affinity_key.as_deref(),
-                        zone_rules: &self.routing.zone_rules,
+                        zone_rules: &self.config.zone_rules,
                     };
                     let set = selection::candidate_set(index.strategy, &snapshot, &request)?;
                     let chosen =

@@ -1,5 +1,7 @@
-//! tether's agent selection, as a pure function of a snapshot of the candidates and the
-//! request: no clock, no locks, no randomness of its own (the caller passes the dice).
+//! The proxy strategies and tether's agent selection, as a pure function of a snapshot of
+//! the candidates and the request: no clock, no locks, no randomness of its own (the caller
+//! passes the dice). The registry, which holds the agents, asks it; this module knows
+//! nothing of agent streams or the routing file, so both can build on it.
 //!
 //! Every tether strategy narrows the candidates to a set (the destination's zone, the agents
 //! whose CIDRs cover the address, or everyone) and then picks one in that set:
@@ -11,10 +13,81 @@
 //!   loaded wins, and on a tie the one picked longer ago (which keeps idle fleets balanced).
 
 use std::net::IpAddr;
+use std::str::FromStr;
 
 use tether_policy::Cidr;
 
-use super::registry::Strategy;
+/// A `--proxy-strategies` entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Any agent, chosen at random.
+    Default,
+    /// The agent whose `host`, `ipv4` or `ipv6` identifier equals the destination host.
+    DestHost,
+    /// Any agent that advertised `default-route=true`, chosen at random.
+    DefaultRoute,
+    /// tether: an agent in the destination's zone (from the routing file's CIDR rules, or
+    /// the zone of the agents whose CIDRs cover it), else in its region; least loaded.
+    Topology,
+    /// tether: the agents whose `cidr`/`ipv4`/`ipv6` identifiers cover the destination
+    /// address with the longest prefix; least loaded among them.
+    DestCidr,
+    /// tether: any agent, by the power of two choices on its load.
+    LeastLoaded,
+}
+
+impl Strategy {
+    /// Upstream's spelling, also the `proxy_strategy` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::DestHost => "destHost",
+            Self::DefaultRoute => "defaultRoute",
+            Self::Topology => "topology",
+            Self::DestCidr => "destCIDR",
+            Self::LeastLoaded => "leastLoaded",
+        }
+    }
+
+    /// Parses the comma-separated flag value; empty or unknown entries are errors.
+    pub fn parse_list(value: &str) -> Result<Vec<Self>, String> {
+        let list: Vec<Self> = value
+            .split(',')
+            .map(|s| s.trim().parse())
+            .collect::<Result<_, _>>()?;
+        if list.is_empty() {
+            return Err("--proxy-strategies must not be empty".into());
+        }
+        Ok(list)
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "default" => Ok(Self::Default),
+            "destHost" => Ok(Self::DestHost),
+            "defaultRoute" => Ok(Self::DefaultRoute),
+            "topology" => Ok(Self::Topology),
+            "destCIDR" => Ok(Self::DestCidr),
+            "leastLoaded" => Ok(Self::LeastLoaded),
+            other => Err(format!(
+                "unknown proxy strategy {other:?} (expected default, destHost, defaultRoute, \
+                 or tether's topology, destCIDR, leastLoaded)"
+            )),
+        }
+    }
+}
+
+/// The routing file's settings for tether's strategies, shared by every tenant's registry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct SelectionConfig {
+    /// CIDR → zone rules; the longest matching prefix wins.
+    pub(crate) zone_rules: Vec<ZoneRule>,
+    /// Keep each client (by its proven identity) on one agent while that agent stays.
+    pub(crate) client_affinity: bool,
+}
 
 /// What selection knows about one agent stream at the moment of a dial.
 #[derive(Clone, Debug, PartialEq)]

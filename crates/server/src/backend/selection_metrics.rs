@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock};
 
 use tether_observe::metrics::{Counter, CounterVec, Histogram, Registry};
 
-use super::registry::Strategy;
+use super::selection::Strategy;
 
 const CANDIDATE_BUCKETS: [f64; 9] = [1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0, 10000.0];
 

@@ -24,8 +24,9 @@ use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
+use crate::identity::Proof;
 use crate::limits::SlotAdmission;
-use crate::tenant::{Proof, Side};
+use crate::tenant::Side;
 
 /// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,141 +1,25 @@
 //! One agent stream on the server: its [`Link`] (the sans-IO table of its dials and
 //! connections) and the hooks that turn the table's events into the server's metrics.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
-use tether_proto::{DialId, Identifiers, Labels, Packet};
+use tether_proto::{Identifiers, Labels, Packet};
 use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
 
-use super::outlier::{EjectionConfig, Outlier, Verdict};
+use super::health::{Health, TenantLoad};
+use super::outlier::{EjectionConfig, Verdict};
 use super::registry::Backend;
 use super::selection::Candidate;
 use super::selection_metrics::SelectionMetrics;
 use crate::audit::Audit;
 use crate::control_plane::{self, ControlPlaneEndpoints, ReverseDials};
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
-use crate::request::RequestContext;
-use crate::tenant::TenantLoad;
-
-/// Bytes queued toward frontends that weigh as much as one connection in the load figure.
-const QUEUED_BYTES_PER_LOAD_UNIT: u64 = 64 * 1024;
-
-/// An agent stream's load and dial record, read by selection without the stream's lock.
-#[derive(Debug)]
-pub(crate) struct Health {
-    pending: AtomicU64,
-    open: AtomicU64,
-    queued: AtomicU64,
-    last_picked: AtomicU64,
-    outlier: Mutex<Outlier>,
-    /// The tenant's totals, which its limits are checked against.
-    tenant: Arc<TenantLoad>,
-    /// Woken when a dial starts: the stream's silence watch begins (see `liveness`).
-    busy: tokio::sync::Notify,
-}
-
-impl Health {
-    pub(crate) fn dial_started(&self) {
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        self.busy.notify_waiters();
-    }
-
-    /// The stream has dials in flight or open connections: something waits on its agent.
-    pub(crate) fn is_busy(&self) -> bool {
-        self.pending.load(Ordering::Relaxed) > 0 || self.open.load(Ordering::Relaxed) > 0
-    }
-
-    /// Returns once the stream is busy.
-    pub(crate) async fn wait_busy(&self) {
-        loop {
-            let started = self.busy.notified();
-            let mut started = std::pin::pin!(started);
-            started.as_mut().enable();
-            if self.is_busy() {
-                return;
-            }
-            started.await;
-        }
-    }
-
-    /// Ends a dial's pending state, the agent's and the tenant's (reserved in `Hub::dial`).
-    pub(crate) fn dial_finished(&self) {
-        self.tenant.release_pending();
-        // Never below zero, whatever the order of a racing abandon and answer.
-        let _ = self
-            .pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-    }
-
-    fn load(&self) -> u64 {
-        self.pending.load(Ordering::Relaxed)
-            + self.open.load(Ordering::Relaxed)
-            + self.queued.load(Ordering::Relaxed) / QUEUED_BYTES_PER_LOAD_UNIT
-    }
-
-    fn is_ejected(&self, now: Instant) -> bool {
-        self.outlier
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_ejected(now)
-    }
-
-    fn record(&self, config: &EjectionConfig, ok: bool) -> Verdict {
-        self.outlier
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(config, Instant::now(), ok)
-    }
-}
-
-/// Who asked for each of a stream's dials and connections, by dial ID: the client and
-/// frontend introspection shows, and the request and dial latency an audit record carries.
-/// Written when a dial starts, when it is answered (only while auditing) and when it ends,
-/// never per packet.
-#[derive(Debug, Default)]
-pub(crate) struct Requests(Mutex<HashMap<DialId, Followed>>);
-
-/// One dial's request, and once answered, how long the agent took.
-#[derive(Debug)]
-pub(crate) struct Followed {
-    pub(crate) request: Arc<RequestContext>,
-    pub(crate) latency: Option<Duration>,
-}
-
-impl Requests {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<DialId, Followed>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records `request` unless its dial ID is taken (the table then refuses the dial).
-    pub(crate) fn insert(&self, request: &RequestContext) -> bool {
-        match self.lock().entry(request.dial_id) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(Followed {
-                    request: Arc::new(request.clone()),
-                    latency: None,
-                });
-                true
-            }
-        }
-    }
-
-    fn answered(&self, dial_id: DialId, latency: Option<Duration>) {
-        if let Some(followed) = self.lock().get_mut(&dial_id) {
-            followed.latency = latency;
-        }
-    }
-
-    pub(crate) fn remove(&self, dial_id: DialId) -> Option<Followed> {
-        self.lock().remove(&dial_id)
-    }
-}
+use crate::request::Requests;
 
 /// A connected agent stream.
 #[derive(Debug)]
@@ -187,13 +71,13 @@ impl Backend for Arc<AgentSession> {
             region: self.labels.region.as_deref(),
             cidrs: &self.cidrs,
             load: self.health.load(),
-            last_picked: self.health.last_picked.load(Ordering::Relaxed),
+            last_picked: self.health.last_picked(),
             ejected: self.health.is_ejected(now),
             draining: self.is_draining(),
         }
     }
     fn mark_picked(&self, seq: u64) {
-        self.health.last_picked.store(seq, Ordering::Relaxed);
+        self.health.mark_picked(seq);
     }
 }
 
@@ -243,15 +127,7 @@ impl AgentSession {
         });
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let requests = Arc::new(Requests::default());
-        let health = Arc::new(Health {
-            pending: AtomicU64::new(0),
-            open: AtomicU64::new(0),
-            queued: AtomicU64::new(0),
-            last_picked: AtomicU64::new(0),
-            outlier: Mutex::default(),
-            tenant: watch.tenant.clone(),
-            busy: tokio::sync::Notify::new(),
-        });
+        let health = Arc::new(Health::new(watch.tenant.clone()));
         let cidrs = identifiers
             .cidrs
             .iter()
@@ -383,7 +259,7 @@ impl Hooks for ServerHooks {
                     Ok(_) => {}
                     Err(error) => {
                         let followed = self.requests.remove(random);
-                        let error = crate::dial::DialError::from(error.clone());
+                        let error = crate::error::DialError::from(error.clone());
                         let request = followed.as_ref().map(|f| &f.request);
                         tracing::info!(
                             dial.id = %random,
@@ -420,8 +296,7 @@ impl Hooks for ServerHooks {
             }
             Event::Opened(_) => {
                 m.established.inc();
-                self.health.open.fetch_add(1, Ordering::Relaxed);
-                self.health.tenant.open.fetch_add(1, Ordering::Relaxed);
+                self.health.connection_opened();
             }
             Event::Ended(ended) => {
                 let followed = self.requests.remove(ended.dial_id);
@@ -429,10 +304,7 @@ impl Hooks for ServerHooks {
                     audit.connection(&followed, &self.agent_id, &ended);
                 }
                 m.established.dec();
-                for open in [&self.health.open, &self.health.tenant.open] {
-                    let _ = open
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-                }
+                self.health.connection_ended();
                 m.connection_duration
                     .observe(ended.duration().as_secs_f64());
                 m.connection_close_reason(&ended.outcome);
@@ -453,9 +325,7 @@ impl Hooks for ServerHooks {
     }
 
     fn on_queued(&self, bytes: usize) {
-        self.health
-            .queued
-            .store(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.health.set_queued(bytes);
         self.queued_gauge
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }

@@ -44,11 +44,11 @@ impl FrontendService {
         // The TLS handshake's state (about 2 KiB) is boxed, and so is each mode's: a
         // connection's task then holds only what its own mode needs once set up.
         let (peer_label, tls) = (conn.peer_label(), conn.peer.transport == PeerTransport::Tls);
-        let (io, peer) = match Box::pin(crate::ready(conn, deadline, metrics)).await {
+        let (io, peer) = match Box::pin(crate::serve::ready(conn, deadline, metrics)).await {
             Ok(ready) => ready,
             Err(error) if tls => {
                 let listener = Listener::Frontend {
-                    tenant: tenant.as_ref().map(|t| t.name.clone()),
+                    tenant: tenant.as_ref().map(|t| t.name.to_string()),
                 };
                 self.handshake_failures
                     .record(&listener, &peer_label, &error);
@@ -77,6 +77,8 @@ impl FrontendService {
             peer: Arc::new(peer),
             setup_deadline: Some(deadline),
         };
+        // Requests name the tenant, which each dial looks up again.
+        let pinned = tenant.map(|t| t.name.clone());
         let served = match self.mode {
             Mode::Grpc => {
                 let service = self.clone();
@@ -85,7 +87,7 @@ impl FrontendService {
                         service.hub.clone(),
                         service.metrics.clone(),
                         service.first_packet_timeout,
-                        tenant.clone(),
+                        pinned.clone(),
                         call,
                     )
                 };
@@ -110,13 +112,13 @@ impl FrontendService {
                     metrics.clone(),
                     io,
                     connection.peer,
-                    tenant,
+                    pinned,
                 ))
                 .await;
                 Ok(())
             }
         };
-        crate::count_connection_end(metrics, &served);
+        crate::serve::count_connection_end(metrics, &served);
         served.map_err(|e| std::io::Error::other(e.to_string()))
     }
 }

@@ -12,11 +12,11 @@ use tracing::Instrument as _;
 
 use super::log_span;
 use crate::byte_rate::ByteRate;
-use crate::dial::{DialError, Dialed, Hub};
+use crate::dial::{Dialed, Hub};
+use crate::error::DialError;
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::{Initiator, Segment};
 use crate::request::{FrontendKind, RequestContext};
-use crate::tenant::Tenant;
 
 /// How long to wait, after the last packet, for the client to end the stream. Go clients
 /// act on the last packet and then close; ending the call first would race with that.
@@ -30,7 +30,7 @@ pub(crate) async fn serve(
     hub: Arc<Hub>,
     limits: LimitMetrics,
     first_packet_timeout: Duration,
-    tenant: Option<Arc<Tenant>>,
+    tenant: Option<Arc<str>>,
     call: IncomingCall,
 ) {
     if call.path() != tether_proto::path::PROXY {
@@ -70,7 +70,7 @@ async fn proxy(
     hub: &Hub,
     limits: &LimitMetrics,
     first_packet_timeout: Duration,
-    (peer, tenant): (Arc<PeerIdentity>, Option<Arc<Tenant>>),
+    (peer, tenant): (Arc<PeerIdentity>, Option<Arc<str>>),
     mut tx: PacketSender,
     mut rx: PacketReceiver,
 ) -> Result<(), GrpcError> {

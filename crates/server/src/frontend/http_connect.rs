@@ -14,12 +14,12 @@ use tracing::Instrument as _;
 
 use super::log_span;
 use crate::byte_rate::ByteRate;
-use crate::dial::{DialError, Dialed, Hub};
+use crate::dial::{Dialed, Hub};
+use crate::error::DialError;
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
 use crate::net::{ChunkRead, Io};
 use crate::request::{FrontendKind, RequestContext};
-use crate::tenant::Tenant;
 use tether_tunnel::connect_head::{self, Head};
 
 /// Go's `http.Server` ReadHeaderTimeout as upstream sets it.
@@ -37,7 +37,7 @@ pub(crate) async fn serve(
     limits: LimitMetrics,
     io: Box<dyn Io>,
     peer: Arc<PeerIdentity>,
-    tenant: Option<Arc<Tenant>>,
+    tenant: Option<Arc<str>>,
 ) {
     hub.metrics.http_connections.inc();
     let span = log_span::connection(&hub.server_id);
@@ -56,7 +56,7 @@ async fn handle(
     limits: &LimitMetrics,
     mut io: Box<dyn Io>,
     peer: Arc<PeerIdentity>,
-    tenant: Option<Arc<Tenant>>,
+    tenant: Option<Arc<str>>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(4096);
     let head =
