@@ -20,6 +20,7 @@ mod destinations;
 mod dial;
 mod error;
 pub mod frontend;
+mod generation;
 mod handshake_failures;
 mod health;
 mod identity;

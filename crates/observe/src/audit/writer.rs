@@ -98,6 +98,7 @@ impl Queue {
 
     /// The next batch, waiting for one; `None` once stopping with nothing left (the queue is
     /// then closed).
+    #[cfg(test)]
     fn next_batch(&self) -> Option<Vec<String>> {
         match self.next_batch_until(None) {
             Next::Batch(batch) => Some(batch),
