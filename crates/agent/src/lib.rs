@@ -85,7 +85,8 @@ pub struct Config {
     /// `--count-server-leases`: the server count from Leases, kept current by whoever
     /// lists them (the binary runs tether-kube's counter).
     pub lease_counting: Option<LeaseCounting>,
-    /// `--audit-log-path`: one JSON line per connection and failed or refused dial.
+    /// `--audit-log-path`: JSON lines, two per connection (opened, ended) and one per failed
+    /// or refused dial.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
     /// `--control-plane-listen`: carry node-side connections to the control plane.
     pub control_plane: Option<ControlPlaneConfig>,

@@ -1,6 +1,8 @@
-//! The audit log: one JSON line per tunneled connection and per refused or failed dial.
+//! The audit log: JSON lines, two per tunneled connection (when it opens and when it ends) and
+//! one per refused or failed dial.
 //!
-//! Records are built where a connection's outcome is decided and handed to a writer thread
+//! Records are built where a connection opens or its outcome is decided and handed to a writer
+//! thread
 //! through a queue bounded by bytes ([`writer`]), so a slow or stalled sink never slows
 //! traffic: when the queue is full the record is dropped and counted
 //! (`tether_audit_records_dropped_total`), with a rate-limited warning. Text a peer supplies
@@ -20,7 +22,7 @@ use crate::metrics::{Counter, Registry};
 use crate::time::Civil;
 
 pub use bound::{MAX_FIELD_BYTES, MAX_RECORD_BYTES};
-pub use writer::{AuditTask, AuditWriter, QUEUE_BYTES};
+pub use writer::{AuditTask, AuditWriter, QUEUE_BYTES, SYNC_INTERVAL};
 
 /// At most one warning about dropped records per this period.
 const DROP_WARNING_INTERVAL: Duration = Duration::from_secs(10);
@@ -56,6 +58,9 @@ impl std::fmt::Display for AuditTarget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AuditEvent {
+    /// A connection was established (the dial succeeded); its `connection` record, with the
+    /// same `dial_id`, follows when it ends.
+    ConnectionOpened,
     /// An established connection ended.
     Connection,
     /// A dial was refused before anything was dialed (policy, limits, no agent, bad address).
@@ -75,6 +80,11 @@ pub struct AuditRecord {
     /// `server` or `agent`: who wrote the record (the two sides' records share dial ids).
     pub side: &'static str,
     pub server_id: String,
+    /// The server's configuration generation (its routing file: 1 as read at start, one more
+    /// per applied reload) in force when the connection was dialed; on the server's records
+    /// of forward connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
     /// The tenant of the client (forward dials) or of the agent (reverse dials and records
     /// of an agent's stream); left out with no tenant table.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -117,7 +127,7 @@ pub struct AuditRecord {
     /// Who ended the connection: `client`, `destination`, `agent`, `server` or `stream`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub closed_by: Option<&'static str>,
-    /// `ok` for a normal close, `error` otherwise.
+    /// `ok` for a normal close (and on `connection_opened`), `error` otherwise.
     pub outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -127,6 +137,15 @@ pub struct AuditRecord {
 }
 
 impl AuditRecord {
+    /// Marks a record as the opening of a connection: `connection_opened`, outcome `ok`.
+    pub fn opened(self) -> Self {
+        Self {
+            event: Some(AuditEvent::ConnectionOpened),
+            outcome: "ok",
+            ..self
+        }
+    }
+
     /// Sets how a connection ended: `error` is `None` for a normal close.
     pub fn ended(self, closed_by: &'static str, error: Option<String>) -> Self {
         Self {
@@ -181,20 +200,23 @@ impl AuditLog {
     /// A log writing to `target`, opened (for appending) now so that a bad path is a start-up
     /// error, with its counters.
     pub fn open(target: &AuditTarget, registry: &Registry) -> std::io::Result<(Self, AuditWriter)> {
-        let out: Box<dyn std::io::Write + Send> = match target {
-            AuditTarget::Stdout => Box::new(std::io::stdout()),
-            AuditTarget::File(path) => Box::new(
-                std::fs::OpenOptions::new()
+        let (out, sync): (Box<dyn std::io::Write + Send>, _) = match target {
+            AuditTarget::Stdout => (Box::new(std::io::stdout()), None),
+            AuditTarget::File(path) => {
+                let file = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(path)?,
-            ),
+                    .open(path)?;
+                let sync = file.try_clone()?;
+                (Box::new(file), Some(sync))
+            }
         };
-        Ok(Self::with_output(out, QUEUE_BYTES, registry))
+        Ok(Self::with_output(out, sync, QUEUE_BYTES, registry))
     }
 
     fn with_output(
         out: Box<dyn std::io::Write + Send>,
+        sync: Option<std::fs::File>,
         queue_bytes: usize,
         registry: &Registry,
     ) -> (Self, AuditWriter) {
@@ -207,6 +229,7 @@ impl AuditLog {
         let writer = AuditWriter {
             queue: queue.clone(),
             out,
+            sync,
             written: Arc::clone(&written),
             dropped: Arc::clone(&dropped),
         };
@@ -313,7 +336,7 @@ mod tests {
         let path = dir.path().join("audit.log");
         let registry = Registry::new();
         let file = std::fs::File::create(&path).unwrap();
-        let (log, writer) = AuditLog::with_output(Box::new(file), 64 * 1024, &registry);
+        let (log, writer) = AuditLog::with_output(Box::new(file), None, 64 * 1024, &registry);
         // Fill past the queue's bytes before the writer runs: the excess is dropped.
         for i in 0..1000 {
             log.record(refused(format!("127.0.0.1:{i}")));
@@ -349,7 +372,8 @@ mod tests {
     async fn a_stalled_sink_never_blocks_a_record_nor_shutdown() {
         let registry = Registry::new();
         let (release, stall) = std::sync::mpsc::channel();
-        let (log, writer) = AuditLog::with_output(Box::new(Stalled(stall)), 256 * 1024, &registry);
+        let (log, writer) =
+            AuditLog::with_output(Box::new(Stalled(stall)), None, 256 * 1024, &registry);
         let task = writer.spawn();
         let started = Instant::now();
         for i in 0..20_000 {
@@ -422,6 +446,121 @@ mod tests {
         assert_eq!(lines[0]["tenant"], "acme");
         assert!(lines[1].get("tenant").is_none());
         assert_eq!(lines[2]["tenant"], "initech");
+    }
+
+    /// A connection's pair as the server writes it: the same dial id and generation on both,
+    /// `connection_opened` without the end's fields, `connection` with them.
+    fn connection_pair() -> (AuditRecord, AuditRecord) {
+        let common = AuditRecord {
+            side: "server",
+            server_id: "server-a".into(),
+            generation: Some(3),
+            tenant: Some("acme".into()),
+            agent_id: Some("node-a".into()),
+            dial_id: Some("5577006791947779410".into()),
+            connection_id: Some(7),
+            frontend: Some("grpc"),
+            transport: Some("uds"),
+            client: Some("unix uid 0".into()),
+            client_pid: Some(1234),
+            requested: "10.0.0.5:10250".into(),
+            dial_latency_ms: Some(1.25),
+            ..Default::default()
+        };
+        let open = common.clone().opened();
+        let close = AuditRecord {
+            event: Some(AuditEvent::Connection),
+            bytes_to_destination: Some(120),
+            bytes_from_destination: Some(4096),
+            duration_ms: Some(3_600_000.5),
+            ..common
+        }
+        .ended("client", None);
+        (open, close)
+    }
+
+    fn encoded(record: &AuditRecord) -> serde_json::Value {
+        serde_json::to_value(record).unwrap()
+    }
+
+    #[test]
+    fn an_open_record_names_the_connection_and_leaves_out_how_it_ended() {
+        let (open, _) = connection_pair();
+        let value = encoded(&open);
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "time": "",
+                "event": "connection_opened",
+                "side": "server",
+                "server_id": "server-a",
+                "generation": 3,
+                "tenant": "acme",
+                "agent_id": "node-a",
+                "dial_id": "5577006791947779410",
+                "connection_id": 7,
+                "frontend": "grpc",
+                "transport": "uds",
+                "client": "unix uid 0",
+                "client_pid": 1234,
+                "requested": "10.0.0.5:10250",
+                "dial_latency_ms": 1.25,
+                "outcome": "ok",
+            })
+        );
+    }
+
+    #[test]
+    fn a_close_record_keeps_its_fields_and_adds_the_generation() {
+        let (open, close) = connection_pair();
+        let (open, close) = (encoded(&open), encoded(&close));
+        assert_eq!(close["event"], "connection");
+        for field in [
+            "dial_id",
+            "generation",
+            "connection_id",
+            "agent_id",
+            "tenant",
+        ] {
+            assert_eq!(open[field], close[field], "{field}");
+        }
+        for (field, value) in [
+            ("bytes_to_destination", serde_json::json!(120)),
+            ("bytes_from_destination", serde_json::json!(4096)),
+            ("duration_ms", serde_json::json!(3_600_000.5)),
+            ("closed_by", serde_json::json!("client")),
+            ("outcome", serde_json::json!("ok")),
+        ] {
+            assert_eq!(close[field], value, "{field}");
+        }
+        assert!(close.get("reason").is_none());
+        // Records without a generation (refusals, the agent's) leave it out.
+        assert!(encoded(&refused("a:1".into())).get("generation").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_record_is_in_the_file_while_the_writer_still_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let registry = Registry::new();
+        let (log, writer) = AuditLog::open(&AuditTarget::File(path.clone()), &registry).unwrap();
+        let task = writer.spawn();
+        let (open, _) = connection_pair();
+        log.record(open);
+        // Written through at once (and synced within SYNC_INTERVAL): no need to stop the
+        // writer, nor to wait for more records, to find it in the file.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let lines = loop {
+            let lines = lines(&path);
+            if !lines.is_empty() || Instant::now() > deadline {
+                break lines;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(lines.len(), 1, "the open record within a second");
+        assert_eq!(lines[0]["event"], "connection_opened");
+        assert_eq!(log.written(), 1);
+        task.finish().await;
     }
 
     #[test]

@@ -1,10 +1,14 @@
-//! The server's audit records: every refused or failed dial and every tunneled connection,
-//! written through [`tether_observe::audit`] (off the data path, bounded, dropped and counted
-//! when the writer falls behind).
+//! The server's audit records: every refused or failed dial, and every tunneled connection
+//! twice, when it opens and when it ends, written through [`tether_observe::audit`] (off the
+//! data path, bounded, dropped and counted when the writer falls behind).
 //!
 //! The agent stream's [`Requests`](crate::request::Requests) follow each dial from
-//! DIAL_REQ to its connection's end, so the one record per connection carries the
-//! [`RequestContext`] it was dialed with next to the table's typed [`Ended`] outcome.
+//! DIAL_REQ to its connection's end, so a connection's two records carry the
+//! [`RequestContext`] it was dialed with and the configuration generation in force then; the
+//! end record adds the table's typed [`Ended`] outcome. The opening is recorded when the
+//! agent's DIAL_RSP settles the dial, the moment the client is answered, and before the end
+//! record in any case (see [`Requests::answered`](crate::request::Requests::answered)): a
+//! connection that runs for hours is in the log from its first byte.
 //!
 //! Records name the tenant: the one the request arrived for or was resolved to, or, for the
 //! records of an agent's stream, the agent's ([`Audit::for_tenant`]).
@@ -14,6 +18,7 @@ use std::time::Duration;
 use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::audit::AuditLog;
 use tether_observe::audit::{AuditEvent, AuditRecord, millis};
+use tether_proto::ConnectId;
 use tether_tunnel::{CloseError, Ended, Initiator};
 
 use crate::request::{Followed, FrontendKind, RequestContext};
@@ -113,6 +118,24 @@ impl Audit {
         });
     }
 
+    /// A connection's opening: the agent answered its dial with connection `id`.
+    pub(crate) fn opened(&self, followed: &Followed, agent_id: &str, id: ConnectId) {
+        self.log
+            .record(self.connection_record(followed, agent_id, id).opened());
+    }
+
+    /// What a connection's two records share: the request, the agent, the connection and the
+    /// generation.
+    fn connection_record(&self, followed: &Followed, agent_id: &str, id: ConnectId) -> AuditRecord {
+        AuditRecord {
+            generation: Some(followed.generation),
+            agent_id: Some(agent_id.to_owned()),
+            connection_id: Some(id.0),
+            dial_latency_ms: followed.latency.map(millis),
+            ..self.record(&followed.request, AuditEvent::Connection)
+        }
+    }
+
     /// A connection's end, with the request it was dialed for.
     pub(crate) fn connection(&self, followed: &Followed, agent_id: &str, ended: &Ended) {
         let closed_by = match (&ended.outcome.error, ended.outcome.initiator) {
@@ -122,15 +145,12 @@ impl Audit {
             (_, Initiator::Stream) => "stream",
         };
         let record = AuditRecord {
-            agent_id: Some(agent_id.to_owned()),
-            connection_id: Some(ended.id.0),
-            dial_latency_ms: followed.latency.map(millis),
             // The server sends the client's bytes to the agent, which writes them to the
             // destination.
             bytes_to_destination: Some(ended.bytes_to_peer),
             bytes_from_destination: Some(ended.bytes_from_peer),
             duration_ms: Some(millis(ended.duration())),
-            ..self.record(&followed.request, AuditEvent::Connection)
+            ..self.connection_record(followed, agent_id, ended.id)
         };
         let error = ended.outcome.error.as_ref().map(ToString::to_string);
         self.log.record(record.ended(closed_by, error));

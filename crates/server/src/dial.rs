@@ -14,6 +14,7 @@ use crate::backend::session::Watch;
 use crate::byte_rate::ByteRate;
 use crate::destinations::DestinationPolicies;
 use crate::error::DialError;
+use crate::generation::ConfigGeneration;
 use crate::identity::Proof;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
@@ -40,6 +41,9 @@ pub(crate) struct Hub {
     pub(crate) audit: Option<Arc<Audit>>,
     /// This server's `--server-id`, for the log lines of its frontend connections.
     pub(crate) server_id: String,
+    /// The configuration generation in force (1 until a reload sets another), stamped on
+    /// each dial's audit records.
+    pub(crate) generation: ConfigGeneration,
 }
 
 impl Hub {
@@ -60,6 +64,7 @@ impl Hub {
             selection_metrics,
             audit,
             server_id,
+            generation: ConfigGeneration::default(),
         }
     }
 
@@ -182,7 +187,7 @@ impl Hub {
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
         session.health.dial_started();
-        let recorded = session.requests.insert(request);
+        let recorded = session.requests.insert(request, self.generation.get());
         let mut pending =
             match session
                 .link

@@ -20,6 +20,7 @@ mod destinations;
 mod dial;
 mod error;
 pub mod frontend;
+mod generation;
 mod handshake_failures;
 mod health;
 mod identity;
@@ -117,7 +118,8 @@ pub struct Config {
     pub tls_reload: Option<TlsReload>,
     /// Authenticate agents by bearer token (upstream's ServiceAccount token authentication).
     pub agent_token_auth: Option<AgentTokenAuth>,
-    /// `--audit-log-path`: one JSON line per connection and refused dial; `None` is off.
+    /// `--audit-log-path`: JSON lines, two per connection (opened, ended) and one per refused
+    /// or failed dial; `None` is off.
     pub audit_log: Option<tether_observe::audit::AuditTarget>,
     /// `--control-plane-endpoints`: agents' reverse dials may reach these, nothing else;
     /// `None` (the default) refuses every reverse dial, except for a tenant whose routing

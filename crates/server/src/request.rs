@@ -76,9 +76,9 @@ impl RequestContext {
 }
 
 /// Who asked for each of a stream's dials and connections, by dial ID: the client and
-/// frontend introspection shows, and the request and dial latency an audit record carries.
-/// Written when a dial starts, when it is answered (only while auditing) and when it ends,
-/// never per packet.
+/// frontend introspection shows, and the request, configuration generation and dial latency
+/// the audit records carry. Written when a dial starts, when it is answered (only while
+/// auditing) and when it ends, never per packet.
 #[derive(Debug, Default)]
 pub(crate) struct Requests(Mutex<HashMap<DialId, Followed>>);
 
@@ -87,6 +87,11 @@ pub(crate) struct Requests(Mutex<HashMap<DialId, Followed>>);
 pub(crate) struct Followed {
     pub(crate) request: Arc<RequestContext>,
     pub(crate) latency: Option<Duration>,
+    /// The configuration generation in force when the dial started.
+    pub(crate) generation: u64,
+    /// The connection's opening was recorded (audit): it is recorded once, by whichever of
+    /// the dial's answer and the connection's end is seen first.
+    pub(crate) opened: bool,
 }
 
 impl Requests {
@@ -94,28 +99,68 @@ impl Requests {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records `request` unless its dial ID is taken (the table then refuses the dial).
-    pub(crate) fn insert(&self, request: &RequestContext) -> bool {
+    /// Records `request`, dialed under configuration `generation`, unless its dial ID is
+    /// taken (the table then refuses the dial).
+    pub(crate) fn insert(&self, request: &RequestContext, generation: u64) -> bool {
         match self.lock().entry(request.dial_id) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(Followed {
                     request: Arc::new(request.clone()),
                     latency: None,
+                    generation,
+                    opened: false,
                 });
                 true
             }
         }
     }
 
-    /// Notes how long the agent took to answer `dial_id`.
-    pub(crate) fn answered(&self, dial_id: DialId, latency: Option<Duration>) {
-        if let Some(followed) = self.lock().get_mut(&dial_id) {
+    /// The agent answered `dial_id` with a connection after `latency`: `open` records its
+    /// opening unless its end already did. It runs under the lock, so the opening is
+    /// recorded before the end whatever the order the two events are handled in.
+    pub(crate) fn answered(
+        &self,
+        dial_id: DialId,
+        latency: Option<Duration>,
+        open: impl FnOnce(&Followed),
+    ) {
+        let mut requests = self.lock();
+        if let Some(followed) = requests.get_mut(&dial_id) {
             followed.latency = latency;
+            if !std::mem::replace(&mut followed.opened, true) {
+                open(followed);
+            }
         }
     }
 
     pub(crate) fn remove(&self, dial_id: DialId) -> Option<Followed> {
         self.lock().remove(&dial_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_opening_is_recorded_once_and_never_after_the_end() {
+        let requests = Requests::default();
+        let request = RequestContext::to("10.0.0.5:10250");
+        assert!(requests.insert(&request, 4));
+        assert!(!requests.insert(&request, 4), "the dial ID is taken");
+        let mut opened = Vec::new();
+        let latency = Some(Duration::from_millis(3));
+        requests.answered(request.dial_id, latency, |f| {
+            opened.push((f.generation, f.latency));
+        });
+        requests.answered(request.dial_id, latency, |_| panic!("opened twice"));
+        assert_eq!(opened, [(4, latency)]);
+        let ended = requests.remove(request.dial_id).unwrap();
+        assert!(ended.opened);
+        // The end seen first: the answer, handled later, finds nothing to open.
+        assert!(requests.insert(&request, 5));
+        assert!(!requests.remove(request.dial_id).unwrap().opened);
+        requests.answered(request.dial_id, latency, |_| panic!("opened after its end"));
     }
 }

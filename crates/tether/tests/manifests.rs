@@ -99,6 +99,24 @@ const VARIANTS: &[Variant] = &[
         node: None,
     },
     Variant {
+        name: "static-pod-audit-file",
+        helm: &["server.audit.output=file"],
+        overlay: None,
+        node: None,
+    },
+    Variant {
+        name: "sidecar-audit-file",
+        helm: &["server.kind=sidecar", "server.audit.output=file"],
+        overlay: None,
+        node: None,
+    },
+    Variant {
+        name: "hosted-audit-stdout",
+        helm: &["server.kind=deployment", "server.audit.output=stdout"],
+        overlay: None,
+        node: None,
+    },
+    Variant {
         name: "static-pod-mtls-leases",
         helm: &[
             "auth.mode=mtls",
@@ -512,6 +530,8 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
         ),
         ("server.kind=static", "at '/server/kind'"),
         ("agent.drainSeconds=-1", "at '/agent/drainSeconds'"),
+        ("server.audit.output=off", "at '/server/audit/output'"),
+        ("server.audit.hostDir=var/log", "at '/server/audit/hostDir'"),
     ] {
         let rendered = helm_template(&helm, &[set]);
         ensure!(
@@ -521,6 +541,17 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
             "helm rendered {set}: {rendered:?}"
         );
     }
+    // An audit file belongs on a control-plane node; a Deployment's pod has no such place.
+    let hosted_file = helm_template(
+        &helm,
+        &["server.kind=deployment", "server.audit.output=file"],
+    );
+    ensure!(
+        hosted_file
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("use server.audit.output=stdout")),
+        "helm rendered an audit file for a Deployment: {hosted_file:?}"
+    );
     // Node-side documents exist for the static Pod and the sidecar only.
     let hosted = helm_template(&helm, &["server.kind=deployment", "nodeManifests=true"]);
     ensure!(
@@ -584,13 +615,16 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
             same_as_kustomize(&plane, variant.name, &objects, &dir).await?;
         }
         let mut objects = objects;
-        if let Some(node) = variant.node {
+        if !variant.helm.contains(&"server.kind=deployment") {
             let node_objects = helm_node_objects(&plane, &helm, variant).await?;
-            let dir = repo().join("deploy/kustomize/node").join(node);
-            same_as_kustomize(&plane, variant.name, &node_objects, &dir).await?;
+            if let Some(node) = variant.node {
+                let dir = repo().join("deploy/kustomize/node").join(node);
+                same_as_kustomize(&plane, variant.name, &node_objects, &dir).await?;
+            }
             objects.extend(node_objects);
         }
         secure_defaults(&objects).with_context(|| format!("{}: secure defaults", variant.name))?;
+        audit_log(variant, &objects).with_context(|| format!("{}: audit log", variant.name))?;
         readiness_and_rollouts(&objects)
             .with_context(|| format!("{}: readiness and rollouts", variant.name))?;
         let containers = tether_containers(&objects);
@@ -837,6 +871,76 @@ fn secure_defaults(objects: &[Value]) -> anyhow::Result<()> {
         "agents' policy: {text:?}"
     );
     tether_policy::RuleSet::parse(text).context("the agents' policy file")?;
+    Ok(())
+}
+
+/// The server's audit log as server.audit.output asks (issue 27): none by default (a drop-in
+/// for upstream writes nothing new); `stdout` is `--audit-log-path=-`; `file` is a file in a
+/// writable hostPath directory of its own, the same path in the container and on the node.
+fn audit_log(variant: &Variant, objects: &[Value]) -> anyhow::Result<()> {
+    let output = variant
+        .helm
+        .iter()
+        .find_map(|set| set.strip_prefix("server.audit.output="))
+        .unwrap_or("none");
+    let mut servers = 0;
+    for object in objects {
+        let Some(spec) = object
+            .pointer("/spec/template/spec")
+            .or_else(|| object.get("spec"))
+        else {
+            continue;
+        };
+        let containers = spec["containers"].as_array().into_iter().flatten();
+        for container in containers.filter(|c| c["name"] == "konnectivity-server") {
+            servers += 1;
+            let args: Vec<&str> = container["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let paths: Vec<&str> = args
+                .iter()
+                .filter_map(|a| a.strip_prefix("--audit-log-path="))
+                .collect();
+            match output {
+                "none" => ensure!(paths.is_empty(), "an audit log by default: {args:?}"),
+                "stdout" => ensure!(paths == ["-"], "not on standard output: {args:?}"),
+                "file" => {
+                    ensure!(paths.len() == 1, "{args:?}");
+                    let dir = Path::new(paths[0]).parent().context("no directory")?;
+                    let mount = container["volumeMounts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
+                        .with_context(|| format!("nothing mounted at {}", dir.display()))?;
+                    ensure!(mount["readOnly"] != true, "read-only: {mount}");
+                    let volume = spec["volumes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|v| v["name"] == mount["name"])
+                        .with_context(|| format!("no volume for {mount}"))?;
+                    ensure!(
+                        volume["hostPath"]["path"].as_str().map(Path::new) == Some(dir)
+                            && volume["hostPath"]["type"] == "Directory",
+                        "not the node's prepared directory: {volume}"
+                    );
+                    ensure!(
+                        volume["name"] != "audit-log",
+                        "kube-apiserver's name: {volume}"
+                    );
+                }
+                other => bail!("no check for server.audit.output={other}"),
+            }
+        }
+    }
+    ensure!(
+        servers > 0 || variant.helm.contains(&"server.kind=none"),
+        "no server container"
+    );
     Ok(())
 }
 

@@ -306,6 +306,10 @@ async fn kubectl_reaches_the_api_server_through_the_agents_tunnel() -> anyhow::R
                     "{line}"
                 );
             }
+            Some("connection_opened") => {
+                assert_eq!(record["dialed"], api.as_str(), "{line}");
+                assert!(record.get("closed_by").is_none(), "{line}");
+            }
             Some("dial_refused") => {
                 assert_eq!(record["requested"], requested.as_str());
                 assert!(

@@ -2,9 +2,11 @@
 //! agent's for forward dials it answered, and both ends' for reverse dials (the agent dials,
 //! the server answers). Records share the dial id across the two ends.
 //!
-//! A connection's record joins two halves that arrive in either order: what the connection's
-//! task knows (request, dialed address, dial latency) and the table's typed [`Ended`]. The
-//! second half to arrive writes the record, so no interleaving loses one.
+//! A connection has two records. Its opening (`connection_opened`) is written by the
+//! connection's task as soon as the connection is established, with what the task knows
+//! (request, dialed address, dial latency). Its end (`connection`) joins that with the
+//! table's typed [`Ended`]; the two halves arrive in either order, and the second to arrive
+//! writes the record, so no interleaving loses one, and the opening is always written first.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -126,8 +128,17 @@ impl StreamAudit {
         });
     }
 
-    /// The connection's task's half, right after the connection was established.
+    /// The connection's task's half, right after the connection was established: records the
+    /// opening.
     pub fn connected(&self, id: ConnectId, facts: DialFacts) {
+        // Before the facts are in the table: the end record cannot be written before this.
+        self.log.record(
+            AuditRecord {
+                connection_id: Some(id.0),
+                ..self.record(&facts, AuditEvent::Connection)
+            }
+            .opened(),
+        );
         let mut halves = self.halves();
         match halves.remove(&id) {
             Some(Half::Ended(ended)) => {
@@ -177,5 +188,91 @@ impl StreamAudit {
         };
         let error = ended.outcome.error.as_ref().map(ToString::to_string);
         self.log.record(record.ended(closed_by, error));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tether_observe::audit::AuditTarget;
+    use tether_observe::metrics::Registry;
+    use tether_session::Outcome;
+
+    use super::*;
+
+    fn ended(id: ConnectId, dial_id: DialId) -> Ended {
+        let now = Instant::now();
+        Ended {
+            id,
+            dial_id,
+            outcome: Outcome {
+                initiator: Initiator::Peer,
+                error: None,
+            },
+            bytes_from_peer: 10,
+            bytes_to_peer: 20,
+            opened_at: now,
+            ended_at: now,
+        }
+    }
+
+    fn facts(dial_id: DialId) -> DialFacts {
+        DialFacts {
+            dial_id,
+            requested: "10.0.0.5:10250".into(),
+            dialed: Some("10.0.0.5:10250".into()),
+            latency: Some(Duration::from_millis(2)),
+        }
+    }
+
+    /// Both interleavings of the task's half and the table's: an opening then an end, each
+    /// once, the opening first, with the same dial and connection ids.
+    #[tokio::test]
+    async fn a_connection_is_recorded_when_it_opens_and_when_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let (log, writer) =
+            AuditLog::open(&AuditTarget::File(path.clone()), &Registry::new()).unwrap();
+        let task = writer.spawn();
+        let audit = StreamAudit::new(log, AuditSide::AGENT_FORWARD, "s".into(), "a".into());
+        // The task first, as usually.
+        audit.connected(ConnectId(1), facts(DialId(11)));
+        audit.ended(ended(ConnectId(1), DialId(11)));
+        // The table first: the connection ended before its task got to record it.
+        audit.ended(ended(ConnectId(2), DialId(22)));
+        audit.connected(ConnectId(2), facts(DialId(22)));
+        task.finish().await;
+        let records: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let summary: Vec<(&str, &str, i64)> = records
+            .iter()
+            .map(|r| {
+                (
+                    r["event"].as_str().unwrap(),
+                    r["dial_id"].as_str().unwrap(),
+                    r["connection_id"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("connection_opened", "11", 1),
+                ("connection", "11", 1),
+                ("connection_opened", "22", 2),
+                ("connection", "22", 2),
+            ]
+        );
+        let opened = &records[0];
+        assert_eq!(opened["side"], "agent");
+        assert_eq!(opened["dialed"], "10.0.0.5:10250");
+        assert_eq!(opened["outcome"], "ok");
+        assert!(opened.get("closed_by").is_none() && opened.get("duration_ms").is_none());
+        assert_eq!(records[1]["closed_by"], "server");
+        assert_eq!(records[1]["bytes_to_destination"], 10);
     }
 }

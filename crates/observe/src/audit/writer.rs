@@ -6,9 +6,16 @@
 //! (a full disk, a pipe nobody reads) stops that thread and nothing else. Producers only ever
 //! take the queue's lock for a push, which the writer holds for a swap, never across I/O; when
 //! the queue is full the record is dropped and counted. Traffic never waits for the audit log.
+//!
+//! Promptness: the writer wakes on every push and writes each batch through to the kernel
+//! (`write(2)`, then nothing is buffered in the process), so a record survives the process
+//! crashing right after it was made. A file is also synced to its disk ([`SYNC_INTERVAL`]),
+//! so that it survives the machine crashing: at once when nothing was synced for that long,
+//! else at most that much later, never more than once per interval, and always from the
+//! writer's own thread.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::metrics::Counter;
 
@@ -17,6 +24,9 @@ pub const QUEUE_BYTES: usize = 4 << 20;
 
 /// How long shutdown waits for the writer to write what is queued.
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A file's records reach its disk (`fdatasync`) at most this long after they were written.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What one queued line costs against [`QUEUE_BYTES`]: its text and its place in the queue.
 fn cost(line: &str) -> usize {
@@ -88,16 +98,36 @@ impl Queue {
 
     /// The next batch, waiting for one; `None` once stopping with nothing left (the queue is
     /// then closed).
+    #[cfg(test)]
     fn next_batch(&self) -> Option<Vec<String>> {
+        match self.next_batch_until(None) {
+            Next::Batch(batch) => Some(batch),
+            Next::Idle | Next::Stopped => None,
+        }
+    }
+
+    /// The next batch, waiting for one until `deadline` (forever without one).
+    fn next_batch_until(&self, deadline: Option<Instant>) -> Next {
         let mut state = self.state();
         while state.lines.is_empty() && !state.stopping {
-            state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+            state = match deadline {
+                None => self.ready.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                        return Next::Idle;
+                    };
+                    self.ready
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
         if state.lines.is_empty() {
             state.closed = true;
-            return None;
+            return Next::Stopped;
         }
-        Some(std::mem::take(&mut state.lines))
+        Next::Batch(std::mem::take(&mut state.lines))
     }
 
     /// The batch of `bytes` is written (or lost): its room is free again.
@@ -117,10 +147,22 @@ impl Queue {
     }
 }
 
+/// What the writer waits for.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    Batch(Vec<String>),
+    /// The deadline passed with nothing queued.
+    Idle,
+    /// Stopping, and nothing is left.
+    Stopped,
+}
+
 /// The writing half, before it runs: [`spawn`](Self::spawn) starts its thread.
 pub struct AuditWriter {
     pub(crate) queue: Arc<Queue>,
     pub(crate) out: Box<dyn std::io::Write + Send>,
+    /// The file behind `out`, synced to its disk; `None` for standard output.
+    pub(crate) sync: Option<std::fs::File>,
     pub(crate) written: Arc<Counter>,
     pub(crate) dropped: Arc<Counter>,
 }
@@ -175,11 +217,24 @@ impl AuditWriter {
         let Self {
             queue,
             out,
+            sync,
             written,
             dropped,
         } = self;
         let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-        while let Some(batch) = queue.next_batch() {
+        let mut disk = sync.map(Disk::new);
+        loop {
+            let deadline = disk.as_ref().and_then(Disk::deadline);
+            let batch = match queue.next_batch_until(deadline) {
+                Next::Batch(batch) => batch,
+                Next::Idle => {
+                    if let Some(disk) = &mut disk {
+                        disk.sync();
+                    }
+                    continue;
+                }
+                Next::Stopped => break,
+            };
             let bytes: usize = batch.iter().map(|line| cost(line)).sum();
             let count = batch.len() as u64;
             let result = write_batch(&mut out, &batch);
@@ -193,7 +248,62 @@ impl AuditWriter {
                     return;
                 }
             }
+            if let Some(disk) = &mut disk {
+                disk.written();
+            }
         }
+        if let Some(disk) = &mut disk
+            && disk.dirty
+        {
+            disk.sync();
+        }
+    }
+}
+
+/// When the file was last synced to its disk, and whether it holds records written since.
+struct Disk {
+    file: std::fs::File,
+    last_sync: Option<Instant>,
+    dirty: bool,
+}
+
+impl Disk {
+    fn new(file: std::fs::File) -> Self {
+        Self {
+            file,
+            last_sync: None,
+            dirty: false,
+        }
+    }
+
+    /// A batch was written: synced now when the last sync is [`SYNC_INTERVAL`] old, else by
+    /// [`deadline`](Self::deadline).
+    fn written(&mut self) {
+        self.dirty = true;
+        if self
+            .last_sync
+            .is_none_or(|at| at.elapsed() >= SYNC_INTERVAL)
+        {
+            self.sync();
+        }
+    }
+
+    /// When the records written since the last sync must be synced.
+    fn deadline(&self) -> Option<Instant> {
+        self.dirty.then(|| {
+            self.last_sync
+                .map_or_else(Instant::now, |at| at + SYNC_INTERVAL)
+        })
+    }
+
+    /// A failed sync is logged and not retried until more is written: the records are
+    /// written (a process crash keeps them), only not yet on the disk.
+    fn sync(&mut self) {
+        if let Err(error) = self.file.sync_data() {
+            tracing::warn!(%error, "cannot sync the audit log to its disk");
+        }
+        self.last_sync = Some(Instant::now());
+        self.dirty = false;
     }
 }
 
@@ -252,5 +362,38 @@ mod tests {
         assert_eq!(queue.next_batch().map(|b| b.len()), Some(1));
         assert_eq!(queue.next_batch(), None);
         assert_eq!(queue.push("late".into()), Err(Refused::Closed));
+    }
+
+    #[test]
+    fn a_file_is_synced_at_once_then_at_most_once_per_interval() {
+        let file = tempfile::tempfile().unwrap();
+        let mut disk = Disk::new(file);
+        assert_eq!(disk.deadline(), None, "nothing written, nothing to sync");
+        // The first batch after a quiet spell is synced at once.
+        disk.written();
+        assert!(!disk.dirty);
+        let first = disk.last_sync.unwrap();
+        assert_eq!(disk.deadline(), None);
+        // One right after waits for the interval: a burst costs one sync per second.
+        disk.written();
+        assert!(disk.dirty);
+        assert_eq!(disk.last_sync, Some(first));
+        assert_eq!(disk.deadline(), Some(first + SYNC_INTERVAL));
+        disk.sync();
+        assert_eq!(disk.deadline(), None);
+    }
+
+    #[test]
+    fn the_writer_wakes_by_its_deadline_when_nothing_comes() {
+        let queue = Queue::new(1024);
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(50);
+        assert_eq!(queue.next_batch_until(Some(deadline)), Next::Idle);
+        assert!(Instant::now() >= deadline);
+        queue.push("x".into()).unwrap();
+        assert_eq!(
+            queue.next_batch_until(Some(started)),
+            Next::Batch(vec!["x".into()])
+        );
     }
 }

@@ -254,9 +254,15 @@ impl Hooks for ServerHooks {
                 self.dial_ended();
                 self.judge(result.as_ref().err());
                 match &result {
-                    // The connection's audit record, written at its end, carries the latency.
-                    Ok(_) if self.audit.is_some() => self.requests.answered(random, latency),
-                    Ok(_) => {}
+                    // The connection's opening, in the audit log from the moment the client
+                    // is answered; its end record carries the latency too.
+                    Ok(id) => {
+                        if let Some(audit) = &self.audit {
+                            self.requests.answered(random, latency, |followed| {
+                                audit.opened(followed, &self.agent_id, *id);
+                            });
+                        }
+                    }
                     Err(error) => {
                         let followed = self.requests.remove(random);
                         let error = crate::error::DialError::from(error.clone());
@@ -301,6 +307,11 @@ impl Hooks for ServerHooks {
             Event::Ended(ended) => {
                 let followed = self.requests.remove(ended.dial_id);
                 if let (Some(audit), Some(followed)) = (&self.audit, followed) {
+                    // The dial's answer is handled after its end (another task ran the end's
+                    // hooks first): the opening comes first all the same.
+                    if !followed.opened {
+                        audit.opened(&followed, &self.agent_id, ended.id);
+                    }
                     audit.connection(&followed, &self.agent_id, &ended);
                 }
                 m.established.dec();

@@ -1,6 +1,8 @@
 //! The audit log of a mixed run, on the servers and their agents: both frontends, a normal
 //! connection, one the destination ends, a failed dial, a policy refusal at the agent, a
-//! refused address and a dial with no agent, each as one JSON line on each side that saw it.
+//! refused address and a dial with no agent, each as one JSON line on each side that saw it,
+//! and each connection as two: its opening, in the file while the connection runs, and its
+//! end.
 
 use std::path::Path;
 
@@ -22,6 +24,63 @@ pub(crate) fn records(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Every connection in `records` has exactly one opening and one end, the opening first,
+/// with the same dial id and connection id (and on a server's, generation 1: no reload).
+/// Returns how many connections.
+pub(crate) fn assert_paired(records: &[Value]) -> usize {
+    let connections: Vec<(usize, &Value)> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r["event"] == "connection")
+        .collect();
+    let openings: Vec<(usize, &Value)> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r["event"] == "connection_opened")
+        .collect();
+    assert_eq!(connections.len(), openings.len(), "{records:#?}");
+    for (at, close) in &connections {
+        let opens: Vec<&(usize, &Value)> = openings
+            .iter()
+            .filter(|(_, open)| open["dial_id"] == close["dial_id"])
+            .collect();
+        assert_eq!(opens.len(), 1, "one opening for {close}");
+        let (open_at, open) = opens[0];
+        assert!(open_at < at, "the opening first: {open} {close}");
+        assert_eq!(open["connection_id"], close["connection_id"]);
+        assert_eq!(open["requested"], close["requested"]);
+        assert_eq!(open["outcome"], "ok");
+        if close["side"] == "server" {
+            assert_eq!(open["generation"], 1, "{open}");
+            assert_eq!(close["generation"], 1, "{close}");
+        } else {
+            assert!(close.get("generation").is_none(), "{close}");
+        }
+    }
+    connections.len()
+}
+
+/// Polls `path` until it holds a record of `event` for `requested`, and returns it.
+async fn wait_for(path: &Path, event: &str, requested: &str) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|r| r["event"] == event && r["requested"] == requested);
+        if let Some(record) = found {
+            return record;
+        }
+        assert!(
+            started.elapsed() < STEP,
+            "no {event} record for {requested} in {}: {text}",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 pub(crate) fn find<'a>(records: &'a [Value], event: &str, requested: &str) -> &'a Value {
     records
         .iter()
@@ -30,7 +89,7 @@ pub(crate) fn find<'a>(records: &'a [Value], event: &str, requested: &str) -> &'
 }
 
 #[tokio::test]
-async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
+async fn two_records_per_connection_and_one_per_refused_dial_on_both_frontends() {
     let pki = Pki::generate().unwrap();
     let grpc_log = pki.dir().join("grpc-audit.log");
     let connect_log = pki.dir().join("connect-audit.log");
@@ -104,6 +163,16 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
         .unwrap();
     let stream = client.dial(&echo_addr).await.unwrap();
     let mut stream = echo_exact(stream, 7, 1000).await;
+    // While it runs, its opening is in both logs, its end in neither.
+    let opened = wait_for(&grpc_log, "connection_opened", &echo_addr).await;
+    let agent_opened = wait_for(&agent_log, "connection_opened", &echo_addr).await;
+    assert!(
+        !records(&grpc_log)
+            .iter()
+            .chain(&records(&agent_log))
+            .any(|r| r["event"] == "connection"),
+        "no end record while the connection runs"
+    );
     stream.shutdown().await.unwrap();
     drop(stream);
     // A destination that refuses, and an address no agent is ever asked about.
@@ -181,7 +250,20 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
         denied["reason"].as_str().unwrap().contains("policy"),
         "{denied}"
     );
-    assert_eq!(grpc_records.len(), 4, "{grpc_records:#?}");
+    // The opening: who, what, through which agent, under which configuration; not how it
+    // ended.
+    assert_eq!(opened["dial_id"], normal["dial_id"]);
+    assert_eq!(opened["connection_id"], normal["connection_id"]);
+    assert_eq!(opened["generation"], 1);
+    assert_eq!(normal["generation"], 1);
+    for field in ["agent_id", "frontend", "transport", "client", "server_id"] {
+        assert_eq!(opened[field], normal[field], "{field}");
+    }
+    for field in ["closed_by", "duration_ms", "bytes_to_destination", "reason"] {
+        assert!(opened.get(field).is_none(), "{field}: {opened}");
+    }
+    assert_eq!(assert_paired(&grpc_records), 1);
+    assert_eq!(grpc_records.len(), 5, "{grpc_records:#?}");
 
     // The agent's side of the same run: the address it actually connected to, and the same
     // dial ids as the server's records.
@@ -199,8 +281,12 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
     assert_eq!(agent_failed["dial_id"], failed["dial_id"]);
     let agent_denied = find(&agent_records, "dial_refused", &own);
     assert!(agent_denied.get("dialed").is_none(), "{agent_denied}");
-    assert_eq!(agent_records.len(), 3, "{agent_records:#?}");
+    assert_eq!(agent_opened["dial_id"], normal["dial_id"]);
+    assert_eq!(agent_opened["dialed"], echo_addr);
+    assert_eq!(assert_paired(&agent_records), 1);
+    assert_eq!(agent_records.len(), 4, "{agent_records:#?}");
     let goodbye_side = records(&connect_agent_log);
+    assert_eq!(assert_paired(&goodbye_side), 1);
     assert_eq!(
         find(&goodbye_side, "connection", &goodbye_addr)["closed_by"],
         "destination"
@@ -219,7 +305,8 @@ async fn one_record_per_connection_and_refused_dial_on_both_frontends() {
     let ended = find(&connect_records, "connection", &goodbye_addr);
     assert_eq!(ended["closed_by"], "agent");
     assert_eq!(ended["bytes_from_destination"], 3);
-    assert_eq!(connect_records.len(), 2, "{connect_records:#?}");
+    assert_eq!(assert_paired(&connect_records), 1);
+    assert_eq!(connect_records.len(), 3, "{connect_records:#?}");
 
     // Nothing secret: no key material, no certificate bodies.
     for text in [&grpc_log, &connect_log, &agent_log, &connect_agent_log]

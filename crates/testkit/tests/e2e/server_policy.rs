@@ -245,14 +245,11 @@ async fn two_clients_with_their_own_rules_and_refusals_that_never_reach_the_agen
     );
     let agent_records = records(&agent_log);
     assert_eq!(
-        agent_records.len(),
+        crate::audit::assert_paired(&agent_records),
         2,
         "the agent records only the allowed connections: {agent_records:#?}"
     );
-    assert!(
-        agent_records.iter().all(|r| r["event"] == "connection"),
-        "{agent_records:#?}"
-    );
+    assert_eq!(agent_records.len(), 4, "{agent_records:#?}");
 }
 
 #[tokio::test]

@@ -150,8 +150,9 @@ pub(crate) struct AgentArgs {
     )]
     service_account_token_path: String,
 
-    /// Write one JSON line per tunneled connection (with the address actually dialed) and per
-    /// failed or refused dial to this file (appended; `-` is standard output). Empty: off.
+    /// Write JSON lines to this file: one when a tunneled connection opens and one when it
+    /// ends (with the address actually dialed), and one per failed or refused dial
+    /// (appended; `-` is standard output). Empty: off.
     #[arg(
         long,
         help_heading = "Audit (tether)",

@@ -44,6 +44,9 @@ cannot: there, it fails before anything is created.
 {{- if and (eq .Values.auth.mode "mtls") .Values.agent.identifiers (not .Values.auth.agentIdentityBinding) }}
 {{- fail "auth.mode=mtls gives every agent the one certificate of agent.tlsSecretName, which proves no node, so the server (--agent-identity-binding=identifiers) would refuse every agent's host=/ipv4= identifiers: set auth.agentIdentityBinding=off to route by them anyway (any agent could then claim any node), or agent.identifiers=\"\" to route without them (values.yaml, auth.agentIdentityBinding)" }}
 {{- end }}
+{{- if and (eq .Values.server.audit.output "file") (eq .Values.server.kind "deployment") }}
+{{- fail "server.audit.output=file writes to the control-plane node (server.kind=staticPod or sidecar); a Deployment's pod has no volume that outlives it and nothing there rotates the file: use server.audit.output=stdout (values.yaml, server.audit)" }}
+{{- end }}
 {{- if and .Values.leases.enabled (eq .Values.leases.namespace "kube-system") (not .Values.leases.allowSharedNamespace) }}
 {{- fail "leases.namespace=kube-system would let the server delete every Lease there, kube-controller-manager's and kube-scheduler's leader Leases included: use a namespace of its own (the default, konnectivity-leases), or set leases.allowSharedNamespace=true" }}
 {{- end }}
@@ -58,6 +61,13 @@ cannot: there, it fails before anything is created.
 {{- define "tether.serverKubeconfig" -}}
 {{- if include "tether.onNode" . }}{{ .Values.server.hostFiles.kubeconfig }}
 {{- else if .Values.server.kubeconfigSecretName }}/etc/tether/kubeconfig/kubeconfig
+{{- end }}
+{{- end }}
+
+{{/* The server's --audit-log-path, or "" for none. */}}
+{{- define "tether.auditLogPath" -}}
+{{- if eq .Values.server.audit.output "stdout" }}-
+{{- else if eq .Values.server.audit.output "file" }}{{ .Values.server.audit.hostDir }}/audit.log
 {{- end }}
 {{- end }}
 
@@ -111,6 +121,9 @@ cannot: there, it fails before anything is created.
 - --lease-label={{ .Values.leases.label }}
 {{- end }}
 - --control-plane-endpoints={{ .Values.server.controlPlaneEndpoints }}
+{{- with include "tether.auditLogPath" . }}
+- --audit-log-path={{ . }}
+{{- end }}
 {{- with .Values.server.extraArgs }}
 {{ toYaml . }}
 {{- end }}
@@ -186,6 +199,10 @@ volumeMounts:
     mountPath: {{ .Values.server.hostFiles.kubeconfig }}
     readOnly: true
   {{- end }}
+  {{- if eq .Values.server.audit.output "file" }}
+  - name: konnectivity-audit
+    mountPath: {{ .Values.server.audit.hostDir }}
+  {{- end }}
 {{- else }}
   - name: tls
     mountPath: /etc/tether/tls
@@ -225,6 +242,15 @@ volumeMounts:
   hostPath:
     path: {{ .Values.server.hostFiles.kubeconfig }}
     type: File
+{{- end }}
+{{- if eq .Values.server.audit.output "file" }}
+# The audit log's directory, prepared on the node like the socket's (values.yaml,
+# server.audit). Its own name: kube-apiserver's Pod, which the sidecar patch merges into,
+# often has a volume called audit-log.
+- name: konnectivity-audit
+  hostPath:
+    path: {{ .Values.server.audit.hostDir }}
+    type: Directory
 {{- end }}
 {{- end }}
 

@@ -40,8 +40,9 @@ pub(crate) struct SecurityArgs {
     #[arg(long, help_heading = HEADING, value_name = "BOOL", value_parser = go_bool, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     match_agent_identity_to_certificate: Option<bool>,
 
-    /// Write one JSON line per tunneled connection and per refused or failed dial to this
-    /// file (appended; `-` is standard output, as kube-apiserver's flag). Empty: off.
+    /// Write JSON lines to this file: one when a tunneled connection opens and one when it
+    /// ends, and one per refused or failed dial (appended; `-` is standard output, as
+    /// kube-apiserver's flag). Empty: off.
     #[arg(long, help_heading = HEADING, value_name = "PATH", default_value = "")]
     audit_log_path: String,
 
