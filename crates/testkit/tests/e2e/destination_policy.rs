@@ -120,9 +120,12 @@ async fn denied_destinations_are_refused_with_the_rule_and_reloads_apply() {
 
     // A broken file is counted and the last good policy stays.
     std::fs::write(&policy, "allow all\nallow to 127.0.0.1/33\n").unwrap();
-    let reload_failures = "tether_agent_destination_policy_reloads_total{result=\"failure\"}";
+    let reload_failures = format!(
+        "tether_agent_config_reloads_total{{file=\"{}\",result=\"refused\"}}",
+        policy.display()
+    );
     eventually("the broken reload is counted", || async {
-        agent_metric(&agent, reload_failures).await == 1.0
+        agent_metric(&agent, &reload_failures).await == 1.0
     })
     .await;
     assert!(
