@@ -209,6 +209,11 @@ impl ClientSet {
         &self.config.agent_id
     }
 
+    /// The destination dialer, for the policy file's state in `/debug/agents`.
+    pub(crate) fn destinations(&self) -> &Destinations {
+        &self.destinations
+    }
+
     /// Servers currently connected (suspended streams are not).
     pub(crate) fn connected(&self) -> usize {
         self.sessions()

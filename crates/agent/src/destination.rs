@@ -6,18 +6,28 @@
 //! before any connect, so a denied destination never sees a packet. Lookups and dials are
 //! capped, and the whole attempt (waiting for a slot, lookup, connect) runs under the dial
 //! deadline.
+//!
+//! The policy file is watched while the agent runs (tether-reload: read every interval and
+//! at SIGHUP, parsed whole, refused when broken). Each generation is one [`Policy`] (the
+//! built-in rules and the file's) swapped as a whole. A dial is checked against the
+//! generation in force and its connection follows the later ones ([`PolicyWatch`]): the
+//! first that denies the address it reached closes it, with that generation's error.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tether_policy::{Builtins, Policy, RuleSet};
+use tether_observe::introspect::{ConfigFileView, RefusalView};
+use tether_observe::metrics::Registry;
+use tether_observe::time::Civil;
+use tether_policy::{Builtins, Denied, Policy, RuleSet};
+use tether_reload::{Loaded, ReloadMetrics, Reloader};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{AgentMetrics, DialFailure};
+use crate::metrics::DialFailure;
 
 /// How destinations are checked and dialed.
 #[derive(Clone, Debug)]
@@ -25,7 +35,7 @@ pub struct DestinationConfig {
     /// `--destination-policy`: rules checked after the built-in ones; `None` allows
     /// everything the built-in rules do not deny.
     pub policy_file: Option<PathBuf>,
-    /// How often the policy file is checked for changes.
+    /// How often the policy file is read for changes (SIGHUP reads it at once).
     pub reload_interval: Duration,
     /// `--allow-loopback-destinations`: on by default for compatibility (see tether-policy).
     pub allow_loopback: bool,
@@ -42,7 +52,7 @@ impl Default for DestinationConfig {
     fn default() -> Self {
         Self {
             policy_file: None,
-            reload_interval: Duration::from_secs(5),
+            reload_interval: tether_reload::DEFAULT_INTERVAL,
             allow_loopback: true,
             allow_link_local: false,
             max_dials: 256,
@@ -51,127 +61,186 @@ impl Default for DestinationConfig {
     }
 }
 
-/// A policy file that cannot be used. The errors are plain fields, not `source()`s, which
-/// `{:#}` would print a second time after the message that already holds them.
+/// A policy file that cannot be used at start-up: the message names the file, and the line
+/// and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
-pub enum PolicyFileError {
-    #[error("reading destination policy {path}: {error}")]
-    Read { path: String, error: std::io::Error },
-    #[error("destination policy {path}: {error}")]
-    Parse {
-        path: String,
-        error: tether_policy::ParseError,
-    },
+#[error("{message}")]
+pub struct PolicyFileError {
+    pub message: String,
+}
+
+/// The policy file's generations as they are applied.
+type Generations = watch::Receiver<Arc<Loaded<Policy>>>;
+
+/// The policy in force.
+#[derive(Debug)]
+enum PolicySource {
+    /// No file: the built-in rules, for the agent's whole life.
+    Builtins(Arc<Policy>),
+    /// The file's generations, each the built-in rules and the file's, swapped as a whole.
+    File(Arc<Reloader<Policy>>),
+}
+
+/// A dialed destination, and what tells its relay when a later policy denies it.
+#[derive(Debug)]
+pub(crate) struct Dialed {
+    pub(crate) stream: TcpStream,
+    pub(crate) watch: PolicyWatch,
+}
+
+/// The policy generations applied after a connection's dial was checked.
+#[derive(Debug)]
+pub(crate) struct PolicyWatch {
+    /// `None` without a policy file: nothing ever changes.
+    generations: Option<Generations>,
+    /// The host as requested, for `name` rules.
+    host: String,
+    port: u16,
+}
+
+/// A policy generation that denies an open connection's destination.
+#[derive(Debug)]
+pub(crate) struct Revoked {
+    pub(crate) generation: u64,
+    pub(crate) denied: Denied,
+}
+
+impl Revoked {
+    /// The error the connection is closed with, which the client sees.
+    pub(crate) fn close_text(&self) -> String {
+        format!(
+            "{} (destination policy generation {}, applied to the open connection)",
+            self.denied, self.generation
+        )
+    }
+}
+
+impl PolicyWatch {
+    /// Resolves when a generation applied after the dial's check denies the connection to
+    /// `ip` (the address it reached); never without a policy file. Every generation is judged
+    /// as a whole: one that allows the destination again is no news.
+    pub(crate) async fn revoked(mut self, ip: IpAddr) -> Revoked {
+        let Some(generations) = self.generations.as_mut() else {
+            return std::future::pending().await;
+        };
+        loop {
+            if generations.changed().await.is_err() {
+                // The policy file is no longer watched: the agent is stopping.
+                return std::future::pending().await;
+            }
+            let loaded = generations.borrow_and_update().clone();
+            if let Err(denied) = loaded.config.check(&self.host, self.port, &[ip]) {
+                return Revoked {
+                    generation: loaded.generation,
+                    denied,
+                };
+            }
+        }
+    }
 }
 
 /// The agent's destination dialer: the current policy and the dial and lookup slots.
 #[derive(Debug)]
 pub(crate) struct Destinations {
     config: DestinationConfig,
-    builtins: Builtins,
-    policy: RwLock<Arc<Policy>>,
+    policy: PolicySource,
     dials: Semaphore,
     lookups: Arc<Semaphore>,
-    metrics: Arc<AgentMetrics>,
 }
 
 impl Destinations {
-    /// Loads the policy file, if any. `own_listeners` are the agent's bound health and admin
-    /// addresses, which are never a destination.
+    /// Loads the policy file, if any: its generation 1. `own_listeners` are the agent's bound
+    /// health and admin addresses, which are never a destination. With a file, its reload
+    /// metrics are registered in `registry`.
     pub(crate) fn new(
         config: DestinationConfig,
         own_listeners: Vec<SocketAddr>,
-        metrics: Arc<AgentMetrics>,
+        registry: &Registry,
     ) -> Result<Self, PolicyFileError> {
         let builtins = Builtins {
             allow_loopback: config.allow_loopback,
             allow_link_local: config.allow_link_local,
             own_listeners,
         };
-        let file = match &config.policy_file {
-            Some(path) => Some(load(
-                path,
-                &std::fs::read(path).map_err(|error| PolicyFileError::Read {
-                    path: path.display().to_string(),
-                    error,
-                })?,
-            )?),
-            None => None,
+        let policy = match &config.policy_file {
+            Some(path) => {
+                let parse = move |path: &Path, bytes: &[u8]| {
+                    parse(path, bytes).map(|rules| Policy::new(&builtins, Some(rules)))
+                };
+                let reloader = Reloader::load(
+                    path.clone(),
+                    Box::new(parse),
+                    ReloadMetrics::register(registry, "tether_agent"),
+                )
+                .map_err(|message| PolicyFileError { message })?;
+                PolicySource::File(Arc::new(reloader))
+            }
+            None => PolicySource::Builtins(Arc::new(Policy::new(&builtins, None))),
         };
         tracing::info!(
             policy = config
                 .policy_file
                 .as_ref()
                 .map(|p| tracing::field::display(p.display())),
-            rules = file.as_ref().map_or(0, |f| f.rules().count()),
+            sha256 = match &policy {
+                PolicySource::File(reloader) => Some(reloader.current().sha256.clone()),
+                PolicySource::Builtins(_) => None,
+            },
             loopback = config.allow_loopback,
             link_local = config.allow_link_local,
             "destination policy"
         );
         Ok(Self {
-            policy: RwLock::new(Arc::new(Policy::new(&builtins, file))),
-            builtins,
+            policy,
             dials: Semaphore::new(config.max_dials.max(1)),
             lookups: Arc::new(Semaphore::new(config.max_lookups.max(1))),
             config,
-            metrics,
         })
     }
 
-    fn policy(&self) -> Arc<Policy> {
-        self.policy
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Re-reads the policy file whenever its content changes, until `stop`. A file that
-    /// cannot be read or parsed keeps the policy in force; it is logged and counted once
-    /// per distinct content.
-    pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        let Some(path) = self.config.policy_file.clone() else {
-            return;
-        };
-        let mut current = std::fs::read(&path).ok();
-        let mut ticks = tokio::time::interval(self.config.reload_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                () = stop.cancelled() => return,
-            }
-            let reading = path.clone();
-            let read = tokio::task::spawn_blocking(move || std::fs::read(reading))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-            let seen = match &read {
-                Ok(bytes) => Some(bytes.clone()),
-                Err(_) => None,
-            };
-            if seen == current {
-                continue;
-            }
-            current = seen;
-            let loaded = read
-                .map_err(|error| PolicyFileError::Read {
-                    path: path.display().to_string(),
-                    error,
-                })
-                .and_then(|bytes| load(&path, &bytes));
-            match loaded {
-                Ok(file) => {
-                    let rules = file.rules().count();
-                    *self.policy.write().unwrap_or_else(|e| e.into_inner()) =
-                        Arc::new(Policy::new(&self.builtins, Some(file)));
-                    self.metrics.policy_reload(true);
-                    tracing::info!(path = %path.display(), rules, "destination policy reloaded");
-                }
-                Err(e) => {
-                    self.metrics.policy_reload(false);
-                    tracing::warn!(error = %e, "keeping the current destination policy");
-                }
+    /// The policy to check a dial against, and the generations after it.
+    fn policy(&self) -> (Arc<Policy>, Option<Generations>) {
+        match &self.policy {
+            PolicySource::Builtins(policy) => (policy.clone(), None),
+            PolicySource::File(reloader) => {
+                let mut generations = reloader.subscribe();
+                // Seen: the watch then wakes for the generations after this one only.
+                let policy = generations.borrow_and_update().config.clone();
+                (policy, Some(generations))
             }
         }
+    }
+
+    /// Reads the policy file every reload interval and at each SIGHUP, until `stop`; a
+    /// changed content that parses becomes the next generation, one that does not is refused
+    /// and the generation in force stays (see tether-reload).
+    pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        if let PolicySource::File(reloader) = &self.policy {
+            reloader
+                .clone()
+                .run(self.config.reload_interval, stop)
+                .await;
+        }
+    }
+
+    /// The policy file's generation in force and its last refusal, for `/debug/agents`.
+    pub(crate) fn view(&self) -> Option<ConfigFileView> {
+        let PolicySource::File(reloader) = &self.policy else {
+            return None;
+        };
+        let current = reloader.current();
+        let rfc3339 = |at| Civil::from_system_time(at).rfc3339();
+        Some(ConfigFileView {
+            name: "destination-policy".into(),
+            path: reloader.path().display().to_string(),
+            generation: current.generation,
+            sha256: current.sha256.clone(),
+            applied_at: rfc3339(current.applied_at),
+            last_refusal: reloader.last_refusal().map(|refusal| RefusalView {
+                at: rfc3339(refusal.at),
+                message: refusal.message,
+            }),
+        })
     }
 
     /// Dials a TCP destination, trying each resolved address before the deadline.
@@ -180,7 +249,7 @@ impl Destinations {
         protocol: &str,
         address: &str,
         timeout: Duration,
-    ) -> Result<TcpStream, (DialFailure, String)> {
+    ) -> Result<Dialed, (DialFailure, String)> {
         if protocol != "tcp" {
             return Err((
                 DialFailure::Unknown,
@@ -198,23 +267,31 @@ impl Destinations {
         }
     }
 
-    async fn attempt(&self, host: &str, port: u16) -> Result<TcpStream, (DialFailure, String)> {
+    async fn attempt(&self, host: &str, port: u16) -> Result<Dialed, (DialFailure, String)> {
         let _slot = self
             .dials
             .acquire()
             .await
             .expect("the dial semaphore is never closed");
         let ips = self.resolve(host, port).await?;
-        self.policy()
+        // Taken before the check: a generation applied from here on, even while connecting,
+        // is judged against the connection.
+        let (policy, generations) = self.policy();
+        policy
             .check(host, port, &ips)
             .map_err(|denied| (DialFailure::Policy, denied.to_string()))?;
+        let watch = PolicyWatch {
+            generations,
+            host: host.to_owned(),
+            port,
+        };
         let mut last = None;
         for ip in ips {
             let addr = SocketAddr::new(ip, port);
             match TcpStream::connect(addr).await {
                 Ok(stream) => {
                     let _ = stream.set_nodelay(true);
-                    return Ok(stream);
+                    return Ok(Dialed { stream, watch });
                 }
                 Err(e) => last = Some(format!("dial tcp {addr}: connect: {}", go_error_text(&e))),
             }
@@ -260,12 +337,11 @@ impl Destinations {
     }
 }
 
-/// Parses and validates a policy file's content, naming the file in errors.
-fn load(path: &std::path::Path, bytes: &[u8]) -> Result<RuleSet, PolicyFileError> {
-    RuleSet::parse_bytes(bytes).map_err(|error| PolicyFileError::Parse {
-        path: path.display().to_string(),
-        error,
-    })
+/// Parses and validates a policy file's content whole; the error names the file, the line
+/// and what is wrong with it, at start-up and on reload alike.
+fn parse(path: &Path, bytes: &[u8]) -> Result<RuleSet, String> {
+    RuleSet::parse_bytes(bytes)
+        .map_err(|error| format!("destination policy {}: {error}", path.display()))
 }
 
 /// `host:port` or `[v6]:port`, as Go's `net.SplitHostPort`; errors read like Go's.

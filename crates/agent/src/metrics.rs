@@ -30,8 +30,8 @@ pub(crate) struct AgentMetrics {
     server_connection_failures: Arc<CounterVec>,
     /// tether: in-flight dials abandoned because the server cancelled them (DIAL_CLS).
     pub(crate) dials_cancelled: Arc<Counter>,
-    /// tether: destination policy file reloads, by result (`success`, `failure`).
-    policy_reloads: Arc<CounterVec>,
+    /// tether: open connections closed because a reloaded destination policy denies them.
+    pub(crate) policy_cuts: Arc<Counter>,
     /// tether: open connections from the control-plane listener (reverse dials).
     pub(crate) control_plane_connections: Arc<Gauge>,
     /// tether: reverse dials by result.
@@ -121,10 +121,9 @@ impl AgentMetrics {
                 "tether_agent_dials_cancelled_total",
                 "In-flight dials abandoned because the server cancelled them (DIAL_CLS)",
             ),
-            policy_reloads: registry.counter_vec(
-                "tether_agent_destination_policy_reloads_total",
-                "Destination policy file reloads, by result (success, or failure: the old policy stays)",
-                &["result"],
+            policy_cuts: registry.counter(
+                "tether_agent_destination_policy_connections_closed_total",
+                "Open connections closed because a reloaded destination policy denies their destination (the client sees the close with the policy's error)",
             ),
             control_plane_connections: registry.gauge(
                 "tether_agent_control_plane_connections",
@@ -183,11 +182,6 @@ impl AgentMetrics {
             ReverseDial::OverLimit => "over_limit",
         };
         self.control_plane_dials.with(&[label]).inc();
-    }
-
-    pub(crate) fn policy_reload(&self, success: bool) {
-        let result = if success { "success" } else { "failure" };
-        self.policy_reloads.with(&[result]).inc();
     }
 
     /// `sent` is true for packets to the server (`from_agent`), false for received ones.

@@ -9,8 +9,8 @@ use tether_grpc::GrpcError;
 use tether_observe::audit::AuditLog;
 use tether_proto::Packet;
 use tether_tunnel::{
-    AuditSide, DialCancel, DialFacts, Direction, Event, Flow, Hooks, IncomingDial, Limits, Link,
-    Role, SessionConfig, StreamAudit,
+    AuditSide, CloseError, DialCancel, DialFacts, Direction, Event, Flow, Hooks, IncomingDial,
+    Limits, Link, Role, SessionConfig, StreamAudit,
 };
 use tokio_util::task::TaskTracker;
 
@@ -234,8 +234,8 @@ async fn serve_connection(
         () = incoming.abandoned() => return,
     };
     facts.latency = Some(started.elapsed());
-    let stream = match dialed {
-        Ok(stream) => stream,
+    let crate::destination::Dialed { stream, watch } = match dialed {
+        Ok(dialed) => dialed,
         Err((reason, error)) => {
             tracing::info!(
                 dial.id = %incoming.random(),
@@ -260,10 +260,35 @@ async fn serve_connection(
     metrics
         .dial_duration
         .observe(started.elapsed().as_secs_f64());
+    let peer = stream.peer_addr().ok();
+    let connect_id = tunnel.connect_id();
+    let dial_id = facts.dial_id;
+    let requested = facts.requested.clone();
     if let Some(audit) = &audit {
-        facts.dialed = stream.peer_addr().ok().map(|a| a.to_string());
-        audit.connected(tunnel.connect_id(), facts);
+        facts.dialed = peer.map(|a| a.to_string());
+        audit.connected(connect_id, facts);
     }
-    let outcome = tether_tunnel::relay_tcp(&mut tunnel, stream).await;
+    // A policy generation applied while the connection is open and denying its destination
+    // ends it, with the policy's error for the client to see.
+    let cut = async {
+        let Some(peer) = peer else {
+            return std::future::pending().await;
+        };
+        let revoked = watch.revoked(peer.ip()).await;
+        metrics.policy_cuts.inc();
+        tracing::warn!(
+            connect.id = %connect_id,
+            dial.id = %dial_id,
+            agent.id = %ids.agent_id,
+            server.id = %ids.server_id,
+            address = %requested,
+            dialed = %peer,
+            generation = revoked.generation,
+            rule = %revoked.denied.rule,
+            "closing an open connection: the reloaded destination policy denies it"
+        );
+        CloseError::Local(revoked.close_text())
+    };
+    let outcome = tether_tunnel::relay_tcp_until(&mut tunnel, stream, cut).await;
     tunnel.finish(outcome);
 }

@@ -64,6 +64,38 @@ pub struct AgentsReport {
     /// Agent: its own ID. Server: empty (each stream names its agent).
     pub agent_id: String,
     pub streams: Vec<StreamView>,
+    /// The configuration files this process reads while running (agent: its destination
+    /// policy), with the generation in force; empty when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_files: Vec<ConfigFileView>,
+}
+
+/// A configuration file read while running: the generation in force and the last content
+/// refused since start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigFileView {
+    /// What the file is, as its flag says it (`destination-policy`).
+    pub name: String,
+    pub path: String,
+    /// 1 for the file read at start, one more per applied change.
+    pub generation: u64,
+    /// The hex SHA-256 of the content in force, as `sha256sum` prints it.
+    pub sha256: String,
+    /// When the generation in force was applied (RFC 3339, UTC).
+    pub applied_at: String,
+    /// The last content refused since start (the generation in force stayed); cleared when a
+    /// later one applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refusal: Option<RefusalView>,
+}
+
+/// A refused configuration content.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RefusalView {
+    /// When it was refused (RFC 3339, UTC).
+    pub at: String,
+    /// Why: the file, the line and what is wrong with it.
+    pub message: String,
 }
 
 /// One agent stream (`AgentService.Connect`), seen from either end.

@@ -125,6 +125,8 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
         server_count: membership.server_count,
         agent_id: String::new(),
         streams,
+        // The server's routing file is read at start-up only.
+        config_files: Vec::new(),
     }
 }
 

@@ -372,9 +372,12 @@ async fn server_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
     families
 }
 
-/// An agent started as `tether agent` starts one, with Lease counting and the audit log on.
+/// An agent started as `tether agent` starts one, with Lease counting, the audit log and a
+/// destination policy file on.
 async fn agent_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
     let kubeconfig = kubeconfig(dir, files);
+    let policy = dir.join("destination.policy");
+    std::fs::write(&policy, "allow all\n").unwrap();
     let args = [
         "agent".to_owned(),
         "--proxy-server-host=127.0.0.1".into(),
@@ -389,6 +392,7 @@ async fn agent_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
         "--count-server-leases".into(),
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--audit-log-path={}", dir.join("agent-audit.log").display()),
+        format!("--destination-policy={}", policy.display()),
     ];
     let Command::Agent(args) = parse(&args) else {
         unreachable!()

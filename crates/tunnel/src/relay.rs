@@ -11,6 +11,17 @@ use crate::{ConnEvent, MAX_CHUNK, Tunnel};
 /// The answerer's relay: between the destination it dialed and the peer, until either
 /// side ends. Returns the error to report in CLOSE_RSP, `None` for a normal close.
 pub async fn relay_tcp(tunnel: &mut Tunnel, stream: TcpStream) -> Option<CloseError> {
+    relay_tcp_until(tunnel, stream, std::future::pending()).await
+}
+
+/// [`relay_tcp`], or until `cut` resolves first: then the destination is reset and the
+/// error `cut` gives is returned, for the peer to see in CLOSE_RSP (the agent cuts a
+/// connection that a reloaded destination policy denies).
+pub async fn relay_tcp_until(
+    tunnel: &mut Tunnel,
+    stream: TcpStream,
+    cut: impl Future<Output = CloseError>,
+) -> Option<CloseError> {
     let (rd, mut wr) = stream.into_split();
     let Tunnel { up, down, .. } = tunnel;
     let to_peer = async {
@@ -55,6 +66,7 @@ pub async fn relay_tcp(tunnel: &mut Tunnel, stream: TcpStream) -> Option<CloseEr
     let outcome = tokio::select! {
         r = to_peer => r,
         r = to_destination => r,
+        error = cut => Err(error),
     };
     match outcome {
         Ok(()) => {

@@ -13,9 +13,8 @@ const STEP: Duration = Duration::from_secs(10);
 
 fn destinations(config: DestinationConfig) -> (Destinations, Registry) {
     let registry = Registry::new();
-    let metrics = Arc::new(AgentMetrics::register(&registry));
     (
-        Destinations::new(config, Vec::new(), metrics).unwrap(),
+        Destinations::new(config, Vec::new(), &registry).unwrap(),
         registry,
     )
 }
@@ -122,36 +121,140 @@ async fn a_changed_policy_applies_and_a_broken_one_keeps_the_last_good() {
     let stop = CancellationToken::new();
     let watcher = tokio::spawn(d.clone().watch(stop.clone()));
     d.dial("tcp", &address, STEP).await.unwrap();
+    assert_eq!(d.view().unwrap().generation, 1);
 
     std::fs::write(file.path(), "deny to 127.0.0.0/8\nallow all\n").unwrap();
-    wait_for(&registry, "result=\"success\"} 1").await;
+    wait_for(&registry, "result=\"applied\"} 1").await;
     assert!(
         policy_error(&d, &address)
             .await
             .contains("line 1: deny to 127.0.0.0/8")
     );
+    let view = d.view().unwrap();
+    assert_eq!(view.generation, 2);
+    assert_eq!(
+        view.sha256,
+        tether_reload::sha256_hex(b"deny to 127.0.0.0/8\nallow all\n")
+    );
+    assert!(view.last_refusal.is_none());
 
     std::fs::write(file.path(), "allow all\nallow to 10.0.0.300\n").unwrap();
-    wait_for(&registry, "result=\"failure\"} 1").await;
+    wait_for(&registry, "result=\"refused\"} 1").await;
     assert!(
         policy_error(&d, &address)
             .await
             .contains("line 1: deny to 127.0.0.0/8")
+    );
+    let view = d.view().unwrap();
+    assert_eq!(view.generation, 2);
+    let refusal = view.last_refusal.unwrap();
+    assert!(
+        refusal.message.starts_with(&format!(
+            "destination policy {}: line 2: ",
+            file.path().display()
+        )),
+        "{}",
+        refusal.message
     );
 
     stop.cancel();
     tokio::time::timeout(STEP, watcher).await.unwrap().unwrap();
 }
 
-/// Waits until the reload counter shows `line`.
+#[tokio::test]
+async fn an_open_connection_is_revoked_by_the_first_generation_that_denies_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (file, config) = with_policy("allow all\n");
+    let (d, _registry) = destinations(config);
+    let Dialed { stream, watch } = d
+        .dial("tcp", &format!("localhost:{port}"), STEP)
+        .await
+        .unwrap();
+    let ip = stream.peer_addr().unwrap().ip();
+    let reloader = match &d.policy {
+        PolicySource::File(reloader) => reloader.clone(),
+        PolicySource::Builtins(_) => unreachable!(),
+    };
+    let mut revoked = Box::pin(watch.revoked(ip));
+
+    // A generation that still allows it (here by its name) changes nothing.
+    std::fs::write(
+        file.path(),
+        format!("allow name localhost port {port}\ndeny all\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        reloader.check(),
+        tether_reload::Outcome::Applied { generation: 2 }
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut revoked)
+            .await
+            .is_err()
+    );
+
+    // A refused content is no generation at all.
+    std::fs::write(file.path(), "deny all\nallow to 10.0.0.300\n").unwrap();
+    assert!(matches!(
+        reloader.check(),
+        tether_reload::Outcome::Refused { .. }
+    ));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut revoked)
+            .await
+            .is_err()
+    );
+
+    std::fs::write(
+        file.path(),
+        format!("deny to {ip} port {port}\nallow all\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        reloader.check(),
+        tether_reload::Outcome::Applied { generation: 3 }
+    );
+    let revoked = tokio::time::timeout(STEP, revoked).await.unwrap();
+    assert_eq!(revoked.generation, 3);
+    assert_eq!(
+        revoked.close_text(),
+        format!(
+            "policy: {ip}:{port} denied by line 1: deny to {ip}/32 port {port} \
+             (destination policy generation 3, applied to the open connection)"
+        )
+    );
+}
+
+#[tokio::test]
+async fn without_a_policy_file_nothing_is_ever_revoked() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (d, registry) = destinations(DestinationConfig::default());
+    let dialed = d
+        .dial("tcp", &listener.local_addr().unwrap().to_string(), STEP)
+        .await
+        .unwrap();
+    assert!(d.view().is_none());
+    assert!(!registry.render().contains("tether_agent_config_"));
+    let ip = dialed.stream.peer_addr().unwrap().ip();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), dialed.watch.revoked(ip))
+            .await
+            .is_err()
+    );
+}
+
+/// Waits until the reload counter shows `line` (after the `file` label).
 async fn wait_for(registry: &Registry, line: &str) {
-    let name = "tether_agent_destination_policy_reloads_total{";
-    let wanted = format!("{name}{line}");
     tokio::time::timeout(STEP, async {
-        while !registry.render().contains(&wanted) {
+        while !registry
+            .render()
+            .lines()
+            .any(|l| l.starts_with("tether_agent_config_reloads_total{") && l.ends_with(line))
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no {wanted} in\n{}", registry.render()));
+    .unwrap_or_else(|_| panic!("no {line} in\n{}", registry.render()));
 }

@@ -101,7 +101,7 @@ async fn denied_destinations_are_refused_with_the_rule_and_reloads_apply() {
     assert_eq!(agent_metric(&agent, failures).await, 3.0);
     let (stream, head) = http_connect_uds(&uds, &echo.addr.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    drop(echo_exact(stream, 3, 4096).await);
+    let mut held = echo_exact(stream, 3, 4096).await;
 
     // A new file applies without a restart.
     std::fs::write(&policy, "deny all\n").unwrap();
@@ -118,11 +118,26 @@ async fn denied_destinations_are_refused_with_the_rule_and_reloads_apply() {
     })
     .await;
 
+    // The tunnel opened before it, which it denies, is closed. On a Unix socket an error close
+    // is a plain close (no reset exists there); the gRPC client reads the policy's error (see
+    // the process tests).
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(STEP, held.read(&mut buf))
+        .await
+        .expect("the denied tunnel is closed");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // At least this one: a probe above may have been open still when the reload applied.
+    let closed = "tether_agent_destination_policy_connections_closed_total";
+    assert!(agent_metric(&agent, closed).await >= 1.0);
+
     // A broken file is counted and the last good policy stays.
     std::fs::write(&policy, "allow all\nallow to 127.0.0.1/33\n").unwrap();
-    let reload_failures = "tether_agent_destination_policy_reloads_total{result=\"failure\"}";
+    let reload_failures = format!(
+        "tether_agent_config_reloads_total{{file=\"{}\",result=\"refused\"}}",
+        policy.display()
+    );
     eventually("the broken reload is counted", || async {
-        agent_metric(&agent, reload_failures).await == 1.0
+        agent_metric(&agent, &reload_failures).await == 1.0
     })
     .await;
     assert!(

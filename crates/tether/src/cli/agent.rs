@@ -269,7 +269,8 @@ pub(crate) struct AgentArgs {
 
     /// Destination policy file: allow/deny rules by CIDR, port and DNS name, checked on
     /// every resolved address after the built-in rules; unmatched addresses are denied.
-    /// Reloaded when it changes; a broken new version keeps the old rules. Empty: no file.
+    /// Reloaded when its content changes (and at SIGHUP): new dials follow it, open connections
+    /// it denies are closed; a broken new version keeps the old rules. Empty: no file.
     #[arg(
         long,
         help_heading = "Destinations",
@@ -278,8 +279,8 @@ pub(crate) struct AgentArgs {
     )]
     destination_policy: String,
 
-    /// How often the destination policy file is checked for changes.
-    #[arg(long, help_heading = "Destinations", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
+    /// How often the destination policy file is read for changes; SIGHUP reads it at once.
+    #[arg(long, help_heading = "Destinations", value_name = "DURATION", default_value = "500ms", value_parser = go_duration)]
     destination_policy_reload_interval: Duration,
 
     /// Allow the agent node's loopback (127.0.0.0/8, ::1, 0.0.0.0, ::) as a destination.

@@ -161,7 +161,20 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
             or_dash(Some(s.identifiers.as_str()).filter(|i| !i.is_empty())),
         ]);
     }
-    heading + &table.render()
+    let mut out = heading + &table.render();
+    for file in &report.config_files {
+        out.push_str(&format!(
+            "{} {}: generation {}, sha256 {}, applied {}\n",
+            file.name, file.path, file.generation, file.sha256, file.applied_at
+        ));
+        if let Some(refusal) = &file.last_refusal {
+            out.push_str(&format!(
+                "  last refused {}: {}\n",
+                refusal.at, refusal.message
+            ));
+        }
+    }
+    out
 }
 
 /// One line of `tether top`: a connection and its throughput between two snapshots.
@@ -341,7 +354,7 @@ fn age(seconds: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use tether_observe::introspect::StreamView;
+    use tether_observe::introspect::{ConfigFileView, RefusalView, StreamView};
 
     use super::*;
 
@@ -403,6 +416,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 connections: 2,
                 queued_bytes: 0,
             }],
+            config_files: Vec::new(),
         };
         let text = agents(&report);
         assert!(
@@ -470,6 +484,41 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
             ..agent
         };
         assert!(agents(&old).contains("(version not reported)"));
+    }
+
+    #[test]
+    fn agents_shows_the_policy_generation_and_its_last_refusal() {
+        let mut report = AgentsReport {
+            role: "agent".into(),
+            version: "0.1.0".into(),
+            agent_id: "node-1".into(),
+            server_count: 1,
+            config_files: vec![ConfigFileView {
+                name: "destination-policy".into(),
+                path: "/etc/tether/policy".into(),
+                generation: 3,
+                sha256: "ab12".into(),
+                applied_at: "2026-01-02T03:04:05.000Z".into(),
+                last_refusal: None,
+            }],
+            ..Default::default()
+        };
+        let text = agents(&report);
+        assert!(
+            text.ends_with(
+                "destination-policy /etc/tether/policy: generation 3, sha256 ab12, \
+                 applied 2026-01-02T03:04:05.000Z\n"
+            ),
+            "{text}"
+        );
+        report.config_files[0].last_refusal = Some(RefusalView {
+            at: "2026-01-02T03:05:00.000Z".into(),
+            message: "destination policy /etc/tether/policy: line 2: bad".into(),
+        });
+        assert!(agents(&report).ends_with(
+            "\n  last refused 2026-01-02T03:05:00.000Z: \
+             destination policy /etc/tether/policy: line 2: bad\n"
+        ));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod fleet_behind_nat;
 mod handshake_failures;
 mod introspect;
 mod logs;
+mod policy_reload;
 mod profiling;
 mod readiness;
 mod resources;

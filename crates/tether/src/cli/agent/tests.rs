@@ -345,7 +345,7 @@ fn destination_flags() {
     assert_eq!(defaults.policy_file, None);
     assert!(defaults.allow_loopback && !defaults.allow_link_local);
     assert_eq!((defaults.max_dials, defaults.max_lookups), (256, 32));
-    assert_eq!(defaults.reload_interval, Duration::from_secs(5));
+    assert_eq!(defaults.reload_interval, Duration::from_millis(500));
 
     let set = agent(
         &files,
