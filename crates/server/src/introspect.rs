@@ -38,7 +38,9 @@ pub(crate) fn route(hub: &Hub, membership: &Membership, req: &Request) -> Option
 
 /// Every agent stream, of every tenant.
 fn streams(hub: &Hub) -> Vec<Arc<AgentSession>> {
-    hub.tenants
+    let running = hub.running();
+    running
+        .tenants
         .all()
         .flat_map(|tenant| tenant.registry().streams().cloned().collect::<Vec<_>>())
         .collect()
