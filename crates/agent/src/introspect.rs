@@ -88,5 +88,6 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
         server_count: u32::try_from(clientset.server_count()).unwrap_or(u32::MAX),
         agent_id: clientset.agent_id().to_owned(),
         streams,
+        config: None,
     }
 }

@@ -64,6 +64,37 @@ pub struct AgentsReport {
     /// Agent: its own ID. Server: empty (each stream names its agent).
     pub agent_id: String,
     pub streams: Vec<StreamView>,
+    /// The watched configuration file in force (the server's `--routing-config`); `None`
+    /// without one, and from releases before it was shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigView>,
+}
+
+/// `GET /debug/config`: a configuration file read while the process runs, the generation in
+/// force and the last content refused.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigView {
+    pub file: String,
+    /// 1 for the file read at start, one more per applied reload.
+    pub generation: u64,
+    /// The SHA-256 of the content in force (compare with `sha256sum FILE`).
+    pub sha256: String,
+    /// When the generation in force was applied (Unix seconds).
+    pub applied_at: u64,
+    /// The last content refused since start, if any; the generation in force stayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refusal: Option<RefusalView>,
+}
+
+/// A refused configuration content.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RefusalView {
+    /// When (Unix seconds).
+    pub at: u64,
+    /// The refused content's SHA-256 (empty when the file could not be read).
+    pub sha256: String,
+    /// Why, naming the file and the line or entry.
+    pub message: String,
 }
 
 /// One agent stream (`AgentService.Connect`), seen from either end.

@@ -408,6 +408,7 @@ impl Server {
                 introspect::Membership {
                     server_id: config.server_id.clone(),
                     server_count: config.server_count,
+                    routing: config.routing_reload.clone(),
                 },
             ),
             admin_routes,

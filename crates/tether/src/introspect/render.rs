@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tether_observe::duration::format_go_duration;
-use tether_observe::introspect::{AgentsReport, ConnectionView, ConnectionsReport};
+use tether_observe::introspect::{AgentsReport, ConfigView, ConnectionView, ConnectionsReport};
 use tether_observe::time::Civil;
 
 /// A table of left-aligned cells; the last column is not padded.
@@ -99,6 +99,31 @@ pub(crate) fn connections(report: &ConnectionsReport) -> String {
     )
 }
 
+/// The watched configuration file's line under the heading: its generation in force, and
+/// the last content refused.
+fn config_line(config: &ConfigView) -> String {
+    let at = |seconds: u64| {
+        Civil::from_system_time(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)).rfc3339()
+    };
+    let short = |sha: &str| sha.get(..12).unwrap_or(sha).to_owned();
+    let mut line = format!(
+        "config {}: generation {} (sha256 {}, applied {})",
+        config.file,
+        config.generation,
+        short(&config.sha256),
+        at(config.applied_at)
+    );
+    if let Some(refused) = &config.last_refusal {
+        line += &format!(
+            "; last refused {} (sha256 {}): {}",
+            at(refused.at),
+            short(&refused.sha256),
+            refused.message
+        );
+    }
+    line + "\n"
+}
+
 /// `tether agents`: the answering end and its release, then one row per stream with the
 /// other end's release (`upstream` for an upstream peer, which announces none).
 pub(crate) fn agents(report: &AgentsReport) -> String {
@@ -119,6 +144,10 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
             report.streams.len(),
             report.server_count
         )
+    };
+    let heading = match &report.config {
+        Some(config) => heading + &config_line(config),
+        None => heading,
     };
     let mut table = Table::new(&[
         "AGENT",
@@ -403,6 +432,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 connections: 2,
                 queued_bytes: 0,
             }],
+            config: None,
         };
         let text = agents(&report);
         assert!(
@@ -429,6 +459,35 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 "host=node-1&ipv4=10.0.0.1"
             ]
         );
+    }
+
+    #[test]
+    fn agents_heading_shows_the_routing_files_generation_and_last_refusal() {
+        let report = AgentsReport {
+            role: "server".into(),
+            version: "0.1.0".into(),
+            server_id: "server-a".into(),
+            server_count: 1,
+            config: Some(ConfigView {
+                file: "/etc/tether/routing.yaml".into(),
+                generation: 4,
+                sha256: "0123456789abcdef".into(),
+                applied_at: 1_764_777_057,
+                last_refusal: Some(tether_observe::introspect::RefusalView {
+                    at: 1_764_777_060,
+                    sha256: "fedcba9876543210".into(),
+                    message: "--routing-config /etc/tether/routing.yaml: line 3: unknown field"
+                        .into(),
+                }),
+            }),
+            ..Default::default()
+        };
+        let text = agents(&report);
+        assert_eq!(
+            text.lines().nth(1).unwrap(),
+            "config /etc/tether/routing.yaml: generation 4 (sha256 0123456789ab, applied 2025-12-03T15:50:57.000Z); last refused 2025-12-03T15:51:00.000Z (sha256 fedcba987654): --routing-config /etc/tether/routing.yaml: line 3: unknown field"
+        );
+        assert!(text.lines().nth(2).unwrap().starts_with("AGENT "));
     }
 
     #[test]

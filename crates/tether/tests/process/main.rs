@@ -12,6 +12,7 @@ mod introspect;
 mod logs;
 mod profiling;
 mod readiness;
+mod reload;
 mod resources;
 mod version;
 
