@@ -355,6 +355,13 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
     .await;
     assert_eq!(metric(&server, &generation).await, Some(4.0));
     assert_eq!(metric(&server, &applied).await, Some(3.0));
+    // The log is written in the background: poll it.
+    until("the refusal is logged", || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("configuration reload refused")
+    })
+    .await;
     let logged = std::fs::read_to_string(&log).unwrap();
     let line = logged
         .lines()
@@ -411,4 +418,97 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
         total >> 20,
         started.elapsed()
     );
+}
+
+/// An agent identity moved from tenant B to tenant A: B's stream of that agent takes no new
+/// dial, its open connection ends after the grace with the move named, and the agent comes
+/// back under tenant A.
+#[tokio::test]
+async fn an_agent_identity_moved_to_another_tenant_reconnects_under_it() {
+    let (pki, issued) = Pki::generate_with_clients(&[tether_tls::pki::ClientSpec {
+        common_name: "agent.b",
+        sans: &[],
+    }])
+    .unwrap();
+    std::fs::write(pki.dir().join("agent.b.crt"), &issued[0].cert_pem).unwrap();
+    std::fs::write(pki.dir().join("agent.b.key"), &issued[0].key_pem).unwrap();
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(pki.dir()).unwrap());
+    let main_socket = pki.dir().join("main.sock");
+    let b_socket = pki.dir().join("b.sock");
+    let routing = |b_agents: &str, a_agents: &str| {
+        format!(
+            "tenants:\n  - name: a\n    clients: [\"uid:{uid}\"]\n    agents: [{a_agents}]\n  - name: b\n    agents: [{b_agents}]\n    frontend: {{unix: {}}}\n",
+            b_socket.display()
+        )
+    };
+    let mut map = ConfigMap::new(
+        pki.dir().join("config"),
+        &routing("\"cert:agent.b\"", "\"cert:proxy-agent\""),
+    );
+    let log = pki.dir().join("server.log");
+    let routing_flag = format!("--routing-config={}", map.path().display());
+    let log_flag = format!("--log-file={}", log.display());
+    let server = spawn_server(
+        bin(),
+        &pki,
+        Frontend::GrpcUds(main_socket.clone()),
+        &[
+            &routing_flag,
+            "--graceful-shutdown-timeout=1s",
+            "--logtostderr=false",
+            &log_flag,
+        ],
+    )
+    .await
+    .unwrap();
+    let health = free_port();
+    let _agent_b = Process::spawn(
+        bin(),
+        agent_b_args(&pki, &server, health),
+        std::net::SocketAddr::from(([127, 0, 0, 1], health)),
+    )
+    .await
+    .unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let echo_addr = echo.addr.to_string();
+    until("agent B serves tenant B", || async {
+        b_socket.exists() && echo_once(&b_socket, &echo_addr).await.is_ok()
+    })
+    .await;
+    let client = GrpcClient::connect(&Transport::Unix(b_socket.clone()))
+        .await
+        .unwrap();
+    let mut open = client.dial(&echo_addr).await.unwrap();
+    open.write_all(b"before").await.unwrap();
+    let mut back = [0u8; 6];
+    open.read_exact(&mut back).await.unwrap();
+
+    // agent.b is tenant A's now; B keeps an identity nobody has.
+    map.update(&routing(
+        "\"cert:nobody\"",
+        "\"cert:proxy-agent\", \"cert:agent.b\"",
+    ));
+    server.process.signal("HUP").await.unwrap();
+    let ended = tokio::time::timeout(STEP, open.read(&mut back))
+        .await
+        .expect("the moved agent's connection ends");
+    let error = ended.expect_err("an error, not EOF").to_string();
+    assert!(
+        error.contains("moved from tenant b to tenant a in the routing file (generation 2)"),
+        "{error}"
+    );
+    // Back under tenant A: tenant A's client reaches the echo server through it.
+    until("agent B serves tenant A", || async {
+        echo_once(&main_socket, &echo_addr).await.is_ok()
+    })
+    .await;
+    // The log is written in the background: poll it.
+    until("the log tells the move and the return", || async {
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        logged.contains("agent stream retired by a reload")
+            && logged.lines().any(|l| {
+                l.contains("agent connected") && l.contains("agent-b") && l.contains("tenant=\"a\"")
+            })
+    })
+    .await;
 }
