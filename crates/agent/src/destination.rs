@@ -238,6 +238,7 @@ impl Destinations {
             applied_at: rfc3339(current.applied_at),
             last_refusal: reloader.last_refusal().map(|refusal| RefusalView {
                 at: rfc3339(refusal.at),
+                sha256: refusal.sha256,
                 message: refusal.message,
             }),
         })

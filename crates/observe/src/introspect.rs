@@ -74,7 +74,7 @@ pub struct AgentsReport {
 /// refused since start.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ConfigFileView {
-    /// What the file is, as its flag says it (`destination-policy`).
+    /// What the file is, as its flag says it (`destination-policy`, `routing-config`).
     pub name: String,
     pub path: String,
     /// 1 for the file read at start, one more per applied change.
@@ -94,6 +94,9 @@ pub struct ConfigFileView {
 pub struct RefusalView {
     /// When it was refused (RFC 3339, UTC).
     pub at: String,
+    /// The refused content's SHA-256 (empty when the file could not be read).
+    #[serde(default)]
+    pub sha256: String,
     /// Why: the file, the line and what is wrong with it.
     pub message: String,
 }

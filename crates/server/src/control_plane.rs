@@ -116,6 +116,13 @@ impl ReversePolicy {
         }
     }
 
+    /// The same server list and cap with another generation's tenants.
+    pub(crate) fn next(&self, tenants: &[TenantConfig]) -> Self {
+        let mut next = Self::new(None, tenants, self.max_connections_per_stream);
+        next.server = self.server.clone();
+        next
+    }
+
     /// The allowlist of `tenant`'s agents; `None`: reverse dials are off for them.
     pub(crate) fn for_tenant(&self, tenant: &str) -> Option<Arc<ControlPlaneEndpoints>> {
         match self.tenants.get(tenant) {

@@ -82,6 +82,21 @@ impl DestinationPolicies {
         }
     }
 
+    /// The policies of another generation of the routing file, counted in the same series.
+    pub(crate) fn next(&self, entries: &[DestinationPolicyConfig]) -> Self {
+        Self {
+            entries: entries.to_vec(),
+            refusals: self.refusals.clone(),
+            server: self.server.clone(),
+            log: WarnLimit::new(Duration::from_secs(1)),
+        }
+    }
+
+    /// Whether these are the policies `entries` declare.
+    pub(crate) fn same_as(&self, entries: &[DestinationPolicyConfig]) -> bool {
+        self.entries == entries
+    }
+
     /// `Ok` when `request`'s client may ask for its address; otherwise counts and logs the
     /// refusal and returns its text for the client.
     pub(crate) fn check(&self, request: &RequestContext) -> Result<(), String> {

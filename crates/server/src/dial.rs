@@ -5,22 +5,22 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tether_tunnel::{Abandoned, Tunnel};
+use tokio::sync::watch;
 
 use crate::audit::Audit;
-use crate::backend::outlier::EjectionConfig;
 use crate::backend::selection::Strategy;
 use crate::backend::selection_metrics::SelectionMetrics;
 use crate::backend::session::Watch;
 use crate::byte_rate::ByteRate;
-use crate::destinations::DestinationPolicies;
 use crate::error::DialError;
-use crate::generation::ConfigGeneration;
 use crate::identity::Proof;
 use crate::metrics::{DialFailure, ServerMetrics};
 use crate::request::RequestContext;
-use crate::tenant::{Side, Tenant, Tenants};
+use crate::running::Running;
+use crate::tenant::{Side, Tenant};
 
-/// An established tunnel, with its tenant's bytes/s limit when it has one.
+/// An established tunnel, with its tenant's bytes/s bucket (idle without a limit or share;
+/// a reload may set one while the connection runs).
 #[derive(Debug)]
 pub(crate) struct Dialed {
     pub(crate) tunnel: Tunnel,
@@ -30,42 +30,44 @@ pub(crate) struct Dialed {
 /// State shared by every frontend and agent stream of one server.
 #[derive(Debug)]
 pub(crate) struct Hub {
-    /// Each tenant owns the registry of its agents.
-    pub(crate) tenants: Tenants,
-    /// What each frontend client may ask for, checked before any agent is chosen.
-    destinations: DestinationPolicies,
+    /// The routing file's generation in force: the tenant table (each tenant owns the
+    /// registry of its agents), destination policies, reverse-dial allowlists and ejection.
+    /// Replaced as a whole by a reload ([`crate::reload`]); read with [`Hub::running`].
+    running: watch::Sender<Arc<Running>>,
     pub(crate) metrics: Arc<ServerMetrics>,
-    ejection: EjectionConfig,
     selection_metrics: Arc<SelectionMetrics>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
     /// This server's `--server-id`, for the log lines of its frontend connections.
     pub(crate) server_id: String,
-    /// The configuration generation in force (1 until a reload sets another), stamped on
-    /// each dial's audit records.
-    pub(crate) generation: ConfigGeneration,
 }
 
 impl Hub {
     pub(crate) fn new(
-        tenants: Tenants,
-        destinations: DestinationPolicies,
+        running: Running,
         metrics: Arc<ServerMetrics>,
-        ejection: EjectionConfig,
         selection_metrics: Arc<SelectionMetrics>,
         audit: Option<Arc<Audit>>,
         server_id: String,
     ) -> Self {
         Self {
-            tenants,
-            destinations,
+            running: watch::Sender::new(Arc::new(running)),
             metrics,
-            ejection,
             selection_metrics,
             audit,
             server_id,
-            generation: ConfigGeneration::default(),
         }
+    }
+
+    /// The generation in force: a snapshot, good for one dial or one admission.
+    pub(crate) fn running(&self) -> Arc<Running> {
+        self.running.borrow().clone()
+    }
+
+    /// Puts `next` in force for every later dial and admission; the previous generation's
+    /// readers finish with theirs.
+    pub(crate) fn publish(&self, next: Arc<Running>) {
+        self.running.send_replace(next);
     }
 
     /// Records a dial refused before any agent was asked; `tenant` once it was resolved.
@@ -82,7 +84,7 @@ impl Hub {
     /// What a new agent stream of `tenant` reports its health and load to.
     pub(crate) fn watch(&self, tenant: &Tenant) -> Watch {
         Watch {
-            ejection: self.ejection,
+            ejection: self.running().ejection,
             metrics: self.selection_metrics.clone(),
             tenant: tenant.load.clone(),
             audit: self
@@ -94,7 +96,10 @@ impl Hub {
 
     /// Readiness, as upstream, for any tenant.
     pub(crate) fn is_ready(&self) -> bool {
-        self.tenants.all().any(|t| t.registry().is_ready())
+        self.running()
+            .tenants
+            .all()
+            .any(|t| t.registry().is_ready())
     }
 
     /// Publishes registry-derived gauges after a change, summed over tenants.
@@ -102,7 +107,8 @@ impl Hub {
         let mut agents = 0;
         let mut tether_agents = 0;
         let mut keys: Vec<(Strategy, usize)> = Vec::new();
-        for tenant in self.tenants.all() {
+        let running = self.running();
+        for tenant in running.tenants.all() {
             let registry = tenant.registry();
             agents += registry.agent_count();
             tether_agents += registry.tether_agent_count();
@@ -134,25 +140,27 @@ impl Hub {
             self.refused(request, tenant, &error.to_string());
             error
         };
+        // One generation for the whole decision.
+        let running = self.running();
+        let tenants = &running.tenants;
         let tenant = match &request.tenant {
             // Pinned by a tenant's own frontend: the client must still be the tenant's.
             Some(name) => {
-                let tenant = self.tenants.by_name(name).ok_or_else(|| {
-                    let why = format!("tenant {name} is not in the tenant table");
-                    refuse(None, DialError::NoTenant(why))
-                })?;
-                self.tenants
+                let tenant = tenants
+                    .by_name(name)
+                    .ok_or_else(|| refuse(None, DialError::NoTenant(tenants.not_found(name))))?;
+                tenants
                     .admit_own_frontend(tenant, &request.peer)
                     .map_err(|why| refuse(Some(tenant), DialError::NoTenant(why)))?;
                 tenant
             }
-            None => self
-                .tenants
+            None => tenants
                 .resolve(Side::Client, Proof::peer(&request.peer))
                 .map_err(|why| refuse(None, DialError::NoTenant(why)))?,
         };
         // Before the tenant's limits: a refused request costs the tenant nothing.
-        self.destinations
+        running
+            .destinations
             .check(request)
             .map_err(|why| refuse(Some(tenant), DialError::Policy(why)))?;
         let now = Instant::now();
@@ -187,7 +195,8 @@ impl Hub {
         self.metrics.pending_dials.inc();
         session.pending_gauge.inc();
         session.health.dial_started();
-        let recorded = session.requests.insert(request, self.generation.get());
+        // Its audit records carry the generation that admitted it.
+        let recorded = session.requests.insert(request, running.generation);
         let mut pending =
             match session
                 .link
@@ -214,7 +223,7 @@ impl Hub {
         tokio::select! {
             answer = pending.answer() => answer.map_err(DialError::from).map(|tunnel| Dialed {
                 tunnel,
-                byte_rate: tenant.byte_rate.clone(),
+                byte_rate: Some(tenant.byte_rate.clone()),
             }),
             () = frontend_gone => {
                 match pending.abandon() {

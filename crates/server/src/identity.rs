@@ -46,6 +46,23 @@ impl<'a> Proof<'a> {
     }
 }
 
+/// What an agent stream proved at admission, kept for its life: each new generation of the
+/// routing file checks it again, and a stream whose identity moved to another tenant ends.
+#[derive(Clone, Debug)]
+pub(crate) struct AgentProof {
+    pub(crate) peer: std::sync::Arc<PeerIdentity>,
+    pub(crate) token_user: Option<String>,
+}
+
+impl AgentProof {
+    pub(crate) fn proof(&self) -> Proof<'_> {
+        Proof {
+            peer: &self.peer,
+            token_user: self.token_user.as_deref(),
+        }
+    }
+}
+
 impl std::fmt::Display for Proof<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.token_user {

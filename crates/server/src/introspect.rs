@@ -1,4 +1,4 @@
-//! `/debug/connections` and `/debug/agents` on the admin port: what every agent stream's
+//! `/debug/connections`, `/debug/agents` and `/debug/config` on the admin port: what every agent stream's
 //! table holds right now, with the client behind each dial.
 //!
 //! Built only on request: the registry is locked long enough to copy its list of streams,
@@ -10,18 +10,45 @@ use std::time::Instant;
 
 use tether_observe::http::{Request, Response};
 use tether_observe::introspect::{
-    AgentsReport, ConnectionView, ConnectionsReport, Filter, StreamView,
+    AgentsReport, ConfigFileView, ConnectionView, ConnectionsReport, Filter, RefusalView,
+    StreamView,
 };
+use tether_observe::time::Civil;
 use tether_proto::Identifiers;
+use tether_reload::Reloader;
 
 use crate::backend::session::AgentSession;
 use crate::dial::Hub;
+use crate::routing::RoutingConfig;
 
 /// Who this server is, for the reports.
 #[derive(Clone, Debug)]
 pub(crate) struct Membership {
     pub(crate) server_id: String,
     pub(crate) server_count: u32,
+    /// The watched routing file, for `/debug/config` and the agents report's header.
+    pub(crate) routing: Option<Arc<Reloader<RoutingConfig>>>,
+}
+
+impl Membership {
+    /// The routing file's generation in force and its last refusal.
+    fn config(&self) -> Option<ConfigFileView> {
+        let reloader = self.routing.as_ref()?;
+        let loaded = reloader.current();
+        let rfc3339 = |at| Civil::from_system_time(at).rfc3339();
+        Some(ConfigFileView {
+            name: "routing-config".into(),
+            path: reloader.path().display().to_string(),
+            generation: loaded.generation,
+            sha256: loaded.sha256.clone(),
+            applied_at: rfc3339(loaded.applied_at),
+            last_refusal: reloader.last_refusal().map(|r| RefusalView {
+                at: rfc3339(r.at),
+                sha256: r.sha256,
+                message: r.message,
+            }),
+        })
+    }
 }
 
 /// Answers `/debug/connections` and `/debug/agents`; `None` for other paths.
@@ -32,13 +59,22 @@ pub(crate) fn route(hub: &Hub, membership: &Membership, req: &Request) -> Option
             Err(e) => Response::text(400, format!("{e}\n")),
         }),
         "/debug/agents" => Some(Response::json_of(&agents(hub, membership))),
+        "/debug/config" => Some(match membership.config() {
+            Some(view) => Response::json_of(&view),
+            None => Response::text(
+                404,
+                "no watched configuration file: the server runs without --routing-config\n",
+            ),
+        }),
         _ => None,
     }
 }
 
 /// Every agent stream, of every tenant.
 fn streams(hub: &Hub) -> Vec<Arc<AgentSession>> {
-    hub.tenants
+    let running = hub.running();
+    running
+        .tenants
         .all()
         .flat_map(|tenant| tenant.registry().streams().cloned().collect::<Vec<_>>())
         .collect()
@@ -125,8 +161,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
         server_count: membership.server_count,
         agent_id: String::new(),
         streams,
-        // The server's routing file is read at start-up only.
-        config_files: Vec::new(),
+        config_files: membership.config().into_iter().collect(),
     }
 }
 

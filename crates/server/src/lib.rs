@@ -20,7 +20,6 @@ mod destinations;
 mod dial;
 mod error;
 pub mod frontend;
-mod generation;
 mod handshake_failures;
 mod health;
 mod identity;
@@ -28,8 +27,10 @@ mod introspect;
 mod limits;
 mod metrics;
 mod net;
+mod reload;
 mod request;
 pub mod routing;
+mod running;
 mod serve;
 mod shutdown;
 mod tenant;
@@ -101,6 +102,9 @@ pub struct Config {
     pub strategies: Vec<Strategy>,
     /// Topology, affinity and ejection for the strategies (`--routing-config`).
     pub routing: RoutingConfig,
+    /// The watched routing file: when set, its generation in force replaces `routing` at
+    /// bind, and each later generation is applied while the server runs (see `reload`).
+    pub routing_reload: Option<Arc<tether_reload::Reloader<RoutingConfig>>>,
     /// Deadline for an agent to answer a dial.
     pub dial_timeout: Duration,
     /// On shutdown, how long live connections may continue.
@@ -200,8 +204,16 @@ pub struct Server {
 impl Server {
     /// Binds every listener, so that errors surface before anything is served and callers
     /// that asked for port 0 can learn the ports.
-    pub async fn bind(config: Config, registry: Registry) -> Result<Self, ServerError> {
+    pub async fn bind(mut config: Config, registry: Registry) -> Result<Self, ServerError> {
         distinct_ports(&config)?;
+        let generation = match &config.routing_reload {
+            Some(reloader) => {
+                let loaded = reloader.current();
+                config.routing = (*loaded.config).clone();
+                loaded.generation
+            }
+            None => 1,
+        };
         let listen_err = |what, addr: String, flags| {
             move |error| ServerError::Listen {
                 what,
@@ -272,7 +284,7 @@ impl Server {
             ),
             None => (None, None),
         };
-        let hub = Arc::new(build_hub(&config, &registry, audit));
+        let hub = Arc::new(build_hub(&config, &registry, audit, generation));
         hub.refresh_backend_gauges();
         let limit_metrics = LimitMetrics::register(&registry);
         let stop = CancellationToken::new();
@@ -397,6 +409,7 @@ impl Server {
                 introspect::Membership {
                     server_id: config.server_id.clone(),
                     server_count: config.server_count,
+                    routing: config.routing_reload.clone(),
                 },
             ),
             admin_routes,
@@ -452,37 +465,39 @@ impl Server {
             &frontend_gate,
             |conn, deadline, _| frontend_service.clone().serve(conn, deadline, None),
         );
-        // Each tenant's own frontend: the same service, with the tenant pinned.
-        let mut tenant_loops = tokio::task::JoinSet::new();
-        for (name, listener) in tenant_frontends {
-            let tenant = hub.tenants.by_name(&name).cloned();
-            assert!(
-                tenant.is_some(),
-                "tenant frontends are bound from the same table"
+        // The routing file's owner: serves each tenant's own frontend (the same service,
+        // with the tenant pinned) and applies each new generation of a watched file.
+        let updates = config.routing_reload.as_ref().map(|reloader| {
+            endpoints.spawn(
+                reloader
+                    .clone()
+                    .run(tether_reload::DEFAULT_INTERVAL, stop.clone()),
             );
-            tracing::info!(tenant = %name, frontend = %listener.local_addr(), "tenant frontend listening");
-            let service = frontend_service.clone();
-            let (tasks, shutdown, stop, gate) = (
-                frontends.clone(),
-                shutdown.clone(),
-                stop.clone(),
-                frontend_gate.clone(),
-            );
-            tenant_loops.spawn(async move {
-                serve::accept_loop(
-                    &listener,
-                    &tasks,
-                    &shutdown,
-                    &stop,
-                    &gate,
-                    |conn, deadline, _| service.clone().serve(conn, deadline, tenant.clone()),
-                )
-                .await;
-            });
-        }
-        let tenant_loops = async { while tenant_loops.join_next().await.is_some() {} };
+            reloader.subscribe()
+        });
+        let bind_config = Arc::new(config.clone());
+        let owner = reload::RoutingOwner::new(
+            hub.clone(),
+            config.graceful_shutdown_timeout,
+            Box::new(move |tenant| {
+                let config = bind_config.clone();
+                Box::pin(async move {
+                    bind_tenant_frontend(&config, &tenant)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            }),
+            reload::Serving {
+                service: frontend_service.clone(),
+                connections: frontends.clone(),
+                shutdown: shutdown.clone(),
+                stop: stop.clone(),
+                gate: frontend_gate.clone(),
+            },
+        );
+        let owner = owner.run(tenant_frontends, &config.routing, updates);
 
-        tokio::join!(agent_loop, frontend_loop, tenant_loops);
+        tokio::join!(agent_loop, frontend_loop, owner);
 
         shutdown::Draining {
             shutting_down,
@@ -499,25 +514,41 @@ impl Server {
     }
 }
 
-/// The state every dial and agent stream shares: the tenant table, destination policies,
-/// metrics and the audit log.
-fn build_hub(config: &Config, registry: &Registry, audit: Option<Arc<audit::Audit>>) -> Hub {
+/// The state every dial and agent stream shares: the routing file's `generation` (the tenant
+/// table, destination policies, reverse-dial allowlists), metrics and the audit log.
+fn build_hub(
+    config: &Config,
+    registry: &Registry,
+    audit: Option<Arc<audit::Audit>>,
+    generation: u64,
+) -> Hub {
     let metrics = Arc::new(metrics::ServerMetrics::register(registry));
-    Hub::new(
-        tenant::Tenants::new(
-            &config.strategies,
-            &config.routing.tenants,
-            config.routing.bandwidth,
-            config.routing.selection(),
-            registry,
-        ),
-        destinations::DestinationPolicies::new(
+    let mut tenants = tenant::Tenants::new(
+        &config.strategies,
+        &config.routing.tenants,
+        config.routing.bandwidth,
+        config.routing.selection(),
+        registry,
+    );
+    tenants.generation = generation;
+    let running = running::Running {
+        generation,
+        tenants,
+        destinations: destinations::DestinationPolicies::new(
             &config.routing.destinations,
             registry,
             metrics.clone(),
         ),
+        control_plane: control_plane::ReversePolicy::new(
+            config.control_plane.clone(),
+            &config.routing.tenants,
+            config.limits.max_reverse_connections_per_stream,
+        ),
+        ejection: config.routing.ejection,
+    };
+    Hub::new(
+        running,
         metrics,
-        config.routing.ejection,
         Arc::new(backend::selection_metrics::SelectionMetrics::register(
             registry,
         )),
@@ -556,11 +587,6 @@ fn build_agent_service(
         ),
         limit_metrics,
         token_auth: config.agent_token_auth.clone(),
-        control_plane: control_plane::ReversePolicy::new(
-            config.control_plane.clone(),
-            &config.routing.tenants,
-            limits.max_reverse_connections_per_stream,
-        ),
         resumable: (!config.resume_window.is_zero())
             .then(|| backend::resume::Resumable::new(config.resume_window)),
         streams: TaskTracker::new(),
@@ -615,13 +641,45 @@ fn distinct_ports(config: &Config) -> Result<(), ServerError> {
 async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)>, ServerError> {
     let mut bound = Vec::new();
     for tenant in &config.routing.tenants {
-        let Some(frontend) = &tenant.frontend else {
-            continue;
-        };
-        let refuse = |what: String| {
-            ServerError::TenantFrontend(format!("tenant {:?}'s {what}", tenant.name))
-        };
-        if let Some(path) = &frontend.unix {
+        for listener in bind_tenant_frontend(config, tenant).await? {
+            bound.push((tenant.name.clone(), listener));
+        }
+    }
+    Ok(bound)
+}
+
+impl Config {
+    /// Checks `routing` against the server's own listeners as binding it would, without
+    /// binding: a tenant's own frontend on the main frontend's socket, a TCP one with a Unix
+    /// main frontend or on another listener's port, a `client_ca` that does not load. A
+    /// reloaded routing file is refused on these, as at start-up.
+    pub fn check_routing(&self, routing: &RoutingConfig) -> Result<(), String> {
+        for tenant in &routing.tenants {
+            tenant_frontend_plan(self, tenant).map_err(|e| match e {
+                ServerError::TenantFrontend(why) => why,
+                other => other.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// How one tenant's own frontend is bound: its Unix socket (and whether to replace a file
+/// there) and its TCP address with its TLS; `Err` when it conflicts with the server's
+/// listeners.
+#[allow(clippy::type_complexity)]
+fn tenant_frontend_plan(
+    config: &Config,
+    tenant: &tenant_config::TenantConfig,
+) -> Result<(Option<(PathBuf, bool)>, Option<(SocketAddr, TlsSource)>), ServerError> {
+    let Some(frontend) = &tenant.frontend else {
+        return Ok((None, None));
+    };
+    let refuse =
+        |what: String| ServerError::TenantFrontend(format!("tenant {:?}'s {what}", tenant.name));
+    let unix = match &frontend.unix {
+        None => None,
+        Some(path) => {
             let delete_existing = match &config.frontend {
                 FrontendListen::Unix { path: main, .. }
                     if tenant_frontend::unix_overlaps(path, main) =>
@@ -636,16 +694,12 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                 } => *delete_existing,
                 FrontendListen::Tls { .. } => false,
             };
-            let listener =
-                Listener::unix(path, delete_existing).map_err(|error| ServerError::Listen {
-                    what: "tenant frontend socket",
-                    addr: path.display().to_string(),
-                    flags: "--routing-config",
-                    error,
-                })?;
-            bound.push((tenant.name.clone(), listener));
+            Some((path.clone(), delete_existing))
         }
-        if let Some(addr) = frontend.tcp {
+    };
+    let tcp = match frontend.tcp {
+        None => None,
+        Some(addr) => {
             let FrontendListen::Tls { addr: main, tls } = &config.frontend else {
                 return Err(refuse(format!(
                     "frontend.tcp {addr} needs the mTLS frontend's certificates, and the main \
@@ -673,16 +727,41 @@ async fn bind_tenant_frontends(config: &Config) -> Result<Vec<(String, Listener)
                         .map_err(|e| refuse(format!("frontend.client_ca: {e}")))?,
                 )),
             };
-            let listener = Listener::tls(addr, tls)
+            Some((addr, tls))
+        }
+    };
+    Ok((unix, tcp))
+}
+
+/// Binds one tenant's own frontend listeners, refusing one that would share an address with
+/// the server's other listeners.
+async fn bind_tenant_frontend(
+    config: &Config,
+    tenant: &tenant_config::TenantConfig,
+) -> Result<Vec<Listener>, ServerError> {
+    let (unix, tcp) = tenant_frontend_plan(config, tenant)?;
+    let mut bound = Vec::new();
+    if let Some((path, delete_existing)) = unix {
+        bound.push(Listener::unix(&path, delete_existing).map_err(|error| {
+            ServerError::Listen {
+                what: "tenant frontend socket",
+                addr: path.display().to_string(),
+                flags: "--routing-config",
+                error,
+            }
+        })?);
+    }
+    if let Some((addr, tls)) = tcp {
+        bound.push(
+            Listener::tls(addr, tls)
                 .await
                 .map_err(|error| ServerError::Listen {
                     what: "tenant frontend",
                     addr: addr.to_string(),
                     flags: "--routing-config",
                     error,
-                })?;
-            bound.push((tenant.name.clone(), listener));
-        }
+                })?,
+        );
     }
     Ok(bound)
 }

@@ -8,9 +8,15 @@
 //! maps to no tenant, or to more than one, is refused (fail closed). Without a `tenants`
 //! table every peer belongs to one implicit tenant with no limits (upstream's behaviour).
 //!
+//! The table is one generation of the routing file ([`Tenants`], read-only); what a tenant
+//! holds at run time (its agents, registry, load and buckets: [`TenantState`]) is kept by
+//! name from one generation to the next ([`Tenants::next`]), so that a reload changes a
+//! tenant's limits without touching its agents or connections.
+//!
 //! An idle tenant is its table entry, an empty registry and a few counters: metric series
 //! are created on first use.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -53,12 +59,11 @@ struct Bucket {
     at: Instant,
 }
 
-/// A tenant at run time.
+/// What a tenant holds at run time, kept by name across generations of the routing file.
 #[derive(Debug)]
-pub(crate) struct Tenant {
+pub(crate) struct TenantState {
     /// Shared with the requests of its own frontend, which name it.
     pub(crate) name: Arc<str>,
-    limits: TenantLimits,
     pub(crate) load: Arc<TenantLoad>,
     bucket: Mutex<Option<Bucket>>,
     registry: Mutex<Registry<Arc<AgentSession>>>,
@@ -66,37 +71,103 @@ pub(crate) struct Tenant {
     pub(crate) agent_ids: Arc<AgentTable>,
     metrics: Arc<TenantMetrics>,
     dials: OnceLock<Arc<Counter>>,
-    /// The bytes/s limit or bandwidth share, shared by the tenant's connections; `None`
-    /// without either.
-    pub(crate) byte_rate: Option<Arc<ByteRate>>,
+    /// The bytes/s limit or bandwidth share, shared by the tenant's connections (idle
+    /// without either); each generation sets its rate.
+    pub(crate) byte_rate: Arc<ByteRate>,
+    /// Every agent stream of the tenant, in the registry or suspended, so that a reload can
+    /// find each one; and whether the tenant was removed.
+    streams: Mutex<Streams>,
 }
 
-impl Tenant {
+#[derive(Debug, Default)]
+struct Streams {
+    live: HashMap<u64, Arc<AgentSession>>,
+    /// Set when a generation removed the tenant: why (no stream joins after it).
+    removed: Option<String>,
+}
+
+/// A tenant in one generation: the limits that generation gives it, and its state.
+#[derive(Debug)]
+pub(crate) struct Tenant {
+    limits: TenantLimits,
+    state: Arc<TenantState>,
+}
+
+impl std::ops::Deref for Tenant {
+    type Target = TenantState;
+    fn deref(&self) -> &TenantState {
+        &self.state
+    }
+}
+
+impl TenantState {
     fn new(
-        name: String,
-        limits: TenantLimits,
+        name: &str,
         strategies: &[Strategy],
         selection: &Arc<SelectionConfig>,
         metrics: Arc<TenantMetrics>,
-        share: Option<TenantShare>,
     ) -> Self {
-        let waits = metrics.byte_rate_waits.with(&[&name]);
-        let byte_rate = ByteRate::new(limits.bytes_per_second, share, waits).map(Arc::new);
+        let waits = metrics.byte_rate_waits.with(&[name]);
         Self {
             name: name.into(),
-            limits,
             load: Arc::default(),
             bucket: Mutex::new(None),
             registry: Mutex::new(Registry::new(strategies, selection.clone())),
             agent_ids: Arc::default(),
             metrics,
             dials: OnceLock::new(),
-            byte_rate,
+            byte_rate: Arc::new(ByteRate::new(None, None, waits)),
+            streams: Mutex::default(),
         }
     }
 
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Arc<AgentSession>>> {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn streams(&self) -> MutexGuard<'_, Streams> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts `session` among the tenant's streams until [`leave`](Self::leave); `Err` with
+    /// the reason when a generation removed the tenant meanwhile. Returns the generation in
+    /// force as seen under the same lock that [`remove`](Self::remove) and
+    /// [`streams_now`](Self::streams_now) take: a stream admitted under an older one is checked
+    /// again by its owner, every later reload finds it.
+    pub(crate) fn join(
+        &self,
+        session: &Arc<AgentSession>,
+        generation: impl FnOnce() -> u64,
+    ) -> Result<u64, String> {
+        let mut streams = self.streams();
+        if let Some(why) = &streams.removed {
+            return Err(why.clone());
+        }
+        streams.live.insert(session.stream_id, session.clone());
+        Ok(generation())
+    }
+
+    pub(crate) fn leave(&self, stream_id: u64) {
+        self.streams().live.remove(&stream_id);
+    }
+
+    /// The tenant's streams now.
+    pub(crate) fn streams_now(&self) -> Vec<Arc<AgentSession>> {
+        self.streams().live.values().cloned().collect()
+    }
+
+    /// Marks the tenant removed (no stream joins any more) and returns its streams.
+    pub(crate) fn remove(&self, why: &str) -> Vec<Arc<AgentSession>> {
+        let mut streams = self.streams();
+        streams.removed = Some(why.to_owned());
+        streams.live.values().cloned().collect()
+    }
+}
+
+impl Tenant {
+    /// The state this generation's entry points at.
+    pub(crate) fn state(&self) -> &Arc<TenantState> {
+        &self.state
     }
 
     /// Reserves a pending dial within the tenant's caps; the reservation is released with
@@ -212,13 +283,38 @@ impl TenantMetrics {
     }
 }
 
-/// The tenant table at run time.
+/// The tenant table of one generation of the routing file: read-only, replaced as a whole.
 #[derive(Debug)]
 pub(crate) struct Tenants {
     /// Empty: no table, one implicit tenant (`implicit`).
     table: Vec<(TenantConfig, Arc<Tenant>)>,
     implicit: Option<Arc<Tenant>>,
     metrics: Arc<TenantMetrics>,
+    /// `--proxy-strategies`, for the registries of tenants a later generation adds.
+    strategies: Arc<[Strategy]>,
+    /// The generation of the routing file this table is (1 at start).
+    pub(crate) generation: u64,
+}
+
+/// Why a reload ends an agent stream of tenant `from` whose identity generation `generation`
+/// gives to tenant `to`.
+pub(crate) fn moved(proof: Proof<'_>, from: &str, to: &str, generation: u64) -> String {
+    format!(
+        "agent identity {proof} moved from tenant {from} to tenant {to} in the routing file \
+         (generation {generation}): reconnect to register under tenant {to}"
+    )
+}
+
+/// Why a reload ends the streams of tenant `name`.
+pub(crate) fn removed(name: &str, generation: u64) -> String {
+    if name == IMPLICIT {
+        format!(
+            "the routing file now has a tenants table (generation {generation}), which maps \
+             every agent and client to a tenant"
+        )
+    } else {
+        format!("tenant {name} was removed from the routing file (generation {generation})")
+    }
 }
 
 /// Which side of the server an identity came from.
@@ -227,6 +323,9 @@ pub(crate) enum Side {
     Client,
     Agent,
 }
+
+/// The implicit tenant's name: no table names a tenant so (names are 1 to 63 characters).
+const IMPLICIT: &str = "";
 
 impl Tenants {
     /// The table of `tenants` (none: one implicit tenant), sharing `bandwidth` bytes/s by
@@ -238,60 +337,121 @@ impl Tenants {
         selection: SelectionConfig,
         metrics: &Metrics,
     ) -> Self {
-        let selection = Arc::new(selection);
         let metrics = Arc::new(TenantMetrics::register(metrics));
+        Self::build(
+            None,
+            metrics,
+            strategies.into(),
+            tenants,
+            bandwidth,
+            Arc::new(selection),
+            1,
+        )
+        .0
+    }
+
+    /// The table of the routing file's `generation`, keeping the state of every tenant it
+    /// still names (by name); also returns the tenants it no longer names.
+    pub(crate) fn next(
+        &self,
+        tenants: &[TenantConfig],
+        bandwidth: Option<u64>,
+        selection: SelectionConfig,
+        generation: u64,
+    ) -> (Self, Vec<Arc<TenantState>>) {
+        Self::build(
+            Some(self),
+            self.metrics.clone(),
+            self.strategies.clone(),
+            tenants,
+            bandwidth,
+            Arc::new(selection),
+            generation,
+        )
+    }
+
+    fn build(
+        previous: Option<&Self>,
+        metrics: Arc<TenantMetrics>,
+        strategies: Arc<[Strategy]>,
+        tenants: &[TenantConfig],
+        bandwidth: Option<u64>,
+        selection: Arc<SelectionConfig>,
+        generation: u64,
+    ) -> (Self, Vec<Arc<TenantState>>) {
+        // The implicit tenant, alone, has no limits and the whole bandwidth.
+        let implicit_config = tenants.is_empty().then(|| TenantConfig {
+            name: IMPLICIT.into(),
+            clients: Vec::new(),
+            agents: Vec::new(),
+            limits: TenantLimits::default(),
+            frontend: None,
+            weight: 1,
+            control_plane_endpoints: None,
+        });
+        let configs: Vec<&TenantConfig> = implicit_config.iter().chain(tenants).collect();
         let bandwidth = bandwidth.map(|rate| {
-            // The implicit tenant, alone, has the whole bandwidth.
-            let shares: Vec<(&str, u32)> = if tenants.is_empty() {
-                vec![("", 1)]
-            } else {
-                tenants
-                    .iter()
-                    .map(|t| (t.name.as_str(), t.weight))
-                    .collect()
-            };
-            let weights: Vec<u32> = shares.iter().map(|(_, weight)| *weight).collect();
-            let gauges = shares
+            let weights: Vec<u32> = configs.iter().map(|t| t.weight).collect();
+            let gauges = configs
                 .iter()
-                .map(|(name, _)| metrics.bandwidth_share.with(&[name]))
+                .map(|t| metrics.bandwidth_share.with(&[&t.name]))
                 .collect();
             Arc::new(Bandwidth::new(rate, &weights, gauges, Instant::now()))
         });
-        let share = |index| {
-            bandwidth
-                .clone()
-                .map(|bandwidth| TenantShare { bandwidth, index })
-        };
-        let table: Vec<_> = tenants
+        let mut kept: HashMap<&str, Arc<TenantState>> = previous
+            .map(|p| p.all().map(|t| (&*t.name, t.state.clone())).collect())
+            .unwrap_or_default();
+        let mut entries: Vec<(TenantConfig, Arc<Tenant>)> = configs
             .iter()
             .enumerate()
             .map(|(index, config)| {
-                let tenant = Tenant::new(
-                    config.name.clone(),
-                    config.limits,
-                    strategies,
-                    &selection,
-                    metrics.clone(),
-                    share(index),
-                );
-                (config.clone(), Arc::new(tenant))
+                let state = match kept.remove(config.name.as_str()) {
+                    Some(state) => {
+                        state.registry().set_config(selection.clone());
+                        state
+                    }
+                    None => Arc::new(TenantState::new(
+                        &config.name,
+                        &strategies,
+                        &selection,
+                        metrics.clone(),
+                    )),
+                };
+                let share = bandwidth
+                    .clone()
+                    .map(|bandwidth| TenantShare { bandwidth, index });
+                state
+                    .byte_rate
+                    .configure(config.limits.bytes_per_second, share);
+                let tenant = Tenant {
+                    limits: config.limits,
+                    state,
+                };
+                ((*config).clone(), Arc::new(tenant))
             })
             .collect();
-        let implicit = table.is_empty().then(|| {
-            Arc::new(Tenant::new(
-                String::new(),
-                TenantLimits::default(),
-                strategies,
-                &selection,
-                metrics.clone(),
-                share(0),
-            ))
-        });
-        Self {
-            table,
+        let removed: Vec<Arc<TenantState>> = kept.into_values().collect();
+        for state in &removed {
+            metrics.bandwidth_share.remove(&[&state.name]);
+        }
+        if bandwidth.is_none() {
+            for (config, _) in &entries {
+                metrics.bandwidth_share.remove(&[&config.name]);
+            }
+        }
+        let implicit = if implicit_config.is_some() {
+            Some(entries.remove(0).1)
+        } else {
+            None
+        };
+        let table = Self {
+            table: entries,
             implicit,
             metrics,
-        }
+            strategies,
+            generation,
+        };
+        (table, removed)
     }
 
     /// The one tenant `proof` belongs to on `side`, on a listener shared by every tenant;
@@ -322,7 +482,7 @@ impl Tenants {
             self.metrics.unknown.with(&["client", "tenant"]).inc();
             Err(why)
         };
-        let Some((config, _)) = self.table.iter().find(|(_, t)| std::ptr::eq(&**t, tenant)) else {
+        let Some((config, _)) = self.table.iter().find(|(_, t)| t.name == tenant.name) else {
             return refuse(format!("tenant {} has no own frontend", tenant.name));
         };
         if !config
@@ -346,7 +506,7 @@ impl Tenants {
         }
         let proof = Proof::peer(peer);
         match self.owner(Side::Client, proof) {
-            Ok(owner) if std::ptr::eq(&**owner, tenant) => Ok(()),
+            Ok(owner) if owner.name == tenant.name => Ok(()),
             Ok(owner) => refuse(format!(
                 "client identity {proof} is tenant {}'s, not tenant {}'s, whose frontend this is",
                 owner.name, tenant.name
@@ -382,6 +542,20 @@ impl Tenants {
                 a.name, b.name
             )),
         }
+    }
+
+    /// Why no tenant is called `name` in this generation.
+    pub(crate) fn not_found(&self, name: &str) -> String {
+        format!(
+            "tenant {name} is not in the routing file (generation {}): it was removed",
+            self.generation
+        )
+    }
+
+    /// The tenant `proof` belongs to on `side`, without counting a refusal: a reload's check
+    /// of a live stream.
+    pub(crate) fn owner_of(&self, side: Side, proof: Proof<'_>) -> Result<&Arc<Tenant>, String> {
+        self.owner(side, proof)
     }
 
     /// The table's tenant called `name`.
@@ -437,14 +611,15 @@ pub(crate) mod tests {
 
     fn tenant(limits: TenantLimits) -> Tenant {
         let metrics = Arc::new(TenantMetrics::register(&Metrics::new()));
-        Tenant::new(
-            "t".into(),
+        Tenant {
             limits,
-            &[Strategy::Default],
-            &Arc::default(),
-            metrics,
-            None,
-        )
+            state: Arc::new(TenantState::new(
+                "t",
+                &[Strategy::Default],
+                &Arc::default(),
+                metrics,
+            )),
+        }
     }
 
     #[test]
@@ -652,5 +827,56 @@ pub(crate) mod tests {
         for bad in ["sa:", "sa:Tenant", "sa:a_b", "sa:-a", "sa:a:", "sa:a:b:c"] {
             assert!(Identity::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_new_generation_keeps_each_tenants_state_by_name() {
+        let registry = Metrics::new();
+        let first = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"cert:ag.a\"], limits: {connections: 1}}\n  - {name: b, clients: [\"cert:api.b\"], agents: [\"cert:ag.b\"]}\n",
+        )
+        .unwrap();
+        let one = table(&first, &registry);
+        let a1 = one.by_name("a").unwrap().clone();
+        a1.load.open.store(1, Ordering::Relaxed);
+        assert_eq!(
+            a1.reserve_dial(Instant::now()).unwrap_err().0,
+            TenantLimit::Connections
+        );
+        // a: a higher cap and a byte rate; b removed; c added.
+        let second = RoutingConfig::from_yaml(
+            "tenants:\n  - {name: a, clients: [\"cert:api.a\"], agents: [\"cert:ag.a\"], limits: {connections: 5, bytes_per_second: 1000}}\n  - {name: c, clients: [\"cert:api.c\"], agents: [\"cert:ag.b\"]}\n",
+        )
+        .unwrap();
+        let (two, removed) = one.next(&second.tenants, None, second.selection(), 2);
+        assert_eq!(two.generation, 2);
+        let a2 = two.by_name("a").unwrap();
+        assert!(Arc::ptr_eq(a1.state(), a2.state()), "a keeps its state");
+        assert_eq!(a2.load.open.load(Ordering::Relaxed), 1, "and its load");
+        a2.reserve_dial(Instant::now()).unwrap();
+        assert_eq!(removed.iter().map(|s| &*s.name).collect::<Vec<_>>(), ["b"]);
+        assert!(two.by_name("b").is_none());
+        assert_eq!(
+            two.not_found("b"),
+            "tenant b is not in the routing file (generation 2): it was removed"
+        );
+        // ag.b is c's now.
+        let agent = cert(&["ag.b"]);
+        assert_eq!(
+            &*two.resolve(Side::Agent, Proof::peer(&agent)).unwrap().name,
+            "c"
+        );
+        // A removed tenant takes no new stream.
+        let why = super::removed("b", 2);
+        assert_eq!(
+            why,
+            "tenant b was removed from the routing file (generation 2)"
+        );
+        let streams = removed_state_streams(&removed[0], &why);
+        assert!(streams.is_empty());
+    }
+
+    fn removed_state_streams(state: &TenantState, why: &str) -> Vec<Arc<AgentSession>> {
+        state.remove(why)
     }
 }

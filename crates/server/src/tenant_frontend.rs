@@ -24,7 +24,8 @@ pub struct TenantFrontend {
     /// A TCP listener with mutual TLS, using the main frontend's certificate.
     pub tcp: Option<SocketAddr>,
     /// The CA bundle that verifies the TCP listener's clients instead of the main
-    /// frontend's (`--server-ca-cert`); read at start-up.
+    /// frontend's (`--server-ca-cert`); read when the listener is bound (at start-up, or by
+    /// the reload that adds or changes it).
     pub client_ca: Option<PathBuf>,
 }
 

@@ -189,6 +189,7 @@ impl TestServer {
             server_count: opts.server_count,
             strategies: opts.strategies,
             routing: opts.routing,
+            routing_reload: None,
             dial_timeout: opts.dial_timeout,
             graceful_shutdown_timeout: opts.graceful_shutdown_timeout,
             flow: opts.flow,

@@ -326,9 +326,13 @@ async fn settled(registry: &Registry, health: std::net::SocketAddr) -> Vec<Famil
 }
 
 /// A server started as `tether server` starts one (see `main.rs`), with every optional
-/// metric source on: token authentication, the Lease controller, TLS reloads, the audit log.
+/// metric source on: token authentication, the Lease controller, TLS reloads, the audit log,
+/// the routing file's reloads.
 async fn server_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
     let kubeconfig = kubeconfig(dir, files);
+    // A routing file, so that its reload metrics are listed.
+    let routing = dir.join("routing.yaml");
+    std::fs::write(&routing, "{}\n").unwrap();
     let args = [
         "server".to_owned(),
         format!("--uds-name={}", dir.join("frontend.sock").display()),
@@ -351,6 +355,7 @@ async fn server_families(dir: &Path, files: &PkiFiles) -> Vec<FamilyInfo> {
             "--audit-log-path={}",
             dir.join("server-audit.log").display()
         ),
+        format!("--routing-config={}", routing.display()),
     ];
     let Command::Server(args) = parse(&args) else {
         unreachable!()

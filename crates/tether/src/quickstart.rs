@@ -217,6 +217,7 @@ async fn start_pair(
             server_count: 1,
             strategies: vec![Strategy::Default],
             routing: Default::default(),
+            routing_reload: None,
             dial_timeout: Duration::from_secs(30),
             graceful_shutdown_timeout: Duration::ZERO,
             flow: FlowConfig::default(),

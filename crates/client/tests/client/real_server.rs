@@ -42,6 +42,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         server_count: 1,
         strategies: vec![Strategy::Default],
         routing: Default::default(),
+        routing_reload: None,
         dial_timeout: Duration::from_secs(5),
         graceful_shutdown_timeout: Duration::ZERO,
         flow: FlowConfig::default(),

@@ -80,6 +80,11 @@ impl<B: Backend> Registry<B> {
         }
     }
 
+    /// Selects with another generation's settings from the next dial on.
+    pub(crate) fn set_config(&mut self, config: Arc<SelectionConfig>) {
+        self.config = config;
+    }
+
     /// Adds a stream under its own identifiers, in its place by age: a stream queues behind
     /// the older streams under the keys they share, and a resumed stream (which keeps its
     /// stream ID) goes back where it was, not behind the streams that came while it was away.

@@ -24,7 +24,7 @@ use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
-use crate::identity::Proof;
+use crate::identity::AgentProof;
 use crate::limits::SlotAdmission;
 use crate::tenant::Side;
 
@@ -47,9 +47,6 @@ pub(crate) struct AgentService {
     pub(crate) limit_metrics: crate::limits::LimitMetrics,
     /// Bearer-token authentication of agents, when enabled.
     pub(crate) token_auth: Option<AgentTokenAuth>,
-    /// Each tenant's allowlist (`--control-plane-endpoints` or the tenant's own), offered to
-    /// agents that announce `tether-reverse`, and the cap per stream.
-    pub(crate) control_plane: crate::control_plane::ReversePolicy,
     /// `--resume-window` above zero: streams with tether agents survive a broken transport.
     pub(crate) resumable: Option<Arc<Resumable>>,
     /// `--dead-agent-timeout`: a busy stream whose agent sent nothing for this long ends at
@@ -110,11 +107,14 @@ impl AgentService {
             Some(tether_grpc::Principal::Token { username, .. }) => Some(username.as_str()),
             _ => None,
         };
-        let proof = Proof {
-            peer: call.peer(),
-            token_user,
+        let proof = AgentProof {
+            peer: call.peer().clone(),
+            token_user: token_user.map(str::to_owned),
         };
-        let tenant = match self.hub.tenants.resolve(Side::Agent, proof) {
+        // The generation the stream is admitted under; the stream's owner checks it again if
+        // a reload comes before it joins its tenant.
+        let running = self.hub.running();
+        let tenant = match running.tenants.resolve(Side::Agent, proof.proof()) {
             Ok(tenant) => tenant.clone(),
             Err(why) => {
                 if let Some(suppressed) = BAD_METADATA_WARNINGS.allow() {
@@ -204,7 +204,7 @@ impl AgentService {
         }
         let asks_reverse = header(call.metadata(), metadata::TETHER_REVERSE)
             == Some(metadata::TETHER_REVERSE_VERSION);
-        let control_plane = self
+        let control_plane = running
             .control_plane
             .for_tenant(&tenant.name)
             .filter(|_| asks_reverse);
@@ -250,12 +250,14 @@ impl AgentService {
             keepalive,
             &self.server_id,
             control_plane.clone(),
-            self.control_plane.max_connections_per_stream,
+            running.control_plane.max_connections_per_stream,
+            proof,
         ));
         let owner = StreamOwner {
             service: self.clone(),
             session,
-            tenant,
+            tenant: tenant.state().clone(),
+            admitted_under: running.generation,
             response,
             registration,
             claim,
@@ -271,7 +273,10 @@ impl AgentService {
 struct StreamOwner {
     service: Arc<AgentService>,
     session: Arc<AgentSession>,
-    tenant: Arc<crate::tenant::Tenant>,
+    /// The tenant's state, which outlives the generation the stream was admitted under.
+    tenant: Arc<crate::tenant::TenantState>,
+    /// The routing file's generation the stream was admitted under.
+    admitted_under: u64,
     /// The response headers a resumed stream is answered with, besides its token.
     response: Vec<(&'static str, String)>,
     /// Set on a resumable stream.
@@ -292,11 +297,22 @@ impl StreamOwner {
         let stream_gauge = hub.metrics.grpc_stream("Connect");
         stream_gauge.inc();
         async {
-            self.tenant
-                .registry()
-                .add(self.session.clone(), &self.session.identifiers);
-            hub.refresh_backend_gauges();
-            let reason = self.serve(receiver, sender).await;
+            let joined = self.join();
+            if joined.is_ok() {
+                self.tenant
+                    .registry()
+                    .add(self.session.clone(), &self.session.identifiers);
+                hub.refresh_backend_gauges();
+            }
+            let reason = match joined {
+                Ok(()) => self.serve(receiver, sender).await,
+                Err(why) => {
+                    // The stream ends at once: its end of the gRPC call goes with it.
+                    drop((receiver, sender));
+                    why
+                }
+            };
+            self.tenant.leave(self.session.stream_id);
             // No new dial may pick a stream that has ended.
             let gone = {
                 let mut registry = self.tenant.registry();
@@ -318,6 +334,36 @@ impl StreamOwner {
         stream_gauge.dec();
     }
 
+    /// Counts the stream among its tenant's, where every later reload finds it, and checks it
+    /// against a generation that came after its admission; `Err` when that generation took
+    /// its tenant away.
+    fn join(&self) -> Result<(), String> {
+        let hub = &self.service.hub;
+        let now = self
+            .tenant
+            .join(&self.session, || hub.running().generation)?;
+        if now == self.admitted_under {
+            return Ok(());
+        }
+        let running = hub.running();
+        match running
+            .tenants
+            .owner_of(crate::tenant::Side::Agent, self.session.proof.proof())
+        {
+            Ok(owner) if owner.name == self.tenant.name => Ok(()),
+            Ok(owner) => Err(crate::tenant::moved(
+                self.session.proof.proof(),
+                &self.tenant.name,
+                &owner.name,
+                running.generation,
+            )),
+            Err(why) => Err(format!(
+                "{why} in the routing file (generation {})",
+                running.generation
+            )),
+        }
+    }
+
     /// Runs the stream's transports until it ends for good; returns why.
     async fn serve(&mut self, mut receiver: PacketReceiver, mut sender: PacketSender) -> String {
         let link = self.session.link.clone();
@@ -325,6 +371,7 @@ impl StreamOwner {
         let evicted = self.claim.evicted.clone();
         let metrics = &self.service.hub.metrics.resume;
         let dead_after = self.service.dead_agent_timeout;
+        let session = self.session.clone();
         loop {
             let mut taken_over = None;
             let mut silent = false;
@@ -334,6 +381,7 @@ impl StreamOwner {
                     tokio::select! {
                         () = stop.cancelled() => TransportEnd::Final("server stopping".into()),
                         () = evicted.cancelled() => TransportEnd::Final(EVICTED.into()),
+                        why = session.retired() => TransportEnd::Final(why),
                         Some(r) = next_resumption(resumptions) => {
                             taken_over = Some(r);
                             TransportEnd::Broken("the agent resumed the stream on a new connection".into())
@@ -387,6 +435,7 @@ impl StreamOwner {
                             () = stop.cancelled() => None,
                             () = abandoned.cancelled() => None,
                             () = evicted.cancelled() => None,
+                            _ = session.retired() => None,
                             r = registration.resumptions.recv() => r,
                         }
                     })
@@ -401,6 +450,8 @@ impl StreamOwner {
             else {
                 let (failure, ended) = if stop.is_cancelled() {
                     (ResumeFailure::Stopping, "server stopping".to_owned())
+                } else if let Some(why) = self.session.retiring() {
+                    (ResumeFailure::Unknown, why.to_owned())
                 } else if evicted.is_cancelled() {
                     (ResumeFailure::Unknown, EVICTED.to_owned())
                 } else if registration.abandoned.is_cancelled() {
@@ -435,10 +486,13 @@ impl StreamOwner {
                 Ok(halves) => halves,
                 Err(e) => return format!("answering the resumed stream: {e}"),
             };
-            self.tenant
-                .registry()
-                .add(self.session.clone(), &self.session.identifiers);
-            self.service.hub.refresh_backend_gauges();
+            // A stream a reload retired takes no new dial, resumed or not.
+            if self.session.retiring().is_none() {
+                self.tenant
+                    .registry()
+                    .add(self.session.clone(), &self.session.identifiers);
+                self.service.hub.refresh_backend_gauges();
+            }
             tracing::info!("agent stream resumed");
         }
     }

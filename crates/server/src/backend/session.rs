@@ -1,8 +1,8 @@
 //! One agent stream on the server: its [`Link`] (the sans-IO table of its dials and
 //! connections) and the hooks that turn the table's events into the server's metrics.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use tether_grpc::GrpcError;
@@ -18,6 +18,7 @@ use super::selection::Candidate;
 use super::selection_metrics::SelectionMetrics;
 use crate::audit::Audit;
 use crate::control_plane::{self, ControlPlaneEndpoints, ReverseDials};
+use crate::identity::AgentProof;
 use crate::metrics::{DialFailure, Segment, ServerMetrics};
 use crate::request::Requests;
 
@@ -49,6 +50,19 @@ pub(crate) struct AgentSession {
     /// The tasks answering the agent's reverse dials; the stream waits for them when it
     /// ends (each ends promptly: the table ended their dials and connections).
     pub(crate) reverse_tasks: tokio_util::task::TaskTracker,
+    /// What the agent proved at admission, checked again by each reload.
+    pub(crate) proof: AgentProof,
+    /// Set when a reload took the stream's tenant away (the tenant was removed, or the
+    /// agent's identity moved to another): the stream takes no new dial and ends at the
+    /// deadline.
+    retirement: Retirement,
+}
+
+/// A stream's end decided by a reload: why, and when its connections are cut.
+#[derive(Debug, Default)]
+struct Retirement {
+    decided: OnceLock<(String, tokio::time::Instant)>,
+    notified: tokio::sync::Notify,
 }
 
 impl Backend for Arc<AgentSession> {
@@ -107,6 +121,7 @@ impl AgentSession {
         server_id: &str,
         control_plane: Option<Arc<ControlPlaneEndpoints>>,
         max_reverse_connections: usize,
+        proof: AgentProof,
     ) -> Self {
         let draining = Arc::new(AtomicBool::new(false));
         let audit = watch.audit.clone();
@@ -165,11 +180,41 @@ impl AgentSession {
             keepalive: tether_grpc::CurrentPong::new(keepalive),
             audit,
             reverse_tasks,
+            proof,
+            retirement: Retirement::default(),
         }
     }
 
     pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// Ends the stream at `deadline` because of `why` (a reload); `false` when an earlier
+    /// reload already did. The caller takes it out of its registry.
+    pub(crate) fn retire(&self, why: String, deadline: tokio::time::Instant) -> bool {
+        let first = self.retirement.decided.set((why, deadline)).is_ok();
+        if first {
+            self.retirement.notified.notify_waiters();
+        }
+        first
+    }
+
+    /// Why a reload ends the stream, if one does.
+    pub(crate) fn retiring(&self) -> Option<&str> {
+        self.retirement.decided.get().map(|(why, _)| why.as_str())
+    }
+
+    /// Resolves with the reason once a reload's deadline for this stream passed.
+    pub(crate) async fn retired(&self) -> String {
+        let (why, deadline) = loop {
+            let notified = self.retirement.notified.notified();
+            if let Some(decided) = self.retirement.decided.get() {
+                break decided;
+            }
+            notified.await;
+        };
+        tokio::time::sleep_until(*deadline).await;
+        why.clone()
     }
 }
 

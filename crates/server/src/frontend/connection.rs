@@ -14,7 +14,6 @@ use crate::dial::Hub;
 use crate::handshake_failures::{HandshakeFailures, Listener};
 use crate::limits::LimitMetrics;
 use crate::net;
-use crate::tenant::Tenant;
 use crate::warn_limit::WarnLimit;
 
 /// What every frontend listener's connections share.
@@ -33,12 +32,12 @@ pub(crate) struct FrontendService {
 }
 
 impl FrontendService {
-    /// Serves one connection; `tenant` is the listener's own tenant, if it has one.
+    /// Serves one connection; `tenant` names the listener's own tenant, if it has one.
     pub(crate) async fn serve(
         self: Arc<Self>,
         conn: net::Accepted,
         deadline: tokio::time::Instant,
-        tenant: Option<Arc<Tenant>>,
+        tenant: Option<Arc<str>>,
     ) -> std::io::Result<()> {
         let metrics = &self.metrics;
         // The TLS handshake's state (about 2 KiB) is boxed, and so is each mode's: a
@@ -48,7 +47,7 @@ impl FrontendService {
             Ok(ready) => ready,
             Err(error) if tls => {
                 let listener = Listener::Frontend {
-                    tenant: tenant.as_ref().map(|t| t.name.to_string()),
+                    tenant: tenant.as_ref().map(|t| t.to_string()),
                 };
                 self.handshake_failures
                     .record(&listener, &peer_label, &error);
@@ -58,11 +57,11 @@ impl FrontendService {
         };
         // Before any request is read: a client that is not the tenant's gets nothing.
         if let Some(tenant) = &tenant
-            && let Err(why) = self.hub.tenants.admit_own_frontend(tenant, &peer)
+            && let Err(why) = admit(&self.hub, tenant, &peer)
         {
             if let Some(suppressed) = self.strangers.allow() {
                 tracing::warn!(
-                    tenant = %tenant.name,
+                    tenant = %tenant,
                     peer = %peer.addr.map_or_else(|| "unix".to_owned(), |a| a.to_string()),
                     reason = %why,
                     suppressed,
@@ -78,7 +77,7 @@ impl FrontendService {
             setup_deadline: Some(deadline),
         };
         // Requests name the tenant, which each dial looks up again.
-        let pinned = tenant.map(|t| t.name.clone());
+        let pinned = tenant;
         let served = match self.mode {
             Mode::Grpc => {
                 let service = self.clone();
@@ -120,5 +119,15 @@ impl FrontendService {
         };
         crate::serve::count_connection_end(metrics, &served);
         served.map_err(|e| std::io::Error::other(e.to_string()))
+    }
+}
+
+/// Whether `peer` may use tenant `name`'s own frontend, in the generation in force.
+fn admit(hub: &Hub, name: &str, peer: &tether_grpc::PeerIdentity) -> Result<(), String> {
+    let running = hub.running();
+    let tenants = &running.tenants;
+    match tenants.by_name(name) {
+        Some(tenant) => tenants.admit_own_frontend(tenant, peer),
+        None => Err(tenants.not_found(name)),
     }
 }

@@ -290,7 +290,8 @@ impl ServerArgs {
     pub(crate) fn into_launch(self) -> anyhow::Result<ServerLaunch> {
         let token_auth = self.token_auth.validate(&self.cluster_ca_cert)?;
         let routing = self.routing.routing()?;
-        routing::check_service_accounts(&routing, token_auth.as_ref().map(|t| &t.account))?;
+        let account = token_auth.as_ref().map(|t| t.account.clone());
+        routing::check_service_accounts(&routing, account.as_ref())?;
         let leases = self.leases.settings()?;
         let control_plane = self.control_plane.endpoints()?;
         let kube =
@@ -325,14 +326,7 @@ impl ServerArgs {
         }
         let strategies = Strategy::parse_list(&self.proxy_strategies)
             .map_err(|e| anyhow::anyhow!("--proxy-strategies: {e}"))?;
-        if !routing.zone_rules.is_empty() && !strategies.contains(&Strategy::Topology) {
-            bail!(
-                "--routing-config has zones, which only the topology strategy reads, and \
-                 --proxy-strategies={} has none: add it (for example \
-                 --proxy-strategies=topology,default) or remove the zones",
-                self.proxy_strategies
-            );
-        }
+        routing::check_zones(&routing, &strategies, &self.proxy_strategies)?;
         for (flag, port) in [
             ("--agent-port", self.agent_port),
             ("--health-port", self.health_port),
@@ -396,6 +390,7 @@ impl ServerArgs {
             server_count: self.server_count,
             strategies,
             routing,
+            routing_reload: None,
             dial_timeout: if self.backend_dial_timeout.is_zero() {
                 DIAL_BACKSTOP
             } else {
@@ -429,8 +424,18 @@ impl ServerArgs {
             dead_agent_timeout: (!self.dead_agent_timeout.is_zero())
                 .then_some(self.dead_agent_timeout),
         };
+        let routing_file = self.routing.path().map(|path| routing::RoutingFile {
+            path: path.to_owned(),
+            checks: routing::RoutingChecks {
+                account,
+                strategies: config.strategies.clone(),
+                strategies_flag: self.proxy_strategies.clone(),
+                server: Box::new(config.clone()),
+            },
+        });
         Ok(ServerLaunch {
             config,
+            routing_file,
             kube,
             token_auth,
             leases,

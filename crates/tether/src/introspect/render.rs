@@ -446,6 +446,29 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
     }
 
     #[test]
+    fn agents_shows_the_routing_files_generation_on_a_server() {
+        let report = AgentsReport {
+            role: "server".into(),
+            version: "0.1.0".into(),
+            server_id: "server-a".into(),
+            server_count: 1,
+            config_files: vec![ConfigFileView {
+                name: "routing-config".into(),
+                path: "/etc/tether/routing.yaml".into(),
+                generation: 4,
+                sha256: "0123456789abcdef".into(),
+                applied_at: "2025-12-03T15:50:57.000Z".into(),
+                last_refusal: None,
+            }],
+            ..Default::default()
+        };
+        assert!(agents(&report).ends_with(
+            "routing-config /etc/tether/routing.yaml: generation 4, sha256 0123456789abcdef, \
+             applied 2025-12-03T15:50:57.000Z\n"
+        ));
+    }
+
+    #[test]
     fn agents_table_names_upstream_peers_and_the_agents_own_release() {
         let stream = StreamView {
             agent_id: "node-1".into(),
@@ -513,6 +536,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
         );
         report.config_files[0].last_refusal = Some(RefusalView {
             at: "2026-01-02T03:05:00.000Z".into(),
+            sha256: "cd34".into(),
             message: "destination policy /etc/tether/policy: line 2: bad".into(),
         });
         assert!(agents(&report).ends_with(

@@ -13,6 +13,7 @@ mod logs;
 mod policy_reload;
 mod profiling;
 mod readiness;
+mod reload;
 mod resources;
 mod version;
 

@@ -16,6 +16,8 @@ use super::token_auth::TokenAuth;
 #[derive(Debug)]
 pub(crate) struct ServerLaunch {
     pub(crate) config: Config,
+    /// `--routing-config`: watched while the server runs.
+    pub(crate) routing_file: Option<super::routing::RoutingFile>,
     /// Set when some feature needs the Kubernetes API.
     pub(crate) kube: Option<KubeApiOptions>,
     pub(crate) token_auth: Option<TokenAuth>,
@@ -35,11 +37,17 @@ impl ServerLaunch {
     ) -> anyhow::Result<(Config, Option<(KubeApi, super::ServerLeases)>)> {
         let Self {
             mut config,
+            routing_file,
             kube,
             token_auth,
             leases,
             control_plane_from_kubeconfig,
         } = self;
+        if let Some(file) = routing_file {
+            let reloader = file.watch(registry)?;
+            config.routing = (*reloader.current().config).clone();
+            config.routing_reload = Some(Arc::new(reloader));
+        }
         let Some(options) = kube else {
             return Ok((config, None));
         };

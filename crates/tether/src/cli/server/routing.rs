@@ -1,13 +1,15 @@
 //! tether's routing flag of `tether server`: the routing file (topology, affinity, ejection,
 //! tenants, destination policies).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
 use tether_kube::token_review::{ANY, AgentServiceAccount};
-use tether_server::RoutingConfig;
+use tether_observe::metrics::Registry;
+use tether_reload::{ReloadMetrics, Reloader};
 use tether_server::routing::Identity;
+use tether_server::{RoutingConfig, Strategy};
 
 const HEADING: &str = "Routing (tether)";
 
@@ -17,12 +19,18 @@ pub(crate) struct RoutingArgs {
     /// ejection, tenants and per-client destination policies (see docs/src/reference/routing-file.md
     /// in the book). Without `destinations` in it the server checks no destination, as upstream
     /// (agents still apply theirs). Read and validated at start-up; errors name the file and
-    /// the entry or line.
+    /// the entry or line. Watched while the server runs (read every 500 ms and on SIGHUP): a
+    /// changed file that passes the same checks is applied without a restart, one that fails
+    /// them is refused and logged, and the file in force stays.
     #[arg(long, help_heading = HEADING, value_name = "PATH")]
     routing_config: Option<PathBuf>,
 }
 
 impl RoutingArgs {
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.routing_config.as_deref()
+    }
+
     pub(crate) fn routing(&self) -> anyhow::Result<RoutingConfig> {
         let Some(path) = &self.routing_config else {
             return Ok(RoutingConfig::default());
@@ -31,6 +39,72 @@ impl RoutingArgs {
             .with_context(|| format!("--routing-config: reading {}", path.display()))?;
         RoutingConfig::from_yaml(&text)
             .map_err(|e| anyhow::anyhow!("--routing-config {}: {e}", path.display()))
+    }
+}
+
+/// Refuses zones without the topology strategy, which alone reads them.
+pub(crate) fn check_zones(
+    routing: &RoutingConfig,
+    strategies: &[Strategy],
+    flag: &str,
+) -> anyhow::Result<()> {
+    if !routing.zone_rules.is_empty() && !strategies.contains(&Strategy::Topology) {
+        bail!(
+            "--routing-config has zones, which only the topology strategy reads, and \
+             --proxy-strategies={flag} has none: add it (for example \
+             --proxy-strategies=topology,default) or remove the zones"
+        );
+    }
+    Ok(())
+}
+
+/// The checks a routing file passes against the rest of the command line, at start-up and
+/// at every reload alike.
+#[derive(Debug)]
+pub(crate) struct RoutingChecks {
+    pub(crate) account: Option<AgentServiceAccount>,
+    pub(crate) strategies: Vec<Strategy>,
+    /// `--proxy-strategies` as given, for messages.
+    pub(crate) strategies_flag: String,
+    /// The server's listeners, which tenants' own frontends must not overlap.
+    pub(crate) server: Box<tether_server::Config>,
+}
+
+impl RoutingChecks {
+    /// Parses `bytes` as a routing file and runs every start-up check on it; the error names
+    /// the file, and the line or entry.
+    pub(crate) fn parse(&self, path: &Path, bytes: &[u8]) -> Result<RoutingConfig, String> {
+        let at = format!("--routing-config {}", path.display());
+        let text = std::str::from_utf8(bytes).map_err(|e| format!("{at}: not UTF-8: {e}"))?;
+        let routing = RoutingConfig::from_yaml(text).map_err(|e| format!("{at}: {e}"))?;
+        check_service_accounts(&routing, self.account.as_ref()).map_err(|e| format!("{e:#}"))?;
+        check_zones(&routing, &self.strategies, &self.strategies_flag)
+            .map_err(|e| format!("{e:#}"))?;
+        self.server
+            .check_routing(&routing)
+            .map_err(|e| format!("{at}: {e}"))?;
+        Ok(routing)
+    }
+}
+
+/// `--routing-config` and what it is checked against, to watch while the server runs.
+#[derive(Debug)]
+pub(crate) struct RoutingFile {
+    pub(crate) path: PathBuf,
+    pub(crate) checks: RoutingChecks,
+}
+
+impl RoutingFile {
+    /// Reads the file as generation 1 and registers the reload metrics
+    /// (`tether_server_config_*`).
+    pub(crate) fn watch(self, registry: &Registry) -> anyhow::Result<Reloader<RoutingConfig>> {
+        let checks = self.checks;
+        Reloader::load(
+            self.path,
+            Box::new(move |path, bytes| checks.parse(path, bytes)),
+            ReloadMetrics::register(registry, "tether_server"),
+        )
+        .map_err(|e| anyhow::anyhow!(e))
     }
 }
 
