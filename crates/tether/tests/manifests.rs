@@ -503,8 +503,23 @@ fn the_checks_catch_broken_manifests() -> anyhow::Result<()> {
             .is_err_and(|e| format!("{e:#}").contains("set auth.agentIdentityBinding=off")),
         "helm rendered mtls agents whose identifiers no certificate proves: {shared_certificate:?}"
     );
-    helm_template(&helm, &["auth.mode=mtls", "agent.identifiers="])
-        .context("mtls without identifiers")?;
+    // Without identifiers destHost has no agent, and readiness follows the first strategy.
+    let never_ready = helm_template(&helm, &["auth.mode=mtls", "agent.identifiers="]);
+    ensure!(
+        never_ready
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("Set server.proxyStrategies=default")),
+        "helm rendered servers that no agent could make Ready: {never_ready:?}"
+    );
+    helm_template(
+        &helm,
+        &[
+            "auth.mode=mtls",
+            "agent.identifiers=",
+            "server.proxyStrategies=default",
+        ],
+    )
+    .context("mtls without identifiers")?;
     for (without, error) in [
         ("agent.proxyServerHost", "agent.proxyServerHost is required"),
         ("image.repository", "image.repository is required"),

@@ -42,7 +42,10 @@ cannot: there, it fails before anything is created.
 {{- fail "agent.proxyServerHost is required: the address (load balancer or Service) where agents reach the proxy servers" }}
 {{- end }}
 {{- if and (eq .Values.auth.mode "mtls") .Values.agent.identifiers (not .Values.auth.agentIdentityBinding) }}
-{{- fail "auth.mode=mtls gives every agent the one certificate of agent.tlsSecretName, which proves no node, so the server (--agent-identity-binding=identifiers) would refuse every agent's host=/ipv4= identifiers: set auth.agentIdentityBinding=off to route by them anyway (any agent could then claim any node), or agent.identifiers=\"\" to route without them (values.yaml, auth.agentIdentityBinding)" }}
+{{- fail "auth.mode=mtls gives every agent the one certificate of agent.tlsSecretName, which proves no node, so the server (--agent-identity-binding=identifiers) would refuse every agent's host=/ipv4= identifiers: set auth.agentIdentityBinding=off to route by them anyway (any agent could then claim any node), or agent.identifiers=\"\" with server.proxyStrategies=default to route without them (values.yaml, auth.agentIdentityBinding)" }}
+{{- end }}
+{{- if and .Values.agent.enabled (not .Values.agent.identifiers) (ne .Values.server.kind "none") (eq (first (splitList "," .Values.server.proxyStrategies)) "destHost") }}
+{{- fail "agent.identifiers=\"\" gives no agent a node identity, and a server is Ready only when its first proxy strategy has an agent (as upstream's): with server.proxyStrategies=destHost,... no server would ever be Ready. Set server.proxyStrategies=default (values.yaml, server.proxyStrategies)" }}
 {{- end }}
 {{- if and (eq .Values.server.audit.output "file") (eq .Values.server.kind "deployment") }}
 {{- fail "server.audit.output=file writes to the control-plane node (server.kind=staticPod or sidecar); a Deployment's pod has no volume that outlives it and nothing there rotates the file: use server.audit.output=stdout (values.yaml, server.audit)" }}
