@@ -642,6 +642,7 @@ async fn manifests_render_apply_and_parse() -> anyhow::Result<()> {
         audit_log(variant, &objects).with_context(|| format!("{}: audit log", variant.name))?;
         readiness_and_rollouts(&objects)
             .with_context(|| format!("{}: readiness and rollouts", variant.name))?;
+        secrets_readable(&objects).with_context(|| format!("{}: Secret volumes", variant.name))?;
         let containers = tether_containers(&objects);
         ensure!(
             !containers.is_empty(),
@@ -956,6 +957,50 @@ fn audit_log(variant: &Variant, objects: &[Value]) -> anyhow::Result<()> {
         servers > 0 || variant.helm.contains(&"server.kind=none"),
         "no server container"
     );
+    Ok(())
+}
+
+/// A Secret volume's files belong to root unless the pod sets `fsGroup`: a container that
+/// runs as another user reads them only through that group (the modes here are 0440), as the
+/// hosted server's TLS Secret on the real node showed when it had none.
+fn secrets_readable(objects: &[Value]) -> anyhow::Result<()> {
+    for object in objects {
+        let Some(spec) = object.pointer("/spec/template/spec") else {
+            continue;
+        };
+        let secret_modes: Vec<i64> = spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.get("secret"))
+            .map(|secret| secret["defaultMode"].as_i64().unwrap_or(0o644))
+            .collect();
+        if secret_modes.iter().all(|mode| mode & 0o004 != 0) {
+            continue;
+        }
+        let fs_group = spec
+            .pointer("/securityContext/fsGroup")
+            .and_then(Value::as_i64);
+        let modes: Vec<String> = secret_modes.iter().map(|m| format!("{m:04o}")).collect();
+        for container in spec["containers"].as_array().into_iter().flatten() {
+            let group = container
+                .pointer("/securityContext/runAsGroup")
+                .or_else(|| spec.pointer("/securityContext/runAsGroup"))
+                .and_then(Value::as_i64);
+            let user = container
+                .pointer("/securityContext/runAsUser")
+                .or_else(|| spec.pointer("/securityContext/runAsUser"))
+                .and_then(Value::as_i64);
+            ensure!(
+                user == Some(0) || (fs_group.is_some() && fs_group == group),
+                "{} {}: container {} runs as uid {user:?} gid {group:?} but the pod's fsGroup is \
+                 {fs_group:?}, so it cannot read its Secret volumes (modes {modes:?})",
+                object["kind"],
+                object["metadata"]["name"],
+                container["name"]
+            );
+        }
+    }
     Ok(())
 }
 
