@@ -509,7 +509,8 @@ fn a_tenant_tcp_frontend_that_cannot_tell_its_clients_apart_is_a_start_up_error(
                 missing_ca.display()
             ),
             format!(
-                "error: --routing-config: tenant \"a\"'s frontend.client_ca: reading client CA bundle {}: ",
+                "error: --routing-config {}: tenant \"a\"'s frontend.client_ca: reading client CA bundle {}: ",
+                routing.display(),
                 missing_ca.display()
             ),
         ),
