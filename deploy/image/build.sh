@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build tether's OCI image without a daemon or a registry: a statically linked tether (glibc,
-# crt-static, stripped) on an empty base, user 65532, with upstream's entrypoints /proxy-server
+# crt-static, stripped) on an empty base, user 65532 (named in /etc/passwd and /etc/group, group
+# 65532), with upstream's entrypoints /proxy-server
 # and /proxy-agent as links to it (tether picks the subcommand from argv[0]), written as an OCI
 # image-layout tarball by deploy/image/mkimage. Reproducible: the same commit gives the same
 # digest wherever it is built (cargo's paths remapped, fixed timestamps and owners).
@@ -68,7 +69,12 @@ for arch in ${arches//,/ }; do
 	mkimage_args+=(-arch "$arch")
 done
 
+# User and group 65532 by name, as distroless' nonroot has them: the kubelet hands the runtime
+# only the image's uid when a Pod sets no runAsGroup (the kubernetes.io task's manifests), and
+# the runtime then takes the group from /etc/passwd, or 0 without one.
+printf 'nonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$work/passwd"
+printf 'nonroot:x:65532:\n' >"$work/group"
 (cd deploy/image/mkimage && go build -trimpath -o "$work/mkimage" .)
 "$work/mkimage" -o "$out" -name "$name" -entrypoint /tether -user 65532:65532 \
-	-symlink /proxy-server=tether -symlink /proxy-agent=tether "${mkimage_args[@]}" \
-	"$work/tether-{arch}:/tether:0555"
+	-symlink /proxy-server=tether -symlink /proxy-agent=tether -dir /etc:0755 "${mkimage_args[@]}" \
+	"$work/tether-{arch}:/tether:0555" "$work/passwd:/etc/passwd:0444" "$work/group:/etc/group:0444"
