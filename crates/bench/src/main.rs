@@ -74,7 +74,7 @@ struct Args {
     #[arg(long)]
     tunnel_concurrency: Option<usize>,
     /// tether's --max-streams-per-frontend-connection in the tunnel workload, one instance
-    /// each (default: the built-in default and 4× it, 1000,4000; 50 with --quick). Upstream
+    /// each (default: 1000, the old default, and the built-in default, 4000; 50 with --quick). Upstream
     /// has no such flag and runs once.
     #[arg(long, value_delimiter = ',')]
     tunnel_stream_caps: Vec<u32>,

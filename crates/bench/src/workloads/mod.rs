@@ -83,15 +83,13 @@ impl Profile {
             open_concurrency: 64,
             dial_timeout: Duration::from_secs(10),
             resume_cuts: 20,
-            // With 64 dialling: 64, 264 and 964 streams (under the default cap), and 1,044
+            // With 64 dialling: 64, 264 and 964 streams (under the old default cap), and 1,044
             // (over it: 20 free slots for 64 workers).
             tunnel_held: vec![0, 200, 900, 980],
             tunnel_concurrency: 64,
-            // The default, and 4× it (above every point of the sweep).
-            tunnel_caps: vec![
-                tether_grpc::DEFAULT_FRONTEND_STREAMS,
-                4 * tether_grpc::DEFAULT_FRONTEND_STREAMS,
-            ],
+            // The default before the tunnel was measured (1,000, where dials queued), and the
+            // default chosen from that measurement.
+            tunnel_caps: vec![1_000, tether_grpc::DEFAULT_FRONTEND_STREAMS],
         }
     }
 
