@@ -19,8 +19,8 @@
 #   node.sh status          whether it is up, its processes and RSS, and the paths below
 #
 # The node's world: network namespace "tether-node" (node IP 198.18.0.2 on lo, pods 198.19.0.0/24
-# on the bridge cni0, Services 198.18.16.0/24 with kubernetes at 198.18.16.1; no default route,
-# nothing leaves it), and a supervisor (supervisor.sh) in private mount and PID namespaces.
+# on the bridge cni0, Services 198.18.16.0/24 with kubernetes at 198.18.16.1, routed to lo for
+# kube-proxy to rewrite; no default route, nothing leaves it), and a supervisor (supervisor.sh) in private mount and PID namespaces.
 # Work dir $W = ${TETHER_NODE_DIR:-/tmp/tether-node}; inside the node $W/etc-kubernetes is
 # /etc/kubernetes, kubeadm's layout:
 #   pki/{ca,apiserver,apiserver-kubelet-client,front-proxy-ca,front-proxy-client}.{crt,key}, sa.{key,pub}
@@ -250,6 +250,11 @@ cmd_up() {
 		ip netns add "$NETNS"
 		ip -n "$NETNS" link set lo up
 		ip -n "$NETNS" addr add "$NODE_IP/32" dev lo
+		# Processes on the node's own network (kube-apiserver, hostNetwork pods) reach Service
+		# IPs as on any node: kube-proxy's output hook rewrites them to a pod. A real node's
+		# default route lets the first route lookup pass; this one has none, so the Service
+		# range gets a route of its own (on lo: nothing is sent before the rewrite).
+		ip -n "$NETNS" route add "$SERVICE_CIDR" dev lo
 	fi
 
 	{

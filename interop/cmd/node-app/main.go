@@ -10,7 +10,8 @@
 //	cat-file FILE         print FILE
 //	tar c|x ...           enough of tar for kubectl cp (cf - PATH, xf - -C DIR)
 //	test -d|-e|-f PATH    the check kubectl cp makes before copying into a directory
-//	webhook               HTTPS admission webhook that allows every request and counts them
+//	webhook               HTTPS admission webhook that allows every request and counts them,
+//	                      and an aggregated API (flows.tether.dev/v1 pings)
 //	hostname              the pod's hostname
 //	id                    uid, gid, capabilities, NoNewPrivs, seccomp, whether / is writable
 //	whoami                the pod's identity from the API, through the kubernetes Service

@@ -37,7 +37,8 @@ type admissionResponse struct {
 
 // webhook serves an admission webhook over HTTPS that allows every request and counts them, so
 // a flow can tell how many calls kube-apiserver made through the proxy: GET /count answers the
-// number, /healthz is the probe, any other path takes AdmissionReviews.
+// number, /healthz is the probe, /apis/ is a small aggregated API, any other path takes
+// AdmissionReviews.
 func webhook(args []string) error {
 	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
 	cert := fs.String("cert", "/etc/webhook/tls.crt", "serving certificate (PEM)")
@@ -52,13 +53,14 @@ func webhook(args []string) error {
 	return srv.ListenAndServeTLS(*cert, *key)
 }
 
-// newWebhookHandler answers AdmissionReviews on any path with allowed: true, GET /count with the
-// number of reviews answered, and /healthz.
+// newWebhookHandler answers AdmissionReviews on any path outside /apis/ with allowed: true, GET
+// /count with the number of reviews answered, /healthz, and the aggregated API of aggregated.go.
 func newWebhookHandler(logger *log.Logger) http.Handler {
 	var reviews atomic.Int64
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, reviews.Load()) })
+	addAggregatedAPI(mux, logger)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
 		var review admissionReview

@@ -48,3 +48,38 @@ func TestWebhookAllowsAndCounts(t *testing.T) {
 		t.Fatalf("/count = %q, want 2 (bad reviews are not counted)", count)
 	}
 }
+
+func TestAggregatedAPIServesDiscoveryAndPings(t *testing.T) {
+	srv := httptest.NewServer(newWebhookHandler(log.New(io.Discard, "", 0)))
+	defer srv.Close()
+	get := func(path string, user string) (int, map[string]any) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		if user != "" {
+			req.Header.Set("X-Remote-User", user)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		return resp.StatusCode, v
+	}
+	if code, v := get("/apis/flows.tether.dev/v1", ""); code != 200 || v["kind"] != "APIResourceList" || v["groupVersion"] != "flows.tether.dev/v1" {
+		t.Fatalf("discovery: %d %v", code, v)
+	}
+	code, v := get("/apis/flows.tether.dev/v1/pings/p1", "kubernetes-admin")
+	if code != 200 || v["kind"] != "Ping" || v["requestedBy"] != "kubernetes-admin" || v["metadata"].(map[string]any)["name"] != "p1" {
+		t.Fatalf("get ping: %d %v", code, v)
+	}
+	if code, v := get("/apis/flows.tether.dev/v1/pings", ""); code != 200 || v["kind"] != "PingList" || len(v["items"].([]any)) != 1 {
+		t.Fatalf("list pings: %d %v", code, v)
+	}
+	if code, _ := get("/apis", ""); code != 404 {
+		t.Fatalf("/apis: %d, want 404 (aggregated discovery is left to kube-apiserver's fallback)", code)
+	}
+	if code, _ := get("/apis/other.example/v1", ""); code != 404 {
+		t.Fatalf("another group: %d, want 404", code)
+	}
+}

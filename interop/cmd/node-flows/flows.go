@@ -18,10 +18,10 @@ import (
 
 // flowNames are the report's columns, in order.
 var flowNames = []string{"logs", "logs -f", "exec (stdin)", "exec in the container", "attach", "port-forward",
-	"cp into a pod", "cp out of a pod", "nodes/proxy", "services/proxy", "webhook (Fail policy)"}
+	"cp into a pod", "cp out of a pod", "nodes/proxy", "services/proxy", "webhook (Fail policy)", "aggregated API (APIService)"}
 
-// runFlows runs every flow through the installed proxy.
-func (e *env) runFlows(ctx context.Context, r *row) {
+// runFlows runs every flow through the installed proxy, then the installation's own checks.
+func (e *env) runFlows(ctx context.Context, r *row, variant []variantCheck) {
 	var workloadsErr error
 	r.run("workloads Ready", func() (string, error) {
 		workloadsErr = e.startWorkloads(ctx)
@@ -36,18 +36,18 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 		return e.kube.Cmd(ctx, timeout, append(ns, args...)...)
 	}
 
-	r.run("logs", crossed(func() (string, error) {
+	r.run("logs", e.crossed(func() (string, error) {
 		return "", wantOutput(k(30*time.Second, "logs", "app", "-c", "web").Run(), "node-app serving on :8080")
 	}))
-	r.run("logs -f", crossed(func() (string, error) {
+	r.run("logs -f", e.crossed(func() (string, error) {
 		return followTicks(k(60*time.Second, "logs", "-f", "--tail=1", "app", "-c", "ticker"), 3)
 	}))
-	r.run("exec (stdin)", crossed(func() (string, error) {
+	r.run("exec (stdin)", e.crossed(func() (string, error) {
 		want := "stdin through the tunnel " + randomWord()
 		res := k(30*time.Second, "exec", "-i", "app", "-c", "web", "--", "/node-app", "cat").WithStdin(want + "\n").Run()
 		return "", wantOutput(res, want)
 	}))
-	r.run("exec in the container", crossed(func() (string, error) {
+	r.run("exec in the container", e.crossed(func() (string, error) {
 		// A fake kubelet would run the command on the host; the pod's UTS namespace says "app".
 		out := k(30*time.Second, "exec", "app", "-c", "web", "--", "/node-app", "hostname").Run()
 		if err := wantOutput(out, ""); err != nil {
@@ -58,16 +58,16 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 		}
 		return "hostname app", nil
 	}))
-	r.run("attach", crossed(func() (string, error) {
+	r.run("attach", e.crossed(func() (string, error) {
 		return followTicks(k(60*time.Second, "attach", "app", "-c", "ticker"), 2)
 	}))
-	r.run("port-forward", crossed(func() (string, error) {
+	r.run("port-forward", e.crossed(func() (string, error) {
 		return e.portForward(ctx)
 	}))
 	payload := make([]byte, 1<<20)
 	_, _ = rand.Read(payload)
 	local := filepath.Join(e.work, "cp-in")
-	r.run("cp into a pod", crossed(func() (string, error) {
+	r.run("cp into a pod", e.crossed(func() (string, error) {
 		if err := os.WriteFile(local, payload, 0o600); err != nil {
 			return "", err
 		}
@@ -76,7 +76,7 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 		}
 		return "1 MiB", nil
 	}))
-	r.run("cp out of a pod", crossed(func() (string, error) {
+	r.run("cp out of a pod", e.crossed(func() (string, error) {
 		back := filepath.Join(e.work, "cp-out")
 		if res := k(60*time.Second, "cp", flowsNamespace+"/app:/data/payload", back, "-c", "web").Run(); res.Err != nil {
 			return "", fmt.Errorf("%s: %s", kubectl.Describe(res), strings.TrimSpace(res.Stderr))
@@ -90,16 +90,22 @@ func (e *env) runFlows(ctx context.Context, r *row) {
 		}
 		return "1 MiB, same bytes", nil
 	}))
-	r.run("nodes/proxy", crossed(func() (string, error) {
+	r.run("nodes/proxy", e.crossed(func() (string, error) {
 		return "", wantOutput(e.kube.Cmd(ctx, 30*time.Second, "get", "--raw", "/api/v1/nodes/"+e.nodeName+"/proxy/healthz").Run(), "ok")
 	}))
-	r.run("services/proxy", crossed(func() (string, error) {
+	r.run("services/proxy", e.crossed(func() (string, error) {
 		return "", wantOutput(e.kube.Cmd(ctx, 30*time.Second, "get", "--raw",
 			"/api/v1/namespaces/flows/services/web:http/proxy/").Run(), "hello from node-app on app")
 	}))
-	r.run("webhook (Fail policy)", crossed(func() (string, error) {
+	r.run("webhook (Fail policy)", e.crossed(func() (string, error) {
 		return e.webhookCalls(ctx, 20)
 	}))
+	r.run("aggregated API (APIService)", e.crossed(func() (string, error) {
+		return e.aggregatedAPI(ctx)
+	}))
+	for _, c := range variant {
+		r.run(c.name, func() (string, error) { return c.run(ctx) })
+	}
 }
 
 // followTicks starts cmd (a logs -f or attach of the ticker) and waits for a tick, then for

@@ -108,6 +108,46 @@ func (e *env) installTether(ctx context.Context) error {
 	return seq(e.helmStep("install"), e.tetherServer(), e.rolledOut("tether-agent"))(ctx)
 }
 
+// mtlsValues switch the agents to client certificates (auth.mode=mtls). The chart's one
+// certificate proves no node, so agents go without host=/ipv4= identifiers (the chart's choice
+// that keeps identity binding on) and the servers route by the default strategy, since their
+// readiness follows the first one; one node needs no destHost routing.
+var mtlsValues = []string{"--set", "auth.mode=mtls", "--set", "agent.identifiers=", "--set", "server.proxyStrategies=default"}
+
+// installTetherMTLS installs tether as the book's mTLS variant: a CA for the agents' client
+// certificates on the node (server.hostFiles.clusterCaCert), the agents' certificate with the
+// CA that verifies the server in Secret tether-agent-tls (agent.tlsSecretName), then the same
+// helm install and static Pod with auth.mode=mtls.
+func (e *env) installTetherMTLS(ctx context.Context) error {
+	script := fmt.Sprintf(`set -e
+. %q
+pki_ca konnectivity-agent-ca konnectivity-agent-ca
+pki_cert konnectivity-agent konnectivity-agent-ca /CN=konnectivity-agent clientAuth
+`, e.pkiLib)
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
+	cmd.Env = append(os.Environ(), "ETC_K8S="+e.etcK8s)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("making the agents' CA and certificate: %v: %s", err, out)
+	}
+	r := e.kube.Cmd(ctx, 30*time.Second, "create", "secret", "generic", "tether-agent-tls", "-n", "kube-system",
+		"--from-file=ca.crt="+e.node("pki/ca.crt"), "--from-file=tls.crt="+e.node("pki/konnectivity-agent.crt"),
+		"--from-file=tls.key="+e.node("pki/konnectivity-agent.key")).Run()
+	if r.Err != nil {
+		return fmt.Errorf("creating Secret tether-agent-tls: %v: %s", r.Err, strings.TrimSpace(r.Stderr))
+	}
+	return seq(e.helmStep("install", mtlsValues...), e.tetherServer(mtlsValues...), e.rolledOut("tether-agent"))(ctx)
+}
+
+// uninstallTetherMTLS undoes installTetherMTLS: the release, and what the operator made by hand.
+func (e *env) uninstallTetherMTLS(ctx context.Context) error {
+	err := e.uninstallTether(ctx)
+	r := e.kube.Cmd(ctx, 30*time.Second, "delete", "secret", "tether-agent-tls", "-n", "kube-system", "--ignore-not-found").Run()
+	for _, f := range []string{"konnectivity-agent-ca.crt", "konnectivity-agent-ca.key", "konnectivity-agent.crt", "konnectivity-agent.key"} {
+		_ = os.Remove(e.node("pki/" + f))
+	}
+	return errors.Join(err, r.Err)
+}
+
 func (e *env) uninstallTether(ctx context.Context) error {
 	_, helmErr := e.helmCmd(ctx, 3*time.Minute, "uninstall", "tether", "-n", "kube-system", "--wait", "--timeout", "150s")
 	_ = os.Remove(e.node(staticPodFile))
@@ -139,7 +179,7 @@ func (e *env) waitServerWithAgent(ctx context.Context, image, oldHash string) er
 		return err
 	}
 	return waitFor(ctx, "an agent connected to the server", 2*time.Minute, func() error {
-		n, err := metricSum("konnectivity_network_proxy_server_ready_backend_connections")
+		n, err := e.metricSum("konnectivity_network_proxy_server_ready_backend_connections")
 		if err == nil && n < 1 {
 			err = fmt.Errorf("ready_backend_connections %v", n)
 		}
@@ -157,7 +197,7 @@ func (e *env) waitNothingLeft(ctx context.Context, selector string, socket bool)
 		if _, err := os.Stat(filepath.Join(e.node(udsDir), udsName)); err == nil && socket {
 			return fmt.Errorf("the socket %s is still there", filepath.Join(e.node(udsDir), udsName))
 		}
-		if _, err := httpClient.Get(serverMetricsURL); err == nil {
+		if _, err := httpClient.Get(loopbackMetricsURL); err == nil {
 			return errors.New("the server still answers on its health port")
 		}
 		r := e.kube.Cmd(ctx, 20*time.Second, "get", "pods,daemonsets,deployments,services,serviceaccounts,leases",

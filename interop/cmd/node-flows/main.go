@@ -32,7 +32,15 @@ type env struct {
 	images   images
 	nodeName string
 	nodeIP   string
-	rows     []*row
+	// serverPods selects the proxy servers' pods when they are not on the node's network (a
+	// Deployment); empty: one server with hostNetwork, whose metrics are on loopback.
+	serverPods string
+	// apiserverOriginal and egressOriginal are kube-apiserver's manifest and egress selector
+	// configuration before a variant changed them, to put back.
+	apiserverOriginal, egressOriginal []byte
+	// webhookCA is the CA of the webhook pod's serving certificate, once the workloads run.
+	webhookCA string
+	rows      []*row
 	// loadRuns are the runs of steps under load (the migration runbook, day 2), when they ran.
 	loadRuns []loadRun
 }
@@ -57,7 +65,7 @@ func main() {
 	flag.StringVar(&e.nodeName, "node-name", "tether-node", "the node's name")
 	flag.StringVar(&e.nodeIP, "node-ip", "198.18.0.2", "the node's address (agents dial the server there)")
 	flag.StringVar(&out, "out", "", "COMPATIBILITY.md to rewrite the real-node block of (empty: none)")
-	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether drop-in\", upstream, migration, \"day 2\"): run it and write nothing")
+	flag.StringVar(&only, "only", "", "one row by name (tether, \"tether, mTLS agents\", \"tether sidecar\", \"tether hosted\", \"tether drop-in\", upstream, migration, \"day 2\"): run it and write nothing")
 	flag.BoolVar(&check, "check", false, "fail when -out's committed block differs from what ran")
 	flag.Parse()
 	for name, v := range map[string]string{"etc-kubernetes": e.etcK8s, "helm": e.helm, "chart": e.chart, "work": e.work, "pki-lib": e.pkiLib,
@@ -79,7 +87,7 @@ func main() {
 	// Every step has its own deadline; this one bounds the whole run.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 40*time.Minute)
 	defer cancel()
 
 	for _, in := range e.installations() {

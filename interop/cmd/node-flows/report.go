@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"tether.dev/interop/internal/generated"
@@ -28,7 +29,7 @@ func (r loadRun) markers() (string, string) {
 
 // allChecks are the checks of a row in report order: install, flows, clean-up.
 func allChecks() []string {
-	return append(append([]string{"workloads Ready"}, flowNames...), "workloads removed", "uninstall leaves nothing")
+	return slices.Concat([]string{"workloads Ready"}, flowNames, variantCheckNames, []string{"workloads removed", "uninstall leaves nothing"})
 }
 
 func (e *env) markdown() string {

@@ -54,7 +54,7 @@ func (e *env) rolledOut(ds string) func(context.Context) error {
 func (e *env) agentsConnected(want float64) func(context.Context) error {
 	return func(ctx context.Context) error {
 		return waitFor(ctx, fmt.Sprintf("%v agents connected to the server", want), time.Minute, func() error {
-			n, err := metricSum("konnectivity_network_proxy_server_ready_backend_connections")
+			n, err := e.metricSum("konnectivity_network_proxy_server_ready_backend_connections")
 			if err == nil && n != want {
 				err = fmt.Errorf("ready_backend_connections %v", n)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/template"
 	"time"
@@ -13,9 +14,10 @@ import (
 // upstreamServer is the server's static Pod as the kubernetes.io task "Set up Konnectivity
 // service" describes it (its flags, ports, probe and mounts: kube-apiserver's own serving
 // certificate on the agent port, token authentication), with the task's image swapped for the
-// one built here and one line added: upstream's images run as uid 65532 (distroless nonroot,
-// BASEIMAGE in upstream's Makefile since v0.30), which can neither read kubeadm's root-only
-// apiserver.key nor create the socket in a root-owned directory, so the Pod runs as root.
+// one built here and, with AsRoot, one line added: upstream's images run as uid 65532
+// (distroless nonroot, BASEIMAGE in upstream's Makefile since v0.30), which can neither read
+// kubeadm's root-only apiserver.key nor create the socket in a root-owned directory, so the Pod
+// runs as root.
 var upstreamServer = template.Must(template.New("server").Parse(`apiVersion: v1
 kind: Pod
 metadata:
@@ -26,7 +28,9 @@ metadata:
 spec:
   priorityClassName: system-cluster-critical
   hostNetwork: true
+{{- if .AsRoot}}
   securityContext: {runAsUser: 0, runAsGroup: 0}
+{{- end}}
   containers:
   - name: konnectivity-server-container
     image: {{.Image}}
@@ -163,7 +167,7 @@ func (e *env) installTaskManifests(ctx context.Context, serverImage, agentImage 
 // until the kubelet runs it.
 func (e *env) taskServer(image string) func(context.Context) error {
 	return func(ctx context.Context) error {
-		server, err := render(upstreamServer, map[string]string{"Image": image})
+		server, err := render(upstreamServer, map[string]any{"Image": image, "AsRoot": true})
 		if err != nil {
 			return err
 		}
@@ -194,4 +198,75 @@ func (e *env) uninstallTaskManifests(ctx context.Context) error {
 	}
 	_ = os.Remove(e.node(staticPodFile))
 	return errors.Join(delErr, e.waitNothingLeft(ctx, "k8s-app=konnectivity-agent", false))
+}
+
+// nonRootAdvice replaces the running drop-in server with the task's Pod without its root line
+// (operator trial B3) and checks that tether, as uid 65532, stops with an error that names its
+// uid, the file it cannot read and both fixes; then puts the root line back.
+func (e *env) nonRootAdvice(ctx context.Context) (string, error) {
+	server, err := render(upstreamServer, map[string]any{"Image": e.images.tether, "AsRoot": false})
+	if err != nil {
+		return "", err
+	}
+	old := e.serverConfigHash(ctx)
+	if err := os.WriteFile(e.node(staticPodFile), []byte(server), 0o600); err != nil {
+		return "", err
+	}
+	// Not kubectl logs: it reaches the kubelet through this very proxy, which is down. The
+	// kubelet's own log files, as crictl logs reads them on a control-plane node.
+	var advice string
+	err = waitFor(ctx, "the non-root server's error in the kubelet's log files", 2*time.Minute, func() error {
+		if hash := e.serverConfigHash(ctx); hash == "" || hash == old {
+			return fmt.Errorf("the kubelet still runs the old manifest (hash %q)", hash)
+		}
+		line, err := e.serverLogLine("65532")
+		advice = line
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	// Whichever it meets first: kubeadm's root-only key, or the root-owned socket directory.
+	fix := map[string]string{"cannot read /etc/kubernetes/pki/apiserver.key": "chgrp 65532 /etc/kubernetes/pki/apiserver.key",
+		"cannot create a socket in /etc/kubernetes/konnectivity-server": "install -d -o 65532 -g 65532 -m 0770 /etc/kubernetes/konnectivity-server"}
+	var what string
+	for refused, chgrp := range fix {
+		if strings.Contains(advice, refused) && strings.Contains(advice, chgrp) {
+			what = refused
+		}
+	}
+	if what == "" || !strings.Contains(advice, "runs as uid 65532") || !strings.Contains(advice, "runAsUser: 0") {
+		return "", fmt.Errorf("the error %q does not name uid 65532, what it cannot do with its fix, and runAsUser: 0", advice)
+	}
+	if err := e.taskServer(e.images.tether)(ctx); err != nil {
+		return "", fmt.Errorf("the root line back: %v", err)
+	}
+	return "uid 65532 " + what + ", with both fixes", nil
+}
+
+// serverLogLine finds the last line holding want in the server's container logs, which the
+// kubelet keeps under its podLogsDir (the node's pod-logs, beside its /etc/kubernetes) as
+// kube-system_POD_UID/CONTAINER/N.log.
+func (e *env) serverLogLine(want string) (string, error) {
+	pattern := filepath.Join(filepath.Dir(e.etcK8s), "pod-logs", "kube-system_"+e.mirrorPod()+"_*", "*", "*.log")
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		return "", err
+	}
+	var found string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, want) {
+				found = line
+			}
+		}
+	}
+	if found == "" {
+		return "", fmt.Errorf("no line with %q in %d log files (%s)", want, len(files), pattern)
+	}
+	return found, nil
 }

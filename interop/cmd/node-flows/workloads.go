@@ -157,7 +157,25 @@ func (e *env) startWorkloads(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	e.webhookCA = ca
 	objs, err := render(workloads, map[string]string{"Image": e.images.app, "WebhookCA": ca, "WebhookCert": cert, "WebhookKey": key})
+	if err != nil {
+		return err
+	}
+	// The namespace first: its pods need its default ServiceAccount, which
+	// kube-controller-manager creates a moment later (longer right after kube-apiserver
+	// restarted, as the sidecar and hosted variants make it).
+	namespace := e.kube.Cmd(ctx, time.Minute, "create", "namespace", flowsNamespace).Run()
+	if namespace.Err != nil {
+		return fmt.Errorf("kubectl create namespace: %v: %s", namespace.Err, namespace.Stderr)
+	}
+	err = waitFor(ctx, "the flows namespace's default ServiceAccount", 2*time.Minute, func() error {
+		r := e.kube.Cmd(ctx, 10*time.Second, "get", "serviceaccount", "default", "-n", flowsNamespace, "-o", "name").Run()
+		if r.Err != nil {
+			return fmt.Errorf("%v %s", r.Err, strings.TrimSpace(r.Stderr))
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
@@ -168,11 +186,29 @@ func (e *env) startWorkloads(ctx context.Context) error {
 	if r.Err != nil {
 		return fmt.Errorf("workloads not Ready: %v: %s", r.Err, strings.TrimSpace(r.Stderr))
 	}
+	// kube-apiserver resolves the Services through their EndpointSlices, which
+	// kube-controller-manager writes a moment after the pods are Ready (longer right after
+	// kube-apiserver restarted, while its informers list again).
+	for _, service := range []string{"web", "webhook"} {
+		err := waitFor(ctx, "Service "+service+"'s EndpointSlice with a ready address", time.Minute, func() error {
+			r := e.kube.Cmd(ctx, 10*time.Second, "get", "endpointslices", "-n", flowsNamespace,
+				"-l", "kubernetes.io/service-name="+service,
+				"-o", `jsonpath={.items[*].endpoints[?(@.conditions.ready==true)].addresses[0]}`).Run()
+			if r.Err != nil || strings.TrimSpace(r.Stdout) == "" {
+				return fmt.Errorf("no ready address yet %s", strings.TrimSpace(r.Stderr))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // stopWorkloads deletes them and waits until they are gone.
 func (e *env) stopWorkloads(ctx context.Context) error {
+	e.removeAPIService(ctx)
 	r := e.kube.Cmd(ctx, 2*time.Minute, "delete", "validatingwebhookconfiguration/tether-flows", "namespace/"+flowsNamespace,
 		"--ignore-not-found", "--wait=true", "--timeout=100s").Run()
 	if r.Err != nil {
