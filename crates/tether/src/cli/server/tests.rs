@@ -654,7 +654,7 @@ fn hardening_defaults_and_overrides() {
     let (_dir, files) = pki();
     let limits = uds(&files, "").unwrap().limits;
     assert_eq!(limits.setup_timeout, Duration::from_secs(10));
-    assert_eq!(limits.max_streams_per_frontend_connection, 1_000);
+    assert_eq!(limits.max_streams_per_frontend_connection, 4_000);
     assert_eq!(limits.max_agent_connections_per_address, 100);
     let config = uds(
         &files,
