@@ -128,7 +128,6 @@ impl ByteRate {
     fn charge(&self, bytes: usize, now: Instant) -> (Duration, Option<(Arc<Bandwidth>, usize)>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let per_second = Self::rate_of(state.limit, state.share.as_ref(), bytes, now);
-        let share = state.share.as_ref().map(|s| (s.bandwidth.clone(), s.index));
         let bucket = &mut state.bucket;
         if now > bucket.at {
             let refill = (now - bucket.at).as_secs_f64() * per_second;
@@ -136,11 +135,12 @@ impl ByteRate {
             bucket.at = now;
         }
         bucket.tokens -= bytes as f64;
-        let wait = if bucket.tokens >= 0.0 || per_second.is_infinite() {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-bucket.tokens / per_second)
-        };
+        if bucket.tokens >= 0.0 || per_second.is_infinite() {
+            return (Duration::ZERO, None);
+        }
+        let wait = Duration::from_secs_f64(-bucket.tokens / per_second);
+        // Only a wait is told to the share: the chunks that pass take no reference.
+        let share = state.share.as_ref().map(|s| (s.bandwidth.clone(), s.index));
         (wait, share)
     }
 }
