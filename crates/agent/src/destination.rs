@@ -18,9 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether_observe::introspect::{ConfigFileView, RefusalView};
+use tether_observe::introspect::ConfigFileView;
 use tether_observe::metrics::Registry;
-use tether_observe::time::Civil;
 use tether_policy::{Builtins, Denied, Policy, RuleSet};
 use tether_reload::{Loaded, ReloadMetrics, Reloader};
 use tokio::net::TcpStream;
@@ -228,20 +227,7 @@ impl Destinations {
         let PolicySource::File(reloader) = &self.policy else {
             return None;
         };
-        let current = reloader.current();
-        let rfc3339 = |at| Civil::from_system_time(at).rfc3339();
-        Some(ConfigFileView {
-            name: "destination-policy".into(),
-            path: reloader.path().display().to_string(),
-            generation: current.generation,
-            sha256: current.sha256.clone(),
-            applied_at: rfc3339(current.applied_at),
-            last_refusal: reloader.last_refusal().map(|refusal| RefusalView {
-                at: rfc3339(refusal.at),
-                sha256: refusal.sha256,
-                message: refusal.message,
-            }),
-        })
+        Some(reloader.view("destination-policy"))
     }
 
     /// Dials a TCP destination, trying each resolved address before the deadline.

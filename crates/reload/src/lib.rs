@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use tether_observe::introspect::{ConfigFileView, RefusalView};
 use tether_observe::metrics::{CounterVec, GaugeVec, Registry};
+use tether_observe::time::Civil;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -119,6 +121,25 @@ impl<T: Send + Sync + 'static> Reloader<T> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// The generation in force and the last refusal, as the admin API shows them; `name`
+    /// says what the file is (its flag: `routing-config`, `destination-policy`).
+    pub fn view(&self, name: &str) -> ConfigFileView {
+        let current = self.current();
+        let rfc3339 = |at| Civil::from_system_time(at).rfc3339();
+        ConfigFileView {
+            name: name.to_owned(),
+            path: self.path.display().to_string(),
+            generation: current.generation,
+            sha256: current.sha256.clone(),
+            applied_at: rfc3339(current.applied_at),
+            last_refusal: self.last_refusal().map(|refusal| RefusalView {
+                at: rfc3339(refusal.at),
+                sha256: refusal.sha256,
+                message: refusal.message,
+            }),
+        }
     }
 
     /// Reads the file now and applies it when its content changed and it parses. Blocking:
@@ -227,7 +248,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Seconds since the Unix epoch, for metrics and views.
-pub fn unix_seconds(at: SystemTime) -> u64 {
+pub(crate) fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }

@@ -10,10 +10,8 @@ use std::time::Instant;
 
 use tether_observe::http::{Request, Response};
 use tether_observe::introspect::{
-    AgentsReport, ConfigFileView, ConnectionView, ConnectionsReport, Filter, RefusalView,
-    StreamView,
+    AgentsReport, ConfigFileView, ConnectionView, ConnectionsReport, Filter, StreamView,
 };
-use tether_observe::time::Civil;
 use tether_proto::Identifiers;
 use tether_reload::Reloader;
 
@@ -33,21 +31,7 @@ pub(crate) struct Membership {
 impl Membership {
     /// The routing file's generation in force and its last refusal.
     fn config(&self) -> Option<ConfigFileView> {
-        let reloader = self.routing.as_ref()?;
-        let loaded = reloader.current();
-        let rfc3339 = |at| Civil::from_system_time(at).rfc3339();
-        Some(ConfigFileView {
-            name: "routing-config".into(),
-            path: reloader.path().display().to_string(),
-            generation: loaded.generation,
-            sha256: loaded.sha256.clone(),
-            applied_at: rfc3339(loaded.applied_at),
-            last_refusal: reloader.last_refusal().map(|r| RefusalView {
-                at: rfc3339(r.at),
-                sha256: r.sha256,
-                message: r.message,
-            }),
-        })
+        Some(self.routing.as_ref()?.view("routing-config"))
     }
 }
 
