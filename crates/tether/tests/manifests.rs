@@ -890,6 +890,25 @@ fn secure_defaults(objects: &[Value]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every server container, with its object and the pod spec it is in (a template's, or a
+/// static Pod's own).
+fn server_containers(objects: &[Value]) -> impl Iterator<Item = (&Value, &Value, &Value)> {
+    objects.iter().flat_map(|object| {
+        object
+            .pointer("/spec/template/spec")
+            .or_else(|| object.get("spec"))
+            .into_iter()
+            .flat_map(move |spec| {
+                spec["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c["name"] == "konnectivity-server")
+                    .map(move |container| (object, spec, container))
+            })
+    })
+}
+
 /// The server's audit log as server.audit.output asks (issue 27): none by default (a drop-in
 /// for upstream writes nothing new); `stdout` is `--audit-log-path=-`; `file` is a file in a
 /// writable hostPath directory of its own, the same path in the container and on the node.
@@ -900,57 +919,48 @@ fn audit_log(variant: &Variant, objects: &[Value]) -> anyhow::Result<()> {
         .find_map(|set| set.strip_prefix("server.audit.output="))
         .unwrap_or("none");
     let mut servers = 0;
-    for object in objects {
-        let Some(spec) = object
-            .pointer("/spec/template/spec")
-            .or_else(|| object.get("spec"))
-        else {
-            continue;
-        };
-        let containers = spec["containers"].as_array().into_iter().flatten();
-        for container in containers.filter(|c| c["name"] == "konnectivity-server") {
-            servers += 1;
-            let args: Vec<&str> = container["args"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
-            let paths: Vec<&str> = args
-                .iter()
-                .filter_map(|a| a.strip_prefix("--audit-log-path="))
-                .collect();
-            match output {
-                "none" => ensure!(paths.is_empty(), "an audit log by default: {args:?}"),
-                "stdout" => ensure!(paths == ["-"], "not on standard output: {args:?}"),
-                "file" => {
-                    ensure!(paths.len() == 1, "{args:?}");
-                    let dir = Path::new(paths[0]).parent().context("no directory")?;
-                    let mount = container["volumeMounts"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
-                        .with_context(|| format!("nothing mounted at {}", dir.display()))?;
-                    ensure!(mount["readOnly"] != true, "read-only: {mount}");
-                    let volume = spec["volumes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|v| v["name"] == mount["name"])
-                        .with_context(|| format!("no volume for {mount}"))?;
-                    ensure!(
-                        volume["hostPath"]["path"].as_str().map(Path::new) == Some(dir)
-                            && volume["hostPath"]["type"] == "Directory",
-                        "not the node's prepared directory: {volume}"
-                    );
-                    ensure!(
-                        volume["name"] != "audit-log",
-                        "kube-apiserver's name: {volume}"
-                    );
-                }
-                other => bail!("no check for server.audit.output={other}"),
+    for (_, spec, container) in server_containers(objects) {
+        servers += 1;
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let paths: Vec<&str> = args
+            .iter()
+            .filter_map(|a| a.strip_prefix("--audit-log-path="))
+            .collect();
+        match output {
+            "none" => ensure!(paths.is_empty(), "an audit log by default: {args:?}"),
+            "stdout" => ensure!(paths == ["-"], "not on standard output: {args:?}"),
+            "file" => {
+                ensure!(paths.len() == 1, "{args:?}");
+                let dir = Path::new(paths[0]).parent().context("no directory")?;
+                let mount = container["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
+                    .with_context(|| format!("nothing mounted at {}", dir.display()))?;
+                ensure!(mount["readOnly"] != true, "read-only: {mount}");
+                let volume = spec["volumes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v["name"] == mount["name"])
+                    .with_context(|| format!("no volume for {mount}"))?;
+                ensure!(
+                    volume["hostPath"]["path"].as_str().map(Path::new) == Some(dir)
+                        && volume["hostPath"]["type"] == "Directory",
+                    "not the node's prepared directory: {volume}"
+                );
+                ensure!(
+                    volume["name"] != "audit-log",
+                    "kube-apiserver's name: {volume}"
+                );
             }
+            other => bail!("no check for server.audit.output={other}"),
         }
     }
     ensure!(
@@ -1048,37 +1058,28 @@ fn readiness_and_rollouts(objects: &[Value]) -> anyhow::Result<()> {
             "a NotReady server would block drains: {pdb}"
         );
     }
-    for object in objects {
-        let Some(spec) = object
-            .pointer("/spec/template/spec")
-            .or_else(|| object.get("spec"))
-        else {
-            continue;
-        };
+    for (object, spec, container) in server_containers(objects) {
         let grace = spec["terminationGracePeriodSeconds"].as_i64().unwrap_or(30);
-        let containers = spec["containers"].as_array().into_iter().flatten();
-        for container in containers.filter(|c| c["name"] == "konnectivity-server") {
-            let timeout = container["args"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .find_map(|a| a.strip_prefix("--graceful-shutdown-timeout="))
-                .and_then(|t| t.strip_suffix('s'))
-                .and_then(|t| t.parse::<i64>().ok())
-                .context("a server without --graceful-shutdown-timeout=Ns")?;
-            ensure!(timeout > 0, "live connections are cut at once on SIGTERM");
-            if object["metadata"]["name"] == "kube-apiserver" {
-                ensure!(
-                    container.get("readinessProbe").is_none(),
-                    "the sidecar's readiness would make kube-apiserver NotReady"
-                );
-            } else {
-                ensure!(
-                    grace > timeout,
-                    "terminationGracePeriodSeconds {grace} ends the {timeout}s drain early"
-                );
-            }
+        let timeout = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find_map(|a| a.strip_prefix("--graceful-shutdown-timeout="))
+            .and_then(|t| t.strip_suffix('s'))
+            .and_then(|t| t.parse::<i64>().ok())
+            .context("a server without --graceful-shutdown-timeout=Ns")?;
+        ensure!(timeout > 0, "live connections are cut at once on SIGTERM");
+        if object["metadata"]["name"] == "kube-apiserver" {
+            ensure!(
+                container.get("readinessProbe").is_none(),
+                "the sidecar's readiness would make kube-apiserver NotReady"
+            );
+        } else {
+            ensure!(
+                grace > timeout,
+                "terminationGracePeriodSeconds {grace} ends the {timeout}s drain early"
+            );
         }
     }
     for daemonset in objects.iter().filter(|o| o["kind"] == "DaemonSet") {

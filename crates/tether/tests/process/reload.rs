@@ -204,6 +204,31 @@ fn agent_b_args(pki: &Pki, server: &ServerProcess, health: u16) -> Vec<String> {
         .collect()
 }
 
+/// A server on the gRPC socket `main` that watches `map`'s routing file, cuts retired
+/// streams after 1 s and logs to `log`.
+async fn spawn_reloading_server(
+    pki: &Pki,
+    main: &Path,
+    map: &ConfigMap,
+    log: &Path,
+) -> ServerProcess {
+    let routing_flag = format!("--routing-config={}", map.path().display());
+    let log_flag = format!("--log-file={}", log.display());
+    spawn_server(
+        bin(),
+        pki,
+        Frontend::GrpcUds(main.to_owned()),
+        &[
+            &routing_flag,
+            "--graceful-shutdown-timeout=1s",
+            "--logtostderr=false",
+            &log_flag,
+        ],
+    )
+    .await
+    .unwrap()
+}
+
 async fn echo_once(socket: &Path, echo: &str) -> Result<(), String> {
     let client = GrpcClient::connect(&Transport::Unix(socket.to_owned()))
         .await
@@ -236,21 +261,7 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
     let b_socket = pki.dir().join("b.sock");
     let mut map = ConfigMap::new(pki.dir().join("config"), &routing(uid, None, None));
     let log = pki.dir().join("server.log");
-    let routing_flag = format!("--routing-config={}", map.path().display());
-    let log_flag = format!("--log-file={}", log.display());
-    let server = spawn_server(
-        bin(),
-        &pki,
-        Frontend::GrpcUds(main_socket.clone()),
-        &[
-            &routing_flag,
-            "--graceful-shutdown-timeout=1s",
-            "--logtostderr=false",
-            &log_flag,
-        ],
-    )
-    .await
-    .unwrap();
+    let server = spawn_reloading_server(&pki, &main_socket, &map, &log).await;
     let file = map.path().display().to_string();
     let generation = format!("tether_server_config_generation{{file=\"{file}\"}}");
     let refused =
@@ -449,21 +460,7 @@ async fn an_agent_identity_moved_to_another_tenant_reconnects_under_it() {
         &routing("\"cert:agent.b\"", "\"cert:proxy-agent\""),
     );
     let log = pki.dir().join("server.log");
-    let routing_flag = format!("--routing-config={}", map.path().display());
-    let log_flag = format!("--log-file={}", log.display());
-    let server = spawn_server(
-        bin(),
-        &pki,
-        Frontend::GrpcUds(main_socket.clone()),
-        &[
-            &routing_flag,
-            "--graceful-shutdown-timeout=1s",
-            "--logtostderr=false",
-            &log_flag,
-        ],
-    )
-    .await
-    .unwrap();
+    let server = spawn_reloading_server(&pki, &main_socket, &map, &log).await;
     let health = free_port();
     let _agent_b = Process::spawn(
         bin(),
