@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -74,17 +73,13 @@ func (e *env) installTetherHosted(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	script := fmt.Sprintf(`set -e
-. %q
+	if err := e.runPKI(ctx, "the servers' certificates", fmt.Sprintf(`
 pki_cert konnectivity-server-agents ca /CN=konnectivity-server serverAuth IP:%s
 pki_cert konnectivity-server-frontend ca /CN=konnectivity-server serverAuth IP:%s
 pki_ca konnectivity-frontend-ca konnectivity-frontend-ca
 pki_cert konnectivity-frontend-client konnectivity-frontend-ca /CN=kube-apiserver clientAuth
-`, e.pkiLib, agentsIP, frontendIP)
-	cmd := exec.CommandContext(ctx, "bash", "-c", script)
-	cmd.Env = append(os.Environ(), "ETC_K8S="+e.etcK8s)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("making the servers' certificates: %v: %s", err, out)
+`, agentsIP, frontendIP)); err != nil {
+		return err
 	}
 	pki := func(f string) string { return e.node("pki/" + f) }
 	r := e.kube.Cmd(ctx, 30*time.Second, "create", "secret", "generic", "tether-server-tls", "-n", "kube-system",

@@ -26,22 +26,29 @@ func (e *env) node(rel string) string { return filepath.Join(e.etcK8s, rel) }
 // mirrorPod is the API's copy of the server's static Pod.
 func (e *env) mirrorPod() string { return "konnectivity-server-" + e.nodeName }
 
+// runPKI runs steps of the node's openssl library (interop/node/lib/pki.sh) on its
+// /etc/kubernetes; what names them in the error.
+func (e *env) runPKI(ctx context.Context, what, steps string) error {
+	cmd := exec.CommandContext(ctx, "bash", "-c", fmt.Sprintf("set -e\n. %q\n%s", e.pkiLib, steps))
+	cmd.Env = append(os.Environ(), "ETC_K8S="+e.etcK8s, "NODE_NAME="+e.nodeName, "NODE_IP="+e.nodeIP,
+		"APISERVER_URL=https://"+e.nodeIP+":6443")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("making %s: %v: %s", what, err, out)
+	}
+	return nil
+}
+
 // prepareServerFiles makes what both installs need on the node: the kubeconfig of user
 // system:konnectivity-server and, for tether, the agent port's own certificate, with
 // pki/ca.key as the README's openssl steps do (interop/node/lib/pki.sh). owner is the uid:gid
 // that must read them (the socket directory too), or -1 to leave them root's.
 func (e *env) prepareServerFiles(ctx context.Context, owner int) error {
-	script := fmt.Sprintf(`set -e
-. %q
+	if err := e.runPKI(ctx, "the server's certificate and kubeconfig", fmt.Sprintf(`
 pki_cert konnectivity-server-client ca /CN=system:konnectivity-server clientAuth
 pki_kubeconfig "$ETC_K8S/%s" konnectivity-server-client system:konnectivity-server
 pki_cert konnectivity-server ca /CN=konnectivity-server serverAuth IP:%s
-`, e.pkiLib, serverConf, e.nodeIP)
-	cmd := exec.CommandContext(ctx, "bash", "-c", script)
-	cmd.Env = append(os.Environ(), "ETC_K8S="+e.etcK8s, "NODE_NAME="+e.nodeName, "NODE_IP="+e.nodeIP,
-		"APISERVER_URL=https://"+e.nodeIP+":6443")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("making the server's certificate and kubeconfig: %v: %s", err, out)
+`, serverConf, e.nodeIP)); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(e.node(udsDir), 0o770); err != nil {
 		return err
@@ -119,15 +126,11 @@ var mtlsValues = []string{"--set", "auth.mode=mtls", "--set", "agent.identifiers
 // CA that verifies the server in Secret tether-agent-tls (agent.tlsSecretName), then the same
 // helm install and static Pod with auth.mode=mtls.
 func (e *env) installTetherMTLS(ctx context.Context) error {
-	script := fmt.Sprintf(`set -e
-. %q
+	if err := e.runPKI(ctx, "the agents' CA and certificate", `
 pki_ca konnectivity-agent-ca konnectivity-agent-ca
 pki_cert konnectivity-agent konnectivity-agent-ca /CN=konnectivity-agent clientAuth
-`, e.pkiLib)
-	cmd := exec.CommandContext(ctx, "bash", "-c", script)
-	cmd.Env = append(os.Environ(), "ETC_K8S="+e.etcK8s)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("making the agents' CA and certificate: %v: %s", err, out)
+`); err != nil {
+		return err
 	}
 	r := e.kube.Cmd(ctx, 30*time.Second, "create", "secret", "generic", "tether-agent-tls", "-n", "kube-system",
 		"--from-file=ca.crt="+e.node("pki/ca.crt"), "--from-file=tls.crt="+e.node("pki/konnectivity-agent.crt"),
