@@ -213,12 +213,22 @@ impl Destinations {
     /// Reads the policy file every reload interval and at each SIGHUP, until `stop`; a
     /// changed content that parses becomes the next generation, one that does not is refused
     /// and the generation in force stays (see tether-reload).
+    /// Without a file, SIGHUP is only logged.
     pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        if let PolicySource::File(reloader) = &self.policy {
-            reloader
-                .clone()
-                .run(self.config.reload_interval, stop)
+        match &self.policy {
+            PolicySource::File(reloader) => {
+                reloader
+                    .clone()
+                    .run(self.config.reload_interval, stop)
+                    .await;
+            }
+            PolicySource::Builtins(_) => {
+                tether_reload::log_hangups(
+                    "the agent watches no configuration file (--destination-policy is not set)",
+                    stop,
+                )
                 .await;
+            }
         }
     }
 

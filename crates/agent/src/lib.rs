@@ -222,13 +222,11 @@ impl Agent {
             own_listeners,
             &registry,
         )?);
-        if config.destinations.policy_file.is_some() {
-            // SIGHUP asks for the policy file to be read at once. Its default action ends the
-            // process: registering here replaces it from now on (tokio never unregisters a
-            // handler), before the watcher listens in `run`.
-            if let Err(e) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-                tracing::warn!(error = %e, "cannot handle SIGHUP");
-            }
+        // SIGHUP asks for the policy file to be read at once, and is only logged without one.
+        // Its default action ends the process: registering here replaces it from now on
+        // (tokio never unregisters a handler), before the watcher listens in `run`.
+        if let Err(e) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            tracing::warn!(error = %e, "cannot handle SIGHUP");
         }
         let audit = match &config.audit_log {
             None => None,

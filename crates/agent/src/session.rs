@@ -189,7 +189,7 @@ impl Hooks for AgentHooks {
                 };
                 tether_tunnel::log_ended(&ended, &self.ids.agent_id, &self.ids.server_id);
                 if let Some(audit) = audit {
-                    audit.ended(ended);
+                    audit.ended(ended, None);
                 }
             }
             _ => {}
@@ -276,6 +276,9 @@ async fn serve_connection(
         };
         let revoked = watch.revoked(peer.ip()).await;
         metrics.policy_cuts.inc();
+        if let Some(audit) = &audit {
+            audit.cut(connect_id, revoked.generation);
+        }
         tracing::warn!(
             connect.id = %connect_id,
             dial.id = %dial_id,

@@ -85,6 +85,11 @@ pub struct AuditRecord {
     /// of forward connections.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+    /// On the end record of a connection a configuration reload cut: that generation. On the
+    /// server, a routing file that removed the connection's tenant or moved its agent's
+    /// identity to another; on the agent, a destination policy that now denies it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut_by_generation: Option<u64>,
     /// The tenant of the client (forward dials) or of the agent (reverse dials and records
     /// of an agent's stream); left out with no tenant table.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -237,6 +237,25 @@ impl<T: Send + Sync + 'static> Reloader<T> {
     }
 }
 
+/// Logs each SIGHUP until `stop`, for a process that watches no configuration file: SIGHUP's
+/// default action would end it, and every connection with it, when an operator only meant to
+/// reload. `why` says why there is nothing to read and which flag would give a file.
+pub async fn log_hangups(why: &'static str, stop: CancellationToken) {
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => signal,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            Some(()) = hangup.recv() => tracing::info!("SIGHUP: nothing to reload: {why}"),
+        }
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }

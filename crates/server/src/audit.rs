@@ -136,8 +136,15 @@ impl Audit {
         }
     }
 
-    /// A connection's end, with the request it was dialed for.
-    pub(crate) fn connection(&self, followed: &Followed, agent_id: &str, ended: &Ended) {
+    /// A connection's end, with the request it was dialed for; `cut_by_generation` when a
+    /// reload's retirement of its agent stream cut it.
+    pub(crate) fn connection(
+        &self,
+        followed: &Followed,
+        agent_id: &str,
+        ended: &Ended,
+        cut_by_generation: Option<u64>,
+    ) {
         let closed_by = match (&ended.outcome.error, ended.outcome.initiator) {
             (Some(CloseError::Overflow { .. } | CloseError::CloseTimeout), _) => "server",
             (_, Initiator::Local) => "client",
@@ -150,6 +157,7 @@ impl Audit {
             bytes_to_destination: Some(ended.bytes_to_peer),
             bytes_from_destination: Some(ended.bytes_from_peer),
             duration_ms: Some(millis(ended.duration())),
+            cut_by_generation,
             ..self.connection_record(followed, agent_id, ended.id)
         };
         let error = ended.outcome.error.as_ref().map(ToString::to_string);

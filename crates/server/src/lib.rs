@@ -475,6 +475,12 @@ impl Server {
             );
             reloader.subscribe()
         });
+        if updates.is_none() {
+            endpoints.spawn(tether_reload::log_hangups(
+                "the server watches no configuration file (--routing-config is not set)",
+                stop.clone(),
+            ));
+        }
         let bind_config = Arc::new(config.clone());
         let owner = reload::RoutingOwner::new(
             hub.clone(),

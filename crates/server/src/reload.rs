@@ -245,7 +245,7 @@ impl RoutingOwner {
         generation: u64,
     ) {
         let deadline = tokio::time::Instant::now() + self.grace;
-        if !session.retire(why.clone(), deadline) {
+        if !session.retire(why.clone(), deadline, generation) {
             return;
         }
         tenant

@@ -68,10 +68,13 @@ impl AuditSide {
     };
 }
 
-#[derive(Debug)]
-enum Half {
-    Facts(DialFacts),
-    Ended(Ended),
+/// What is known of one connection until both its halves arrived.
+#[derive(Debug, Default)]
+struct Halves {
+    facts: Option<DialFacts>,
+    ended: Option<Ended>,
+    /// The configuration generation that cut the connection, if one did.
+    cut_by_generation: Option<u64>,
 }
 
 /// One stream's audit trail, from one end.
@@ -81,7 +84,7 @@ pub struct StreamAudit {
     side: AuditSide,
     server_id: String,
     agent_id: String,
-    halves: Mutex<HashMap<ConnectId, Half>>,
+    halves: Mutex<HashMap<ConnectId, Halves>>,
 }
 
 impl StreamAudit {
@@ -95,7 +98,7 @@ impl StreamAudit {
         }
     }
 
-    fn halves(&self) -> MutexGuard<'_, HashMap<ConnectId, Half>> {
+    fn halves(&self) -> MutexGuard<'_, HashMap<ConnectId, Halves>> {
         self.halves.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -139,33 +142,46 @@ impl StreamAudit {
             }
             .opened(),
         );
-        let mut halves = self.halves();
-        match halves.remove(&id) {
-            Some(Half::Ended(ended)) => {
-                drop(halves);
-                self.write(&facts, &ended);
-            }
-            _ => {
-                halves.insert(id, Half::Facts(facts));
-            }
+        self.complete(id, |halves| halves.facts = Some(facts));
+    }
+
+    /// The table's half; `cut_by_generation` when the end is a reload's cut known there.
+    pub fn ended(&self, ended: Ended, cut_by_generation: Option<u64>) {
+        self.complete(ended.id, |halves| {
+            halves.ended = Some(ended);
+            halves.cut_by_generation = halves.cut_by_generation.or(cut_by_generation);
+        });
+    }
+
+    /// Marks open connection `id` (its opening recorded) as cut by configuration generation
+    /// `generation`, before its end arrives: its end record says so.
+    pub fn cut(&self, id: ConnectId, generation: u64) {
+        if let Some(known) = self.halves().get_mut(&id) {
+            known.cut_by_generation = Some(generation);
         }
     }
 
-    /// The table's half.
-    pub fn ended(&self, ended: Ended) {
+    /// Adds what `add` knows of connection `id`; the second half to arrive writes the end.
+    fn complete(&self, id: ConnectId, add: impl FnOnce(&mut Halves)) {
         let mut halves = self.halves();
-        match halves.remove(&ended.id) {
-            Some(Half::Facts(facts)) => {
-                drop(halves);
-                self.write(&facts, &ended);
-            }
-            _ => {
-                halves.insert(ended.id, Half::Ended(ended));
-            }
+        let known = halves.entry(id).or_default();
+        add(known);
+        if known.facts.is_none() || known.ended.is_none() {
+            return;
         }
+        let Some(Halves {
+            facts: Some(facts),
+            ended: Some(ended),
+            cut_by_generation,
+        }) = halves.remove(&id)
+        else {
+            return;
+        };
+        drop(halves);
+        self.write(&facts, &ended, cut_by_generation);
     }
 
-    fn write(&self, facts: &DialFacts, ended: &Ended) {
+    fn write(&self, facts: &DialFacts, ended: &Ended, cut_by_generation: Option<u64>) {
         let closed_by = match (&ended.outcome.error, ended.outcome.initiator) {
             (Some(CloseError::Overflow { .. } | CloseError::CloseTimeout), _) => self.side.side,
             (_, Initiator::Local) => self.side.local,
@@ -184,6 +200,7 @@ impl StreamAudit {
             bytes_to_destination: Some(to_destination),
             bytes_from_destination: Some(from_destination),
             duration_ms: Some(millis(ended.duration())),
+            cut_by_generation,
             ..self.record(facts, AuditEvent::Connection)
         };
         let error = ended.outcome.error.as_ref().map(ToString::to_string);
@@ -238,10 +255,20 @@ mod tests {
         let audit = StreamAudit::new(log, AuditSide::AGENT_FORWARD, "s".into(), "a".into());
         // The task first, as usually.
         audit.connected(ConnectId(1), facts(DialId(11)));
-        audit.ended(ended(ConnectId(1), DialId(11)));
+        audit.ended(ended(ConnectId(1), DialId(11)), None);
         // The table first: the connection ended before its task got to record it.
-        audit.ended(ended(ConnectId(2), DialId(22)));
+        audit.ended(ended(ConnectId(2), DialId(22)), None);
         audit.connected(ConnectId(2), facts(DialId(22)));
+        // Cut by a reload: marked while open (the agent's policy), or told with the end (the
+        // server's retired stream), before its opening was recorded.
+        audit.connected(ConnectId(3), facts(DialId(33)));
+        audit.cut(ConnectId(3), 7);
+        audit.ended(ended(ConnectId(3), DialId(33)), None);
+        audit.ended(ended(ConnectId(4), DialId(44)), Some(5));
+        audit.connected(ConnectId(4), facts(DialId(44)));
+        // A cut of a connection already recorded leaves nothing behind.
+        audit.cut(ConnectId(1), 9);
+        assert!(audit.halves().is_empty());
         task.finish().await;
         let records: Vec<serde_json::Value> = std::fs::read_to_string(&path)
             .unwrap()
@@ -265,8 +292,17 @@ mod tests {
                 ("connection", "11", 1),
                 ("connection_opened", "22", 2),
                 ("connection", "22", 2),
+                ("connection_opened", "33", 3),
+                ("connection", "33", 3),
+                ("connection_opened", "44", 4),
+                ("connection", "44", 4),
             ]
         );
+        let cuts: Vec<Option<u64>> = records
+            .iter()
+            .map(|r| r.get("cut_by_generation").and_then(|g| g.as_u64()))
+            .collect();
+        assert_eq!(cuts, [None, None, None, None, None, Some(7), None, Some(5)]);
         let opened = &records[0];
         assert_eq!(opened["side"], "agent");
         assert_eq!(opened["dialed"], "10.0.0.5:10250");

@@ -9,7 +9,7 @@ use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
 use tether_proto::{Identifiers, Labels, Packet};
-use tether_tunnel::{CloseError, DialError, Direction, Event, Hooks, Link};
+use tether_tunnel::{CloseError, DialError, Direction, Ended, Event, Hooks, Initiator, Link};
 
 use super::health::{Health, TenantLoad};
 use super::outlier::{EjectionConfig, Verdict};
@@ -55,14 +55,31 @@ pub(crate) struct AgentSession {
     /// Set when a reload took the stream's tenant away (the tenant was removed, or the
     /// agent's identity moved to another): the stream takes no new dial and ends at the
     /// deadline.
-    retirement: Retirement,
+    retirement: Arc<Retirement>,
 }
 
-/// A stream's end decided by a reload: why, and when its connections are cut.
+/// A stream's end decided by a reload.
 #[derive(Debug, Default)]
 struct Retirement {
-    decided: OnceLock<(String, tokio::time::Instant)>,
+    decided: OnceLock<Retired>,
     notified: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+struct Retired {
+    why: String,
+    /// When the stream and its connections are cut.
+    deadline: tokio::time::Instant,
+    /// The routing file's generation that decided it.
+    generation: u64,
+}
+
+impl Retirement {
+    /// The generation that cut the stream's connections, once its deadline passed.
+    fn cut_by(&self) -> Option<u64> {
+        let retired = self.decided.get()?;
+        (tokio::time::Instant::now() >= retired.deadline).then_some(retired.generation)
+    }
 }
 
 impl Backend for Arc<AgentSession> {
@@ -142,6 +159,7 @@ impl AgentSession {
         });
         let pending_gauge = metrics.agent_pending_dials.with(&[&agent_id]);
         let requests = Arc::new(Requests::default());
+        let retirement = Arc::new(Retirement::default());
         let health = Arc::new(Health::new(watch.tenant.clone()));
         let cidrs = identifiers
             .cidrs
@@ -163,6 +181,7 @@ impl AgentSession {
             audit: audit.clone(),
             reverse,
             reverse_tasks: reverse_tasks.clone(),
+            retirement: retirement.clone(),
         };
         Self {
             link: Link::new(config, hooks),
@@ -181,7 +200,7 @@ impl AgentSession {
             audit,
             reverse_tasks,
             proof,
-            retirement: Retirement::default(),
+            retirement,
         }
     }
 
@@ -189,10 +208,20 @@ impl AgentSession {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Ends the stream at `deadline` because of `why` (a reload); `false` when an earlier
-    /// reload already did. The caller takes it out of its registry.
-    pub(crate) fn retire(&self, why: String, deadline: tokio::time::Instant) -> bool {
-        let first = self.retirement.decided.set((why, deadline)).is_ok();
+    /// Ends the stream at `deadline` because of `why`, decided by routing-file `generation`;
+    /// `false` when an earlier reload already did. The caller takes it out of its registry.
+    pub(crate) fn retire(
+        &self,
+        why: String,
+        deadline: tokio::time::Instant,
+        generation: u64,
+    ) -> bool {
+        let retired = Retired {
+            why,
+            deadline,
+            generation,
+        };
+        let first = self.retirement.decided.set(retired).is_ok();
         if first {
             self.retirement.notified.notify_waiters();
         }
@@ -201,20 +230,20 @@ impl AgentSession {
 
     /// Why a reload ends the stream, if one does.
     pub(crate) fn retiring(&self) -> Option<&str> {
-        self.retirement.decided.get().map(|(why, _)| why.as_str())
+        self.retirement.decided.get().map(|r| r.why.as_str())
     }
 
     /// Resolves with the reason once a reload's deadline for this stream passed.
     pub(crate) async fn retired(&self) -> String {
-        let (why, deadline) = loop {
+        let retired = loop {
             let notified = self.retirement.notified.notified();
             if let Some(decided) = self.retirement.decided.get() {
                 break decided;
             }
             notified.await;
         };
-        tokio::time::sleep_until(*deadline).await;
-        why.clone()
+        tokio::time::sleep_until(retired.deadline).await;
+        retired.why.clone()
     }
 }
 
@@ -233,9 +262,18 @@ struct ServerHooks {
     audit: Option<Arc<Audit>>,
     reverse: Arc<ReverseDials>,
     reverse_tasks: tokio_util::task::TaskTracker,
+    /// The stream's retirement, for the end records of the connections it cuts.
+    retirement: Arc<Retirement>,
 }
 
 impl ServerHooks {
+    /// The generation that cut a connection that ended with its stream, if a reload did.
+    fn cut_by(&self, ended: &Ended) -> Option<u64> {
+        matches!(ended.outcome.initiator, Initiator::Stream)
+            .then(|| self.retirement.cut_by())
+            .flatten()
+    }
+
     fn dial_ended(&self) {
         self.metrics.pending_dials.dec();
         self.pending_gauge.dec();
@@ -288,7 +326,8 @@ impl Hooks for ServerHooks {
                 m.control_plane_connections.dec();
                 tether_tunnel::log_ended(&ended, &self.agent_id, &self.server_id);
                 if let Some(audit) = &self.reverse.audit {
-                    audit.ended(ended);
+                    let cut = self.cut_by(&ended);
+                    audit.ended(ended, cut);
                 }
             }
             Event::DialSettled {
@@ -357,7 +396,7 @@ impl Hooks for ServerHooks {
                     if !followed.opened {
                         audit.opened(&followed, &self.agent_id, ended.id);
                     }
-                    audit.connection(&followed, &self.agent_id, &ended);
+                    audit.connection(&followed, &self.agent_id, &ended, self.cut_by(&ended));
                 }
                 m.established.dec();
                 self.health.connection_ended();

@@ -151,7 +151,8 @@ fn parse_records(text: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn read_records(path: &Path) -> Vec<serde_json::Value> {
+/// The records in an audit log file so far (none when it does not exist yet).
+pub(crate) fn read_records(path: &Path) -> Vec<serde_json::Value> {
     parse_records(&std::fs::read_to_string(path).unwrap_or_default())
 }
 

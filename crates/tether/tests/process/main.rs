@@ -8,6 +8,7 @@ mod drain;
 mod failures;
 mod fleet_behind_nat;
 mod handshake_failures;
+mod hangup;
 mod introspect;
 mod logs;
 mod policy_reload;

@@ -18,6 +18,7 @@ use tether_testkit::targets::EchoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+use crate::audit::read_records;
 use crate::{STEP, bin, until};
 
 /// A ConfigMap volume holding one key, `policy`, as the kubelet lays it out.
@@ -190,7 +191,9 @@ async fn a_configmap_swap_applies_to_new_dials_and_closes_the_open_connections_i
     let mut volume = ConfigMapVolume::new(pki.dir().join("policy-volume"), &allow(&[pa, pc]));
     let (server, transport) = server(&pki).await;
     let flag = format!("--destination-policy={}", volume.path().display());
-    let agent = Agent::spawn(&pki, &server, &[flag]).await;
+    let audit_log = pki.dir().join("agent-audit.log");
+    let audit_flag = format!("--audit-log-path={}", audit_log.display());
+    let agent = Agent::spawn(&pki, &server, &[flag, audit_flag]).await;
     server.process.wait_ready().await.unwrap();
     let client = GrpcClient::connect(&transport).await.unwrap();
 
@@ -263,6 +266,20 @@ async fn a_configmap_swap_applies_to_new_dials_and_closes_the_open_connections_i
         cut_line.contains("generation=2") && cut_line.contains(&a.addr.to_string()),
         "{cut_line}"
     );
+    // The agent's end record of the connection to A names the generation that cut it.
+    let ended_a = |records: &[serde_json::Value]| {
+        records
+            .iter()
+            .find(|r| r["event"] == "connection" && r["requested"] == a.addr.to_string())
+            .cloned()
+    };
+    until("the end of the connection to A is audited", || async {
+        ended_a(&read_records(&audit_log)).is_some()
+    })
+    .await;
+    let record = ended_a(&read_records(&audit_log)).unwrap();
+    assert_eq!(record["cut_by_generation"], 2, "{record}");
+    assert_eq!(record["outcome"], "error", "{record}");
 }
 
 #[tokio::test]
