@@ -66,6 +66,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
                 agent_version: Some(tether_observe::VERSION.to_owned()),
                 server_version: session.server_version.clone(),
                 draining: clientset.is_draining(),
+                retiring: None,
                 credit_flow: session.link.flow().is_credit(),
                 age_seconds: now
                     .saturating_duration_since(session.connected_at)

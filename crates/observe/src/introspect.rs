@@ -118,6 +118,11 @@ pub struct StreamView {
     pub server_version: Option<String>,
     /// The agent announced DRAIN.
     pub draining: bool,
+    /// Server: why a configuration reload ends this stream (its tenant was removed, or its
+    /// identity moved to another); it takes no new dial and is closed, with its connections,
+    /// when `--graceful-shutdown-timeout` has passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retiring: Option<String>,
     /// Per-connection credit was negotiated (tether peers); `false` with upstream peers.
     pub credit_flow: bool,
     /// How long the stream has been up.

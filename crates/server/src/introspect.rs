@@ -54,14 +54,27 @@ pub(crate) fn route(hub: &Hub, membership: &Membership, req: &Request) -> Option
     }
 }
 
-/// Every agent stream, of every tenant.
+/// Every agent stream of every tenant: those dials can reach, and those a reload retired
+/// (taken out of their registries at once), which keep their connections until the grace
+/// period ends, also of the tenants it removed.
 fn streams(hub: &Hub) -> Vec<Arc<AgentSession>> {
     let running = hub.running();
-    running
+    let states = running
         .tenants
         .all()
-        .flat_map(|tenant| tenant.registry().streams().cloned().collect::<Vec<_>>())
-        .collect()
+        .map(|tenant| tenant.state())
+        .chain(&running.leaving);
+    let mut streams = Vec::new();
+    for state in states {
+        streams.extend(state.registry().streams().cloned());
+        streams.extend(
+            state
+                .streams_now()
+                .into_iter()
+                .filter(|session| session.retiring().is_some()),
+        );
+    }
+    streams
 }
 
 pub(crate) fn connections(
@@ -123,6 +136,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
                 agent_version: session.version.clone(),
                 server_version: Some(tether_observe::VERSION.to_owned()),
                 draining: session.is_draining(),
+                retiring: session.retiring().map(str::to_owned),
                 credit_flow: session.link.flow().is_credit(),
                 age_seconds: now
                     .saturating_duration_since(session.connected_at)

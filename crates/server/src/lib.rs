@@ -551,6 +551,7 @@ fn build_hub(
             config.limits.max_reverse_connections_per_stream,
         ),
         ejection: config.routing.ejection,
+        leaving: Vec::new(),
     };
     Hub::new(
         running,

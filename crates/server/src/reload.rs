@@ -69,12 +69,20 @@ pub(crate) fn next_running(
         routing.selection(),
         generation,
     );
+    let leaving = previous
+        .leaving
+        .iter()
+        .chain(&removed)
+        .filter(|state| !state.streams_now().is_empty())
+        .cloned()
+        .collect();
     let running = Running {
         generation,
         tenants,
         destinations: previous.destinations.next(&routing.destinations),
         control_plane: previous.control_plane.next(&routing.tenants),
         ejection: routing.ejection,
+        leaving,
     };
     (running, removed)
 }

@@ -7,10 +7,12 @@
 //! here but in each tenant's [`TenantState`](crate::tenant::TenantState), which the next
 //! generation takes over by name.
 
+use std::sync::Arc;
+
 use crate::backend::outlier::EjectionConfig;
 use crate::control_plane::ReversePolicy;
 use crate::destinations::DestinationPolicies;
-use crate::tenant::Tenants;
+use crate::tenant::{TenantState, Tenants};
 
 /// One generation of the routing file at run time.
 #[derive(Debug)]
@@ -25,4 +27,7 @@ pub(crate) struct Running {
     pub(crate) control_plane: ReversePolicy,
     /// Outlier ejection for agent streams admitted under this generation.
     pub(crate) ejection: EjectionConfig,
+    /// Tenants this or an earlier generation removed whose agent streams had not all ended
+    /// when it was built: they wait out the grace period, and `/debug/agents` lists them.
+    pub(crate) leaving: Vec<Arc<TenantState>>,
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tether_observe::duration::format_go_duration;
-use tether_observe::introspect::{AgentsReport, ConnectionView, ConnectionsReport};
+use tether_observe::introspect::{AgentsReport, ConnectionView, ConnectionsReport, StreamView};
 use tether_observe::time::Civil;
 
 /// A table of left-aligned cells; the last column is not padded.
@@ -157,11 +157,19 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
             s.connections.to_string(),
             bytes(s.queued_bytes),
             if s.credit_flow { "credit" } else { "legacy" }.into(),
-            if s.draining { "draining" } else { "active" }.into(),
+            state(s).into(),
             or_dash(Some(s.identifiers.as_str()).filter(|i| !i.is_empty())),
         ]);
     }
     let mut out = heading + &table.render();
+    for s in &report.streams {
+        if let Some(why) = &s.retiring {
+            out.push_str(&format!(
+                "{} stream {} retiring: {why}\n",
+                s.agent_id, s.stream_id
+            ));
+        }
+    }
     for file in &report.config_files {
         out.push_str(&format!(
             "{} {}: generation {}, sha256 {}, applied {}\n",
@@ -175,6 +183,17 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
         }
     }
     out
+}
+
+/// A stream's STATE cell: a reload's retirement outranks the agent's own DRAIN.
+fn state(stream: &StreamView) -> &'static str {
+    if stream.retiring.is_some() {
+        "retiring"
+    } else if stream.draining {
+        "draining"
+    } else {
+        "active"
+    }
 }
 
 /// One line of `tether top`: a connection and its throughput between two snapshots.
@@ -409,6 +428,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 agent_version: Some("0.1.0".into()),
                 server_version: Some("0.1.0".into()),
                 draining: false,
+                retiring: None,
                 credit_flow: true,
                 age_seconds: 7300.0,
                 last_ping_seconds: Some(4.0),
@@ -460,8 +480,25 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 applied_at: "2025-12-03T15:50:57.000Z".into(),
                 last_refusal: None,
             }],
+            streams: vec![StreamView {
+                agent_id: "node-1".into(),
+                stream_id: 3,
+                retiring: Some("tenant b was removed from the routing file (generation 4)".into()),
+                draining: true,
+                ..Default::default()
+            }],
             ..Default::default()
         };
+        let text = agents(&report);
+        let row: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
+        // A reload's retirement outranks the agent's own DRAIN.
+        assert!(
+            row.contains(&"retiring") && !row.contains(&"draining"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "node-1 stream 3 retiring: tenant b was removed from the routing file (generation 4)\n"
+        ));
         assert!(agents(&report).ends_with(
             "routing-config /etc/tether/routing.yaml: generation 4, sha256 0123456789abcdef, \
              applied 2025-12-03T15:50:57.000Z\n"
