@@ -8,7 +8,8 @@
 //! - `dial`: one dial from request to established tunnel, with a deadline;
 //! - `destinations`: what each frontend client may ask for, checked before an agent is chosen;
 //! - `health`: health, readiness and metrics endpoints;
-//! - `net`: listeners; `serve` accepts on them, `shutdown` ends a run (grace, then stop).
+//! - `net`: listeners; `serve` accepts on them, `shutdown` ends a run (grace, then stop);
+//! - `endpoints`: the health and admin ports, and the TLS and routing files' watchers.
 #![forbid(unsafe_code)]
 
 mod audit;
@@ -18,6 +19,7 @@ mod byte_rate;
 mod control_plane;
 mod destinations;
 mod dial;
+mod endpoints;
 mod error;
 pub mod frontend;
 mod handshake_failures;
@@ -370,7 +372,6 @@ impl Server {
         let shutting_down = Arc::new(AtomicBool::new(false));
         let frontends = TaskTracker::new();
         let agents = TaskTracker::new();
-        let endpoints = TaskTracker::new();
 
         tracing::info!(
             frontend = %frontend.local_addr(),
@@ -381,48 +382,27 @@ impl Server {
             server.id = %config.server_id,
             "proxy server listening"
         );
-        let health_handler = health::health_handler(
-            hub.clone(),
-            registry.clone(),
-            shutting_down.clone(),
-            config
+        let (endpoints, updates) = endpoints::Endpoints {
+            health,
+            admin,
+            admin_routes,
+            registry: &registry,
+            hub: &hub,
+            limit_metrics: &limit_metrics,
+            shutting_down: &shutting_down,
+            membership: introspect::Membership {
+                server_id: config.server_id.clone(),
+                server_count: config.server_count,
+                routing: config.routing_reload.clone(),
+            },
+            tokens: config
                 .agent_token_auth
                 .as_ref()
                 .map(|auth| auth.authenticator.clone()),
-        );
-        let http_limits = tether_observe::http::HttpLimits {
-            max_connections: limits.max_http_connections,
-            refused: Some(limit_metrics.counter(Limit::HttpConnections)),
-            ..Default::default()
-        };
-        endpoints.spawn(tether_observe::http::serve(
-            health,
-            health_handler,
-            http_limits.clone(),
-            stop.clone().cancelled_owned(),
-        ));
-        endpoints.spawn(tether_observe::http::serve_with(
-            admin,
-            health::admin_handler(
-                registry.clone(),
-                hub.clone(),
-                introspect::Membership {
-                    server_id: config.server_id.clone(),
-                    server_count: config.server_count,
-                    routing: config.routing_reload.clone(),
-                },
-            ),
-            admin_routes,
-            http_limits,
-            stop.clone().cancelled_owned(),
-        ));
-        if let Some(reload) = config.tls_reload.clone() {
-            endpoints.spawn(tls_reload::run(
-                reload,
-                tls_reload::ReloadMetrics::register(&registry),
-                stop.clone(),
-            ));
+            max_http_connections: limits.max_http_connections,
+            tls_reload: config.tls_reload.clone(),
         }
+        .spawn(&stop);
 
         let agent_settings = agent_settings(&config, &limit_metrics);
         let handshake_failures = Arc::new(handshake_failures::HandshakeFailures::agents(&registry));
@@ -443,19 +423,8 @@ impl Server {
                 )
             },
         );
-        let frontend_service = Arc::new(frontend::connection::FrontendService {
-            hub: hub.clone(),
-            settings: H2Settings::frontend()
-                .with_keepalive(config.frontend_keepalive)
-                .with_idle_timeout(limits.idle_connection_timeout)
-                .with_max_concurrent_streams(limits.max_streams_per_frontend_connection),
-            shutdown: shutdown.clone(),
-            mode: config.mode,
-            metrics: limit_metrics.clone(),
-            first_packet_timeout: limits.first_packet_timeout,
-            strangers: warn_limit::WarnLimit::new(Duration::from_secs(1)),
-            handshake_failures: handshake_failures::HandshakeFailures::frontends(&registry),
-        });
+        let frontend_service =
+            build_frontend_service(&config, &hub, &shutdown, &limit_metrics, &registry);
         let frontend_gate = Gate::frontends(limits, limit_metrics.clone());
         let frontend_loop = serve::accept_loop(
             &frontend,
@@ -467,32 +436,10 @@ impl Server {
         );
         // The routing file's owner: serves each tenant's own frontend (the same service,
         // with the tenant pinned) and applies each new generation of a watched file.
-        let updates = config.routing_reload.as_ref().map(|reloader| {
-            endpoints.spawn(
-                reloader
-                    .clone()
-                    .run(tether_reload::DEFAULT_INTERVAL, stop.clone()),
-            );
-            reloader.subscribe()
-        });
-        if updates.is_none() {
-            endpoints.spawn(tether_reload::log_hangups(
-                "the server watches no configuration file (--routing-config is not set)",
-                stop.clone(),
-            ));
-        }
-        let bind_config = Arc::new(config.clone());
         let owner = reload::RoutingOwner::new(
             hub.clone(),
             config.graceful_shutdown_timeout,
-            Box::new(move |tenant| {
-                let config = bind_config.clone();
-                Box::pin(async move {
-                    bind_tenant_frontend(&config, &tenant)
-                        .await
-                        .map_err(|e| e.to_string())
-                })
-            }),
+            tenant_binder(&config),
             reload::Serving {
                 service: frontend_service.clone(),
                 connections: frontends.clone(),
@@ -518,6 +465,44 @@ impl Server {
         .drain(config.graceful_shutdown_timeout)
         .await;
     }
+}
+
+/// The frontends' service: the main frontend's and every tenant's own share it.
+fn build_frontend_service(
+    config: &Config,
+    hub: &Arc<Hub>,
+    shutdown: &CancellationToken,
+    limit_metrics: &LimitMetrics,
+    registry: &Registry,
+) -> Arc<frontend::connection::FrontendService> {
+    let limits = &config.limits;
+    Arc::new(frontend::connection::FrontendService {
+        hub: hub.clone(),
+        settings: H2Settings::frontend()
+            .with_keepalive(config.frontend_keepalive)
+            .with_idle_timeout(limits.idle_connection_timeout)
+            .with_max_concurrent_streams(limits.max_streams_per_frontend_connection),
+        shutdown: shutdown.clone(),
+        mode: config.mode,
+        metrics: limit_metrics.clone(),
+        first_packet_timeout: limits.first_packet_timeout,
+        strangers: warn_limit::WarnLimit::new(Duration::from_secs(1)),
+        handshake_failures: handshake_failures::HandshakeFailures::frontends(registry),
+    })
+}
+
+/// Binds a tenant's own frontend listeners with the server's settings, for the routing
+/// file's owner (a reload that adds or changes one).
+fn tenant_binder(config: &Config) -> reload::BindTenant {
+    let config = Arc::new(config.clone());
+    Box::new(move |tenant| {
+        let config = config.clone();
+        Box::pin(async move {
+            bind_tenant_frontend(&config, &tenant)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    })
 }
 
 /// The state every dial and agent stream shares: the routing file's `generation` (the tenant
