@@ -207,7 +207,8 @@ pub(crate) async fn echo_once(mode: Mode, socket: &Path, target: &str) -> Result
 
 /// Reads `tunnel`, whose connection a reload cut, until it ends, at most `STEP`. Over gRPC the
 /// CLOSE_RSP carries `why` and the read fails with it; HTTP CONNECT has no channel for text
-/// once the tunnel is up, so its socket just ends (a reset, or EOF).
+/// once the tunnel is up, so its socket just ends: with a reset over TCP, with EOF on a Unix
+/// socket, which has no abortive close.
 pub(crate) async fn until_cut(mode: Mode, tunnel: &mut Box<dyn Tunnel>, why: &str) {
     let mut buf = [0u8; 64];
     let ended = tokio::time::timeout(STEP, tunnel.read(&mut buf))
@@ -215,9 +216,10 @@ pub(crate) async fn until_cut(mode: Mode, tunnel: &mut Box<dyn Tunnel>, why: &st
         .expect("the cut connection ends");
     match (mode, ended) {
         (Mode::Grpc, Err(error)) => assert!(error.to_string().contains(why), "{error}"),
-        (Mode::HttpConnect, Ok(0)) => eprintln!("the cut HTTP CONNECT socket read EOF"),
+        (Mode::HttpConnect, Ok(0)) => eprintln!("the cut HTTP CONNECT connection read EOF"),
         (Mode::HttpConnect, Err(error)) => {
             assert_eq!(error.kind(), io::ErrorKind::ConnectionReset, "{error}");
+            eprintln!("the cut HTTP CONNECT connection was reset");
         }
         (_, other) => panic!("{mode:?}: not how a cut connection ends: {other:?}"),
     }
