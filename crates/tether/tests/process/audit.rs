@@ -157,7 +157,7 @@ pub(crate) fn read_records(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// The records of `event` for dial `dial_id`.
-fn of_dial<'a>(
+pub(crate) fn of_dial<'a>(
     records: &'a [serde_json::Value],
     event: &str,
     dial_id: &serde_json::Value,

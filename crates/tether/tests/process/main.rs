@@ -15,6 +15,7 @@ mod policy_reload;
 mod profiling;
 mod readiness;
 mod reload;
+mod reload_frontends;
 mod resources;
 mod version;
 

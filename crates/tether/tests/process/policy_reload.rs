@@ -3,6 +3,10 @@
 //! `dir/policy -> ..data/policy`), changed by swapping `..data`, written in place, broken.
 //! New dials follow the generation in force; an open connection the new generation denies is
 //! closed with the policy's error; a refused content changes nothing.
+//!
+//! The server's destination policies (the routing file's `destinations:`) are the decided
+//! counterpart: checked at dial, as an admission decision, so a tightened one refuses new
+//! dials and keeps the open connections.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::audit::read_records;
+use crate::reload::{ConfigMap, Mode, ReloadingServer, dialed, echo, own_uid};
 use crate::{STEP, bin, until};
 
 /// A ConfigMap volume holding one key, `policy`, as the kubelet lays it out.
@@ -389,5 +394,87 @@ where
             "timed out waiting for: {what}\n{}",
             agent.log()
         );
+    }
+}
+
+#[tokio::test]
+async fn a_tightened_server_policy_keeps_the_open_connection_grpc() {
+    a_tightened_server_policy_keeps_the_open_connection(Mode::Grpc).await;
+}
+
+#[tokio::test]
+async fn a_tightened_server_policy_keeps_the_open_connection_http_connect() {
+    a_tightened_server_policy_keeps_the_open_connection(Mode::HttpConnect).await;
+}
+
+/// The routing file's policy for this process's uid allows the echo server, then (generation
+/// 2) denies everything: the connection opened under generation 1 keeps echoing byte-exact,
+/// and a new dial to the same destination is refused with the policy's error, naming the
+/// rule's line (9) in the routing file.
+async fn a_tightened_server_policy_keeps_the_open_connection(mode: Mode) {
+    let pki = Pki::generate().unwrap();
+    let uid = own_uid(&pki);
+    let echo_server = EchoServer::start().await.unwrap();
+    let target = echo_server.addr.to_string();
+    let routing = |rules: &[&str]| {
+        let mut text = format!(
+            "tenants:\n  - name: a\n    clients: [\"uid:{uid}\"]\n    agents: [\"cert:proxy-agent\"]\n\
+             destinations:\n  - name: local\n    clients: [\"uid:{uid}\"]\n    rules:\n"
+        );
+        for rule in rules {
+            text.push_str(&format!("      - {rule}\n"));
+        }
+        text
+    };
+    let allowing = format!("allow to 127.0.0.1 port {}", echo_server.addr.port());
+    let mut map = ConfigMap::new(pki.dir().join("config"), &routing(&[&allowing, "deny all"]));
+    let reloading = ReloadingServer::spawn(&pki, mode, &map).await;
+    let _agent = reloading.spawn_agent_a(&pki).await;
+    let mut open = mode.dial(&reloading.main, &target).await.unwrap();
+    echo(&mut open, b"allowed").await;
+
+    map.update(&routing(&["deny all"]));
+    reloading.until_generation(2).await;
+    reloading
+        .logged("the policy change is logged", |l| {
+            l.contains("destination policies changed") && l.contains("generation=2")
+        })
+        .await;
+    echo(
+        &mut open,
+        b"kept by generation 2, which denies its destination",
+    )
+    .await;
+    let error = mode
+        .dial(&reloading.main, &target)
+        .await
+        .err()
+        .expect("a new dial is refused");
+    assert_eq!(
+        server_refusal(mode, error),
+        format!("policy: {target} denied by server policy \"local\" (line 9: deny all)")
+    );
+    echo(&mut open, b"and still after the refusal").await;
+    let refusals =
+        "tether_server_destination_policy_refusals_total{policy=\"local\",reason=\"rule\"}";
+    assert_eq!(
+        crate::metric(&reloading.server.process, refusals).await,
+        Some(1.0)
+    );
+
+    open.shutdown().await.unwrap();
+    drop(open);
+    reloading.audited(&[dialed("a", 1)]).await;
+}
+
+/// The text of a dial the server's destination policy refused: gRPC's DIAL_RSP error, or
+/// HTTP CONNECT's `403 Forbidden` body.
+fn server_refusal(mode: Mode, error: DialError) -> String {
+    match (mode, error) {
+        (Mode::Grpc, DialError::Endpoint { message }) => message,
+        (Mode::HttpConnect, DialError::Rejected { status: 403, body }) => {
+            body.trim_end().to_owned()
+        }
+        (_, other) => panic!("{mode:?}: not a policy refusal: {other}"),
     }
 }

@@ -1,24 +1,35 @@
-//! The routing file changes while a large transfer runs (issue 27): a tenant added with its
-//! own socket and agent, a tenant's bytes/s changed under a live transfer, a malformed file
-//! refused, every change made as Kubernetes updates a mounted ConfigMap (a new `..2026_N`
-//! directory, the `..data` symlink swapped), and a tenant removed while one of its
-//! connections is open. The transfer stays byte-exact throughout.
+//! The routing file changes while the server runs (issue 27), through the real binaries.
+//!
+//! While a large transfer of tenant A runs through the main frontend, in each frontend mode
+//! (gRPC and HTTP CONNECT): a tenant added with its own socket and agent, A's bytes/s changed
+//! under the live transfer, a malformed file refused, every change made as Kubernetes updates
+//! a mounted ConfigMap (a new `..2026_N` directory, the `..data` symlink swapped), and a
+//! tenant removed while one of its connections is open. The transfer stays byte-exact
+//! throughout. An agent identity moved to another tenant reconnects under it.
+//!
+//! Every connection these tests open is checked in the audit log at the end: one opening and
+//! one end record, paired by dial id, with the generation in force when it was dialed, and
+//! on the end record the generation whose reload cut it, when one did. The helpers here
+//! serve the other reload tests too (`reload_frontends`, `policy_reload`).
 
+use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tether_client::{GrpcClient, Transport};
+use serde_json::Value;
+use tether_client::{ClientError, DialError, GrpcClient, Transport};
 use tether_testkit::Pki;
-use tether_testkit::http::metric_value;
 use tether_testkit::process::{
-    Frontend, Process, ServerProcess, agent_args, free_port, spawn_server,
+    Frontend, Process, ServerProcess, agent_args, free_port, spawn_agent, spawn_server,
 };
 use tether_testkit::targets::EchoServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::{STEP, bin, until};
+use crate::audit::{of_dial, read_records};
+use crate::{STEP, bin, metric, until};
 
 /// How many bytes tenant A's transfer echoes (each way). 1 GiB by default;
 /// `TETHER_RELOAD_TRANSFER_MIB` sets another size.
@@ -31,17 +42,17 @@ fn transfer_bytes() -> u64 {
 }
 
 /// Tenant A's bytes/s while the test watches its rate follow (both directions count).
-const LIMIT: u64 = 4 << 20;
+pub(crate) const LIMIT: u64 = 4 << 20;
 
 /// A mounted ConfigMap: `dir/..2026_N/routing.yaml`, `dir/..data -> ..2026_N` and
 /// `dir/routing.yaml -> ..data/routing.yaml`, updated as the kubelet does.
-struct ConfigMap {
+pub(crate) struct ConfigMap {
     dir: PathBuf,
     version: u32,
 }
 
 impl ConfigMap {
-    fn new(dir: PathBuf, text: &str) -> Self {
+    pub(crate) fn new(dir: PathBuf, text: &str) -> Self {
         std::fs::create_dir_all(&dir).unwrap();
         let mut map = Self { dir, version: 0 };
         map.update(text);
@@ -49,12 +60,12 @@ impl ConfigMap {
         map
     }
 
-    fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.join("routing.yaml")
     }
 
     /// Writes `text` into a new timestamped directory and swaps `..data` to it atomically.
-    fn update(&mut self, text: &str) {
+    pub(crate) fn update(&mut self, text: &str) {
         self.version += 1;
         let name = format!("..2026_{:02}", self.version);
         let data = self.dir.join(&name);
@@ -67,7 +78,9 @@ impl ConfigMap {
     }
 }
 
-fn routing(uid: u32, limit: Option<u64>, b_socket: Option<&Path>) -> String {
+/// Tenant A (this process's uid, the default agent certificate), with `limit` bytes/s, and
+/// tenant B (agent `agent.b`) with its own frontend on `b_socket`, when given.
+pub(crate) fn routing(uid: u32, limit: Option<u64>, b_socket: Option<&Path>) -> String {
     let limits = limit.map_or(String::new(), |l| {
         format!("    limits: {{bytes_per_second: {l}}}\n")
     });
@@ -81,6 +94,364 @@ fn routing(uid: u32, limit: Option<u64>, b_socket: Option<&Path>) -> String {
         ));
     }
     text
+}
+
+/// The uid a frontend's Unix socket sees for this process's clients: the owner of the files
+/// it creates.
+pub(crate) fn own_uid(pki: &Pki) -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(pki.dir()).unwrap())
+}
+
+/// A PKI that also issues `agent.b`: a second agent's certificate, whose tenant the routing
+/// file decides.
+pub(crate) fn pki_with_agent_b() -> Pki {
+    let (pki, issued) = Pki::generate_with_clients(&[tether_tls::pki::ClientSpec {
+        common_name: "agent.b",
+        sans: &[],
+    }])
+    .unwrap();
+    std::fs::write(pki.dir().join("agent.b.crt"), &issued[0].cert_pem).unwrap();
+    std::fs::write(pki.dir().join("agent.b.key"), &issued[0].key_pem).unwrap();
+    pki
+}
+
+/// Starts the agent `agent-b` with the `agent.b` certificate. It does not wait for the agent
+/// to be admitted: while no tenant has its identity, the server refuses it and it retries.
+pub(crate) async fn spawn_agent_b(pki: &Pki, server: &ServerProcess) -> Process {
+    let dir = pki.dir();
+    let health = free_port();
+    let args = agent_args(pki, server.agent_addr, health, free_port())
+        .into_iter()
+        .map(|arg| {
+            if arg.starts_with("--agent-cert=") {
+                format!("--agent-cert={}", dir.join("agent.b.crt").display())
+            } else if arg.starts_with("--agent-key=") {
+                format!("--agent-key={}", dir.join("agent.b.key").display())
+            } else {
+                arg
+            }
+        })
+        .chain(["--agent-id=agent-b".to_owned()])
+        .collect();
+    Process::spawn(bin(), args, SocketAddr::from(([127, 0, 0, 1], health)))
+        .await
+        .unwrap()
+}
+
+/// The server's frontend mode. Both are served on Unix sockets here: the main frontend and
+/// the tenants' own, which speak the server's mode too.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Mode {
+    Grpc,
+    HttpConnect,
+}
+
+/// A tunnel through either frontend.
+pub(crate) trait Tunnel: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Tunnel for T {}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Grpc => "--mode=grpc",
+            Self::HttpConnect => "--mode=http-connect",
+        }
+    }
+
+    /// The audit records' `frontend`.
+    fn audit_name(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::HttpConnect => "http-connect",
+        }
+    }
+
+    /// Dials `target` through the frontend on `socket` (over gRPC, on a client connection of
+    /// its own, which lives as long as the tunnel).
+    pub(crate) async fn dial(
+        self,
+        socket: &Path,
+        target: &str,
+    ) -> Result<Box<dyn Tunnel>, DialError> {
+        let transport = Transport::Unix(socket.to_owned());
+        let tunnel: Box<dyn Tunnel> = match self {
+            Self::Grpc => Box::new(GrpcClient::connect(&transport).await?.dial(target).await?),
+            Self::HttpConnect => {
+                Box::new(tether_client::dial_http_connect(&transport, target).await?)
+            }
+        };
+        Ok(tunnel)
+    }
+}
+
+/// Echoes `text` through `tunnel`, which must answer it within `STEP`.
+pub(crate) async fn echo(tunnel: &mut Box<dyn Tunnel>, text: &[u8]) {
+    tunnel.write_all(text).await.unwrap();
+    let mut back = vec![0u8; text.len()];
+    tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
+        .await
+        .expect("the echo answers")
+        .unwrap();
+    assert_eq!(back, text);
+}
+
+/// One connection through `socket` that echoes and is closed. `Err` when the dial fails (no
+/// connection then); a connection that does not echo fails the test, so every `Ok` is one
+/// connection in the audit log.
+pub(crate) async fn echo_once(mode: Mode, socket: &Path, target: &str) -> Result<(), DialError> {
+    let mut tunnel = mode.dial(socket, target).await?;
+    echo(&mut tunnel, b"ping").await;
+    tunnel.shutdown().await.unwrap();
+    Ok(())
+}
+
+/// Reads `tunnel`, whose connection a reload cut, until it ends, at most `STEP`. Over gRPC the
+/// CLOSE_RSP carries `why` and the read fails with it; HTTP CONNECT has no channel for text
+/// once the tunnel is up, so its socket just ends: with a reset over TCP, with EOF on a Unix
+/// socket, which has no abortive close.
+pub(crate) async fn until_cut(mode: Mode, tunnel: &mut Box<dyn Tunnel>, why: &str) {
+    let mut buf = [0u8; 64];
+    let ended = tokio::time::timeout(STEP, tunnel.read(&mut buf))
+        .await
+        .expect("the cut connection ends");
+    match (mode, ended) {
+        (Mode::Grpc, Err(error)) => assert!(error.to_string().contains(why), "{error}"),
+        (Mode::HttpConnect, Ok(0)) => eprintln!("the cut HTTP CONNECT connection read EOF"),
+        (Mode::HttpConnect, Err(error)) => {
+            assert_eq!(error.kind(), io::ErrorKind::ConnectionReset, "{error}");
+            eprintln!("the cut HTTP CONNECT connection was reset");
+        }
+        (_, other) => panic!("{mode:?}: not how a cut connection ends: {other:?}"),
+    }
+}
+
+/// Checks that nothing listens on `socket` any more: its file is gone, and a dial through it
+/// finds no file to connect to.
+pub(crate) async fn assert_gone(mode: Mode, socket: &Path) {
+    assert!(!socket.exists(), "{} is still there", socket.display());
+    let error = mode
+        .dial(socket, "127.0.0.1:1")
+        .await
+        .err()
+        .expect("no dial through a closed frontend");
+    assert!(
+        matches!(&error, DialError::Proxy(ClientError::Connect { error, .. })
+            if error.kind() == io::ErrorKind::NotFound),
+        "{error}"
+    );
+}
+
+/// A connection as the audit log must tell it: the tenant it was dialed for, the routing
+/// file's generation in force at the dial, and the generation whose reload cut it, if one
+/// did.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Audited {
+    tenant: String,
+    generation: u64,
+    cut_by: Option<u64>,
+}
+
+/// A connection of `tenant` dialed under `generation`, ended by its client or destination.
+pub(crate) fn dialed(tenant: &str, generation: u64) -> Audited {
+    Audited {
+        tenant: tenant.to_owned(),
+        generation,
+        cut_by: None,
+    }
+}
+
+impl Audited {
+    /// The same connection, cut by the reload that applied `generation`.
+    pub(crate) fn cut_by(self, generation: u64) -> Self {
+        Self {
+            cut_by: Some(generation),
+            ..self
+        }
+    }
+}
+
+/// The `reason` of connection `of`'s end record, among what [`ReloadingServer::audited`]
+/// returned.
+pub(crate) fn end_reason<'a>(ends: &'a [(Audited, Value)], of: &Audited) -> &'a str {
+    let (_, end) = ends
+        .iter()
+        .find(|(audited, _)| audited == of)
+        .unwrap_or_else(|| panic!("no connection {of:?}"));
+    end["reason"].as_str().unwrap_or_default()
+}
+
+/// A server whose routing file is `map`'s, with its main frontend in `mode` on the socket
+/// `main`; it cuts retired streams after 1 s, logs to a file and writes the audit log to
+/// another, both in the PKI's directory.
+pub(crate) struct ReloadingServer {
+    pub(crate) server: ServerProcess,
+    pub(crate) mode: Mode,
+    pub(crate) main: PathBuf,
+    /// The routing file's path, as metrics and `/debug/config` name it.
+    pub(crate) file: String,
+    log: PathBuf,
+    audit: PathBuf,
+}
+
+impl ReloadingServer {
+    pub(crate) async fn spawn(pki: &Pki, mode: Mode, map: &ConfigMap) -> Self {
+        let dir = pki.dir();
+        let (main, log, audit) = (
+            dir.join("main.sock"),
+            dir.join("server.log"),
+            dir.join("audit.log"),
+        );
+        let flags = [
+            format!("--routing-config={}", map.path().display()),
+            // After testkit's flags for a gRPC frontend on `main`: the last --mode wins.
+            mode.flag().to_owned(),
+            "--graceful-shutdown-timeout=1s".to_owned(),
+            "--logtostderr=false".to_owned(),
+            format!("--log-file={}", log.display()),
+            format!("--audit-log-path={}", audit.display()),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let server = spawn_server(bin(), pki, Frontend::GrpcUds(main.clone()), &flags)
+            .await
+            .unwrap();
+        Self {
+            server,
+            mode,
+            main,
+            file: map.path().display().to_string(),
+            log,
+            audit,
+        }
+    }
+
+    /// Starts an agent with the PKI's default certificate (tenant A's in these tests) and
+    /// waits until the server is ready with it.
+    pub(crate) async fn spawn_agent_a(&self, pki: &Pki) -> Process {
+        let agent = spawn_agent(bin(), pki, self.server.agent_addr, &[])
+            .await
+            .unwrap();
+        self.server.process.wait_ready().await.unwrap();
+        agent
+    }
+
+    /// The generation of the routing file in force.
+    pub(crate) async fn generation(&self) -> Option<f64> {
+        let sample = format!("tether_server_config_generation{{file=\"{}\"}}", self.file);
+        metric(&self.server.process, &sample).await
+    }
+
+    /// How many reloads had `result` (`applied` or `refused`).
+    pub(crate) async fn reloads(&self, result: &str) -> Option<f64> {
+        let sample = format!(
+            "tether_server_config_reloads_total{{file=\"{}\",result=\"{result}\"}}",
+            self.file
+        );
+        metric(&self.server.process, &sample).await
+    }
+
+    /// Waits until generation `n` is in force.
+    pub(crate) async fn until_generation(&self, n: u32) {
+        until(&format!("generation {n}"), || async {
+            self.generation().await == Some(f64::from(n))
+        })
+        .await;
+    }
+
+    /// Waits until the server's log has a line that `matches` (the log is written in the
+    /// background), and returns it.
+    pub(crate) async fn logged(&self, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        let line = || {
+            std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .lines()
+                .find(|l| matches(l))
+                .map(str::to_owned)
+        };
+        until(what, || async { line().is_some() }).await;
+        line().unwrap()
+    }
+
+    /// Waits until the audit log holds the end of every connection opened (its writer runs
+    /// in the background), then checks every connection in it: exactly one opening and one
+    /// end record with its dial id, the opening first, both from the `mode` frontend with
+    /// the same tenant and generation, `cut_by_generation` on the end record only; and that
+    /// the connections are the `expected` ones, in any order. Returns each one's end record.
+    pub(crate) async fn audited(&self, expected: &[Audited]) -> Vec<(Audited, Value)> {
+        let ends = |records: &[Value]| {
+            records
+                .iter()
+                .filter(|r| r["event"] == "connection")
+                .count()
+        };
+        let opened = |records: &[Value]| -> Vec<(usize, Value)> {
+            records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r["event"] == "connection_opened")
+                .map(|(at, r)| (at, r.clone()))
+                .collect()
+        };
+        until("every connection's end in the audit log", || async {
+            let records = read_records(&self.audit);
+            ends(&records) >= expected.len()
+                && opened(&records)
+                    .iter()
+                    .all(|(_, open)| !of_dial(&records, "connection", &open["dial_id"]).is_empty())
+        })
+        .await;
+        let records = read_records(&self.audit);
+        let mut seen = Vec::new();
+        for (at, open) in opened(&records) {
+            let id = &open["dial_id"];
+            let (opens, closes) = (
+                of_dial(&records, "connection_opened", id),
+                of_dial(&records, "connection", id),
+            );
+            assert_eq!(
+                (opens.len(), closes.len()),
+                (1, 1),
+                "dial {id}: {records:#?}"
+            );
+            let end = closes[0];
+            let end_at = records.iter().position(|r| std::ptr::eq(r, end)).unwrap();
+            assert!(
+                at < end_at,
+                "dial {id} ended before it opened: {records:#?}"
+            );
+            for record in [&open, end] {
+                assert_eq!(record["frontend"], self.mode.audit_name(), "{record}");
+            }
+            assert_eq!(
+                (&end["tenant"], &end["generation"]),
+                (&open["tenant"], &open["generation"]),
+                "dial {id}: {open}\n{end}"
+            );
+            assert!(open["cut_by_generation"].is_null(), "{open}");
+            let cut_by = match &end["cut_by_generation"] {
+                Value::Null => None,
+                n => Some(n.as_u64().unwrap_or_else(|| panic!("{end}"))),
+            };
+            let connection = Audited {
+                tenant: open["tenant"].as_str().unwrap_or_default().to_owned(),
+                generation: open["generation"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{open}")),
+                cut_by,
+            };
+            seen.push((connection, end.clone()));
+        }
+        assert_eq!(
+            ends(&records),
+            seen.len(),
+            "an end record without its opening: {records:#?}"
+        );
+        let mut got: Vec<&Audited> = seen.iter().map(|(audited, _)| audited).collect();
+        let mut want: Vec<&Audited> = expected.iter().collect();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{records:#?}");
+        seen
+    }
 }
 
 /// A stream of pseudo-random bytes, the same for the writer and the checker, in pieces of
@@ -127,15 +498,13 @@ impl Pattern {
     }
 }
 
-/// Echoes `total` bytes through `client` to `echo`, checking every byte; `received` counts
-/// what came back.
+/// Echoes `total` bytes through `tunnel`, checking every byte; `received` counts what came
+/// back.
 async fn transfer(
-    client: GrpcClient,
-    echo: String,
+    tunnel: Box<dyn Tunnel>,
     total: u64,
     received: Arc<AtomicU64>,
 ) -> Result<(), String> {
-    let tunnel = client.dial(&echo).await.map_err(|e| e.to_string())?;
     let (mut rd, mut wr) = tokio::io::split(tunnel);
     let writer = async {
         let mut pattern = Pattern::new();
@@ -175,10 +544,6 @@ async fn transfer(
     Ok(())
 }
 
-async fn metric(server: &ServerProcess, sample: &str) -> Option<f64> {
-    metric_value(&server.process.metrics().await.ok()?, sample)
-}
-
 /// The received byte rate of the transfer over `window`.
 async fn rate(received: &AtomicU64, window: Duration) -> f64 {
     let (t0, r0) = (Instant::now(), received.load(Ordering::Relaxed));
@@ -187,115 +552,43 @@ async fn rate(received: &AtomicU64, window: Duration) -> f64 {
     (r1 - r0) as f64 / (t1 - t0).as_secs_f64()
 }
 
-fn agent_b_args(pki: &Pki, server: &ServerProcess, health: u16) -> Vec<String> {
-    let dir = pki.dir();
-    agent_args(pki, server.agent_addr, health, free_port())
-        .into_iter()
-        .map(|arg| {
-            if arg.starts_with("--agent-cert=") {
-                format!("--agent-cert={}", dir.join("agent.b.crt").display())
-            } else if arg.starts_with("--agent-key=") {
-                format!("--agent-key={}", dir.join("agent.b.key").display())
-            } else {
-                arg
-            }
-        })
-        .chain(["--agent-id=agent-b".to_owned()])
-        .collect()
-}
-
-/// A server on the gRPC socket `main` that watches `map`'s routing file, cuts retired
-/// streams after 1 s and logs to `log`.
-async fn spawn_reloading_server(
-    pki: &Pki,
-    main: &Path,
-    map: &ConfigMap,
-    log: &Path,
-) -> ServerProcess {
-    let routing_flag = format!("--routing-config={}", map.path().display());
-    let log_flag = format!("--log-file={}", log.display());
-    spawn_server(
-        bin(),
-        pki,
-        Frontend::GrpcUds(main.to_owned()),
-        &[
-            &routing_flag,
-            "--graceful-shutdown-timeout=1s",
-            "--logtostderr=false",
-            &log_flag,
-        ],
-    )
-    .await
-    .unwrap()
-}
-
-async fn echo_once(socket: &Path, echo: &str) -> Result<(), String> {
-    let client = GrpcClient::connect(&Transport::Unix(socket.to_owned()))
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut tunnel = client.dial(echo).await.map_err(|e| e.to_string())?;
-    tunnel.write_all(b"ping").await.map_err(|e| e.to_string())?;
-    let mut back = [0u8; 4];
-    tunnel
-        .read_exact(&mut back)
-        .await
-        .map_err(|e| e.to_string())?;
-    if &back != b"ping" {
-        return Err(format!("echoed {back:?}"));
-    }
-    Ok(())
+#[tokio::test]
+async fn the_routing_file_reloads_under_a_live_transfer_grpc() {
+    reloads_under_a_live_transfer(Mode::Grpc).await;
 }
 
 #[tokio::test]
-async fn the_routing_file_reloads_under_a_live_transfer() {
-    let (pki, issued) = Pki::generate_with_clients(&[tether_tls::pki::ClientSpec {
-        common_name: "agent.b",
-        sans: &[],
-    }])
-    .unwrap();
-    std::fs::write(pki.dir().join("agent.b.crt"), &issued[0].cert_pem).unwrap();
-    std::fs::write(pki.dir().join("agent.b.key"), &issued[0].key_pem).unwrap();
-    // Files this process creates are its uid's: the frontend sees that uid.
-    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(pki.dir()).unwrap());
-    let main_socket = pki.dir().join("main.sock");
+async fn the_routing_file_reloads_under_a_live_transfer_http_connect() {
+    reloads_under_a_live_transfer(Mode::HttpConnect).await;
+}
+
+/// The issue's scenario through the `mode` frontend; see the module doc.
+async fn reloads_under_a_live_transfer(mode: Mode) {
+    let pki = pki_with_agent_b();
+    let uid = own_uid(&pki);
     let b_socket = pki.dir().join("b.sock");
     let mut map = ConfigMap::new(pki.dir().join("config"), &routing(uid, None, None));
-    let log = pki.dir().join("server.log");
-    let server = spawn_reloading_server(&pki, &main_socket, &map, &log).await;
-    let file = map.path().display().to_string();
-    let generation = format!("tether_server_config_generation{{file=\"{file}\"}}");
-    let refused =
-        format!("tether_server_config_reloads_total{{file=\"{file}\",result=\"refused\"}}");
-    let applied =
-        format!("tether_server_config_reloads_total{{file=\"{file}\",result=\"applied\"}}");
-    let _agent_a = tether_testkit::process::spawn_agent(bin(), &pki, server.agent_addr, &[])
-        .await
-        .unwrap();
-    server.process.wait_ready().await.unwrap();
-    assert_eq!(metric(&server, &generation).await, Some(1.0));
-    assert_eq!(metric(&server, &refused).await, Some(0.0));
-    let echo = EchoServer::start().await.unwrap();
-    let echo_addr = echo.addr.to_string();
+    let reloading = ReloadingServer::spawn(&pki, mode, &map).await;
+    let server = &reloading.server;
+    let _agent_a = reloading.spawn_agent_a(&pki).await;
+    assert_eq!(reloading.generation().await, Some(1.0));
+    assert_eq!(reloading.reloads("refused").await, Some(0.0));
+    let echo_server = EchoServer::start().await.unwrap();
+    let echo_addr = echo_server.addr.to_string();
 
     // Tenant A's large transfer through the main frontend.
     let total = transfer_bytes();
     let received = Arc::new(AtomicU64::new(0));
-    let client = GrpcClient::connect(&Transport::Unix(main_socket.clone()))
-        .await
-        .unwrap();
+    let tunnel = mode.dial(&reloading.main, &echo_addr).await.unwrap();
     let started = Instant::now();
-    let running = tokio::spawn(transfer(client, echo_addr.clone(), total, received.clone()));
+    let running = tokio::spawn(transfer(tunnel, total, received.clone()));
     until("tenant A's transfer flows", || async {
         received.load(Ordering::Relaxed) >= 8 << 20
     })
     .await;
 
     // Agent B is refused (its identity is no tenant's) and keeps trying.
-    let b_health = free_port();
-    let b_health_addr = std::net::SocketAddr::from(([127, 0, 0, 1], b_health));
-    let _agent_b = Process::spawn(bin(), agent_b_args(&pki, &server, b_health), b_health_addr)
-        .await
-        .unwrap();
+    let _agent_b = spawn_agent_b(&pki, server).await;
 
     // 1. Tenant B, with its own socket and agent, added through a ConfigMap swap.
     let written = Instant::now();
@@ -305,13 +598,13 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
         bound < Duration::from_secs(2),
         "the new tenant's socket took {bound:?} (the file is read every 500 ms)"
     );
-    assert_eq!(metric(&server, &generation).await, Some(2.0));
+    assert_eq!(reloading.generation().await, Some(2.0));
     until("a dial through tenant B's socket", || async {
-        echo_once(&b_socket, &echo_addr).await.is_ok()
+        echo_once(mode, &b_socket, &echo_addr).await.is_ok()
     })
     .await;
     eprintln!(
-        "tenant B: socket {bound:?} and a first dial through it {:?} after the write (agent B reconnects with backoff, cap 1 s)",
+        "{mode:?}: tenant B's socket {bound:?} and a first dial through it {:?} after the write (agent B reconnects with backoff, cap 1 s)",
         written.elapsed()
     );
 
@@ -323,10 +616,7 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
     let free = rate(&received, Duration::from_millis(500)).await;
     map.update(&routing(uid, Some(LIMIT), Some(&b_socket)));
     server.process.signal("HUP").await.unwrap();
-    until("generation 3", || async {
-        metric(&server, &generation).await == Some(3.0)
-    })
-    .await;
+    reloading.until_generation(3).await;
     // What was in flight drains first.
     let _ = rate(&received, Duration::from_millis(500)).await;
     let limited = rate(&received, Duration::from_secs(2)).await;
@@ -339,10 +629,7 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
         mib(free)
     );
     map.update(&routing(uid, None, Some(&b_socket)));
-    until("generation 4", || async {
-        metric(&server, &generation).await == Some(4.0)
-    })
-    .await;
+    reloading.until_generation(4).await;
     let _ = rate(&received, Duration::from_millis(200)).await;
     let lifted = rate(&received, Duration::from_secs(1)).await;
     assert!(
@@ -351,7 +638,7 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
         mib(lifted)
     );
     eprintln!(
-        "tenant A's echo: {:.1} MiB/s free, {:.1} MiB/s under {} MiB/s, {:.1} MiB/s lifted",
+        "{mode:?}: tenant A's echo: {:.1} MiB/s free, {:.1} MiB/s under {} MiB/s, {:.1} MiB/s lifted",
         mib(free),
         mib(limited),
         LIMIT >> 20,
@@ -361,25 +648,19 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
     // 3. A malformed file: refused, counted, logged with the file and line; nothing changes.
     map.update("tenants:\n  - name: a\n    agentz: [\"cert:proxy-agent\"]\n");
     until("the refusal is counted", || async {
-        metric(&server, &refused).await == Some(1.0)
+        reloading.reloads("refused").await == Some(1.0)
     })
     .await;
-    assert_eq!(metric(&server, &generation).await, Some(4.0));
-    assert_eq!(metric(&server, &applied).await, Some(3.0));
-    // The log is written in the background: poll it.
-    until("the refusal is logged", || async {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("configuration reload refused")
-    })
-    .await;
-    let logged = std::fs::read_to_string(&log).unwrap();
-    let line = logged
-        .lines()
-        .find(|l| l.contains("configuration reload refused"))
-        .unwrap_or_else(|| panic!("no refusal logged:\n{logged}"));
+    assert_eq!(reloading.generation().await, Some(4.0));
+    assert_eq!(reloading.reloads("applied").await, Some(3.0));
+    let file = reloading.file.as_str();
+    let line = reloading
+        .logged("the refusal is logged", |l| {
+            l.contains("configuration reload refused")
+        })
+        .await;
     assert!(
-        line.contains(&file) && line.contains("agentz") && line.contains("line 3"),
+        line.contains(file) && line.contains("agentz") && line.contains("line 3"),
         "{line}"
     );
     let (status, view) = tether_testkit::http::get(server.admin_addr, "/debug/config")
@@ -389,37 +670,28 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
     let view: tether_observe::introspect::ConfigFileView = serde_json::from_str(&view).unwrap();
     assert_eq!(
         (view.name.as_str(), view.path.as_str(), view.generation),
-        ("routing-config", file.as_str(), 4)
+        ("routing-config", file, 4)
     );
     let refusal = view.last_refusal.expect("the refusal is shown");
     assert!(refusal.message.contains("line 3"), "{}", refusal.message);
     assert!(b_socket.exists(), "a refused file changes nothing");
-    echo_once(&b_socket, &echo_addr).await.unwrap();
+    echo_once(mode, &b_socket, &echo_addr).await.unwrap();
 
-    // 4. Tenant B removed while one of its connections is open.
-    let client = GrpcClient::connect(&Transport::Unix(b_socket.clone()))
-        .await
-        .unwrap();
-    let mut open = client.dial(&echo_addr).await.unwrap();
-    open.write_all(b"before").await.unwrap();
-    let mut back = [0u8; 6];
-    open.read_exact(&mut back).await.unwrap();
+    // 4. Tenant B removed while one of its connections is open: the connection ends after
+    // the grace (1 s), and B's socket is gone.
+    let mut open = mode.dial(&b_socket, &echo_addr).await.unwrap();
+    echo(&mut open, b"before").await;
     map.update(&routing(uid, None, None));
+    let removing = Instant::now();
     until("tenant B's socket is gone", || async { !b_socket.exists() }).await;
-    assert_eq!(metric(&server, &generation).await, Some(5.0));
-    let ended = tokio::time::timeout(STEP, open.read(&mut back))
-        .await
-        .expect("the removed tenant's connection ends");
-    let error = ended.expect_err("an error, not EOF").to_string();
-    assert!(
-        error.contains("tenant b was removed from the routing file (generation 5)"),
-        "{error}"
+    assert_eq!(reloading.generation().await, Some(5.0));
+    let removed = "tenant b was removed from the routing file (generation 5)";
+    until_cut(mode, &mut open, removed).await;
+    eprintln!(
+        "{mode:?}: tenant B's open connection ended {:?} after its removal was written (grace 1 s)",
+        removing.elapsed()
     );
-    assert!(
-        GrpcClient::connect(&Transport::Unix(b_socket.clone()))
-            .await
-            .is_err()
-    );
+    assert_gone(mode, &b_socket).await;
 
     // A's transfer, through all of it, byte-exact.
     let result = tokio::time::timeout(Duration::from_secs(600), running)
@@ -428,10 +700,20 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
         .unwrap();
     result.unwrap();
     eprintln!(
-        "tenant A echoed {} MiB byte-exact in {:?} while the routing file changed 5 times",
+        "{mode:?}: tenant A echoed {} MiB byte-exact in {:?} while the routing file changed 5 times",
         total >> 20,
         started.elapsed()
     );
+
+    // A's transfer under generation 1; B's first dial under 2, the two after the refusal
+    // under 4, the open one cut by 5's removal.
+    drop(open);
+    let cut = dialed("b", 4).cut_by(5);
+    let ends = reloading
+        .audited(&[dialed("a", 1), dialed("b", 2), dialed("b", 4), cut.clone()])
+        .await;
+    let reason = end_reason(&ends, &cut);
+    assert!(reason.contains(removed), "{reason}");
 }
 
 /// An agent identity moved from tenant B to tenant A: B's stream of that agent takes no new
@@ -439,15 +721,9 @@ async fn the_routing_file_reloads_under_a_live_transfer() {
 /// back under tenant A.
 #[tokio::test]
 async fn an_agent_identity_moved_to_another_tenant_reconnects_under_it() {
-    let (pki, issued) = Pki::generate_with_clients(&[tether_tls::pki::ClientSpec {
-        common_name: "agent.b",
-        sans: &[],
-    }])
-    .unwrap();
-    std::fs::write(pki.dir().join("agent.b.crt"), &issued[0].cert_pem).unwrap();
-    std::fs::write(pki.dir().join("agent.b.key"), &issued[0].key_pem).unwrap();
-    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(pki.dir()).unwrap());
-    let main_socket = pki.dir().join("main.sock");
+    let mode = Mode::Grpc;
+    let pki = pki_with_agent_b();
+    let uid = own_uid(&pki);
     let b_socket = pki.dir().join("b.sock");
     let routing = |b_agents: &str, a_agents: &str| {
         format!(
@@ -459,56 +735,46 @@ async fn an_agent_identity_moved_to_another_tenant_reconnects_under_it() {
         pki.dir().join("config"),
         &routing("\"cert:agent.b\"", "\"cert:proxy-agent\""),
     );
-    let log = pki.dir().join("server.log");
-    let server = spawn_reloading_server(&pki, &main_socket, &map, &log).await;
-    let health = free_port();
-    let _agent_b = Process::spawn(
-        bin(),
-        agent_b_args(&pki, &server, health),
-        std::net::SocketAddr::from(([127, 0, 0, 1], health)),
-    )
-    .await
-    .unwrap();
-    let echo = EchoServer::start().await.unwrap();
-    let echo_addr = echo.addr.to_string();
+    let reloading = ReloadingServer::spawn(&pki, mode, &map).await;
+    let _agent_b = spawn_agent_b(&pki, &reloading.server).await;
+    let echo_server = EchoServer::start().await.unwrap();
+    let echo_addr = echo_server.addr.to_string();
     until("agent B serves tenant B", || async {
-        b_socket.exists() && echo_once(&b_socket, &echo_addr).await.is_ok()
+        b_socket.exists() && echo_once(mode, &b_socket, &echo_addr).await.is_ok()
     })
     .await;
-    let client = GrpcClient::connect(&Transport::Unix(b_socket.clone()))
-        .await
-        .unwrap();
-    let mut open = client.dial(&echo_addr).await.unwrap();
-    open.write_all(b"before").await.unwrap();
-    let mut back = [0u8; 6];
-    open.read_exact(&mut back).await.unwrap();
+    let mut open = mode.dial(&b_socket, &echo_addr).await.unwrap();
+    echo(&mut open, b"before").await;
 
     // agent.b is tenant A's now; B keeps an identity nobody has.
     map.update(&routing(
         "\"cert:nobody\"",
         "\"cert:proxy-agent\", \"cert:agent.b\"",
     ));
-    server.process.signal("HUP").await.unwrap();
-    let ended = tokio::time::timeout(STEP, open.read(&mut back))
-        .await
-        .expect("the moved agent's connection ends");
-    let error = ended.expect_err("an error, not EOF").to_string();
-    assert!(
-        error.contains("moved from tenant b to tenant a in the routing file (generation 2)"),
-        "{error}"
-    );
+    reloading.server.process.signal("HUP").await.unwrap();
+    let moved = "moved from tenant b to tenant a in the routing file (generation 2)";
+    until_cut(mode, &mut open, moved).await;
     // Back under tenant A: tenant A's client reaches the echo server through it.
     until("agent B serves tenant A", || async {
-        echo_once(&main_socket, &echo_addr).await.is_ok()
+        echo_once(mode, &reloading.main, &echo_addr).await.is_ok()
     })
     .await;
-    // The log is written in the background: poll it.
-    until("the log tells the move and the return", || async {
-        let logged = std::fs::read_to_string(&log).unwrap_or_default();
-        logged.contains("agent stream retired by a reload")
-            && logged.lines().any(|l| {
-                l.contains("agent connected") && l.contains("agent-b") && l.contains("tenant=\"a\"")
-            })
-    })
-    .await;
+    reloading
+        .logged("the log tells the move", |l| {
+            l.contains("agent stream retired by a reload")
+        })
+        .await;
+    reloading
+        .logged("the log tells the return", |l| {
+            l.contains("agent connected") && l.contains("agent-b") && l.contains("tenant=\"a\"")
+        })
+        .await;
+
+    drop(open);
+    let cut = dialed("b", 1).cut_by(2);
+    let ends = reloading
+        .audited(&[dialed("b", 1), cut.clone(), dialed("a", 2)])
+        .await;
+    let reason = end_reason(&ends, &cut);
+    assert!(reason.contains(moved), "{reason}");
 }
