@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tether_client::{ClientError, DialError, GrpcClient, Transport};
+use tether_observe::introspect::{AgentsReport, ConnectionsReport, StreamView};
 use tether_testkit::Pki;
 use tether_testkit::process::{
     Frontend, Process, ServerProcess, agent_args, free_port, spawn_agent, spawn_server,
@@ -294,7 +295,18 @@ pub(crate) struct ReloadingServer {
 }
 
 impl ReloadingServer {
+    /// A server whose retired streams keep their connections for 1 s.
     pub(crate) async fn spawn(pki: &Pki, mode: Mode, map: &ConfigMap) -> Self {
+        Self::spawn_with_grace(pki, mode, map, "1s").await
+    }
+
+    /// A server with `--graceful-shutdown-timeout=grace`.
+    pub(crate) async fn spawn_with_grace(
+        pki: &Pki,
+        mode: Mode,
+        map: &ConfigMap,
+        grace: &str,
+    ) -> Self {
         let dir = pki.dir();
         let (main, log, audit) = (
             dir.join("main.sock"),
@@ -305,7 +317,7 @@ impl ReloadingServer {
             format!("--routing-config={}", map.path().display()),
             // After testkit's flags for a gRPC frontend on `main`: the last --mode wins.
             mode.flag().to_owned(),
-            "--graceful-shutdown-timeout=1s".to_owned(),
+            format!("--graceful-shutdown-timeout={grace}"),
             "--logtostderr=false".to_owned(),
             format!("--log-file={}", log.display()),
             format!("--audit-log-path={}", audit.display()),
@@ -777,4 +789,83 @@ async fn an_agent_identity_moved_to_another_tenant_reconnects_under_it() {
         .await;
     let reason = end_reason(&ends, &cut);
     assert!(reason.contains(moved), "{reason}");
+}
+
+/// `agent-b`'s streams as `/debug/agents` lists them.
+async fn streams_of_agent_b(server: &ServerProcess) -> Vec<StreamView> {
+    let (status, body) = tether_testkit::http::get(server.admin_addr, "/debug/agents")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let report: AgentsReport = serde_json::from_str(&body).unwrap();
+    report
+        .streams
+        .into_iter()
+        .filter(|s| s.agent_id == "agent-b")
+        .collect()
+}
+
+/// A removed tenant's agent stream stays listed by `/debug/agents`, as retiring with the
+/// reason, and its connection by `/debug/connections`, while it waits out the grace period;
+/// the connection still echoes then. Once the grace has passed, both are gone.
+#[tokio::test]
+async fn a_removed_tenants_stream_is_listed_as_retiring_until_the_grace_ends() {
+    let mode = Mode::Grpc;
+    let pki = pki_with_agent_b();
+    let uid = own_uid(&pki);
+    let b_socket = pki.dir().join("b.sock");
+    let mut map = ConfigMap::new(
+        pki.dir().join("config"),
+        &routing(uid, None, Some(&b_socket)),
+    );
+    let reloading = ReloadingServer::spawn_with_grace(&pki, mode, &map, "5s").await;
+    let server = &reloading.server;
+    let _agent_b = spawn_agent_b(&pki, server).await;
+    let echo_server = EchoServer::start().await.unwrap();
+    let echo_addr = echo_server.addr.to_string();
+    until("agent B serves tenant B", || async {
+        b_socket.exists() && echo_once(mode, &b_socket, &echo_addr).await.is_ok()
+    })
+    .await;
+    let mut open = mode.dial(&b_socket, &echo_addr).await.unwrap();
+    echo(&mut open, b"before").await;
+    let before = streams_of_agent_b(server).await;
+    assert!(
+        before.len() == 1 && before[0].retiring.is_none(),
+        "{before:?}"
+    );
+
+    map.update(&routing(uid, None, None));
+    let removed = "tenant b was removed from the routing file (generation 2)";
+    until("agent B's stream is listed as retiring", || async {
+        streams_of_agent_b(server)
+            .await
+            .iter()
+            .any(|s| s.retiring.is_some())
+    })
+    .await;
+    let retiring = streams_of_agent_b(server).await;
+    assert_eq!(retiring.len(), 1, "{retiring:?}");
+    assert_eq!(retiring[0].retiring.as_deref(), Some(removed));
+    assert_eq!(retiring[0].connections, 1, "{retiring:?}");
+    let (status, body) =
+        tether_testkit::http::get(server.admin_addr, "/debug/connections?agent=agent-b")
+            .await
+            .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let connections: ConnectionsReport = serde_json::from_str(&body).unwrap();
+    assert_eq!(connections.connections.len(), 1, "{body}");
+    echo(&mut open, b"during the grace").await;
+
+    until_cut(mode, &mut open, removed).await;
+    until("agent B's retired stream is no longer listed", || async {
+        streams_of_agent_b(server)
+            .await
+            .iter()
+            .all(|s| s.retiring.is_none())
+    })
+    .await;
+    drop(open);
+    let cut = dialed("b", 1).cut_by(2);
+    reloading.audited(&[dialed("b", 1), cut]).await;
 }
