@@ -60,6 +60,9 @@ where
     let sent = data.clone();
     let writer = tokio::spawn(async move {
         wr.write_all(&sent).await.expect("write through tunnel");
+        // A TLS stream can accept the last bytes into its buffer while its socket is full:
+        // only a flush makes sure they leave.
+        wr.flush().await.expect("flush through tunnel");
         wr
     });
     let mut got = vec![0u8; len];

@@ -193,6 +193,7 @@ where
                 .expect("write through the tunnel");
             sent += n as u64;
         }
+        wr.flush().await.expect("flush through the tunnel");
         wr
     });
     let mut buf = vec![0u8; 256 * 1024];

@@ -141,7 +141,11 @@ pub(crate) async fn echo_through(pki: &Pki, server: &ServerProcess) -> anyhow::R
     let payload = tether_testkit::targets::pattern(24, 256 * 1024);
     let (mut read, mut write) = tokio::io::split(stream);
     let sent = payload.clone();
-    let writer = tokio::spawn(async move { write.write_all(&sent).await });
+    // Flushed: the TLS stream may hold the last bytes until then.
+    let writer = tokio::spawn(async move {
+        write.write_all(&sent).await?;
+        write.flush().await
+    });
     let mut back = vec![0; payload.len()];
     tokio::time::timeout(STEP, read.read_exact(&mut back)).await??;
     writer.await??;

@@ -192,6 +192,7 @@ async fn echo_through(client: &ClientTransport, target: &str) -> anyhow::Result<
         tokio::time::timeout(STEP, tether_client::dial_http_connect(client, target)).await??;
     let payload = b"to the tenant's own agent";
     stream.write_all(payload).await?;
+    stream.flush().await?;
     let mut back = vec![0; payload.len()];
     tokio::time::timeout(STEP, stream.read_exact(&mut back)).await??;
     anyhow::ensure!(back == payload, "echo differs");
