@@ -14,7 +14,7 @@ use rustls_pki_types::ServerName;
 use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings};
 use tether_proto::metadata;
-use tether_tunnel::{ResumeFailure, TransportEnd};
+use tether_tunnel::{ResumeFailure, Transport, TransportEnd};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -529,7 +529,10 @@ impl ClientSet {
                     () = dismissed => TransportEnd::Final("its Lease no longer counts".to_owned()),
                 }
             };
-            let end = session.link.run_transport(receiver, sender, ended).await;
+            let end = session
+                .link
+                .run_transport(Transport::grpc(sender, receiver), ended)
+                .await;
             let TransportEnd::Broken(why) = end else {
                 break end.reason().to_owned();
             };

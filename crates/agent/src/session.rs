@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tether_grpc::GrpcError;
 use tether_observe::audit::AuditLog;
 use tether_proto::Packet;
 use tether_tunnel::{
     AuditSide, CloseError, DialCancel, DialFacts, Direction, Event, Flow, Hooks, IncomingDial,
-    Limits, Link, Role, SessionConfig, StreamAudit,
+    Limits, Link, Role, SessionConfig, StreamAudit, TransportError,
 };
 use tokio_util::task::TaskTracker;
 
@@ -200,11 +199,11 @@ impl Hooks for AgentHooks {
         self.metrics.packet(direction == Direction::Out, packet);
     }
 
-    fn on_bad_packet(&self, error: &GrpcError) {
+    fn on_bad_packet(&self, error: &TransportError) {
         tracing::debug!(%error, "dropping a malformed packet from the server");
     }
 
-    fn on_stream_error(&self, direction: Direction, error: &GrpcError) {
+    fn on_stream_error(&self, direction: Direction, error: &TransportError) {
         self.metrics
             .stream_error(direction == Direction::Out, error.code_name());
     }

@@ -2,9 +2,9 @@
 //!
 //! [`tether_session::Session`] holds a stream's dials and connections without doing I/O;
 //! this crate runs it: a [`Link`] is the one lock around the table plus the wakers of
-//! everyone waiting on it, [`Link::drive`] feeds it the stream's packets and deadlines and
-//! writes what it queues, and [`Tunnel`] / [`PendingDial`] are what frontends, relays and
-//! dialers hold.
+//! everyone waiting on it, [`Link::run_transport`] feeds it the packets of the stream's
+//! [`Transport`] and its deadlines and writes what it queues, and [`Tunnel`] /
+//! [`PendingDial`] are what frontends, relays and dialers hold.
 //!
 //! A stream's reader never waits on one connection when the peer is a tether peer: each
 //! connection's inbound queue is bounded by the credit it granted, and each connection
@@ -22,6 +22,7 @@ mod log;
 mod relay;
 mod resume;
 mod stream;
+mod transport;
 
 pub use audit::{AuditSide, DialFacts, StreamAudit};
 use bytes::{Bytes, BytesMut};
@@ -40,6 +41,7 @@ pub use tether_session::{
     FlowConfig, Initiator, Limits, Outcome, PendingDialInfo, Replayed, ResumeError, Role, Session,
     SessionConfig,
 };
+pub use transport::{Reader, Transport, TransportError, Writer};
 
 /// Largest DATA payload either end sends, and the size of relay reads.
 pub const MAX_CHUNK: usize = 64 * 1024;

@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use tether_grpc::GrpcError;
 use tether_proto::{ConnectId, DialId, Packet};
 use tether_session::{Event, Flow, Outgoing, Role, Session, SessionConfig};
 use tokio::sync::Notify;
+
+use crate::transport::TransportError;
 
 /// Which way a packet went, for metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,9 +34,9 @@ pub trait Hooks: Send + Sync + 'static {
     fn on_queued(&self, _bytes: usize) {}
     fn on_packet(&self, _direction: Direction, _packet: &Packet) {}
     /// A packet from the peer could not be decoded; the stream goes on.
-    fn on_bad_packet(&self, _error: &GrpcError) {}
+    fn on_bad_packet(&self, _error: &TransportError) {}
     /// The stream failed reading (`In`) or writing (`Out`).
-    fn on_stream_error(&self, _direction: Direction, _error: &GrpcError) {}
+    fn on_stream_error(&self, _direction: Direction, _error: &TransportError) {}
 }
 
 #[derive(Debug, Default)]

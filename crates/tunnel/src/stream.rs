@@ -1,15 +1,15 @@
 //! Driving one stream: its reader hands packets to the table, its writer drains the table's
-//! outbox into HTTP/2, and deadlines fire on the reader's timer.
+//! outbox into the stream's [`Transport`], and deadlines fire on the reader's timer.
 
 use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether_grpc::{GrpcError, PacketReceiver, PacketSender, Status};
 use tether_session::Role;
 
 use crate::link::{Direction, Link, Waiter};
+use crate::transport::{Transport, TransportError, Writer};
 
 /// Largest batch the writer encodes before flushing.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -35,32 +35,15 @@ impl TransportEnd {
 }
 
 impl Link {
-    /// Runs the stream until the peer ends it, it fails, the peer breaks the protocol, or
-    /// `stop` resolves. Then every dial and connection on it ends with an error (the table's
-    /// [`close_stream`](tether_session::Session::close_stream)). Returns why it ended.
-    pub async fn drive(
-        self: &Arc<Self>,
-        receiver: PacketReceiver,
-        sender: PacketSender,
-        stop: impl Future<Output = String>,
-    ) -> String {
-        let end = self
-            .run_transport(receiver, sender, async { TransportEnd::Final(stop.await) })
-            .await;
-        let reason = end.reason().to_owned();
-        self.close(&reason);
-        reason
-    }
-
     /// Runs one transport of the stream: its packets go to the table and the table's
     /// outbox to it, until it ends or `stop` resolves. The table is left as it is: the
     /// caller closes it, or suspends it to resume on another transport.
     pub async fn run_transport(
         self: &Arc<Self>,
-        mut receiver: PacketReceiver,
-        sender: PacketSender,
+        transport: Transport,
         stop: impl Future<Output = TransportEnd>,
     ) -> TransportEnd {
+        let (mut receiver, sender) = transport.into_split();
         let (finish, finish_requested) = tokio::sync::oneshot::channel();
         let mut writer = tokio::spawn(write(self.clone(), sender, finish_requested));
         let mut stop = pin!(stop);
@@ -157,13 +140,13 @@ impl Link {
     }
 }
 
-/// The stream's one writer: coalesces whatever is queued into one HTTP/2 write. Ends the
-/// stream cleanly (end of stream, or OK trailers) when `finish` fires.
+/// The stream's one writer: coalesces whatever is queued into one transport write. Ends the
+/// stream cleanly when `finish` fires.
 async fn write(
     link: Arc<Link>,
-    mut sender: PacketSender,
+    mut sender: Writer,
     mut finish: tokio::sync::oneshot::Receiver<()>,
-) -> Result<(), GrpcError> {
+) -> Result<(), TransportError> {
     let mut batch = Vec::new();
     let mut releases = Vec::new();
     let mut may_finish = true;
@@ -172,7 +155,7 @@ async fn write(
             biased;
             asked = &mut finish, if may_finish => {
                 if asked.is_ok() {
-                    return sender.finish(&Status::ok());
+                    return sender.finish();
                 }
                 may_finish = false;
                 continue;

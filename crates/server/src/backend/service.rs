@@ -12,7 +12,7 @@ use tether_tunnel::{FlowConfig, Limits, Role, SessionConfig};
 use tracing::Instrument;
 
 use tether_grpc::{PacketReceiver, PacketSender};
-use tether_tunnel::{ResumeFailure, TransportEnd};
+use tether_tunnel::{ResumeFailure, Transport, TransportEnd};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -377,7 +377,7 @@ impl StreamOwner {
             let mut silent = false;
             let resumptions = self.registration.as_mut().map(|r| &mut r.resumptions);
             let end = link
-                .run_transport(receiver, sender, async {
+                .run_transport(Transport::grpc(sender, receiver), async {
                     tokio::select! {
                         () = stop.cancelled() => TransportEnd::Final("server stopping".into()),
                         () = evicted.cancelled() => TransportEnd::Final(EVICTED.into()),

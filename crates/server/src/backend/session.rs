@@ -5,11 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use tether_grpc::GrpcError;
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
 use tether_proto::{Identifiers, Labels, Packet};
-use tether_tunnel::{CloseError, DialError, Direction, Ended, Event, Hooks, Initiator, Link};
+use tether_tunnel::{
+    CloseError, DialError, Direction, Ended, Event, Hooks, Initiator, Link, TransportError,
+};
 
 use super::health::{Health, TenantLoad};
 use super::outlier::{EjectionConfig, Verdict};
@@ -433,13 +434,13 @@ impl Hooks for ServerHooks {
         self.metrics.packet(segment, packet);
     }
 
-    fn on_bad_packet(&self, error: &GrpcError) {
+    fn on_bad_packet(&self, error: &TransportError) {
         tracing::debug!(agent.id = %self.agent_id, %error, "dropping a malformed packet from the agent");
         self.metrics
             .stream_error(Segment::FromAgent, "InvalidArgument", "Unknown");
     }
 
-    fn on_stream_error(&self, direction: Direction, error: &GrpcError) {
+    fn on_stream_error(&self, direction: Direction, error: &TransportError) {
         let segment = match direction {
             Direction::In => Segment::FromAgent,
             Direction::Out => Segment::ToAgent,
