@@ -57,3 +57,70 @@ pub const TETHER_RESUME_FROM: &str = "tether-resume-from";
 /// the response's [`TETHER_RESUME`] token; the value is how many of the agent's numbered
 /// packets the server received in it.
 pub const TETHER_RESUMED: &str = "tether-resumed";
+
+/// A stream's metadata, whatever transport carries it (gRPC headers today). Keys are lower
+/// case; a key may repeat, and admission counts repeats (one `agentid`, not two).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metadata(Vec<(String, bytes::Bytes)>);
+
+impl Metadata {
+    /// Adds a value for `key`, after any it already has.
+    pub fn push(&mut self, key: &str, value: impl Into<bytes::Bytes>) {
+        self.0.push((key.to_ascii_lowercase(), value.into()));
+    }
+
+    /// Every value of `key`, in order.
+    pub fn get_all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_ref())
+    }
+
+    /// The first value of `key`, when it is [`text`].
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| text(v))
+    }
+}
+
+impl<'a> FromIterator<(&'a str, bytes::Bytes)> for Metadata {
+    fn from_iter<I: IntoIterator<Item = (&'a str, bytes::Bytes)>>(pairs: I) -> Self {
+        let mut metadata = Self::default();
+        for (key, value) in pairs {
+            metadata.push(key, value);
+        }
+        metadata
+    }
+}
+
+/// `value` as text under HTTP header values' rule, visible ASCII and tab only; `None`
+/// otherwise (the "not text" refusals).
+pub fn text(value: &[u8]) -> Option<&str> {
+    value
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+        .then(|| std::str::from_utf8(value).ok())
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_keeps_repeats_in_order_and_reads_text_only() {
+        let mut m = Metadata::default();
+        m.push("AgentID", "a");
+        m.push("agentid", "b");
+        m.push("tether-labels", &b"zone=\x01"[..]);
+        assert_eq!(m.get_all(AGENT_ID).collect::<Vec<_>>(), [b"a", b"b"]);
+        assert_eq!(m.get(AGENT_ID), Some("a"));
+        assert_eq!(m.get(TETHER_LABELS), None, "a control byte is not text");
+        assert_eq!(m.get(SERVER_ID), None);
+        assert_eq!(text(b"Bearer x\ty"), Some("Bearer x\ty"));
+        assert_eq!(text("é".as_bytes()), None);
+    }
+}

@@ -2,6 +2,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod binding;
+pub(crate) mod call;
 pub(crate) mod health;
 pub(crate) mod liveness;
 pub(crate) mod outlier;

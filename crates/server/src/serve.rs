@@ -9,6 +9,7 @@ use tether_grpc::server::Connection;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backend::call::AgentCall;
 use crate::backend::service::AgentService;
 use crate::handshake_failures::{self, HandshakeFailures};
 use crate::limits::{ConnectionSlots, Limit, LimitMetrics, Limits, SlotAdmission};
@@ -127,7 +128,11 @@ pub(crate) async fn agent_connection(
         io,
         &settings,
         connection,
-        move |call| service.clone().serve(call, admission.clone()),
+        move |call| {
+            service
+                .clone()
+                .serve(AgentCall::grpc(call), admission.clone())
+        },
         std::future::pending(),
     )
     .await;

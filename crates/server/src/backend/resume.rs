@@ -7,14 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tether_grpc::server::IncomingCall;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use super::call::AgentCall;
 
 /// A `Connect` call that continues a suspended (or about to be suspended) stream.
 #[derive(Debug)]
 pub(crate) struct Resumption {
-    pub(crate) call: IncomingCall,
+    pub(crate) call: AgentCall,
     /// How many of the server's packets the agent received in the session.
     pub(crate) agent_received: u64,
 }
@@ -73,9 +74,9 @@ pub(crate) enum HandOver {
     /// The owner of the session took it.
     Taken,
     /// A resume of that session is already under way: refuse this one.
-    Busy(IncomingCall),
+    Busy(AgentCall),
     /// No session named matches: serve it as a new stream.
-    Unknown(IncomingCall),
+    Unknown(AgentCall),
 }
 
 impl Resumable {
@@ -122,7 +123,7 @@ impl Resumable {
         asked: &[(String, u64)],
         agent_id: &str,
         tenant: &str,
-        call: IncomingCall,
+        call: AgentCall,
     ) -> HandOver {
         let streams = self.lock();
         let found = asked.iter().find_map(|(token, received)| {

@@ -4,15 +4,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::time::Duration;
-use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, LogText, Status};
-use tether_proto::{Identifiers, Labels, metadata};
-
-use tether_tunnel::{FlowConfig, Limits, Role, SessionConfig};
+use tether_proto::metadata::{self, Metadata};
+use tether_proto::{Identifiers, Labels};
+use tether_tunnel::{
+    FlowConfig, Limits, ResumeFailure, Role, SessionConfig, Transport, TransportEnd,
+};
 use tracing::Instrument;
 
-use tether_grpc::{PacketReceiver, PacketSender};
-use tether_tunnel::{ResumeFailure, Transport, TransportEnd};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -20,6 +19,7 @@ use super::admission::{
     Admission, Claimant, MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES,
 };
 use super::binding::{Binding, Credential};
+use super::call::AgentCall;
 use super::resume::{HandOver, Registration, Resumable, Resumption};
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
@@ -61,13 +61,9 @@ pub(crate) struct AgentService {
 impl AgentService {
     /// Serves one call on the agent listener; `connection` leaves its address's count of
     /// connections not yet admitted once the call's credential is admitted.
-    pub(crate) async fn serve(self: Arc<Self>, call: IncomingCall, connection: SlotAdmission) {
-        if call.path() != tether_proto::path::CONNECT {
-            let path = call.path().to_owned();
-            call.reject(&Status::new(
-                Code::UNIMPLEMENTED,
-                format!("unknown method {path}"),
-            ));
+    pub(crate) async fn serve(self: Arc<Self>, call: AgentCall, connection: SlotAdmission) {
+        if let Err(status) = call.check_method() {
+            call.reject(&status);
             return;
         }
         let admitted = admit(call.metadata());
@@ -154,15 +150,15 @@ impl AgentService {
         }
         let flow = self
             .flow
-            .negotiate(header(call.metadata(), metadata::TETHER_FLOW));
+            .negotiate(call.metadata().get(metadata::TETHER_FLOW));
         let resumable = self.resumable.clone().filter(|_| {
             flow.is_credit()
-                && header(call.metadata(), metadata::TETHER_RESUME)
+                && call.metadata().get(metadata::TETHER_RESUME)
                     == Some(metadata::TETHER_RESUME_VERSION)
         });
         let call = match (
             &resumable,
-            header(call.metadata(), metadata::TETHER_RESUME_FROM),
+            call.metadata().get(metadata::TETHER_RESUME_FROM),
         ) {
             (Some(table), None) => {
                 table.end_abandoned(&[], &agent_id, &tenant.name);
@@ -202,8 +198,8 @@ impl AgentService {
         if flow.is_credit() {
             response.push(self.flow.announce());
         }
-        let asks_reverse = header(call.metadata(), metadata::TETHER_REVERSE)
-            == Some(metadata::TETHER_REVERSE_VERSION);
+        let asks_reverse =
+            call.metadata().get(metadata::TETHER_REVERSE) == Some(metadata::TETHER_REVERSE_VERSION);
         let control_plane = running
             .control_plane
             .for_tenant(&tenant.name)
@@ -221,10 +217,10 @@ impl AgentService {
         if let Some(r) = &registration {
             answer.push((metadata::TETHER_RESUME, r.token.clone()));
         }
-        let keepalive = call.last_pong().clone();
+        let keepalive = call.liveness().clone();
         let version = agent_version(call.metadata());
-        let (sender, receiver) = match call.accept(&answer) {
-            Ok(halves) => halves,
+        let transport = match call.accept(&answer) {
+            Ok(transport) => transport,
             Err(e) => {
                 tracing::warn!(agent.id = %agent_id, error = %e, "could not answer agent stream");
                 return;
@@ -264,7 +260,7 @@ impl AgentService {
         };
         tracing::info!(agent.id = %owner.session.agent_id, stream = owner.session.stream_id, credit = flow.is_credit(), reverse = control_plane.is_some(), resumable = owner.registration.is_some(), tenant = %owner.tenant.name, "agent connected");
         // The stream outlives this call when it resumes on another: it has its own task.
-        self.streams.spawn(owner.run(receiver, sender));
+        self.streams.spawn(owner.run(transport));
     }
 }
 
@@ -291,7 +287,7 @@ const EVICTED: &str = "the agent ID was taken over by an agent whose credential 
     does not";
 
 impl StreamOwner {
-    async fn run(mut self, receiver: PacketReceiver, sender: PacketSender) {
+    async fn run(mut self, transport: Transport) {
         let span = tracing::info_span!("agent", agent.id = %self.session.agent_id, stream = self.session.stream_id);
         let hub = self.service.hub.clone();
         let stream_gauge = hub.metrics.grpc_stream("Connect");
@@ -305,10 +301,10 @@ impl StreamOwner {
                 hub.refresh_backend_gauges();
             }
             let reason = match joined {
-                Ok(()) => self.serve(receiver, sender).await,
+                Ok(()) => self.serve(transport).await,
                 Err(why) => {
-                    // The stream ends at once: its end of the gRPC call goes with it.
-                    drop((receiver, sender));
+                    // The stream ends at once: its transport goes with it.
+                    drop(transport);
                     why
                 }
             };
@@ -365,7 +361,7 @@ impl StreamOwner {
     }
 
     /// Runs the stream's transports until it ends for good; returns why.
-    async fn serve(&mut self, mut receiver: PacketReceiver, mut sender: PacketSender) -> String {
+    async fn serve(&mut self, mut transport: Transport) -> String {
         let link = self.session.link.clone();
         let stop = self.service.stop.clone();
         let evicted = self.claim.evicted.clone();
@@ -377,7 +373,7 @@ impl StreamOwner {
             let mut silent = false;
             let resumptions = self.registration.as_mut().map(|r| &mut r.resumptions);
             let end = link
-                .run_transport(Transport::grpc(sender, receiver), async {
+                .run_transport(transport, async {
                     tokio::select! {
                         () = stop.cancelled() => TransportEnd::Final("server stopping".into()),
                         () = evicted.cancelled() => TransportEnd::Final(EVICTED.into()),
@@ -481,9 +477,9 @@ impl StreamOwner {
             let mut answer = self.response.clone();
             answer.push((metadata::TETHER_RESUME, registration.token.clone()));
             answer.push((metadata::TETHER_RESUMED, received.to_string()));
-            self.session.keepalive.replace(call.last_pong().clone());
-            (sender, receiver) = match call.accept(&answer) {
-                Ok(halves) => halves,
+            self.session.keepalive.replace(call.liveness().clone());
+            transport = match call.accept(&answer) {
+                Ok(transport) => transport,
                 Err(e) => return format!("answering the resumed stream: {e}"),
             };
             // A stream a reload retired takes no new dial, resumed or not.
@@ -516,32 +512,26 @@ static TOKEN_WARNINGS: crate::warn_limit::WarnLimit =
 static BAD_METADATA_WARNINGS: crate::warn_limit::WarnLimit =
     crate::warn_limit::WarnLimit::new(std::time::Duration::from_secs(1));
 
-fn header<'a>(headers: &'a http::HeaderMap, key: &str) -> Option<&'a str> {
-    headers.get(key).and_then(|v| v.to_str().ok())
-}
-
 /// The release a tether agent announced: one well-formed value. Anything else (upstream's
 /// agents send nothing) is `None`, so the stream counts as upstream's; a version is only
 /// shown, never trusted, and refusing an agent for it would help nobody.
-fn agent_version(headers: &http::HeaderMap) -> Option<String> {
-    let mut values = headers.get_all(metadata::TETHER_VERSION).iter();
+fn agent_version(headers: &Metadata) -> Option<String> {
+    let mut values = headers.get_all(metadata::TETHER_VERSION);
     let (Some(value), None) = (values.next(), values.next()) else {
         return None;
     };
-    let version = value.to_str().ok()?;
+    let version = metadata::text(value)?;
     metadata::is_version(version).then(|| version.to_owned())
 }
 
 /// Checks the agent's metadata: exactly one `agentid`, at most one `agentidentifiers` and
 /// at most one `tether-labels`.
-fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), String> {
-    let mut ids = headers.get_all(metadata::AGENT_ID).iter();
+fn admit(headers: &Metadata) -> Result<(String, Identifiers, Labels), String> {
+    let mut ids = headers.get_all(metadata::AGENT_ID);
     let (Some(id), None) = (ids.next(), ids.next()) else {
         return Err("expected one agent ID in the context".into());
     };
-    let id = id
-        .to_str()
-        .ok()
+    let id = metadata::text(id)
         .filter(|id| !id.is_empty())
         .ok_or("agent ID is empty or not text")?;
     if id.len() > MAX_AGENT_ID_BYTES {
@@ -550,7 +540,7 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), Str
             id.len()
         ));
     }
-    let mut idents = headers.get_all(metadata::AGENT_IDENTIFIERS).iter();
+    let mut idents = headers.get_all(metadata::AGENT_IDENTIFIERS);
     let identifiers = match (idents.next(), idents.next()) {
         (None, _) => Identifiers::default(),
         (Some(v), None) => {
@@ -561,7 +551,7 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), Str
                 ));
             }
             let ids =
-                Identifiers::parse(v.to_str().map_err(|_| "agent identifiers are not text")?)?;
+                Identifiers::parse(metadata::text(v).ok_or("agent identifiers are not text")?)?;
             let count = ids.hosts.len() + ids.ipv4.len() + ids.ipv6.len() + ids.cidrs.len();
             if count > MAX_IDENTIFIERS {
                 return Err(format!(
@@ -572,11 +562,11 @@ fn admit(headers: &http::HeaderMap) -> Result<(String, Identifiers, Labels), Str
         }
         (Some(_), Some(_)) => return Err("expected at most one set of agent identifiers".into()),
     };
-    let mut labels = headers.get_all(metadata::TETHER_LABELS).iter();
+    let mut labels = headers.get_all(metadata::TETHER_LABELS);
     let labels = match (labels.next(), labels.next()) {
         (None, _) => Labels::default(),
         (Some(v), None) if v.len() <= MAX_IDENTIFIERS_BYTES => {
-            Labels::parse(v.to_str().map_err(|_| "agent labels are not text")?)?
+            Labels::parse(metadata::text(v).ok_or("agent labels are not text")?)?
         }
         (Some(_), None) => return Err("agent labels are too long".into()),
         (Some(_), Some(_)) => return Err("expected at most one set of agent labels".into()),
@@ -590,39 +580,39 @@ mod tests {
 
     #[test]
     fn agent_version_is_one_short_version_or_none() {
-        let mut h = http::HeaderMap::new();
+        let mut h = Metadata::default();
         assert_eq!(agent_version(&h), None, "upstream agents send none");
-        h.append("tether-version", "0.1.0-rc.1+abc".parse().unwrap());
+        h.push("tether-version", "0.1.0-rc.1+abc");
         assert_eq!(agent_version(&h).as_deref(), Some("0.1.0-rc.1+abc"));
-        h.append("tether-version", "0.2.0".parse().unwrap());
+        h.push("tether-version", "0.2.0");
         assert_eq!(agent_version(&h), None, "two versions");
         for bad in ["", "0.1.0 (commit x)", &"9".repeat(65)] {
-            let mut h = http::HeaderMap::new();
-            h.append("tether-version", bad.parse().unwrap());
+            let mut h = Metadata::default();
+            h.push("tether-version", bad.to_owned());
             assert_eq!(agent_version(&h), None, "{bad:?}");
         }
     }
 
     #[test]
     fn admission_rules() {
-        let mut h = http::HeaderMap::new();
+        let mut h = Metadata::default();
         assert!(admit(&h).is_err(), "no agent id");
-        h.append("agentid", "a".parse().unwrap());
+        h.push("agentid", "a");
         assert_eq!(admit(&h).unwrap().0, "a");
-        h.append("agentidentifiers", "host=n1".parse().unwrap());
+        h.push("agentidentifiers", "host=n1");
         assert_eq!(admit(&h).unwrap().1.hosts, ["n1"]);
-        h.append("tether-labels", "zone=a,region=r".parse().unwrap());
+        h.push("tether-labels", "zone=a,region=r");
         assert_eq!(admit(&h).unwrap().2.zone.as_deref(), Some("a"));
-        h.append("agentid", "b".parse().unwrap());
+        h.push("agentid", "b");
         assert!(admit(&h).is_err(), "two agent ids");
 
-        let mut h = http::HeaderMap::new();
-        h.append("agentid", "x".repeat(254).parse().unwrap());
+        let mut h = Metadata::default();
+        h.push("agentid", "x".repeat(254));
         assert!(admit(&h).unwrap_err().contains("254 bytes"));
-        let mut h = http::HeaderMap::new();
-        h.append("agentid", "a".parse().unwrap());
+        let mut h = Metadata::default();
+        h.push("agentid", "a");
         let many = vec!["host=n"; 65].join("&");
-        h.append("agentidentifiers", many.parse().unwrap());
+        h.push("agentidentifiers", many);
         assert!(admit(&h).unwrap_err().contains("65 agent identifiers"));
     }
 }

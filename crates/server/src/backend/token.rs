@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tether_grpc::{Code, LogText, Principal, Status};
-use tether_proto::metadata;
+use tether_proto::metadata::{self, Metadata};
 
 use super::binding::NodeAddresses;
 
@@ -62,7 +62,7 @@ impl AgentTokenAuth {
     /// Authenticates an agent stream's metadata; the principal that then owns its agent ID.
     pub(crate) async fn check(
         &self,
-        headers: &http::HeaderMap,
+        headers: &Metadata,
         peer: Option<SocketAddr>,
     ) -> Result<Principal, Status> {
         let token = bearer(headers).map_err(|e| unauthenticated(&e))?;
@@ -91,14 +91,14 @@ fn unauthenticated(why: &str) -> Status {
 }
 
 /// The one `authorization` value's token, with upstream's checks.
-fn bearer(headers: &http::HeaderMap) -> Result<&str, String> {
-    let mut values = headers.get_all(metadata::AUTHORIZATION).iter();
+fn bearer(headers: &Metadata) -> Result<&str, String> {
+    let mut values = headers.get_all(metadata::AUTHORIZATION);
     let value = match (values.next(), values.count()) {
         (None, _) => return Err("no authorization metadata (the agent sent no token)".into()),
         (Some(value), 0) => value,
         (Some(_), more) => return Err(format!("too many ({}) tokens are received", more + 1)),
     };
-    let value = value.to_str().map_err(|_| "the token is not text")?;
+    let value = metadata::text(value).ok_or("the token is not text")?;
     value
         .strip_prefix("Bearer ")
         .filter(|token| !token.is_empty())
@@ -109,10 +109,10 @@ fn bearer(headers: &http::HeaderMap) -> Result<&str, String> {
 mod tests {
     use super::*;
 
-    fn headers(values: &[&str]) -> http::HeaderMap {
-        let mut h = http::HeaderMap::new();
+    fn headers(values: &[&str]) -> Metadata {
+        let mut h = Metadata::default();
         for v in values {
-            h.append(metadata::AUTHORIZATION, v.parse().unwrap());
+            h.push(metadata::AUTHORIZATION, v.to_string());
         }
         h
     }
