@@ -10,17 +10,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use std::time::Instant;
 
-use rustls_pki_types::ServerName;
-use tether_grpc::client::Channel;
-use tether_grpc::{GrpcError, H2Settings};
-use tether_proto::metadata;
-use tether_tunnel::{ResumeFailure, Transport, TransportEnd};
+use tether_tunnel::{ResumeFailure, TransportEnd};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::Config;
+use crate::connect::{ConnectError, Connected, ServerConn};
 use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;
 use crate::server_count::{self, ServerLeases, Uncounted};
@@ -74,57 +71,6 @@ enum Resume {
     Transport(Box<Connected>),
     /// The server no longer knows it: it restarted, or was replaced.
     Gone(String),
-}
-
-/// Why one connection attempt did not add a session.
-#[derive(Debug, thiserror::Error)]
-enum ConnectError {
-    /// Boxed: a proxy's errors carry its URL.
-    #[error(transparent)]
-    Dial(Box<crate::egress_proxy::DialError>),
-    #[error("TLS handshake with {to}: {}", crate::tls_failure::describe(error))]
-    Tls { to: String, error: std::io::Error },
-    /// The server's caps close a connection at accept, before any TLS byte.
-    #[error(
-        "TLS handshake with {0}: the server closed the connection before the TLS handshake \
-         (a connection limit? see --max-agent-connections-per-address and \
-         --max-agent-connections on the server) ({1})"
-    )]
-    ClosedBeforeTls(String, std::io::Error),
-    #[error("invalid server name {0:?}")]
-    ServerName(String),
-    #[error("reading token {0}: {1}")]
-    Token(String, std::io::Error),
-    #[error("{0}")]
-    Grpc(GrpcError),
-    /// The server refused this agent after this side's TLS 1.3 handshake had finished (its
-    /// verdict on the client certificate), seen on the HTTP/2 connection.
-    #[error("TLS with {to}: {}", crate::tls_failure::describe(error))]
-    Refused { to: String, error: rustls::Error },
-    #[error("server response headers: {0}")]
-    Headers(String),
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-}
-
-/// A freshly opened stream, before it is known to be a new server.
-#[derive(Debug)]
-struct Connected {
-    server_id: String,
-    server_count: usize,
-    channel: Channel,
-    /// The server's `tether-flow` announcement: present only from tether servers.
-    server_flow: Option<String>,
-    /// The server answered `tether-reverse`: it accepts reverse dials on this stream.
-    reverse: bool,
-    sender: tether_grpc::PacketSender,
-    receiver: tether_grpc::PacketReceiver,
-    /// The server keeps this stream resumable under this name (`tether-resume`).
-    resume_token: Option<String>,
-    /// The stream continues a suspended one; the server received this many of its packets.
-    resumed: Option<u64>,
-    /// The server's tether release (`tether-version`); `None` from an upstream server.
-    server_version: Option<String>,
 }
 
 impl ClientSet {
@@ -367,14 +313,17 @@ impl ClientSet {
         stop: &CancellationToken,
     ) -> bool {
         self.server_count
-            .store(connected.server_count.max(1), Ordering::Release);
+            .store(connected.answer.server_count.max(1), Ordering::Release);
         self.metrics.known_server_count.set(self.target() as i64);
         let Some(connected) = self.resume_suspended(connected) else {
             return true;
         };
-        let flow = self.config.flow.negotiate(connected.server_flow.as_deref());
+        let flow = self
+            .config
+            .flow
+            .negotiate(connected.answer.server_flow.as_deref());
         let credit = flow.is_credit();
-        let server_id = connected.server_id.clone();
+        let server_id = connected.answer.server_id.clone();
         let session = Arc::new(ServerSession::new(
             &self.config.agent_id,
             server_id.clone(),
@@ -382,11 +331,11 @@ impl ClientSet {
             self.metrics.clone(),
             self.destinations.clone(),
             self.config.dial_timeout,
-            connected.channel.last_pong(),
+            connected.server.liveness(),
             self.audit.clone(),
-            connected.reverse,
-            connected.resume_token.clone().filter(|_| credit),
-            connected.server_version.clone(),
+            connected.answer.reverse,
+            connected.answer.resume_token.clone().filter(|_| credit),
+            connected.answer.server_version.clone(),
         ));
         let dismiss = CancellationToken::new();
         let (handover, resumes) = mpsc::channel(1);
@@ -395,7 +344,7 @@ impl ClientSet {
             if sessions.contains_key(&server_id) {
                 tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
                 drop(sessions);
-                connected.sender.abort();
+                connected.transport.abort();
                 return false;
             }
             sessions.insert(
@@ -409,12 +358,12 @@ impl ClientSet {
             );
         }
         self.metrics.open_server_connections.inc();
-        self.start_keepalive(&connected.channel, credit);
+        self.start_keepalive(&connected.server, credit);
         if self.draining.load(Ordering::Acquire) {
             session.drain();
         }
-        tracing::info!(server.id = %server_id, server.count = connected.server_count, credit, reverse = connected.reverse, resumable = session.resume_token.is_some(), "connected to proxy server");
-        if self.config.control_plane.is_some() && !connected.reverse {
+        tracing::info!(server.id = %server_id, server.count = connected.answer.server_count, credit, reverse = connected.answer.reverse, resumable = session.resume_token.is_some(), "connected to proxy server");
+        if self.config.control_plane.is_some() && !connected.answer.reverse {
             // Once per server stream: the listener carries nothing through this server.
             tracing::warn!(
                 server.id = %server_id,
@@ -437,16 +386,16 @@ impl ClientSet {
     fn resume_suspended(&self, connected: Connected) -> Option<Connected> {
         let mut sessions = self.sessions();
         let suspended = |held: &&Held| held.suspended && held.handover.is_some();
-        if let Some(held) = sessions.get(&connected.server_id).filter(suspended) {
+        if let Some(held) = sessions.get(&connected.answer.server_id).filter(suspended) {
             let handover = held.handover.clone()?;
-            let same = connected.resume_token.is_some()
-                && connected.resume_token == held.session.resume_token;
-            if connected.resumed.is_none() || !same {
+            let same = connected.answer.resume_token.is_some()
+                && connected.answer.resume_token == held.session.resume_token;
+            if connected.answer.resumed.is_none() || !same {
                 // Its task ends it; the new stream takes its place at once.
-                sessions.remove(&connected.server_id);
+                sessions.remove(&connected.answer.server_id);
             }
             drop(sessions);
-            return match connected.resumed.filter(|_| same) {
+            return match connected.answer.resumed.filter(|_| same) {
                 Some(_) => {
                     // A full or closed hand-over means the stream's task is ending; the
                     // transport is dropped with the message and the next sync starts anew.
@@ -461,12 +410,12 @@ impl ClientSet {
                 }
             };
         }
-        if connected.server_count <= 1 {
+        if connected.answer.server_count <= 1 {
             for (id, held) in sessions.iter().filter(|(_, h)| suspended(h)) {
                 if let Some(handover) = &held.handover {
                     let _ = handover.try_send(Resume::Gone(format!(
                         "the only proxy server is now {} (server {id} is gone)",
-                        connected.server_id
+                        connected.answer.server_id
                     )));
                 }
             }
@@ -474,14 +423,14 @@ impl ClientSet {
         Some(connected)
     }
 
-    fn start_keepalive(&self, channel: &Channel, credit: bool) {
+    fn start_keepalive(&self, server: &ServerConn, credit: bool) {
         let keepalive = if credit {
             self.config.keepalive
         } else {
             self.config.legacy_keepalive
         };
         if let Some(k) = keepalive {
-            channel.start_keepalive(k);
+            server.start_keepalive(k);
         }
     }
 
@@ -504,9 +453,8 @@ impl ClientSet {
         stop: CancellationToken,
     ) {
         let Connected {
-            mut channel,
-            mut sender,
-            mut receiver,
+            mut server,
+            mut transport,
             ..
         } = connected;
         let metrics = &self.metrics.resume;
@@ -524,15 +472,12 @@ impl ClientSet {
             };
             let ended = async {
                 tokio::select! {
-                    reason = channel.closed() => TransportEnd::Broken(reason),
+                    reason = server.closed() => TransportEnd::Broken(reason),
                     () = stop.cancelled() => TransportEnd::Final("agent stopping".to_owned()),
                     () = dismissed => TransportEnd::Final("its Lease no longer counts".to_owned()),
                 }
             };
-            let end = session
-                .link
-                .run_transport(Transport::grpc(sender, receiver), ended)
-                .await;
+            let end = session.link.run_transport(transport, ended).await;
             let TransportEnd::Broken(why) = end else {
                 break end.reason().to_owned();
             };
@@ -571,16 +516,16 @@ impl ClientSet {
                     break format!("not resumed within --resume-window {window:?} ({why})");
                 }
             };
-            let server_received = resumed.resumed.unwrap_or(0);
+            let server_received = resumed.answer.resumed.unwrap_or(0);
             if let Err(e) = session.link.resume(server_received, suspension, metrics) {
                 metrics.failed(ResumeFailure::BadSequence);
-                resumed.sender.abort();
+                resumed.transport.abort();
                 break format!("cannot resume: {e}");
             }
-            session.keepalive.replace(resumed.channel.last_pong());
-            self.start_keepalive(&resumed.channel, true);
+            session.keepalive.replace(resumed.server.liveness());
+            self.start_keepalive(&resumed.server, true);
             let resumed = *resumed;
-            (channel, sender, receiver) = (resumed.channel, resumed.sender, resumed.receiver);
+            (server, transport) = (resumed.server, resumed.transport);
             self.set_suspended(&session, false);
             self.metrics.open_server_connections.inc();
             tracing::info!("server stream resumed");
@@ -600,158 +545,22 @@ impl ClientSet {
 
     /// Connects and opens `Connect`; the connection's driver runs on `tasks`, so stopping the
     /// agent waits for it too.
+    /// Connects and opens a stream, asking to resume the suspended ones.
     async fn connect_once(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-        tokio::time::timeout_at(deadline, self.connect(tasks, deadline))
+        let resume_from: Vec<(String, u64)> = self
+            .sessions()
+            .values()
+            .filter(|held| held.suspended)
+            .filter_map(|held| {
+                let token = held.session.resume_token.clone()?;
+                Some((token, held.session.link.resume_point()?))
+            })
+            .collect();
+        let attempt = crate::connect::connect(&self.config, &resume_from, tasks, deadline);
+        tokio::time::timeout_at(deadline, attempt)
             .await
             .map_err(|_| ConnectError::Timeout(CONNECT_TIMEOUT))?
-    }
-
-    /// One connection attempt; steps with an HTTP(S) proxy end by `deadline` with their own
-    /// error (which proxy, which step), before the attempt's overall timeout says less.
-    async fn connect(
-        &self,
-        tasks: &TaskTracker,
-        deadline: tokio::time::Instant,
-    ) -> Result<Connected, ConnectError> {
-        let address = self.address();
-        let host = self.config.server_host.as_str();
-        let stream = self
-            .config
-            .egress
-            .dial(host, self.config.server_port, deadline)
-            .await
-            .map_err(|e| ConnectError::Dial(Box::new(e)))?;
-        let name = ServerName::try_from(self.config.server_host.clone())
-            .map_err(|_| ConnectError::ServerName(self.config.server_host.clone()))?;
-        let tls_config = match &self.config.tls_reload {
-            Some(reloading) => crate::tls_reload::refreshed(reloading).await,
-            None => self.config.tls.clone(),
-        };
-        let tls = tokio_rustls::TlsConnector::from(tls_config)
-            .connect(name, stream)
-            .await
-            .map_err(|e| {
-                let to = match self.config.egress.proxy() {
-                    Some(proxy) => format!("{address} through proxy {proxy}"),
-                    None => address.clone(),
-                };
-                // The server's answer to a connection over its caps is a close before TLS.
-                match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
-                        ConnectError::ClosedBeforeTls(to, e)
-                    }
-                    _ => ConnectError::Tls { to, error: e },
-                }
-            })?;
-        let (tls, seen) = tether_tls::Watched::new(tls);
-        let refused = |e: GrpcError| match seen.get() {
-            Some(error) => ConnectError::Refused {
-                to: address.clone(),
-                error: error.clone(),
-            },
-            None => ConnectError::Grpc(e),
-        };
-        let (channel, driver) =
-            Channel::handshake(tls, &H2Settings::agent_stream(), &address, true)
-                .await
-                .map_err(refused)?;
-        tasks.spawn(driver.run());
-
-        let mut metadata = vec![
-            (metadata::AGENT_ID, self.config.agent_id.clone()),
-            (metadata::TETHER_VERSION, tether_observe::VERSION.to_owned()),
-        ];
-        if !self.config.identifiers.is_empty() {
-            metadata.push((metadata::AGENT_IDENTIFIERS, self.config.identifiers.clone()));
-        }
-        let labels = self.config.labels.to_header();
-        if !labels.is_empty() {
-            metadata.push((metadata::TETHER_LABELS, labels));
-        }
-        if let Some(path) = &self.config.token_path {
-            // A small local file, read on every connect so a rotated token is picked up.
-            let token = std::fs::read_to_string(path)
-                .map_err(|e| ConnectError::Token(path.display().to_string(), e))?;
-            metadata.push((metadata::AUTHORIZATION, format!("Bearer {}", token.trim())));
-        }
-        metadata.push(self.config.flow.announce());
-        if self.config.control_plane.is_some() {
-            metadata.push((
-                metadata::TETHER_REVERSE,
-                metadata::TETHER_REVERSE_VERSION.to_owned(),
-            ));
-        }
-        let offers_resume = !self.config.resume_window.is_zero();
-        if offers_resume {
-            metadata.push((
-                metadata::TETHER_RESUME,
-                metadata::TETHER_RESUME_VERSION.to_owned(),
-            ));
-            let asked: Vec<(String, u64)> = self
-                .sessions()
-                .values()
-                .filter(|held| held.suspended)
-                .filter_map(|held| {
-                    let token = held.session.resume_token.clone()?;
-                    Some((token, held.session.link.resume_point()?))
-                })
-                .collect();
-            if !asked.is_empty() {
-                metadata.push((
-                    metadata::TETHER_RESUME_FROM,
-                    tether_tunnel::format_resume_from(&asked),
-                ));
-            }
-        }
-        let (sender, mut receiver) = channel
-            .call(tether_proto::path::CONNECT, &metadata)
-            .await
-            .map_err(refused)?;
-        let headers = receiver.response_headers().await.map_err(refused)?;
-        let one = |key: &str| -> Result<String, ConnectError> {
-            let mut values = headers.get_all(key).iter();
-            match (values.next(), values.next()) {
-                (Some(v), None) => v
-                    .to_str()
-                    .map(str::to_owned)
-                    .map_err(|_| ConnectError::Headers(format!("{key} is not text"))),
-                _ => Err(ConnectError::Headers(format!("expected exactly one {key}"))),
-            }
-        };
-        let server_id = one(metadata::SERVER_ID)?;
-        let server_count = one(metadata::SERVER_COUNT)?
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| ConnectError::Headers("servercount is not a number".into()))?;
-        let server_flow = headers
-            .get(metadata::TETHER_FLOW)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let reverse = self.config.control_plane.is_some()
-            && headers
-                .get(metadata::TETHER_REVERSE)
-                .is_some_and(|v| v.as_bytes() == metadata::TETHER_REVERSE_VERSION.as_bytes());
-        let text = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
-        let resume_token = text(metadata::TETHER_RESUME)
-            .filter(|token| offers_resume && tether_tunnel::is_resume_token(token))
-            .map(str::to_owned);
-        let resumed = text(metadata::TETHER_RESUMED).and_then(|v| v.parse().ok());
-        let server_version = text(metadata::TETHER_VERSION)
-            .filter(|v| metadata::is_version(v))
-            .map(str::to_owned);
-        Ok(Connected {
-            server_id,
-            server_count,
-            channel,
-            server_flow,
-            reverse,
-            sender,
-            receiver,
-            resume_token,
-            resumed,
-            server_version,
-        })
     }
 }
 

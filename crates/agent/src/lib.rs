@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod clientset;
+mod connect;
 mod control_plane;
 mod destination;
 mod drain;

@@ -29,6 +29,20 @@ pub use status::{Code, Status};
 pub use stream::{PacketReceiver, PacketSender};
 pub use tether_proto::Packet;
 
+/// A stream's request or response headers as transport-neutral metadata: every key and
+/// value, repeats and their order kept.
+pub fn metadata_of(headers: &http::HeaderMap) -> tether_proto::metadata::Metadata {
+    headers
+        .iter()
+        .map(|(key, value)| {
+            (
+                key.as_str(),
+                bytes::Bytes::copy_from_slice(value.as_bytes()),
+            )
+        })
+        .collect()
+}
+
 use std::time::Duration;
 
 /// HTTP/2 settings for one kind of connection.

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, LastPong, PeerIdentity, Status};
 use tether_proto::metadata::Metadata;
@@ -21,11 +20,7 @@ pub(crate) enum AgentCall {
 
 impl AgentCall {
     pub(crate) fn grpc(call: IncomingCall) -> Self {
-        let metadata = call
-            .metadata()
-            .iter()
-            .map(|(key, value)| (key.as_str(), Bytes::copy_from_slice(value.as_bytes())))
-            .collect();
+        let metadata = tether_grpc::metadata_of(call.metadata());
         Self::Grpc { call, metadata }
     }
 
