@@ -3,16 +3,16 @@
 //! them (`tether-reverse`). The server dials only its allowlisted endpoints; this end asks
 //! for one (`--control-plane-endpoint`, empty: the server's default).
 
+use std::future::pending;
 use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use tether_proto::DialId;
 use tether_tunnel::connect_head::{self, Head};
-use tether_tunnel::{CloseError, ConnEvent, DialError, DialFacts, MAX_CHUNK, Tunnel};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tether_tunnel::{ChunkRead, CloseError, DialError, DialFacts, RelayOptions, Tunnel, relay};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -200,6 +200,7 @@ pub(crate) async fn serve(
 }
 
 /// Carries one local connection: a reverse dial, then the relay until either side ends.
+/// A TCP client sees a reset, not a clean end, when the connection ended abnormally.
 async fn carry(
     local: Local,
     endpoint: String,
@@ -209,35 +210,68 @@ async fn carry(
 ) {
     match local {
         Local::Tcp(mut stream) => {
-            if carry_stream(&mut stream, endpoint, protocol, &clientset, &metrics)
-                .await
-                .is_err()
-            {
-                tether_tunnel::reset_on_close(&stream);
+            match open(&mut stream, endpoint, protocol, &clientset, &metrics).await {
+                Ok(Some((mut tunnel, early))) => {
+                    let (mut rd, mut wr) = stream.into_split();
+                    if relay_client(&mut tunnel, &mut rd, &mut wr, early).await
+                        && let Ok(stream) = rd.reunite(wr)
+                    {
+                        tether_tunnel::reset_on_close(&stream);
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => tether_tunnel::reset_on_close(&stream),
             }
         }
         Local::Unix(mut stream) => {
-            let _ = carry_stream(&mut stream, endpoint, protocol, &clientset, &metrics).await;
+            if let Ok(Some((mut tunnel, early))) =
+                open(&mut stream, endpoint, protocol, &clientset, &metrics).await
+            {
+                let (mut rd, mut wr) = stream.into_split();
+                relay_client(&mut tunnel, &mut rd, &mut wr, early).await;
+            }
         }
     }
 }
 
-/// [`carry`] on either kind of socket. `Err` when the relay ended abnormally (the client
-/// should see a reset, not a clean end).
-async fn carry_stream<S: AsyncRead + AsyncWrite + Unpin>(
+/// Relays a local client's connection; true when it ended abnormally.
+async fn relay_client<R: ChunkRead, W: AsyncWrite + Unpin>(
+    tunnel: &mut Tunnel,
+    rd: &mut R,
+    wr: &mut W,
+    early: Bytes,
+) -> bool {
+    let options = RelayOptions { early, pace: None };
+    let relayed = relay(
+        tunnel,
+        rd,
+        wr,
+        tether_tunnel::Local::Client,
+        options,
+        pending(),
+    )
+    .await;
+    relayed.error.is_some()
+}
+
+/// Reads the client's request (for HTTP CONNECT), dials the endpoint through a server that
+/// accepts reverse dials and answers the client: the tunnel and the bytes the client sent
+/// behind its request head, or `None` when the client was answered and the connection is
+/// over. `Err` when the client left before the answer.
+async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     endpoint: String,
     protocol: ControlPlaneProtocol,
     clientset: &ClientSet,
     metrics: &AgentMetrics,
-) -> Result<(), CloseError> {
+) -> Result<Option<(Tunnel, Bytes)>, CloseError> {
     let (endpoint, early) = match protocol {
         ControlPlaneProtocol::Tcp => (endpoint, Bytes::new()),
         ControlPlaneProtocol::HttpConnect => match read_connect(stream).await {
             Ok(asked) => asked,
             Err(reply) => {
                 answer(stream, &reply).await;
-                return Ok(());
+                return Ok(None);
             }
         },
     };
@@ -250,7 +284,7 @@ async fn carry_stream<S: AsyncRead + AsyncWrite + Unpin>(
             let reply = http_error(503, "no connected proxy server accepts reverse dials");
             answer(stream, &reply).await;
         }
-        return Ok(());
+        return Ok(None);
     };
     let random = DialId::random();
     let mut facts = DialFacts {
@@ -265,7 +299,7 @@ async fn carry_stream<S: AsyncRead + AsyncWrite + Unpin>(
         Err(error) => Err(error),
     };
     facts.latency = Some(started.elapsed());
-    let mut tunnel = match answered {
+    let tunnel = match answered {
         Ok(tunnel) => tunnel,
         Err(error) => {
             let result = match &error {
@@ -293,7 +327,7 @@ async fn carry_stream<S: AsyncRead + AsyncWrite + Unpin>(
                 };
                 answer(stream, &http_error(status, &reason)).await;
             }
-            return Ok(());
+            return Ok(None);
         }
     };
     metrics.control_plane_dial(ReverseDial::Connected);
@@ -306,7 +340,7 @@ async fn carry_stream<S: AsyncRead + AsyncWrite + Unpin>(
             "the client left before the answer".into(),
         ));
     }
-    relay(&mut tunnel, stream, early).await
+    Ok(Some((tunnel, early)))
 }
 
 /// The answer to a CONNECT whose reverse dial succeeded.
@@ -359,67 +393,6 @@ fn dial_error_text(error: &DialError) -> String {
             format!("too many pending dials on the stream (limit {limit})")
         }
     }
-}
-
-/// Relays between the local client and the server until one side ends. `Err` when the
-/// connection ended abnormally (the client should see a reset, not a clean end).
-async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
-    tunnel: &mut Tunnel,
-    stream: &mut S,
-    early: Bytes,
-) -> Result<(), CloseError> {
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let Tunnel { up, down, .. } = tunnel;
-    let to_server = async {
-        // What an HTTP CONNECT client sent right after its request head.
-        if !early.is_empty() && up.send(early).await.is_err() {
-            return;
-        }
-        let mut buf = BytesMut::new();
-        loop {
-            buf.reserve(MAX_CHUNK);
-            match rd.read_buf(&mut (&mut buf).limit(MAX_CHUNK)).await {
-                Ok(0) | Err(_) => {
-                    // The client is done: ask the server to close; its answer ends the relay.
-                    up.close_request();
-                    return;
-                }
-                Ok(_) => {
-                    if up.send(tether_tunnel::take_read(&mut buf)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    };
-    let to_client = async {
-        loop {
-            match down.recv().await {
-                ConnEvent::Data(data) => {
-                    if let Err(e) = wr.write_all(&data).await {
-                        return Err(CloseError::Local(format!("write to client: {e}")));
-                    }
-                    down.consumed();
-                }
-                ConnEvent::Closed(None) => return Ok(()),
-                ConnEvent::Closed(Some(error)) => return Err(error),
-            }
-        }
-    };
-    let outcome = {
-        let mut to_server = pin!(to_server);
-        let mut to_client = pin!(to_client);
-        // After the client's end, the table's close deadline bounds the wait for the
-        // server's.
-        tokio::select! {
-            outcome = &mut to_client => outcome,
-            () = &mut to_server => (&mut to_client).await,
-        }
-    };
-    if outcome.is_ok() {
-        let _ = wr.shutdown().await;
-    }
-    outcome
 }
 
 #[cfg(test)]

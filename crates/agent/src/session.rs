@@ -291,6 +291,6 @@ async fn serve_connection(
         );
         CloseError::Local(revoked.close_text())
     };
-    let outcome = tether_tunnel::relay_tcp_until(&mut tunnel, stream, cut).await;
+    let outcome = tether_tunnel::relay_tcp(&mut tunnel, stream, cut).await;
     tunnel.finish(outcome);
 }

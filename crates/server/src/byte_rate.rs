@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tether_observe::metrics::Counter;
+use tether_tunnel::Pace;
 
 use crate::bandwidth::Bandwidth;
 
@@ -103,15 +104,8 @@ impl ByteRate {
 
     /// Charges `bytes` just moved and waits until the bucket is out of debt.
     pub(crate) async fn take(&self, bytes: usize) {
-        if !self.active.load(Ordering::Relaxed) {
-            return;
-        }
-        let (wait, share) = self.charge(bytes, Instant::now());
+        let wait = self.debit(bytes);
         if !wait.is_zero() {
-            self.waits.inc();
-            if let Some((bandwidth, index)) = share {
-                bandwidth.waits(index, Instant::now() + wait);
-            }
             tokio::time::sleep(wait).await;
         }
     }
@@ -148,6 +142,24 @@ impl ByteRate {
 /// A full bucket at `per_second`.
 fn burst(per_second: f64) -> f64 {
     (per_second * BURST.as_secs_f64()).max(MIN_BURST)
+}
+
+impl Pace for ByteRate {
+    /// Charges `bytes` just moved; how long until the bucket is out of debt (counted as a
+    /// wait, and told to the tenant's bandwidth share, when not zero).
+    fn debit(&self, bytes: usize) -> Duration {
+        if !self.active.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        let (wait, share) = self.charge(bytes, Instant::now());
+        if !wait.is_zero() {
+            self.waits.inc();
+            if let Some((bandwidth, index)) = share {
+                bandwidth.waits(index, Instant::now() + wait);
+            }
+        }
+        wait
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
 use tether_grpc::{CertificateNames, PeerIdentity, PeerTransport, UnixCredentials};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -42,52 +41,12 @@ impl Io for UnixStream {
 
 impl Io for tokio_rustls::server::TlsStream<TcpStream> {
     fn abort_on_close(&self) {
-        reset_on_close(self.get_ref().0);
+        tether_tunnel::reset_on_close(self.get_ref().0);
     }
 
     fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>> {
         Err(self)
     }
-}
-
-/// Reads a chunk of at most `max` bytes into `buf`; 0 means end of stream.
-pub(crate) trait ChunkRead {
-    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize>;
-}
-
-impl ChunkRead for tokio::net::unix::OwnedReadHalf {
-    /// Releases an empty buffer before waiting for data, so an idle connection holds none:
-    /// after a chunk is split off, the rest of the 64 KiB reserve would otherwise stay
-    /// allocated for as long as the connection stays idle.
-    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
-        loop {
-            buf.reserve(max);
-            match self.try_read_buf(&mut (&mut *buf).limit(max)) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if buf.is_empty() {
-                        *buf = BytesMut::new();
-                    }
-                    self.readable().await?;
-                }
-                result => return result,
-            }
-        }
-    }
-}
-
-impl<R: AsyncRead + Unpin> ChunkRead for tokio::io::ReadHalf<R> {
-    /// TLS has no readiness of its own (records may already be buffered); read directly.
-    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
-        buf.reserve(max);
-        self.read_buf(&mut (&mut *buf).limit(max)).await
-    }
-}
-
-/// SO_LINGER with a zero timeout: close sends RST at once. tokio deprecates `set_linger`
-/// because a non-zero linger blocks the closing thread; a zero linger never blocks.
-#[allow(deprecated)]
-fn reset_on_close(stream: &TcpStream) {
-    let _ = stream.set_linger(Some(Duration::ZERO));
 }
 
 /// A listening socket.

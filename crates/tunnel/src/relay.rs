@@ -1,84 +1,241 @@
-//! The answerer's relay between a dialed TCP destination and the stream: used by the agent
-//! for forward dials and by the server for reverse ones.
+//! The one relay between a local socket and a tunneled connection, for every place that has
+//! one: the agent's forward dials and the server's reverse ones (the socket is the dialed
+//! destination), the server's HTTP CONNECT frontend and the agent's control-plane listener
+//! (the socket is a local client).
+//!
+//! Both directions move `Bytes` chunks of at most [`MAX_CHUNK`]: a socket read becomes one
+//! DATA packet, and the peer's data is written as it came. An idle socket holds no read
+//! buffer ([`ChunkRead`]), and the writer is flushed before the relay waits for the peer, so
+//! a TLS stream keeps no record back while the connection idles.
 
-use bytes::{BufMut, BytesMut};
+use std::io;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
 use tether_session::CloseError;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::{ConnEvent, MAX_CHUNK, Tunnel};
 
-/// The answerer's relay: between the destination it dialed and the peer, until either
-/// side ends. Returns the error to report in CLOSE_RSP, `None` for a normal close.
-pub async fn relay_tcp(tunnel: &mut Tunnel, stream: TcpStream) -> Option<CloseError> {
-    relay_tcp_until(tunnel, stream, std::future::pending()).await
+/// Reads a chunk of at most `max` bytes into `buf`; 0 means end of stream.
+pub trait ChunkRead {
+    fn read_chunk(
+        &mut self,
+        buf: &mut BytesMut,
+        max: usize,
+    ) -> impl Future<Output = io::Result<usize>> + Send;
 }
 
-/// [`relay_tcp`], or until `cut` resolves first: then the destination is reset and the
-/// error `cut` gives is returned, for the peer to see in CLOSE_RSP (the agent cuts a
-/// connection that a reloaded destination policy denies).
-pub async fn relay_tcp_until(
+/// Waits for readiness with an empty buffer released: after a chunk is split off, the rest
+/// of the 64 KiB reserve would otherwise stay allocated for as long as the socket idles.
+macro_rules! chunk_read_by_readiness {
+    ($half:ty) => {
+        impl ChunkRead for $half {
+            async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+                loop {
+                    buf.reserve(max);
+                    match self.try_read_buf(&mut (&mut *buf).limit(max)) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if buf.is_empty() {
+                                *buf = BytesMut::new();
+                            }
+                            self.readable().await?;
+                        }
+                        result => return result,
+                    }
+                }
+            }
+        }
+    };
+}
+
+chunk_read_by_readiness!(tokio::net::tcp::OwnedReadHalf);
+chunk_read_by_readiness!(tokio::net::unix::OwnedReadHalf);
+
+impl<R: AsyncRead + Send> ChunkRead for tokio::io::ReadHalf<R> {
+    /// TLS has no readiness of its own (records may already be buffered): read directly.
+    async fn read_chunk(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+        buf.reserve(max);
+        self.read_buf(&mut (&mut *buf).limit(max)).await
+    }
+}
+
+/// A tenant's byte-rate bucket as a relay sees it: charges `bytes` just moved and says how
+/// long to wait before moving more (zero: go on).
+pub trait Pace: Send + Sync + std::fmt::Debug {
+    fn debit(&self, bytes: usize) -> Duration;
+}
+
+/// What the local socket is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local {
+    /// The destination this end dialed for the peer. Its end ends the connection (there is
+    /// no half-close on the wire), and a failed read is an error the peer hears.
+    Destination,
+    /// A client this end carries to the peer. Its end (or a failed read) asks the peer to
+    /// close, and the peer's data is delivered until its answer; the table's close deadline
+    /// bounds the wait.
+    Client,
+}
+
+impl Local {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Destination => "destination",
+            Self::Client => "client",
+        }
+    }
+}
+
+/// What a relay is given besides its socket.
+#[derive(Debug, Default)]
+pub struct RelayOptions<'a> {
+    /// Bytes the client sent before the tunnel was up (behind its CONNECT head), sent first.
+    pub early: Bytes,
+    /// Paces both directions after each chunk; the peer's credit goes back only after.
+    pub pace: Option<&'a dyn Pace>,
+}
+
+/// Which side ended a relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndedBy {
+    /// The local socket (its end, or a failed read or write).
+    Socket,
+    /// The peer closed the connection, or the stream under it ended.
+    Peer,
+    /// The `cut` future resolved.
+    Cut,
+}
+
+/// How a relay ended.
+#[derive(Debug)]
+pub struct Relayed {
+    pub ended_by: EndedBy,
+    /// `None` for a normal close. The caller makes the socket's close abortive then (it owns
+    /// the whole socket); an answerer reports it in CLOSE_RSP.
+    pub error: Option<CloseError>,
+}
+
+/// Relays between a local socket's halves and `tunnel` until the connection ends or `cut`
+/// resolves. On a normal end, `wr` is shut down.
+pub async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
+    tunnel: &mut Tunnel,
+    rd: &mut R,
+    wr: &mut W,
+    local: Local,
+    options: RelayOptions<'_>,
+    cut: impl Future<Output = CloseError>,
+) -> Relayed {
+    let Tunnel { up, down, .. } = tunnel;
+    let pace = options.pace;
+    let paced = async |bytes: usize| {
+        if let Some(wait) = pace.map(|p| p.debit(bytes)).filter(|w| !w.is_zero()) {
+            tokio::time::sleep(wait).await;
+        }
+    };
+    // Socket → peer: `Err` only for a destination's failed read.
+    let to_peer = async {
+        let mut chunk = options.early;
+        let mut buf = BytesMut::new();
+        loop {
+            if !chunk.is_empty() {
+                let len = chunk.len();
+                if up.send(chunk).await.is_err() {
+                    // Closing from the peer's side: the other half delivers what is left
+                    // and the close itself.
+                    std::future::pending::<()>().await;
+                }
+                paced(len).await;
+            }
+            match rd.read_chunk(&mut buf, MAX_CHUNK).await {
+                Ok(0) => return Ok(()),
+                Ok(_) => chunk = crate::take_read(&mut buf),
+                Err(e) if local == Local::Destination => {
+                    return Err(CloseError::Local(format!("read from destination: {e}")));
+                }
+                Err(_) => return Ok(()),
+            }
+        }
+    };
+    // Peer → socket.
+    let to_socket = async {
+        loop {
+            let event = down
+                .recv_flushed(wr)
+                .await
+                .map_err(|e| (EndedBy::Socket, write_error(local, &e)))?;
+            match event {
+                ConnEvent::Data(data) => {
+                    wr.write_all(&data)
+                        .await
+                        .map_err(|e| (EndedBy::Socket, write_error(local, &e)))?;
+                    paced(data.len()).await;
+                    down.consumed();
+                }
+                ConnEvent::Closed(None) => return Ok(()),
+                ConnEvent::Closed(Some(error)) => return Err((EndedBy::Peer, error)),
+            }
+        }
+    };
+    let outcome = {
+        let mut to_socket = std::pin::pin!(to_socket);
+        tokio::select! {
+        sent = to_peer => match (local, sent) {
+            (Local::Destination, Ok(())) => Ok(EndedBy::Socket),
+            (Local::Destination, Err(error)) => Err((EndedBy::Socket, error)),
+            // The client is done: ask the peer to close; its answer ends the relay.
+            (Local::Client, _) => {
+                up.close_request();
+                (&mut to_socket).await.map(|()| EndedBy::Socket)
+            }
+        },
+            received = &mut to_socket => received.map(|()| EndedBy::Peer),
+            error = cut => Err((EndedBy::Cut, error)),
+        }
+    };
+    match outcome {
+        Ok(ended_by) => {
+            let _ = wr.shutdown().await;
+            Relayed {
+                ended_by,
+                error: None,
+            }
+        }
+        Err((ended_by, error)) => Relayed {
+            ended_by,
+            error: Some(error),
+        },
+    }
+}
+
+fn write_error(local: Local, error: &io::Error) -> CloseError {
+    CloseError::Local(format!("write to {}: {error}", local.name()))
+}
+
+/// The answerer's relay over the TCP destination it dialed, until either side ends or `cut`
+/// resolves (the agent cuts a connection that a reloaded destination policy denies). Returns
+/// the error to report in CLOSE_RSP, `None` for a normal close; after an error the
+/// destination is reset, so it sees a failure rather than a clean end.
+pub async fn relay_tcp(
     tunnel: &mut Tunnel,
     stream: TcpStream,
     cut: impl Future<Output = CloseError>,
 ) -> Option<CloseError> {
-    let (rd, mut wr) = stream.into_split();
-    let Tunnel { up, down, .. } = tunnel;
-    let to_peer = async {
-        let mut buf = BytesMut::new();
-        loop {
-            buf.reserve(MAX_CHUNK);
-            match rd.try_read_buf(&mut (&mut buf).limit(MAX_CHUNK)) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // Going idle: let go of the buffer (its rest would stay allocated).
-                    buf = BytesMut::new();
-                    if let Err(e) = rd.readable().await {
-                        return Err(CloseError::Local(format!("read from destination: {e}")));
-                    }
-                }
-                Ok(0) => return Ok(()),
-                Ok(_) => {
-                    if up.send(crate::take_read(&mut buf)).await.is_err() {
-                        // Closing from the peer's side: the other half delivers what is
-                        // left and the close itself.
-                        std::future::pending::<()>().await;
-                    }
-                }
-                Err(e) => return Err(CloseError::Local(format!("read from destination: {e}"))),
-            }
-        }
-    };
-    let to_destination = async {
-        loop {
-            match down.recv().await {
-                ConnEvent::Data(data) => {
-                    if let Err(e) = wr.write_all(&data).await {
-                        return Err(CloseError::Local(format!("write to destination: {e}")));
-                    }
-                    down.consumed();
-                }
-                ConnEvent::Closed(None) => return Ok(()),
-                ConnEvent::Closed(Some(e)) => return Err(e),
-            }
-        }
-    };
-    // Whichever side ends first ends the connection: there is no half-close on the wire.
-    let outcome = tokio::select! {
-        r = to_peer => r,
-        r = to_destination => r,
-        error = cut => Err(error),
-    };
-    match outcome {
-        Ok(()) => {
-            let _ = wr.shutdown().await;
-            None
-        }
-        Err(error) => {
-            // Make the destination see the failure too, rather than a clean end.
-            if let Ok(stream) = rd.reunite(wr) {
-                crate::reset_on_close(&stream);
-            }
-            Some(error)
-        }
+    let (mut rd, mut wr) = stream.into_split();
+    let relayed = relay(
+        tunnel,
+        &mut rd,
+        &mut wr,
+        Local::Destination,
+        RelayOptions::default(),
+        cut,
+    )
+    .await;
+    if relayed.error.is_some()
+        && let Ok(stream) = rd.reunite(wr)
+    {
+        crate::reset_on_close(&stream);
     }
+    relayed.error
 }

@@ -1,24 +1,24 @@
 //! The HTTP CONNECT frontend, byte-compatible with upstream since v0.34: the `200` goes out
 //! only after the agent's dial succeeded, failures are plain-text 5xx responses.
 
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use std::future::pending;
 use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
-use tether_tunnel::{ConnEvent, MAX_CHUNK, Tunnel, TunnelDown, TunnelUp};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use tether_tunnel::{EndedBy, Local, Pace, RelayOptions, relay};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::Instrument as _;
 
 use super::log_span;
-use crate::byte_rate::ByteRate;
 use crate::dial::{Dialed, Hub};
 use crate::error::DialError;
 use crate::limits::{Limit, LimitMetrics};
 use crate::metrics::Initiator;
-use crate::net::{ChunkRead, Io};
+use crate::net::Io;
 use crate::request::{FrontendKind, RequestContext};
 use tether_tunnel::connect_head::{self, Head};
 
@@ -26,8 +26,6 @@ use tether_tunnel::connect_head::{self, Head};
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Client bytes kept while the dial is under way; more than that waits in the socket.
 const MAX_EARLY_BYTES: usize = 64 * 1024;
-/// How long to wait for the agent's close after the client ended its side.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 
@@ -147,60 +145,54 @@ async fn handle(
     io.write_all(ESTABLISHED).await?;
 
     log_span::record_connection(tunnel.connect_id());
-    let (initiator, closed, mut io): (_, _, Box<dyn Io>) = match io.into_unix() {
+    let options = RelayOptions {
+        early,
+        pace: byte_rate.as_deref().map(|rate| rate as &dyn Pace),
+    };
+    let (relayed, io): (_, Box<dyn Io>) = match io.into_unix() {
         Ok(unix) => {
             let (mut rd, mut wr) = unix.into_split();
-            let (initiator, closed) =
-                relay(&mut tunnel, &mut rd, &mut wr, early, byte_rate.as_deref()).await;
+            let relayed = relay(
+                &mut tunnel,
+                &mut rd,
+                &mut wr,
+                Local::Client,
+                options,
+                pending(),
+            )
+            .await;
             let unix = rd
                 .reunite(wr)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
-            (initiator, closed, Box::new(unix))
+            (relayed, Box::new(unix))
         }
         Err(io) => {
             let (mut rd, mut wr) = tokio::io::split(io);
-            let (initiator, closed) =
-                relay(&mut tunnel, &mut rd, &mut wr, early, byte_rate.as_deref()).await;
-            (initiator, closed, rd.unsplit(wr))
+            let relayed = relay(
+                &mut tunnel,
+                &mut rd,
+                &mut wr,
+                Local::Client,
+                options,
+                pending(),
+            )
+            .await;
+            (relayed, rd.unsplit(wr))
         }
     };
-    hub.metrics.connection_closed(initiator, closed.is_err());
-    match closed {
-        // A normal close: flush and send FIN.
-        Ok(()) => {
-            let _ = io.shutdown().await;
-        }
-        // The agent, its connection or the destination failed: make the client see it.
-        Err(error) => {
-            tracing::debug!(error = error.as_deref(), "closing connection abortively");
-            io.abort_on_close();
-        }
+    let initiator = match relayed.ended_by {
+        EndedBy::Peer => Initiator::Agent,
+        EndedBy::Socket | EndedBy::Cut => Initiator::Client,
+    };
+    hub.metrics
+        .connection_closed(initiator, relayed.error.is_some());
+    if let Some(error) = relayed.error {
+        // The agent, its connection or the destination failed: make the client see it (the
+        // relay already ended a normal close with a FIN).
+        tracing::debug!(%error, "closing connection abortively");
+        io.abort_on_close();
     }
     Ok(())
-}
-
-/// Relays until one side ends; says who ended it and whether abnormally (with the reason).
-/// With `byte_rate`, each direction waits for the tenant's bucket after moving a chunk.
-async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
-    tunnel: &mut Tunnel,
-    rd: &mut R,
-    wr: &mut W,
-    early: Bytes,
-    byte_rate: Option<&ByteRate>,
-) -> (Initiator, Result<(), Option<String>>) {
-    let Tunnel { up, down, .. } = tunnel;
-    let mut to_agent = pin!(client_to_agent(up, rd, early, byte_rate));
-    let mut to_client = pin!(agent_to_client(down, wr, byte_rate));
-    tokio::select! {
-        closed = &mut to_client => (Initiator::Agent, closed),
-        () = &mut to_agent => match tokio::time::timeout(CLOSE_TIMEOUT, &mut to_client).await {
-            Ok(closed) => (Initiator::Client, closed),
-            Err(_) => (
-                Initiator::Client,
-                Err(Some("timed out waiting for the agent to close".to_owned())),
-            ),
-        },
-    }
 }
 
 /// The status of one of the head parser's canned responses (`431 Request Header Fields Too
@@ -259,67 +251,6 @@ fn status_for_dial_error(text: &str) -> u16 {
         503
     } else {
         502
-    }
-}
-
-async fn client_to_agent<R: ChunkRead>(
-    up: &TunnelUp,
-    rd: &mut R,
-    early: Bytes,
-    byte_rate: Option<&ByteRate>,
-) {
-    if !early.is_empty() {
-        let len = early.len();
-        if up.send(early).await.is_err() {
-            return;
-        }
-        if let Some(rate) = byte_rate {
-            rate.take(len).await;
-        }
-    }
-    let mut buf = BytesMut::new();
-    loop {
-        match rd.read_chunk(&mut buf, MAX_CHUNK).await {
-            Ok(0) | Err(_) => {
-                up.close_request();
-                return;
-            }
-            Ok(len) => {
-                if up.send(tether_tunnel::take_read(&mut buf)).await.is_err() {
-                    return;
-                }
-                // Over the tenant's rate: read nothing more until the bucket refills.
-                if let Some(rate) = byte_rate {
-                    rate.take(len).await;
-                }
-            }
-        }
-    }
-}
-
-/// Writes agent data to the client; `Err` carries the reason of an abnormal close.
-async fn agent_to_client<W: AsyncWrite + Unpin>(
-    down: &mut TunnelDown,
-    wr: &mut W,
-    byte_rate: Option<&ByteRate>,
-) -> Result<(), Option<String>> {
-    loop {
-        let event = down
-            .recv_flushed(wr)
-            .await
-            .map_err(|e| Some(e.to_string()))?;
-        match event {
-            ConnEvent::Data(data) => {
-                wr.write_all(&data).await.map_err(|e| Some(e.to_string()))?;
-                // Over the tenant's rate: return the agent's credit only once it refills.
-                if let Some(rate) = byte_rate {
-                    rate.take(data.len()).await;
-                }
-                down.consumed();
-            }
-            ConnEvent::Closed(None) => return Ok(()),
-            ConnEvent::Closed(Some(error)) => return Err(Some(error.to_string())),
-        }
     }
 }
 
