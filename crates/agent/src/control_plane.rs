@@ -3,7 +3,6 @@
 //! them (`tether-reverse`). The server dials only its allowlisted endpoints; this end asks
 //! for one (`--control-plane-endpoint`, empty: the server's default).
 
-use std::future::pending;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use tether_proto::DialId;
 use tether_tunnel::connect_head::{self, Head};
-use tether_tunnel::{ChunkRead, CloseError, DialError, DialFacts, RelayOptions, Tunnel, relay};
+use tether_tunnel::{CloseError, DialError, DialFacts, RelayOptions, Tunnel, relay_client};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
@@ -213,7 +212,9 @@ async fn carry(
             match open(&mut stream, endpoint, protocol, &clientset, &metrics).await {
                 Ok(Some((mut tunnel, early))) => {
                     let (mut rd, mut wr) = stream.into_split();
-                    if relay_client(&mut tunnel, &mut rd, &mut wr, early).await
+                    let options = RelayOptions { early, pace: None };
+                    let relayed = relay_client(&mut tunnel, &mut rd, &mut wr, options).await;
+                    if relayed.error.is_some()
                         && let Ok(stream) = rd.reunite(wr)
                     {
                         tether_tunnel::reset_on_close(&stream);
@@ -228,30 +229,11 @@ async fn carry(
                 open(&mut stream, endpoint, protocol, &clientset, &metrics).await
             {
                 let (mut rd, mut wr) = stream.into_split();
-                relay_client(&mut tunnel, &mut rd, &mut wr, early).await;
+                let options = RelayOptions { early, pace: None };
+                relay_client(&mut tunnel, &mut rd, &mut wr, options).await;
             }
         }
     }
-}
-
-/// Relays a local client's connection; true when it ended abnormally.
-async fn relay_client<R: ChunkRead, W: AsyncWrite + Unpin>(
-    tunnel: &mut Tunnel,
-    rd: &mut R,
-    wr: &mut W,
-    early: Bytes,
-) -> bool {
-    let options = RelayOptions { early, pace: None };
-    let relayed = relay(
-        tunnel,
-        rd,
-        wr,
-        tether_tunnel::Local::Client,
-        options,
-        pending(),
-    )
-    .await;
-    relayed.error.is_some()
 }
 
 /// Reads the client's request (for HTTP CONNECT), dials the endpoint through a server that

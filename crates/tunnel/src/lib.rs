@@ -30,7 +30,9 @@ pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
 pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
 pub use log::log_ended;
-pub use relay::{ChunkRead, EndedBy, Local, Pace, RelayOptions, Relayed, relay, relay_tcp};
+pub use relay::{
+    ChunkRead, EndedBy, Local, Pace, RelayOptions, Relayed, relay, relay_client, relay_tcp,
+};
 pub use resume::{
     MAX_RESUME_FROM, ResumeFailure, ResumeMetrics, Suspension, format_resume_from, is_resume_token,
     parse_resume_from,

@@ -213,6 +213,24 @@ fn write_error(local: Local, error: &io::Error) -> CloseError {
     CloseError::Local(format!("write to {}: {error}", local.name()))
 }
 
+/// The relay for a local client this end carries to the peer, over its socket's halves.
+pub async fn relay_client<R: ChunkRead, W: AsyncWrite + Unpin>(
+    tunnel: &mut Tunnel,
+    rd: &mut R,
+    wr: &mut W,
+    options: RelayOptions<'_>,
+) -> Relayed {
+    relay(
+        tunnel,
+        rd,
+        wr,
+        Local::Client,
+        options,
+        std::future::pending(),
+    )
+    .await
+}
+
 /// The answerer's relay over the TCP destination it dialed, until either side ends or `cut`
 /// resolves (the agent cuts a connection that a reloaded destination policy denies). Returns
 /// the error to report in CLOSE_RSP, `None` for a normal close; after an error the

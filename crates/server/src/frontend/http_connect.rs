@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use std::future::pending;
 use tether_grpc::PeerIdentity;
 use tether_proto::DialId;
 
-use tether_tunnel::{EndedBy, Local, Pace, RelayOptions, relay};
+use tether_tunnel::{EndedBy, Pace, RelayOptions, relay_client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::Instrument as _;
 
@@ -152,15 +151,7 @@ async fn handle(
     let (relayed, io): (_, Box<dyn Io>) = match io.into_unix() {
         Ok(unix) => {
             let (mut rd, mut wr) = unix.into_split();
-            let relayed = relay(
-                &mut tunnel,
-                &mut rd,
-                &mut wr,
-                Local::Client,
-                options,
-                pending(),
-            )
-            .await;
+            let relayed = relay_client(&mut tunnel, &mut rd, &mut wr, options).await;
             let unix = rd
                 .reunite(wr)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -168,15 +159,7 @@ async fn handle(
         }
         Err(io) => {
             let (mut rd, mut wr) = tokio::io::split(io);
-            let relayed = relay(
-                &mut tunnel,
-                &mut rd,
-                &mut wr,
-                Local::Client,
-                options,
-                pending(),
-            )
-            .await;
+            let relayed = relay_client(&mut tunnel, &mut rd, &mut wr, options).await;
             (relayed, rd.unsplit(wr))
         }
     };

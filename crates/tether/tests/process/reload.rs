@@ -728,6 +728,18 @@ async fn reloads_under_a_live_transfer(mode: Mode) {
     assert!(reason.contains(removed), "{reason}");
 }
 
+/// Waits until agent B serves tenant B through `b_socket`, then opens a connection to
+/// `echo_addr` through it and checks that it echoes.
+async fn open_through_b(mode: Mode, b_socket: &Path, echo_addr: &str) -> Box<dyn Tunnel> {
+    until("agent B serves tenant B", || async {
+        b_socket.exists() && echo_once(mode, b_socket, echo_addr).await.is_ok()
+    })
+    .await;
+    let mut open = mode.dial(b_socket, echo_addr).await.unwrap();
+    echo(&mut open, b"before").await;
+    open
+}
+
 /// An agent identity moved from tenant B to tenant A: B's stream of that agent takes no new
 /// dial, its open connection ends after the grace with the move named, and the agent comes
 /// back under tenant A.
@@ -751,12 +763,7 @@ async fn an_agent_identity_moved_to_another_tenant_reconnects_under_it() {
     let _agent_b = spawn_agent_b(&pki, &reloading.server).await;
     let echo_server = EchoServer::start().await.unwrap();
     let echo_addr = echo_server.addr.to_string();
-    until("agent B serves tenant B", || async {
-        b_socket.exists() && echo_once(mode, &b_socket, &echo_addr).await.is_ok()
-    })
-    .await;
-    let mut open = mode.dial(&b_socket, &echo_addr).await.unwrap();
-    echo(&mut open, b"before").await;
+    let mut open = open_through_b(mode, &b_socket, &echo_addr).await;
 
     // agent.b is tenant A's now; B keeps an identity nobody has.
     map.update(&routing(
@@ -823,12 +830,7 @@ async fn a_removed_tenants_stream_is_listed_as_retiring_until_the_grace_ends() {
     let _agent_b = spawn_agent_b(&pki, server).await;
     let echo_server = EchoServer::start().await.unwrap();
     let echo_addr = echo_server.addr.to_string();
-    until("agent B serves tenant B", || async {
-        b_socket.exists() && echo_once(mode, &b_socket, &echo_addr).await.is_ok()
-    })
-    .await;
-    let mut open = mode.dial(&b_socket, &echo_addr).await.unwrap();
-    echo(&mut open, b"before").await;
+    let mut open = open_through_b(mode, &b_socket, &echo_addr).await;
     let before = streams_of_agent_b(server).await;
     assert!(
         before.len() == 1 && before[0].retiring.is_none(),
