@@ -55,7 +55,7 @@ cargo fmt --all -- --check
 
 step "lint"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-python3 scripts/module-cycles.py crates/server/src
+python3 scripts/module-cycles.py crates/server/src crates/agent/src crates/tunnel/src
 
 step "tests"
 cargo test --workspace --locked --no-fail-fast

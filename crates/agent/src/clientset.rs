@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::Config;
+use crate::config::Config;
 use crate::connect::{ConnectError, Connected, ServerConn};
 use crate::destination::Destinations;
 use crate::metrics::AgentMetrics;

@@ -13,7 +13,7 @@ use tether_proto::metadata::{self, Metadata};
 use tether_tunnel::{Transport, TransportError};
 use tokio_util::task::TaskTracker;
 
-use crate::Config;
+use crate::config::Config;
 
 /// Why one connection attempt did not add a session.
 #[derive(Debug, thiserror::Error)]

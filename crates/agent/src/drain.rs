@@ -2,13 +2,10 @@
 //! for, and, with `--drain-timeout`, stopping it once its connections are gone so that a pod
 //! deletion or a Ctrl-C does not wait for a second signal.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tether_observe::duration::format_go_duration;
 use tokio_util::sync::CancellationToken;
-
-use crate::clientset::ClientSet;
 
 /// How often a draining agent counts its open connections.
 const POLL: Duration = Duration::from_millis(100);
@@ -35,9 +32,9 @@ pub(crate) fn announcement(open: usize, bound: Option<Duration>) -> String {
 
 /// After `drain`, cancels `stop` once the agent is draining and no connection or dial is
 /// open on any server stream, or when `bound` has passed; returns early if `stop` comes
-/// first.
+/// first. `open` counts the connections and dials once the agent drains (`None` before).
 pub(crate) async fn stop_when_drained(
-    clientset: Arc<ClientSet>,
+    open: impl Fn() -> Option<usize>,
     drain: CancellationToken,
     bound: Duration,
     stop: CancellationToken,
@@ -49,9 +46,7 @@ pub(crate) async fn stop_when_drained(
     let deadline = tokio::time::Instant::now() + bound;
     loop {
         // The sync loop tells the servers and logs the announcement first.
-        let open = clientset
-            .is_draining()
-            .then(|| clientset.open_connections());
+        let open = open();
         if open == Some(0) {
             tracing::info!("drained: no connections open; stopping");
             break;

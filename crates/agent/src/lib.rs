@@ -18,8 +18,10 @@
 #![forbid(unsafe_code)]
 
 mod clientset;
+mod config;
 mod connect;
 mod control_plane;
+mod control_plane_config;
 mod destination;
 mod drain;
 pub mod egress_proxy;
@@ -32,73 +34,18 @@ mod tls_failure;
 mod tls_reload;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-pub use control_plane::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
+pub use config::Config;
+pub use control_plane_config::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
 pub use destination::{DestinationConfig, PolicyFileError};
 pub use health::Readiness;
 pub use server_count::{CountSource, LeaseCounting, ServerLeases};
-use tether_grpc::Keepalive;
 use tether_observe::metrics::Registry;
 pub use tether_proto::Labels;
 pub use tether_tunnel::FlowConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-/// A validated agent configuration.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// `--proxy-server-host`: dialed for every server connection (normally a load balancer).
-    pub server_host: String,
-    pub server_port: u16,
-    /// `--https-proxy` or `HTTPS_PROXY`/`NO_PROXY`: directly, or through this proxy.
-    pub egress: egress_proxy::Egress,
-    /// TLS to the server; ALPN must include `h2`.
-    pub tls: Arc<rustls::ClientConfig>,
-    /// When set, replaces `tls`: rebuilt from its files (client certificate, key, CA)
-    /// whenever they changed, checked before every new server connection.
-    pub tls_reload: Option<Arc<tether_tls::Reloading<rustls::ClientConfig>>>,
-    pub agent_id: String,
-    /// `--agent-identifiers`, already validated; sent as is.
-    pub identifiers: String,
-    /// tether's `--agent-labels`: sent as `tether-labels`, which upstream servers ignore.
-    pub labels: Labels,
-    pub health_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-    pub sync_interval: Duration,
-    pub sync_interval_cap: Duration,
-    /// Keep dialing for more servers even once the announced count is reached.
-    pub sync_forever: bool,
-    /// HTTP/2 PINGs to the server. Only used with tether servers: upstream servers punish
-    /// pings more often than every 30 s.
-    pub keepalive: Option<Keepalive>,
-    /// PINGs to an upstream server (from `--keepalive-time`), if any.
-    pub legacy_keepalive: Option<Keepalive>,
-    /// Deadline for dialing a destination: waiting for a slot, lookup and connect.
-    pub dial_timeout: Duration,
-    /// The destination policy and the dial and lookup caps.
-    pub destinations: DestinationConfig,
-    pub flow: FlowConfig,
-    /// `--service-account-token-path`: sent as `Bearer` token, re-read on every connect.
-    pub token_path: Option<PathBuf>,
-    /// `--count-server-leases`: the server count from Leases, kept current by whoever
-    /// lists them (the binary runs tether-kube's counter).
-    pub lease_counting: Option<LeaseCounting>,
-    /// `--audit-log-path`: JSON lines, two per connection (opened, ended) and one per failed
-    /// or refused dial.
-    pub audit_log: Option<tether_observe::audit::AuditTarget>,
-    /// `--control-plane-listen`: carry node-side connections to the control plane.
-    pub control_plane: Option<ControlPlaneConfig>,
-    /// `--resume-window`: how long a server stream whose transport broke keeps its
-    /// connections while the agent reconnects to resume it (tether servers only); zero
-    /// turns it off.
-    pub resume_window: Duration,
-    /// `--drain-timeout`: a draining agent stops once no connection is open, or after this
-    /// long at most. `None` keeps upstream's behaviour: it drains and runs until `stop`.
-    pub drain_timeout: Option<Duration>,
-}
 
 /// Start-up failures. The io errors are plain fields, not `source()`s, which `{:#}` would
 /// print a second time after the message that already holds them.
@@ -159,9 +106,7 @@ fn distinct_ports(config: &Config) -> Result<(), AgentError> {
         (config.health_addr, "--health-server-port"),
         (config.admin_addr, "--admin-server-port"),
     ];
-    if let Some(control_plane::ListenAddr::Tcp(addr)) =
-        config.control_plane.as_ref().map(|c| &c.listen)
-    {
+    if let Some(ListenAddr::Tcp(addr)) = config.control_plane.as_ref().map(|c| &c.listen) {
         listeners.push((*addr, "--control-plane-listen"));
     }
     for (i, &(a, first)) in listeners.iter().enumerate() {
@@ -345,8 +290,9 @@ impl Agent {
         ));
         endpoints.spawn(destinations.watch(stop.clone()));
         if let Some(bound) = drain_timeout {
+            let draining = clientset.clone();
             endpoints.spawn(drain::stop_when_drained(
-                clientset.clone(),
+                move || draining.is_draining().then(|| draining.open_connections()),
                 drain.clone(),
                 bound,
                 stop.clone(),

@@ -10,8 +10,8 @@ use tether_proto::ConnectId;
 use tether_session::{CloseError, Recv, SendError};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::MAX_CHUNK;
 use crate::link::{Link, Waiter};
+use crate::socket::MAX_CHUNK;
 
 /// What the peer sent on a connection.
 #[derive(Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Instant;
 use tether_observe::introspect::ConnectionView;
 use tether_proto::DialId;
 
-use crate::Link;
+use crate::link::Link;
 
 impl Link {
     /// Every pending dial and connection of this stream. `base` fills in what the caller

@@ -21,11 +21,11 @@ mod link;
 mod log;
 mod relay;
 mod resume;
+mod socket;
 mod stream;
 mod transport;
 
 pub use audit::{AuditSide, DialFacts, StreamAudit};
-use bytes::{Bytes, BytesMut};
 pub use conn::{Closed, ConnEvent, Tunnel, TunnelDown, TunnelUp};
 pub use dial::{IncomingDial, PendingDial};
 pub use link::{Direction, Hooks, Link};
@@ -37,6 +37,7 @@ pub use resume::{
     MAX_RESUME_FROM, ResumeFailure, ResumeMetrics, Suspension, format_resume_from, is_resume_token,
     parse_resume_from,
 };
+pub use socket::{MAX_CHUNK, reset_on_close, take_read};
 pub use stream::TransportEnd;
 pub use tether_session::{
     Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,
@@ -44,27 +45,3 @@ pub use tether_session::{
     SessionConfig,
 };
 pub use transport::{Reader, Transport, TransportError, Writer};
-
-/// Largest DATA payload either end sends, and the size of relay reads.
-pub const MAX_CHUNK: usize = 64 * 1024;
-
-/// Takes the bytes just read into `buf`. A small chunk is copied out, so that while it waits
-/// in queues it does not keep the whole (typically 64 KiB) read allocation alive; a large one
-/// is split off without a copy.
-pub fn take_read(buf: &mut BytesMut) -> Bytes {
-    const COPY_BELOW: usize = 16 * 1024;
-    if buf.len() < COPY_BELOW {
-        let chunk = Bytes::copy_from_slice(buf);
-        buf.clear();
-        chunk
-    } else {
-        buf.split().freeze()
-    }
-}
-
-/// SO_LINGER 0: the close sends RST, so the far end sees a failure rather than a clean end.
-/// A zero linger never blocks, unlike what tokio's deprecation of `set_linger` warns about.
-#[allow(deprecated)]
-pub fn reset_on_close(stream: &tokio::net::TcpStream) {
-    let _ = stream.set_linger(Some(std::time::Duration::ZERO));
-}

@@ -16,7 +16,8 @@ use tether_session::CloseError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::{ConnEvent, MAX_CHUNK, Tunnel};
+use crate::conn::{ConnEvent, Tunnel};
+use crate::socket::{MAX_CHUNK, reset_on_close, take_read};
 
 /// Reads a chunk of at most `max` bytes into `buf`; 0 means end of stream.
 pub trait ChunkRead {
@@ -150,7 +151,7 @@ pub async fn relay<R: ChunkRead, W: AsyncWrite + Unpin>(
             }
             match rd.read_chunk(&mut buf, MAX_CHUNK).await {
                 Ok(0) => return Ok(()),
-                Ok(_) => chunk = crate::take_read(&mut buf),
+                Ok(_) => chunk = take_read(&mut buf),
                 Err(e) if local == Local::Destination => {
                     return Err(CloseError::Local(format!("read from destination: {e}")));
                 }
@@ -253,7 +254,7 @@ pub async fn relay_tcp(
     if relayed.error.is_some()
         && let Ok(stream) = rd.reunite(wr)
     {
-        crate::reset_on_close(&stream);
+        reset_on_close(&stream);
     }
     relayed.error
 }
