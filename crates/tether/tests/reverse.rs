@@ -561,8 +561,19 @@ async fn reverse_connections_per_stream_are_capped_and_refusals_bounded() -> any
     let pid = server.process.pid;
     let target = api.addr.to_string();
     // One connection opened and closed first, so that lazily made state is in the baseline.
-    let (mut first, head) = connect_via(listener, &target).await?;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // The server is ready once the agent's stream is registered there, which can be a moment
+    // before the agent has taken the server's answer (its 503 says so): ask again until then.
+    let mut first = None;
+    for _ in 0..50 {
+        let (stream, head) = connect_via(listener, &target).await?;
+        if head.starts_with("HTTP/1.1 200") {
+            first = Some(stream);
+            break;
+        }
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut first = first.expect("the listener carries a connection within 5 s");
     echoes(&mut first, b"warm").await?;
     drop(first);
     let gauge = "tether_server_control_plane_connections";
