@@ -147,24 +147,23 @@ impl RoutingOwner {
         }
         let shutdown = self.serving.shutdown.clone();
         loop {
-            let changed = async {
+            let next = async {
                 match updates.as_mut() {
-                    Some(updates) => updates.changed().await.is_ok(),
+                    Some(updates) => match updates.changed().await {
+                        Ok(()) => Some(updates.borrow_and_update().clone()),
+                        Err(_) => None,
+                    },
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                ok = changed => if !ok {
+                next = next => match next {
+                    Some(loaded) => self.apply(&loaded).await,
                     // The reloader is gone (it stops with the server): nothing more comes.
-                    updates = None;
-                    continue;
+                    None => updates = None,
                 },
             }
-            let Some(loaded) = updates.as_mut().map(|u| u.borrow_and_update().clone()) else {
-                continue;
-            };
-            self.apply(&loaded).await;
         }
         for (_, served) in self.served.drain() {
             for handle in served.loops {

@@ -89,6 +89,21 @@ impl EchoServer {
             _server: server,
         })
     }
+
+    /// An echo server on another loopback address than 127.0.0.1 (such as `[::1]:0`), on
+    /// none of the ports in `taken`: an agent refuses to dial its own listeners' ports on any
+    /// loopback address, and an ephemeral port number can come up again on another address.
+    pub async fn start_apart_from(addr: SocketAddr, taken: &[u16]) -> std::io::Result<Self> {
+        for _ in 0..10 {
+            let echo = Self::start_at(addr).await?;
+            if !taken.contains(&echo.addr.port()) {
+                return Ok(echo);
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "10 ports on {addr} in a row were among {taken:?}"
+        )))
+    }
 }
 
 /// A small HTTP/1.1 server: `GET /bytes/N` returns N bytes of a pattern, anything else

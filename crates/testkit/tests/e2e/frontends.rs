@@ -55,7 +55,7 @@ async fn frontend_round_trip(mode: Mode, transport: Transport, ipv6: bool) {
         Some(DialError::NoAgent)
     ));
 
-    let _agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
+    let agent = TestAgent::start(&pki, server.agent_addr, AgentOptions::default())
         .await
         .unwrap();
     server.wait_ready().await.unwrap();
@@ -66,7 +66,8 @@ async fn frontend_round_trip(mode: Mode, transport: Transport, ipv6: bool) {
 
     // Dual stack: an IPv6 destination, and a name (localhost is in /etc/hosts, so the
     // agent's lookup never leaves the machine).
-    let echo6 = EchoServer::start_at("[::1]:0".parse().unwrap())
+    let own = [agent.health_addr.port(), agent.admin_addr.port()];
+    let echo6 = EchoServer::start_apart_from("[::1]:0".parse().unwrap(), &own)
         .await
         .unwrap();
     let stream = dial(mode, &client, &echo6.addr.to_string()).await.unwrap();

@@ -300,10 +300,14 @@ async fn cidr_and_ipv6_identifiers_route() {
         );
     }
     wait_for_agents(&server, 3).await;
-    let v4 = EchoServer::start_at("127.0.2.1:0".parse().unwrap())
+    let own: Vec<u16> = agents
+        .iter()
+        .flat_map(|a| [a.health_addr.port(), a.admin_addr.port()])
+        .collect();
+    let v4 = EchoServer::start_apart_from("127.0.2.1:0".parse().unwrap(), &own)
         .await
         .unwrap();
-    let v6 = EchoServer::start_at("[::1]:0".parse().unwrap())
+    let v6 = EchoServer::start_apart_from("[::1]:0".parse().unwrap(), &own)
         .await
         .unwrap();
     for _ in 0..10 {
