@@ -73,7 +73,7 @@ pub(crate) fn next_running(
         .leaving
         .iter()
         .chain(&removed)
-        .filter(|state| !state.streams_now().is_empty())
+        .filter(|state| state.has_streams())
         .cloned()
         .collect();
     let running = Running {

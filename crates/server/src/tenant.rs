@@ -151,6 +151,11 @@ impl TenantState {
         self.streams().live.remove(&stream_id);
     }
 
+    /// Whether any of the tenant's streams is still running.
+    pub(crate) fn has_streams(&self) -> bool {
+        !self.streams().live.is_empty()
+    }
+
     /// The tenant's streams now.
     pub(crate) fn streams_now(&self) -> Vec<Arc<AgentSession>> {
         self.streams().live.values().cloned().collect()

@@ -9,9 +9,9 @@ use tether_client::{GrpcClient, Transport};
 use tether_testkit::Pki;
 use tether_testkit::process::{Frontend, Process, spawn_agent, spawn_server};
 use tether_testkit::targets::EchoServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{STEP, bin, until};
+use crate::reload::echo;
+use crate::{bin, until};
 
 /// Flags that send a process's log to `path`.
 fn log_to(path: &Path) -> Vec<String> {
@@ -38,17 +38,6 @@ async fn hang_up(process: &mut Process, log: &Path, flag: &str) {
         process.wait(Duration::from_millis(300)).await.is_err(),
         "the process ended after SIGHUP"
     );
-}
-
-/// Echoes one line through `stream`.
-async fn echo(stream: &mut tether_client::TunnelStream, line: &[u8]) {
-    stream.write_all(line).await.unwrap();
-    let mut back = vec![0u8; line.len()];
-    tokio::time::timeout(STEP, stream.read_exact(&mut back))
-        .await
-        .expect("the echo comes back")
-        .unwrap();
-    assert_eq!(back, line);
 }
 
 #[tokio::test]

@@ -186,7 +186,7 @@ impl Mode {
 }
 
 /// Echoes `text` through `tunnel`, which must answer it within `STEP`.
-pub(crate) async fn echo(tunnel: &mut Box<dyn Tunnel>, text: &[u8]) {
+pub(crate) async fn echo<T: AsyncRead + AsyncWrite + Unpin + ?Sized>(tunnel: &mut T, text: &[u8]) {
     tunnel.write_all(text).await.unwrap();
     let mut back = vec![0u8; text.len()];
     tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
