@@ -18,8 +18,8 @@ pub struct Channel {
     authority: uri::Authority,
     closed: watch::Receiver<Option<String>>,
     /// Taken by the first [`Channel::start_keepalive`], which hands the settings to the driver.
-    keepalive: Arc<Mutex<Option<oneshot::Sender<crate::Keepalive>>>>,
-    last_pong: Arc<crate::LastPong>,
+    keepalive: Arc<Mutex<Option<oneshot::Sender<tether_conn::Keepalive>>>>,
+    last_pong: Arc<tether_conn::LastPong>,
 }
 
 /// Drives one [`Channel`]'s HTTP/2 connection and its keepalive pings. The caller spawns
@@ -29,9 +29,9 @@ pub struct Channel {
 pub struct ChannelDriver<IO> {
     connection: h2::client::Connection<IO, Bytes>,
     ping_pong: Option<h2::PingPong>,
-    keepalive: oneshot::Receiver<crate::Keepalive>,
+    keepalive: oneshot::Receiver<tether_conn::Keepalive>,
     closed: watch::Sender<Option<String>>,
-    last_pong: Arc<crate::LastPong>,
+    last_pong: Arc<tether_conn::LastPong>,
 }
 
 impl<IO> std::fmt::Debug for ChannelDriver<IO> {
@@ -53,7 +53,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ChannelDriver<IO> {
         let pings = async {
             match (ping_pong, keepalive.await) {
                 (Some(ping_pong), Ok(settings)) => {
-                    crate::keep_alive(ping_pong, settings, last_pong).await
+                    crate::pinger::keep_alive(ping_pong, settings, last_pong).await
                 }
                 // No keepalive was asked for (or every channel handle is gone): only the
                 // connection can end the driver.
@@ -99,7 +99,7 @@ impl Channel {
             .await?;
         let (closed_tx, closed) = watch::channel(None);
         let (keepalive_tx, keepalive_rx) = oneshot::channel();
-        let last_pong = Arc::new(crate::LastPong::default());
+        let last_pong = Arc::new(tether_conn::LastPong::default());
         let driver = ChannelDriver {
             last_pong: last_pong.clone(),
             ping_pong: connection.ping_pong(),
@@ -128,7 +128,7 @@ impl Channel {
     /// Starts probing the peer with HTTP/2 PINGs; the driver drops the connection when one
     /// goes unanswered. Deferred from the handshake because the right interval depends on who
     /// the peer turns out to be. Only the first call has an effect.
-    pub fn start_keepalive(&self, keepalive: crate::Keepalive) {
+    pub fn start_keepalive(&self, keepalive: tether_conn::Keepalive) {
         let sender = self
             .keepalive
             .lock()
@@ -140,7 +140,7 @@ impl Channel {
     }
 
     /// When the server last answered a keepalive PING.
-    pub fn last_pong(&self) -> Arc<crate::LastPong> {
+    pub fn last_pong(&self) -> Arc<tether_conn::LastPong> {
         self.last_pong.clone()
     }
 

@@ -1,7 +1,6 @@
 //! Accepting gRPC calls on HTTP/2 connections.
 
 mod handshake;
-mod heard;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,9 +12,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::budget::PartialMessageBudget;
 use crate::stream::CallEnd;
 use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender, PeerIdentity, Status};
+use tether_conn::PartialMessageBudget;
 
 /// A call a client opened; answer it with [`accept`](Self::accept) or [`reject`](Self::reject).
 #[derive(Debug)]
@@ -23,7 +22,7 @@ pub struct IncomingCall {
     path: String,
     metadata: HeaderMap,
     peer: Arc<PeerIdentity>,
-    last_pong: Arc<crate::LastPong>,
+    last_pong: Arc<tether_conn::LastPong>,
     recv: h2::RecvStream,
     respond: h2::server::SendResponse<Bytes>,
     budget: Option<Arc<PartialMessageBudget>>,
@@ -49,7 +48,7 @@ impl IncomingCall {
     }
 
     /// When the peer last answered the connection's keepalive PING.
-    pub fn last_pong(&self) -> &Arc<crate::LastPong> {
+    pub fn last_pong(&self) -> &Arc<tether_conn::LastPong> {
         &self.last_pong
     }
 
@@ -169,8 +168,9 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     // Every byte read is a sign of the peer's life (see `LastPong::heard`).
-    let last_pong = Arc::new(crate::LastPong::default());
-    let (io, setup_done) = handshake::SetupWatch::new(heard::Heard::new(io, last_pong.clone()));
+    let last_pong = Arc::new(tether_conn::LastPong::default());
+    let (io, setup_done) =
+        handshake::SetupWatch::new(tether_conn::Heard::new(io, last_pong.clone()));
     let mut builder = h2::server::Builder::new();
     // Without this, the connection window stays at HTTP/2's initial 64 KiB until a call is
     // accepted (see `H2Settings::window_on_accept`).
@@ -207,7 +207,7 @@ where
     let pongs = last_pong.clone();
     let keepalive = async move {
         match ping_pong {
-            Some((k, pp)) => crate::keep_alive(pp, k, pongs).await,
+            Some((k, pp)) => crate::pinger::keep_alive(pp, k, pongs).await,
             None => std::future::pending().await,
         }
     };

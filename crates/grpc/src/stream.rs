@@ -7,8 +7,8 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use tether_proto::frame::{self, Decoder, FrameError};
 
-use crate::budget::{Draw, PartialMessageBudget};
 use crate::{Code, GrpcError, Packet, Status};
+use tether_conn::{Draw, PartialMessageBudget};
 
 /// The status a server-side call ends with when its receive side failed (a message over the
 /// size limit, say): the sending half writes it as trailers when it is dropped without an

@@ -67,25 +67,25 @@ impl PartialMessageBudget {
 /// What one stream has drawn from a budget; given back as its message completes, or when the
 /// stream ends.
 #[derive(Debug)]
-pub(crate) struct Draw {
+pub struct Draw {
     budget: Arc<PartialMessageBudget>,
     drawn: usize,
 }
 
 /// The budget could not cover a stream's incomplete message.
 #[derive(Debug)]
-pub(crate) struct Exhausted {
-    pub(crate) held: usize,
-    pub(crate) limit: usize,
+pub struct Exhausted {
+    pub held: usize,
+    pub limit: usize,
 }
 
 impl Draw {
-    pub(crate) fn new(budget: Arc<PartialMessageBudget>) -> Self {
+    pub fn new(budget: Arc<PartialMessageBudget>) -> Self {
         Self { budget, drawn: 0 }
     }
 
     /// Adjusts the draw to a stream holding `partial` bytes of an incomplete message.
-    pub(crate) fn hold(&mut self, partial: usize) -> Result<(), Exhausted> {
+    pub fn hold(&mut self, partial: usize) -> Result<(), Exhausted> {
         let want = partial.saturating_sub(FREE_PARTIAL_BYTES);
         if want > self.drawn {
             if !self.budget.take(want - self.drawn) {

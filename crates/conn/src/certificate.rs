@@ -1,4 +1,5 @@
-//! Just enough DER to read a certificate's subject CN and subjectAltName entries.
+//! The names in a verified client certificate, and just enough DER to read its subject CN
+//! and subjectAltName entries.
 //!
 //! The certificate has already been verified by rustls when this runs, so the reader only
 //! needs to walk the structure; it still checks every length, and anything it does not
@@ -6,7 +7,34 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::CertificateNames;
+/// The names in a verified client certificate's leaf: its subject CN and its SAN entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertificateNames {
+    /// The subject's commonName, when present and text.
+    pub common_name: Option<String>,
+    pub dns: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    pub uris: Vec<String>,
+}
+
+impl CertificateNames {
+    /// Reads the names from a DER-encoded X.509 certificate.
+    pub fn from_der(der: &[u8]) -> Result<Self, CertificateError> {
+        names(der)
+    }
+
+    /// True when `name` is the CN, a DNS SAN or a URI SAN (exact, case-insensitive for DNS).
+    pub fn has_name(&self, name: &str) -> bool {
+        self.common_name.as_deref() == Some(name)
+            || self.dns.iter().any(|d| d.eq_ignore_ascii_case(name))
+            || self.uris.iter().any(|u| u == name)
+    }
+
+    /// True when `ip` is an IP SAN.
+    pub fn has_ip(&self, ip: IpAddr) -> bool {
+        self.ips.contains(&ip)
+    }
+}
 
 /// Why the names could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +95,7 @@ fn expect(input: &[u8], tag: u8) -> Result<(&[u8], &[u8]), CertificateError> {
     Ok((value, rest))
 }
 
-pub(super) fn names(der: &[u8]) -> Result<CertificateNames, CertificateError> {
+fn names(der: &[u8]) -> Result<CertificateNames, CertificateError> {
     let (certificate, _) = expect(der, SEQUENCE)?;
     let (tbs, _) = expect(certificate, SEQUENCE)?;
     let mut rest = tbs;
@@ -152,4 +180,57 @@ fn read_extensions(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    use tether_tls::pki::{ClientSpec, Pki};
+
+    use super::*;
+
+    fn names_of(pem: &str) -> CertificateNames {
+        let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        CertificateNames::from_der(&der).unwrap()
+    }
+
+    #[test]
+    fn reads_cn_and_sans_of_generated_certificates() {
+        let (pki, issued) = Pki::generate_with_clients(&[ClientSpec {
+            common_name: "node-a",
+            sans: &["node-a.example", "10.1.2.3", "fd00::7"],
+        }])
+        .unwrap();
+        let node = names_of(&issued[0].cert_pem);
+        assert_eq!(node.common_name.as_deref(), Some("node-a"));
+        assert_eq!(node.dns, ["node-a.example"]);
+        assert_eq!(
+            node.ips,
+            [
+                "10.1.2.3".parse::<IpAddr>().unwrap(),
+                "fd00::7".parse().unwrap()
+            ]
+        );
+        assert!(node.has_name("node-a") && node.has_name("NODE-A.example"));
+        assert!(!node.has_name("node-b"));
+
+        let server = names_of(&pki.server_cert_pem);
+        assert_eq!(server.common_name.as_deref(), Some("proxy-frontend"));
+        assert!(server.dns.contains(&"localhost".to_owned()));
+        let agent = names_of(&pki.agent_cert_pem);
+        assert_eq!(agent.common_name.as_deref(), Some("proxy-agent"));
+        assert!(agent.dns.is_empty() && agent.ips.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let (pki, _) = Pki::generate_with_clients(&[]).unwrap();
+        let der = CertificateDer::from_pem_slice(pki.agent_cert_pem.as_bytes()).unwrap();
+        for cut in 0..der.len() {
+            let _ = CertificateNames::from_der(&der[..cut]);
+        }
+        assert!(CertificateNames::from_der(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(CertificateNames::from_der(&[]).is_err());
+    }
 }

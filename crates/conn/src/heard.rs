@@ -1,4 +1,4 @@
-//! Stamps a connection's [`LastPong`](crate::LastPong) whenever it reads a byte (every byte
+//! Stamps a connection's [`LastPong`](crate::liveness::LastPong) whenever it reads a byte (every byte
 //! from the peer, a PONG or data, is a sign that the peer is alive) and whenever a read finds
 //! nothing to read: only that proves silence. A busy process that has not read its socket
 //! for a while has not heard its peer, but has not found it silent either.
@@ -9,16 +9,17 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::LastPong;
+use crate::liveness::LastPong;
 
 /// An I/O stream whose reads are stamped into a [`LastPong`].
-pub(crate) struct Heard<IO> {
+#[derive(Debug)]
+pub struct Heard<IO> {
     io: IO,
     life: Arc<LastPong>,
 }
 
 impl<IO> Heard<IO> {
-    pub(crate) fn new(io: IO, life: Arc<LastPong>) -> Self {
+    pub fn new(io: IO, life: Arc<LastPong>) -> Self {
         Self { io, life }
     }
 }
