@@ -10,6 +10,7 @@ pub mod authority;
 pub mod connect_head;
 pub mod frame;
 pub mod identifiers;
+pub mod link;
 pub mod packet;
 pub mod policy;
 pub mod session;
@@ -18,7 +19,7 @@ pub mod session;
 pub type Check = fn(&[u8]);
 
 /// Every target by the name of its fuzz binary and regression directory.
-pub const TARGETS: [(&str, Check); 7] = [
+pub const TARGETS: [(&str, Check); 8] = [
     ("frame_decoder", frame::check),
     ("packet", packet::check),
     ("authority", authority::check),
@@ -26,4 +27,5 @@ pub const TARGETS: [(&str, Check); 7] = [
     ("policy_file", policy::check),
     ("session_table", session::check),
     ("connect_head", connect_head::check),
+    ("link_frames", link::check),
 ];

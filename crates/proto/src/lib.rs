@@ -6,6 +6,7 @@
 //!   wire form rejects malformed packets with a [`ProtoError`] instead of guessing, so nothing
 //!   downstream has to handle "a DATA packet without data".
 //! - [`frame`]: gRPC length-prefixed message framing, usable over any byte stream.
+//! - [`link`]: the frames of tether's native agent link (tether to tether, chosen by ALPN).
 //! - [`metadata`]: the gRPC header keys both ends agree on.
 //! - [`Identifiers`]: the agent identifiers that steer `destHost`/`defaultRoute` routing.
 //! - [`Labels`]: tether's agent labels (zone, region) for topology-aware routing.
@@ -14,6 +15,7 @@
 pub mod frame;
 pub mod identifiers;
 pub mod labels;
+pub mod link;
 pub mod metadata;
 mod packet;
 mod random;

@@ -77,6 +77,11 @@ impl Metadata {
             .map(|(_, v)| v.as_ref())
     }
 
+    /// Every pair, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_ref()))
+    }
+
     /// The first value of `key`, when it is [`text`].
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0
