@@ -6,6 +6,7 @@
 
 mod budget;
 mod certificate;
+mod code;
 mod heard;
 mod liveness;
 mod log_text;
@@ -13,6 +14,7 @@ mod peer;
 
 pub use budget::{Draw, Exhausted, FREE_PARTIAL_BYTES, PartialMessageBudget};
 pub use certificate::{CertificateError, CertificateNames};
+pub use code::Code;
 pub use heard::Heard;
 pub use liveness::{
     CurrentPong, Keepalive, KeepaliveEnd, LastPong, Pinger, WATCHED_PING_INTERVAL,

@@ -155,12 +155,16 @@ async fn write(
             biased;
             asked = &mut finish, if may_finish => {
                 if asked.is_ok() {
-                    return sender.finish();
+                    return sender.finish().await;
                 }
                 may_finish = false;
                 continue;
             }
             more = poll_fn(|cx| link.poll_transmit(cx, &mut batch, BATCH_BYTES)) => more,
+            () = sender.wants_flush() => {
+                sender.flush().await?;
+                continue;
+            }
         };
         if !more {
             break;

@@ -3,10 +3,11 @@
 //! ([`Link::run_transport`](crate::Link::run_transport)), the hooks, admission and resume
 //! know nothing else of it.
 //!
-//! gRPC over HTTP/2 is the one transport today, the only one upstream peers speak, unchanged
-//! on the wire. It is an enum, not a trait: a stream swaps its transport on resume and takes
-//! it through a channel, so one concrete type serves every kind, and reading or flushing a
-//! packet allocates no boxed future.
+//! Two transports: gRPC over HTTP/2, the only one upstream peers speak, unchanged on the
+//! wire; and tether's native link ([`tether_link`]), packets framed on the TLS stream, which
+//! a tether agent and a tether server choose by ALPN. It is an enum, not a trait: a stream
+//! swaps its transport on resume and takes it through a channel, so one concrete type
+//! serves every kind, and reading or flushing a packet allocates no boxed future.
 //!
 //! What a transport owes the driver:
 //! - [`Reader::next`] is cancel-safe (it runs in a `select!`), and a bad packet means exactly
@@ -17,6 +18,7 @@
 //!   it or [`Transport::abort`] is a reset (the peer suspends a resumable session).
 
 use tether_grpc::{GrpcError, PacketReceiver, PacketSender, Status};
+use tether_link::{LinkError, LinkReader, LinkWriter};
 use tether_proto::Packet;
 
 /// One transport of an agent stream: packets in, packets out.
@@ -35,15 +37,24 @@ impl Transport {
         }
     }
 
+    /// A native link's two halves.
+    pub fn native(reader: LinkReader, writer: LinkWriter) -> Self {
+        Self {
+            reader: Reader::Native(reader),
+            writer: Writer::Native(writer),
+        }
+    }
+
     pub fn into_split(self) -> (Reader, Writer) {
         (self.reader, self.writer)
     }
 
-    /// Gives the stream up: the peer sees it broken (gRPC: RST_STREAM CANCEL), never a
-    /// clean end.
+    /// Gives the stream up: the peer sees it broken (gRPC: RST_STREAM CANCEL; native: the
+    /// connection closed without a CLOSE), never a clean end.
     pub fn abort(self) {
         match self.writer {
             Writer::Grpc(sender) => sender.abort(),
+            Writer::Native(writer) => drop(writer),
         }
     }
 }
@@ -52,6 +63,7 @@ impl Transport {
 #[derive(Debug)]
 pub enum Reader {
     Grpc(PacketReceiver),
+    Native(LinkReader),
 }
 
 impl Reader {
@@ -59,6 +71,7 @@ impl Reader {
     pub async fn next(&mut self) -> Option<Result<Packet, TransportError>> {
         match self {
             Self::Grpc(receiver) => receiver.next().await.map(|r| r.map_err(Into::into)),
+            Self::Native(reader) => reader.next().await.map(|r| r.map_err(Into::into)),
         }
     }
 }
@@ -67,6 +80,7 @@ impl Reader {
 #[derive(Debug)]
 pub enum Writer {
     Grpc(PacketSender),
+    Native(LinkWriter),
 }
 
 impl Writer {
@@ -74,6 +88,23 @@ impl Writer {
     pub fn buffer(&mut self, packet: &Packet) {
         match self {
             Self::Grpc(sender) => sender.buffer(packet),
+            Self::Native(writer) => writer.buffer(packet),
+        }
+    }
+
+    /// Resolves when the transport has something of its own to send (the native link's
+    /// PING or PONG); [`flush`](Self::flush) sends it. Never on gRPC, whose connection task
+    /// answers PINGs itself. Cancel-safe.
+    pub fn wants_flush(&self) -> impl Future<Output = ()> + Send + '_ {
+        let native = match self {
+            Self::Grpc(_) => None,
+            Self::Native(writer) => Some(writer.wants_flush()),
+        };
+        async move {
+            match native {
+                Some(wanted) => wanted.await,
+                None => std::future::pending().await,
+            }
         }
     }
 
@@ -81,13 +112,16 @@ impl Writer {
     pub async fn flush(&mut self) -> Result<(), TransportError> {
         match self {
             Self::Grpc(sender) => Ok(sender.flush().await?),
+            Self::Native(writer) => Ok(writer.flush().await?),
         }
     }
 
-    /// Ends the stream cleanly (gRPC: OK trailers from the server, END_STREAM from the agent).
-    pub fn finish(self) -> Result<(), TransportError> {
+    /// Ends the stream cleanly (gRPC: OK trailers from the server, END_STREAM from the agent;
+    /// native: CLOSE with OK).
+    pub async fn finish(self) -> Result<(), TransportError> {
         match self {
             Self::Grpc(sender) => Ok(sender.finish(&Status::ok())?),
+            Self::Native(writer) => Ok(writer.finish().await?),
         }
     }
 }
@@ -98,6 +132,8 @@ impl Writer {
 pub enum TransportError {
     #[error(transparent)]
     Grpc(#[from] GrpcError),
+    #[error(transparent)]
+    Native(#[from] LinkError),
 }
 
 impl TransportError {
@@ -105,6 +141,7 @@ impl TransportError {
     pub fn is_bad_packet(&self) -> bool {
         match self {
             Self::Grpc(e) => e.is_bad_packet(),
+            Self::Native(e) => e.is_bad_packet(),
         }
     }
 
@@ -112,6 +149,7 @@ impl TransportError {
     pub fn is_cancelled(&self) -> bool {
         match self {
             Self::Grpc(e) => e.is_cancelled(),
+            Self::Native(e) => e.is_cancelled(),
         }
     }
 
@@ -119,6 +157,7 @@ impl TransportError {
     pub fn code_name(&self) -> &'static str {
         match self {
             Self::Grpc(e) => e.code_name(),
+            Self::Native(e) => e.code_name(),
         }
     }
 }

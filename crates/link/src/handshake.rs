@@ -1,0 +1,205 @@
+//! Opening a link: the agent's HELLO, the server's ACCEPT or CLOSE.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tether_conn::{Code, LastPong, PartialMessageBudget};
+use tether_proto::link::{self, Close, Frame, Hello};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::time::Instant;
+
+use crate::control::{Control, LinkHandle};
+use crate::error::LinkError;
+use crate::reader::LinkReader;
+use crate::writer::LinkWriter;
+
+/// How long a refused agent may take to be told why.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+/// What a handshake reads at a time: a HELLO or ACCEPT is a few hundred bytes.
+const HANDSHAKE_READ: usize = 4 * 1024;
+
+/// An open link: its two halves, and its owner's handle.
+#[derive(Debug)]
+pub struct Link {
+    pub reader: LinkReader,
+    pub writer: LinkWriter,
+    pub handle: LinkHandle,
+}
+
+impl Link {
+    fn new<IO>(
+        read: ReadHalf<IO>,
+        write: WriteHalf<IO>,
+        buffered: BytesMut,
+        control: Arc<Control>,
+        budget: Option<Arc<PartialMessageBudget>>,
+    ) -> Self
+    where
+        IO: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        Self {
+            reader: LinkReader::new(Box::new(read), buffered, control.clone(), budget),
+            writer: LinkWriter::new(Box::new(write), BytesMut::new(), control.clone()),
+            handle: LinkHandle(control),
+        }
+    }
+}
+
+/// The agent's side: sends `hello` on `io` and waits for the server's answer, its ACCEPT
+/// (what it answered, and the link) or its CLOSE ([`LinkError::Closed`], the refusal). The
+/// caller bounds the wait.
+pub async fn connect<IO>(io: IO, hello: &Hello) -> Result<(Hello, Link), LinkError>
+where
+    IO: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let mut out = BytesMut::new();
+    Frame::Hello(hello.clone()).encode(&mut out)?;
+    let (mut read, mut write) = tokio::io::split(io);
+    write.write_all(&out).await?;
+    write.flush().await?;
+    let mut buf = BytesMut::new();
+    let answer = loop {
+        match link::decode(&mut buf)? {
+            Some(Frame::Accept(answer)) => break answer,
+            Some(Frame::Close(close)) => {
+                return Err(LinkError::Closed {
+                    code: Code(u32::from(close.code)),
+                    message: close.message,
+                });
+            }
+            Some(Frame::Hello(_)) => return Err(LinkError::Unexpected("HELLO")),
+            Some(Frame::Ping(_) | Frame::Pong(_)) => return Err(LinkError::Unexpected("PING")),
+            Some(Frame::Packet(_)) => return Err(LinkError::Unexpected("PACKET")),
+            None => read_more(&mut read, &mut buf).await?,
+        }
+    };
+    if answer.version == 0 || answer.version > link::VERSION {
+        return Err(LinkError::Version(answer.version));
+    }
+    let control = Control::new(Arc::new(LastPong::default()));
+    Ok((answer, Link::new(read, write, buf, control, None)))
+}
+
+async fn read_more<R: AsyncRead + Unpin>(
+    read: &mut R,
+    buf: &mut BytesMut,
+) -> Result<(), LinkError> {
+    buf.reserve(HANDSHAKE_READ);
+    match read.read_buf(buf).await? {
+        0 if buf.is_empty() => Err(LinkError::PeerGone),
+        0 => Err(LinkError::Frame(link::LinkError::Truncated)),
+        _ => Ok(()),
+    }
+}
+
+/// The server's side, first step: reads the agent's HELLO by `deadline`. `life` is stamped
+/// with what the connection reads (the server wraps `io` to stamp it).
+pub async fn read_hello<IO>(
+    io: IO,
+    deadline: Instant,
+    life: Arc<LastPong>,
+) -> Result<(Hello, PendingLink<IO>), LinkError>
+where
+    IO: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut read, write) = tokio::io::split(io);
+    let mut buf = BytesMut::new();
+    let hello = tokio::time::timeout_at(deadline, async {
+        loop {
+            match link::decode(&mut buf)? {
+                Some(Frame::Hello(hello)) => return Ok(hello),
+                Some(_) => return Err(LinkError::Unexpected("frame other than HELLO")),
+                None => read_more(&mut read, &mut buf).await?,
+            }
+        }
+    })
+    .await
+    .map_err(|_| LinkError::HandshakeTimeout)??;
+    let control = Control::new(life);
+    Ok((
+        hello,
+        PendingLink {
+            read,
+            write,
+            buf,
+            unanswered: Unanswered(Some(control)),
+        },
+    ))
+}
+
+/// A HELLO read and not yet answered. Dropped unanswered, the connection closes.
+#[derive(Debug)]
+pub struct PendingLink<IO> {
+    read: ReadHalf<IO>,
+    write: WriteHalf<IO>,
+    buf: BytesMut,
+    unanswered: Unanswered,
+}
+
+/// Ends the link when the pending one is dropped without an answer.
+#[derive(Debug)]
+struct Unanswered(Option<Arc<Control>>);
+
+impl Unanswered {
+    fn control(&self) -> &Arc<Control> {
+        self.0.as_ref().expect("taken only when answered")
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(control) = &self.0 {
+            control.ended.cancel();
+        }
+    }
+}
+
+impl<IO> PendingLink<IO>
+where
+    IO: AsyncRead + AsyncWrite + Send + 'static,
+{
+    /// The link's handle, for its keepalive and its end, before it is answered.
+    pub fn handle(&self) -> LinkHandle {
+        LinkHandle(self.unanswered.control().clone())
+    }
+
+    /// Accepts the stream with `answer`, written at once. An incomplete frame may draw on
+    /// `budget` beyond its free share.
+    pub async fn accept(
+        self,
+        answer: &Hello,
+        budget: Option<Arc<PartialMessageBudget>>,
+    ) -> Result<Link, LinkError> {
+        let Self {
+            read,
+            mut write,
+            buf,
+            mut unanswered,
+        } = self;
+        let mut out = BytesMut::new();
+        Frame::Accept(answer.clone()).encode(&mut out)?;
+        write.write_all(&out).await?;
+        write.flush().await?;
+        let control = unanswered.0.take().expect("answered once");
+        Ok(Link::new(read, write, buf, control, budget))
+    }
+
+    /// Refuses the stream: CLOSE with `code` and `message`, then the connection's end,
+    /// within a short bound.
+    pub async fn refuse(self, code: Code, message: &str) {
+        let close = Frame::Close(Close {
+            code: u8::try_from(code.0).unwrap_or(2),
+            message: message.to_owned(),
+        });
+        let mut out = BytesMut::new();
+        let mut write = self.write;
+        let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+            close.encode(&mut out)?;
+            write.write_all(&out).await?;
+            write.shutdown().await?;
+            Ok::<_, LinkError>(())
+        })
+        .await;
+    }
+}

@@ -1,0 +1,158 @@
+//! A link's receiving half: frames off the byte stream, packets out.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tether_conn::{Draw, PartialMessageBudget, WATCHED_READ_POLL};
+use tether_proto::Packet;
+use tether_proto::link::{self, Frame};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::control::Control;
+use crate::error::LinkError;
+
+/// Room a read is given while the link is quiet: an idle link holds no more.
+const QUIET_READ: usize = 4 * 1024;
+/// Room a read is given while the link is busy: several full DATA frames per read.
+const BUSY_READ: usize = 160 * 1024;
+/// How much is reserved ahead for a frame whose start has arrived (more than a DATA frame of
+/// the largest chunk); a header that claims more cannot make the reader hold it unearned.
+const EAGER_RESERVE: usize = 128 * 1024;
+
+/// The packets a native link receives. Dropping it ends the link.
+pub struct LinkReader {
+    io: Box<dyn AsyncRead + Send + Unpin>,
+    buf: BytesMut,
+    control: Arc<Control>,
+    /// What an incomplete frame beyond its free share holds of the listener's budget.
+    draw: Option<Draw>,
+    /// The last read filled most of its room: give the next one more.
+    busy: bool,
+    /// The peer ended the stream, or the link failed: nothing more is read.
+    done: bool,
+}
+
+impl std::fmt::Debug for LinkReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkReader")
+            .field("buffered", &self.buf.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LinkReader {
+    pub(crate) fn new(
+        io: Box<dyn AsyncRead + Send + Unpin>,
+        buf: BytesMut,
+        control: Arc<Control>,
+        budget: Option<Arc<PartialMessageBudget>>,
+    ) -> Self {
+        Self {
+            io,
+            buf,
+            control,
+            draw: budget.map(Draw::new),
+            busy: false,
+            done: false,
+        }
+    }
+
+    /// The next packet; `None` once the peer ended the stream cleanly (CLOSE with OK). PINGs
+    /// are answered and PONGs recorded on the way. An error for which
+    /// [`LinkError::is_bad_packet`] holds concerns one packet: reading may go on. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Packet, LinkError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            match link::decode(&mut self.buf) {
+                Ok(Some(Frame::Packet(packet))) => return Some(Ok(packet)),
+                Ok(Some(Frame::Ping(opaque))) => self.control.owe_pong(opaque),
+                Ok(Some(Frame::Pong(opaque))) => self.control.answered(opaque),
+                Ok(Some(Frame::Close(close))) => {
+                    self.done = true;
+                    if close.code == 0 {
+                        return None;
+                    }
+                    return Some(Err(LinkError::Closed {
+                        code: tether_conn::Code(u32::from(close.code)),
+                        message: close.message,
+                    }));
+                }
+                Ok(Some(Frame::Hello(_))) => {
+                    return Some(Err(self.fail(LinkError::Unexpected("HELLO"))));
+                }
+                Ok(Some(Frame::Accept(_))) => {
+                    return Some(Err(self.fail(LinkError::Unexpected("ACCEPT"))));
+                }
+                Ok(None) => {
+                    if let Err(e) = self.wait_for_bytes().await {
+                        return Some(Err(self.fail(e)));
+                    }
+                }
+                Err(e) if e.is_bad_packet() => return Some(Err(e.into())),
+                Err(e) => return Some(Err(self.fail(e.into()))),
+            }
+        }
+    }
+
+    /// Reads more of the stream into the buffer; errors at its end, or when the link was
+    /// given up. While the link is watched, a read that finds nothing is retried every
+    /// [`WATCHED_READ_POLL`] so the silence is recorded (see `LastPong::quiet`).
+    async fn wait_for_bytes(&mut self) -> Result<(), LinkError> {
+        let want = match link::frame_len(&self.buf) {
+            Some(len) => {
+                if let Some(draw) = &mut self.draw {
+                    draw.hold(len).map_err(|exhausted| LinkError::Closed {
+                        code: tether_conn::Code::RESOURCE_EXHAUSTED,
+                        message: format!(
+                            "the server's budget for large incomplete messages ({} bytes, \
+                             shared by every stream of the listener) cannot hold the {} bytes \
+                             of this frame",
+                            exhausted.limit, exhausted.held
+                        ),
+                    })?;
+                }
+                (len - self.buf.len()).min(EAGER_RESERVE)
+            }
+            None => 0,
+        };
+        let room = want.max(if self.busy { BUSY_READ } else { QUIET_READ });
+        self.buf.reserve(room);
+        loop {
+            let watched = self.control.life.is_watched();
+            tokio::select! {
+                biased;
+                () = self.control.ended.cancelled() => return Err(self.control.end_error()),
+                read = self.io.read_buf(&mut self.buf) => {
+                    let n = read?;
+                    if n == 0 {
+                        return Err(if self.buf.is_empty() {
+                            LinkError::PeerGone
+                        } else {
+                            LinkError::Frame(link::LinkError::Truncated)
+                        });
+                    }
+                    self.busy = n >= QUIET_READ;
+                    return Ok(());
+                }
+                () = tokio::time::sleep(WATCHED_READ_POLL), if watched => {}
+            }
+        }
+    }
+
+    /// Ends reading after a failure: what was buffered goes, with what it drew.
+    fn fail(&mut self, error: LinkError) -> LinkError {
+        self.done = true;
+        self.buf = BytesMut::new();
+        self.draw = None;
+        error
+    }
+}
+
+impl Drop for LinkReader {
+    fn drop(&mut self) {
+        self.control.ended.cancel();
+    }
+}
