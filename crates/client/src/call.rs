@@ -3,17 +3,13 @@
 //! The dial runs in the task rather than in the caller's future so that a caller who gives
 //! up (a timeout, or dropping the future) still gets its dial cancelled with DIAL_CLS.
 
-use std::time::Duration;
-
-use tether_grpc::{PacketReceiver, PacketSender, Status};
+use tether_grpc::{PacketReceiver, PacketSender};
 use tether_proto::{ConnectId, DialId, Packet};
 use tokio::sync::oneshot;
 
+use crate::call_end::end;
 use crate::error::NO_AGENT;
 use crate::{ClientError, DialError, TunnelStream, relay, tunnel};
-
-/// How long to wait for the server to end a call after we ended ours.
-const LINGER: Duration = Duration::from_secs(10);
 
 /// What the caller waiting for the dial receives.
 pub(crate) type DialResult = Result<TunnelStream, DialError>;
@@ -43,33 +39,6 @@ pub(crate) async fn run(
             end(tx, rx, Some(Packet::CloseDial { random })).await;
         }
     }
-}
-
-/// Sends `last`, ends our side of the call, then waits for the server to end its side; all
-/// within [`LINGER`], so a stuck server cannot keep the task alive.
-///
-/// Dropping a call the server has not ended makes h2 reset the stream, and a reset discards
-/// packets still queued for sending, such as a final DIAL_CLS. Upstream servers also expect
-/// the client to end the call after their last packet.
-pub(crate) async fn end(mut tx: PacketSender, mut rx: PacketReceiver, last: Option<Packet>) {
-    let _ = tokio::time::timeout(LINGER, async {
-        if let Some(packet) = last
-            && tx.send(&packet).await.is_err()
-        {
-            return;
-        }
-        if tx.finish(&Status::ok()).is_err() {
-            return;
-        }
-        loop {
-            match rx.next().await {
-                None => return,
-                Some(Err(e)) if !e.is_bad_packet() => return,
-                Some(_) => {}
-            }
-        }
-    })
-    .await;
 }
 
 /// How the dial phase ended.

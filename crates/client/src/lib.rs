@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod call;
+mod call_end;
 pub mod egress;
 mod error;
 mod grpc;

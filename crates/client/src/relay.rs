@@ -12,7 +12,7 @@ use tether_grpc::{PacketReceiver, PacketSender};
 use tether_proto::{ConnectId, Packet};
 use tokio::sync::mpsc;
 
-use crate::call;
+use crate::call_end;
 use crate::tunnel::{Failure, TaskSide};
 
 /// How long to wait for CLOSE_RSP after sending CLOSE_REQ (the Go client's CloseTimeout).
@@ -70,7 +70,7 @@ pub(crate) async fn run(
     end.set(outcome);
     drop((inbound, outbound));
     if normal {
-        call::end(tx, rx, None).await;
+        call_end::end(tx, rx, None).await;
     } else {
         tx.abort();
     }

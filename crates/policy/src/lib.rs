@@ -85,7 +85,7 @@ pub use requested::RequestDenied;
 pub use rule::{Action, NameSuffix, PortRange, Rule};
 
 use builtin::BuiltinRule;
-use rule::Destination;
+use rule::{Destination, dns_name};
 
 /// The built-in rules, then a policy file's rules if there is one.
 #[derive(Clone, Debug)]
@@ -159,30 +159,6 @@ impl Policy {
             None => Some("the policy file: no rule allows it".to_owned()),
         }
     }
-}
-
-impl RuleSet {
-    /// The first rule that matches `dest`, with its line.
-    pub(crate) fn first_match(&self, dest: &Destination<'_>) -> Option<(usize, &Rule)> {
-        self.rules
-            .iter()
-            .find(|(_, rule)| rule.matches(dest))
-            .map(|(line, rule)| (*line, rule))
-    }
-}
-
-/// The requested host as name rules see it: lower-case without a trailing dot, or `None`
-/// for an IP literal.
-pub(crate) fn dns_name(host: &str) -> Option<String> {
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if bare.parse::<IpAddr>().is_ok() {
-        return None;
-    }
-    let name = bare.strip_suffix('.').unwrap_or(bare);
-    Some(name.to_ascii_lowercase())
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::cidr::Cidr;
-use crate::rule::{Action, NameSuffix, PortRange, Rule};
+use crate::rule::{Action, Destination, NameSuffix, PortRange, Rule};
 
 /// More rules than any real policy needs; every dial walks the list.
 pub const MAX_RULES: usize = 10_000;
@@ -11,7 +11,7 @@ pub const MAX_RULES: usize = 10_000;
 /// A policy file's rules in order, each with the line it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleSet {
-    pub(crate) rules: Vec<(usize, Rule)>,
+    rules: Vec<(usize, Rule)>,
 }
 
 /// Why a policy file was refused.
@@ -73,6 +73,14 @@ impl RuleSet {
             rules.push((line_no, parse_rule(&tokens).map_err(at)?));
         }
         Ok(Self { rules })
+    }
+
+    /// The first rule that matches `dest`, with its line.
+    pub(crate) fn first_match(&self, dest: &Destination<'_>) -> Option<(usize, &Rule)> {
+        self.rules
+            .iter()
+            .find(|(_, rule)| rule.matches(dest))
+            .map(|(line, rule)| (*line, rule))
     }
 
     /// The rules in order.

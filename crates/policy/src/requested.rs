@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use crate::RuleSet;
 use crate::embedded::{Judged, judged_as};
-use crate::rule::{Action, Destination};
+use crate::rule::{Action, Destination, dns_name};
 
 /// What the denial says about a host that would resolve to an address no rule can see: an
 /// IPv4 address in a legacy numeric form (`127.1`, `2130706433`, `0x7f000001`, which the
@@ -85,7 +85,7 @@ fn classify(host: &str) -> Option<(Option<String>, Option<IpAddr>)> {
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Some((None, Some(ip)));
     }
-    let name = crate::dns_name(host)?;
+    let name = dns_name(host)?;
     let labels_ok = name.split('.').all(|label| {
         !label.is_empty()
             && label.len() <= 63

@@ -78,6 +78,20 @@ pub(crate) struct Destination<'a> {
     pub(crate) ip: Option<IpAddr>,
 }
 
+/// The requested host as name rules see it: lower-case without a trailing dot, or `None`
+/// for an IP literal.
+pub(crate) fn dns_name(host: &str) -> Option<String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if bare.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    let name = bare.strip_suffix('.').unwrap_or(bare);
+    Some(name.to_ascii_lowercase())
+}
+
 impl Rule {
     pub(crate) fn matches(&self, dest: &Destination<'_>) -> bool {
         (self.to.is_empty()

@@ -17,29 +17,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tether_observe::introspect::{ConfigFileView, RefusalView};
-use tether_observe::metrics::{CounterVec, GaugeVec, Registry};
 use tether_observe::time::Civil;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+mod loaded;
 mod metrics;
 
+pub use loaded::Loaded;
 pub use metrics::ReloadMetrics;
 
 /// How often the file is read when no SIGHUP comes: changes apply within this.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
-
-/// One generation of the configuration: what was parsed, and from which bytes.
-#[derive(Debug)]
-pub struct Loaded<T> {
-    /// 1 for the file read at start, then one more per applied change.
-    pub generation: u64,
-    /// The hex SHA-256 of the file's bytes, as `sha256sum` prints it.
-    pub sha256: String,
-    /// When it was applied.
-    pub applied_at: SystemTime,
-    pub config: Arc<T>,
-}
 
 /// A content that was refused: the previous generation stayed in force.
 #[derive(Clone, Debug)]
@@ -264,12 +253,6 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 pub fn sha256_hex(bytes: &[u8]) -> String {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes);
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Seconds since the Unix epoch, for metrics and views.
-pub(crate) fn unix_seconds(at: SystemTime) -> u64 {
-    at.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -2,8 +2,11 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
-use super::{CounterVec, GaugeVec, Loaded, Registry, unix_seconds};
+use tether_observe::metrics::{CounterVec, GaugeVec, Registry};
+
+use crate::loaded::Loaded;
 
 /// `{prefix}_config_reloads_total{file, result}`, `{prefix}_config_generation{file}`,
 /// `{prefix}_config_last_reload_success_timestamp_seconds{file}` and
@@ -72,4 +75,10 @@ impl ReloadMetrics {
             .with(&[&path.display().to_string(), "refused"])
             .inc();
     }
+}
+
+/// Seconds since the Unix epoch, for metrics and views.
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -1,5 +1,7 @@
 use std::os::unix::fs::symlink;
 
+use tether_observe::metrics::Registry;
+
 use super::*;
 
 /// A config of lines, each `key=value`; anything else is refused with its line number.

@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 
 use tether_proto::{ConnectId, Packet};
 
-use crate::session::Outgoing;
+use crate::outgoing::Outgoing;
 
 /// Bytes a connection may send per turn: one full DATA chunk, so any packet fits a turn.
 pub(crate) const QUANTUM: usize = 64 * 1024 + PACKET_OVERHEAD;

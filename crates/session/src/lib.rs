@@ -21,14 +21,16 @@ mod conn;
 mod fair;
 pub mod flow;
 mod outcome;
+mod outgoing;
 mod resume;
 mod session;
 mod timers;
 
 pub use flow::{Flow, FlowConfig, MIN_WINDOW, chunk_cost};
 pub use outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
+pub use outgoing::Outgoing;
 pub use resume::{Replayed, ResumeError};
 pub use session::{
-    Abandoned, ConnInfo, ConnState, Event, Limits, Outgoing, PendingDialInfo, Recv, Role,
-    SendError, Session, SessionConfig, Violation,
+    Abandoned, ConnInfo, ConnState, Event, Limits, PendingDialInfo, Recv, Role, SendError, Session,
+    SessionConfig, Violation,
 };

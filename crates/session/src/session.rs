@@ -11,6 +11,7 @@ use crate::conn::{Conn, Owner};
 use crate::fair::{self, FairQueue};
 use crate::flow::{Flow, chunk_cost};
 use crate::outcome::{CloseError, DialCancel, DialError, Ended, Initiator, Outcome};
+use crate::outgoing::Outgoing;
 use crate::resume::{Replay, Replayed, ResumeError, data_len};
 use crate::timers::{Timer, Timers};
 
@@ -156,16 +157,6 @@ pub enum Event {
     Ignored {
         packet: &'static str,
     },
-}
-
-/// A packet for the writer, with (legacy peers) the window it gives back once written.
-#[derive(Debug)]
-pub struct Outgoing {
-    pub packet: Packet,
-    /// `Some((id, cost))`: call [`Session::transmitted`] with it after the packet is written.
-    pub release: Option<(ConnectId, u32)>,
-    /// A reply the peer's packet asked for; counted against the reply backlog.
-    pub(crate) reply: bool,
 }
 
 /// Where a connection is in its life.

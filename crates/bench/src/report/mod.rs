@@ -3,6 +3,7 @@
 //! charts, and the raw samples as CSV.
 
 pub mod lines;
+mod meta;
 pub mod saved;
 pub mod svg;
 
@@ -16,17 +17,7 @@ use crate::systems::System;
 use crate::workloads::Profile;
 use svg::Chart;
 
-/// Facts about the run, printed at the top of the report.
-#[derive(Debug)]
-pub struct Meta {
-    pub command: String,
-    pub date: String,
-    pub machine: String,
-    pub elapsed_secs: f64,
-    pub quick: bool,
-    pub systems: Vec<System>,
-    pub notes: Vec<String>,
-}
+pub use meta::Meta;
 
 enum Kind {
     VsUpstream(f64),

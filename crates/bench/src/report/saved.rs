@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 
-use super::Meta;
+use super::meta::Meta;
 use crate::results::{Metric, Results};
 use crate::systems::System;
 use crate::workloads::Profile;

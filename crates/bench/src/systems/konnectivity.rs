@@ -10,26 +10,14 @@ use tether_client::{GrpcClient, Transport};
 use tether_tls::TlsOptions;
 use tokio::process::Command;
 
-use super::{Binaries, Dialer, Env, Running, System, free_port, wait_http_ok};
+use super::dialer::Dialer;
+use super::env::{Binaries, Env};
+use super::loopback::{free_port, wait_http_ok};
+use super::running::Running;
+use super::system::{Frontend, Impl, System};
 use crate::procs::Proc;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Impl {
-    Tether,
-    /// An earlier tether build (`--before-tether-bin`), for before/after figures in one run.
-    TetherBefore,
-    Upstream,
-}
-
 impl Impl {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Impl::Tether => "tether",
-            Impl::TetherBefore => "tether-before",
-            Impl::Upstream => "upstream",
-        }
-    }
-
     /// Whether this implementation's server has tether's connection caps, among them
     /// `--max-streams-per-frontend-connection` (upstream has none; grpc-go's default leaves
     /// the streams of a connection unlimited).
@@ -42,36 +30,7 @@ impl Impl {
     }
 }
 
-/// The frontend shape a client uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Frontend {
-    /// HTTP CONNECT over a Unix socket.
-    HttpConnectUds,
-    /// HTTP CONNECT over TCP with mutual TLS.
-    HttpConnectTls,
-    /// gRPC over a Unix socket (kube-apiserver's GRPC egress).
-    GrpcUds,
-    /// gRPC over TCP with mutual TLS (the server supports it; kube-apiserver does not use it).
-    GrpcTls,
-}
-
 impl Frontend {
-    pub const ALL: [Frontend; 4] = [
-        Frontend::HttpConnectUds,
-        Frontend::HttpConnectTls,
-        Frontend::GrpcUds,
-        Frontend::GrpcTls,
-    ];
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Frontend::HttpConnectUds => "http-connect/uds",
-            Frontend::HttpConnectTls => "http-connect/mtls",
-            Frontend::GrpcUds => "grpc/uds",
-            Frontend::GrpcTls => "grpc/mtls",
-        }
-    }
-
     fn mode(&self) -> &'static str {
         match self {
             Frontend::HttpConnectUds | Frontend::HttpConnectTls => "http-connect",

@@ -13,7 +13,11 @@ use std::net::SocketAddr;
 use anyhow::{Context as _, bail};
 use tokio::process::Command;
 
-use super::{Dialer, Env, Running, System, free_port, wait_port};
+use super::dialer::Dialer;
+use super::env::Env;
+use super::loopback::{free_port, wait_port};
+use super::running::Running;
+use super::system::System;
 use crate::procs::Proc;
 
 /// The release scripts/bench.sh installs (into `target/rathole-<VERSION>`); keep the two equal.

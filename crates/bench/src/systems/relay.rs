@@ -5,7 +5,10 @@
 
 use tokio::process::Command;
 
-use super::{Dialer, Env, Running, System};
+use super::dialer::Dialer;
+use super::env::Env;
+use super::running::Running;
+use super::system::System;
 use crate::procs::Proc;
 
 pub(super) async fn start(env: &Env, system: System, tls: bool) -> anyhow::Result<Running> {

@@ -9,7 +9,11 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use tokio::process::Command;
 
-use super::{Dialer, Env, Running, System, free_port, wait_port};
+use super::dialer::Dialer;
+use super::env::Env;
+use super::loopback::{free_port, wait_port};
+use super::running::Running;
+use super::system::System;
 use crate::procs::{self, Proc};
 
 pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> {

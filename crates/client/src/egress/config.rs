@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::EgressError;
+use super::error::EgressError;
 
 /// The API versions that carry the kind; their schemas are identical.
 pub const API_VERSIONS: [&str; 2] = ["apiserver.k8s.io/v1beta1", "apiserver.k8s.io/v1alpha1"];

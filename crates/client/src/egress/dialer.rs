@@ -11,8 +11,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
-use super::EgressError;
 use super::config::{Connection, TcpTransport};
+use super::error::EgressError;
 use crate::{
     DEFAULT_DIAL_TIMEOUT, DialError, GrpcClient, ProxySocket, Transport, TunnelStream,
     dial_http_connect,

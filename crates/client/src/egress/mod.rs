@@ -13,13 +13,14 @@
 //! ```
 //!
 //! Layout: `config` is the file's schema and decoding, `validate` kube-apiserver's checks,
-//! `dialer` what a selection dials through.
+//! `dialer` what a selection dials through, and `error` what each of them can refuse with.
 
 mod config;
 mod dialer;
+mod error;
 mod validate;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{
@@ -27,7 +28,8 @@ pub use config::{
     TlsConfig, Transport, UdsTransport,
 };
 pub use dialer::{CONNECT_TIMEOUT, EgressDialer, EgressStream};
-pub use validate::{FieldError, FieldErrorKind, SELECTION_NAMES, aggregate, validate};
+pub use error::{EgressError, FieldError, FieldErrorKind, aggregate};
+pub use validate::{SELECTION_NAMES, validate};
 
 /// The networks kube-apiserver dials into, each configured by one selection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,26 +56,6 @@ impl Selection {
             .into_iter()
             .find(|s| name.eq_ignore_ascii_case(s.name()))
     }
-}
-
-/// Why a configuration could not be loaded or used.
-#[derive(Debug, thiserror::Error)]
-pub enum EgressError {
-    #[error("reading egress selector configuration {}: {error}", path.display())]
-    Read {
-        path: PathBuf,
-        /// A plain field, not a `source()`: the message already holds its text.
-        error: std::io::Error,
-    },
-    /// Not YAML/JSON, an unknown field, or another kind or version.
-    #[error("decoding egress selector configuration: {0}")]
-    Decode(String),
-    /// Failed kube-apiserver's validation; the text is what kube-apiserver would print.
-    #[error("invalid egress selector configuration: {}", aggregate(.0))]
-    Invalid(Vec<FieldError>),
-    /// Valid, but its transport cannot be set up (TLS files, URL, or an unsupported shape).
-    #[error("egress selector transport: {0}")]
-    Transport(String),
 }
 
 /// A dialer per configured selection. A selection the file does not name has none; callers

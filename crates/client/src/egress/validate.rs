@@ -1,56 +1,19 @@
 //! The checks kube-apiserver makes on an EgressSelectorConfiguration before using it
-//! (k8s.io/apiserver's `ValidateEgressSelectorConfiguration`), reported the way Go's
-//! `field.Error`s print so that both name the same field and reason.
+//! (k8s.io/apiserver's `ValidateEgressSelectorConfiguration`), reported as [`FieldError`]s,
+//! which print the way Go's `field.Error`s do so that both name the same field and reason.
 
-use std::fmt;
 use std::path::Path;
 
 use super::config::{
     Connection, EgressSelectorConfiguration, TcpTransport, TlsConfig, Transport, UdsTransport,
 };
+use super::error::{FieldError, FieldErrorKind};
 
 /// The selection names kube-apiserver knows, sorted (its error lists them so).
 pub const SELECTION_NAMES: [&str; 3] = ["cluster", "controlplane", "etcd"];
 const PROTOCOLS: [&str; 3] = ["Direct", "HTTPConnect", "GRPC"];
 /// Go's field path for every connection check; only duplicates carry an index.
 const CONNECTION: &str = "service.connection";
-
-/// One problem: a field path, what is wrong, and the offending value where there is one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub kind: FieldErrorKind,
-    /// Rendered as Go renders it (a quoted string, or JSON for a struct).
-    pub value: Option<String>,
-    pub detail: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FieldErrorKind {
-    Required,
-    Invalid,
-    NotSupported,
-    Duplicate,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            FieldErrorKind::Required => "Required value",
-            FieldErrorKind::Invalid => "Invalid value",
-            FieldErrorKind::NotSupported => "Unsupported value",
-            FieldErrorKind::Duplicate => "Duplicate value",
-        };
-        write!(f, "{}: {kind}", self.field)?;
-        if let Some(value) = &self.value {
-            write!(f, ": {value}")?;
-        }
-        if !self.detail.is_empty() {
-            write!(f, ": {}", self.detail)?;
-        }
-        Ok(())
-    }
-}
 
 /// All problems with `config`, in the order kube-apiserver reports them: every connection
 /// first, then names (unknown or repeated, compared case-insensitively).
@@ -82,20 +45,6 @@ pub fn validate(config: &EgressSelectorConfiguration) -> Vec<FieldError> {
         seen.push(name);
     }
     errors
-}
-
-/// Go's aggregate error text: one error as is, several (without repeats) in brackets.
-pub fn aggregate(errors: &[FieldError]) -> String {
-    let mut messages: Vec<String> = Vec::new();
-    for message in errors.iter().map(ToString::to_string) {
-        if !messages.contains(&message) {
-            messages.push(message);
-        }
-    }
-    match messages.as_slice() {
-        [one] => one.clone(),
-        many => format!("[{}]", many.join(", ")),
-    }
 }
 
 fn validate_connection(connection: &Connection, errors: &mut Vec<FieldError>) {
@@ -289,6 +238,7 @@ fn tcp_json(tcp: &TcpTransport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::aggregate;
 
     fn parse(yaml: &str) -> EgressSelectorConfiguration {
         let head = "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\n";

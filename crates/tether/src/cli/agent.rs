@@ -376,6 +376,11 @@ pub(crate) struct AgentArgs {
 }
 
 impl AgentArgs {
+    /// The Lease counter's settings, when --count-server-leases is on.
+    pub(crate) fn lease_settings(&self) -> anyhow::Result<Option<AgentLeases>> {
+        self.leases.settings(self.kube.kubeconfig()?)
+    }
+
     /// When the agent's /readyz answers 200.
     pub(crate) fn readiness(&self) -> tether_agent::Readiness {
         if self.readiness_requires_all_servers {

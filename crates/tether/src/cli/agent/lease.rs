@@ -58,13 +58,6 @@ pub(crate) struct AgentLeases {
     pub(crate) poll_interval: Duration,
 }
 
-impl super::AgentArgs {
-    /// The Lease counter's settings, when --count-server-leases is on.
-    pub(crate) fn lease_settings(&self) -> anyhow::Result<Option<AgentLeases>> {
-        self.leases.settings(self.kube.kubeconfig()?)
-    }
-}
-
 impl LeaseArgs {
     /// The selector from either spelling; both set to different values is an error rather
     /// than a guess at which one wins.
