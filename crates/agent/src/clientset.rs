@@ -332,6 +332,7 @@ impl ClientSet {
             self.destinations.clone(),
             self.config.dial_timeout,
             connected.server.liveness(),
+            connected.server.transport_name(),
             self.audit.clone(),
             connected.answer.reverse,
             connected.answer.resume_token.clone().filter(|_| credit),
@@ -362,7 +363,7 @@ impl ClientSet {
         if self.draining.load(Ordering::Acquire) {
             session.drain();
         }
-        tracing::info!(server.id = %server_id, server.count = connected.answer.server_count, credit, reverse = connected.answer.reverse, resumable = session.resume_token.is_some(), "connected to proxy server");
+        tracing::info!(server.id = %server_id, server.count = connected.answer.server_count, transport = connected.server.transport_name(), credit, reverse = connected.answer.reverse, resumable = session.resume_token.is_some(), "connected to proxy server");
         if self.config.control_plane.is_some() && !connected.answer.reverse {
             // Once per server stream: the listener carries nothing through this server.
             tracing::warn!(
@@ -523,6 +524,7 @@ impl ClientSet {
                 break format!("cannot resume: {e}");
             }
             session.keepalive.replace(resumed.server.liveness());
+            session.set_transport(resumed.server.transport_name());
             self.start_keepalive(&resumed.server, true);
             let resumed = *resumed;
             (server, transport) = (resumed.server, resumed.transport);

@@ -2,6 +2,10 @@
 //! handshake, and the stream's metadata each way. What it gives back ([`Connected`]) is
 //! transport-neutral: the connection under the stream ([`ServerConn`]), the stream's
 //! [`Transport`], and what the server answered.
+//!
+//! The transport is the one TLS negotiated: the native link when the agent offered its ALPN
+//! id (`tether/1`, before `h2`) and the server chose it, as tether servers do; gRPC over
+//! HTTP/2 otherwise, with every upstream server.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +13,11 @@ use std::time::Duration;
 use rustls_pki_types::ServerName;
 use tether_grpc::client::Channel;
 use tether_grpc::{GrpcError, H2Settings, Keepalive, LastPong};
+use tether_link::{LinkError, LinkHandle};
+use tether_proto::link::{self, Hello};
 use tether_proto::metadata::{self, Metadata};
 use tether_tunnel::{Transport, TransportError};
+use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
@@ -50,13 +57,21 @@ pub(crate) enum ConnectError {
 #[derive(Debug)]
 pub(crate) enum ServerConn {
     Grpc(Channel),
+    Native {
+        link: LinkHandle,
+        /// Taken by the first [`ServerConn::start_keepalive`], which hands the settings to
+        /// the link's keepalive task.
+        keepalive: std::sync::Mutex<Option<oneshot::Sender<Keepalive>>>,
+    },
 }
 
 impl ServerConn {
-    /// Resolves with the reason once the connection is gone.
+    /// Resolves with the reason once the connection is gone. A native link's connection is
+    /// its transport, which reports its own end: never.
     pub(crate) async fn closed(&self) -> String {
         match self {
             Self::Grpc(channel) => channel.closed().await,
+            Self::Native { .. } => std::future::pending().await,
         }
     }
 
@@ -64,12 +79,28 @@ impl ServerConn {
     pub(crate) fn liveness(&self) -> Arc<LastPong> {
         match self {
             Self::Grpc(channel) => channel.last_pong(),
+            Self::Native { link, .. } => link.liveness(),
         }
     }
 
     pub(crate) fn start_keepalive(&self, keepalive: Keepalive) {
         match self {
             Self::Grpc(channel) => channel.start_keepalive(keepalive),
+            Self::Native {
+                keepalive: slot, ..
+            } => {
+                if let Some(start) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    let _ = start.send(keepalive);
+                }
+            }
+        }
+    }
+
+    /// The transport's name, for logs and `/debug/agents`.
+    pub(crate) fn transport_name(&self) -> &'static str {
+        match self {
+            Self::Grpc(_) => "grpc",
+            Self::Native { .. } => "native",
         }
     }
 }
@@ -138,21 +169,57 @@ pub(crate) async fn connect(
                 _ => ConnectError::Tls { to, error: e },
             }
         })?;
+    let native = tls.get_ref().1.alpn_protocol() == Some(link::ALPN);
     let (tls, seen) = tether_tls::Watched::new(tls);
-    let refused = |e: GrpcError| match seen.get() {
+    let refused = |e: TransportError| match seen.get() {
         Some(error) => ConnectError::Refused {
             to: address.clone(),
             error: error.clone(),
         },
-        None => ConnectError::Transport(e.into()),
+        None => ConnectError::Transport(e),
     };
+    let offers_resume = !config.resume_window.is_zero();
+    let request = request(config, offers_resume, resume_from)?;
+    if native {
+        let hello = Hello {
+            version: link::VERSION,
+            capabilities: Vec::new(),
+            metadata: request
+                .into_iter()
+                .map(|(key, value)| (key, bytes::Bytes::from(value)))
+                .collect(),
+        };
+        let (accepted, opened) = tether_link::connect(tls, &hello)
+            .await
+            .map_err(|e: LinkError| refused(e.into()))?;
+        let answer = answer(
+            &accepted.metadata,
+            offers_resume,
+            config.control_plane.is_some(),
+        )?;
+        let (start, started) = oneshot::channel();
+        let handle = opened.handle.clone();
+        tasks.spawn(async move {
+            match started.await {
+                Ok(keepalive) => handle.keep_alive(keepalive).await,
+                Err(_) => handle.ended().await,
+            }
+        });
+        return Ok(Connected {
+            server: ServerConn::Native {
+                link: opened.handle,
+                keepalive: std::sync::Mutex::new(Some(start)),
+            },
+            transport: Transport::native(opened.reader, opened.writer),
+            answer,
+        });
+    }
+    let refused = |e: GrpcError| refused(e.into());
     let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), &address, true)
         .await
         .map_err(refused)?;
     tasks.spawn(driver.run());
 
-    let offers_resume = !config.resume_window.is_zero();
-    let request = request(config, offers_resume, resume_from)?;
     let (sender, mut receiver) = channel
         .call(tether_proto::path::CONNECT, &request)
         .await

@@ -65,6 +65,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
                 identifiers: clientset.identifiers().to_owned(),
                 agent_version: Some(tether_observe::VERSION.to_owned()),
                 server_version: session.server_version.clone(),
+                transport: session.transport().to_owned(),
                 draining: clientset.is_draining(),
                 retiring: None,
                 credit_flow: session.link.flow().is_credit(),

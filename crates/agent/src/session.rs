@@ -25,6 +25,8 @@ pub(crate) struct ServerSession {
     /// The server connection's keepalive answers, for `/debug/agents`: the connection the
     /// stream runs on now (it changes when the stream resumes on another).
     pub(crate) keepalive: tether_grpc::CurrentPong,
+    /// The transport the stream runs on now (`grpc` or `native`), for `/debug/agents`.
+    transport: std::sync::Mutex<&'static str>,
     /// The server's name for this stream when it is resumable (`tether-resume`).
     pub(crate) resume_token: Option<String>,
     /// The server accepted reverse dials (`tether-reverse`) on this stream.
@@ -41,6 +43,16 @@ pub(crate) struct ServerSession {
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ServerSession {
+    /// The transport the stream runs on now.
+    pub(crate) fn transport(&self) -> &'static str {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stream resumed on a connection of this transport.
+    pub(crate) fn set_transport(&self, transport: &'static str) {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = transport;
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         agent_id: &str,
@@ -50,6 +62,7 @@ impl ServerSession {
         destinations: Arc<Destinations>,
         dial_timeout: Duration,
         keepalive: Arc<tether_grpc::LastPong>,
+        transport: &'static str,
         audit: Option<AuditLog>,
         reverse: bool,
         resume_token: Option<String>,
@@ -97,6 +110,7 @@ impl ServerSession {
             resume_token,
             reverse,
             server_version,
+            transport: std::sync::Mutex::new(transport),
             reverse_audit,
             tasks,
         }

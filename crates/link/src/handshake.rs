@@ -129,12 +129,19 @@ where
 }
 
 /// A HELLO read and not yet answered. Dropped unanswered, the connection closes.
-#[derive(Debug)]
 pub struct PendingLink<IO> {
     read: ReadHalf<IO>,
     write: WriteHalf<IO>,
     buf: BytesMut,
     unanswered: Unanswered,
+}
+
+impl<IO> std::fmt::Debug for PendingLink<IO> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingLink")
+            .field("buffered", &self.buf.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Ends the link when the pending one is dropped without an answer.

@@ -116,6 +116,10 @@ pub struct StreamView {
     /// The server's tether release; `None` for an upstream server.
     #[serde(default)]
     pub server_version: Option<String>,
+    /// What the stream runs on: `grpc` (gRPC over HTTP/2, every upstream peer) or `native`
+    /// (tether's native link); empty from an older tether.
+    #[serde(default)]
+    pub transport: String,
     /// The agent announced DRAIN.
     pub draining: bool,
     /// Server: why a configuration reload ends this stream (its tenant was removed, or its

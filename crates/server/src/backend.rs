@@ -5,6 +5,7 @@ pub(crate) mod binding;
 pub(crate) mod call;
 pub(crate) mod health;
 pub(crate) mod liveness;
+pub(crate) mod native;
 pub(crate) mod outlier;
 pub(crate) mod registry;
 pub(crate) mod resume;

@@ -135,6 +135,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
                 identifiers: identifiers_query(&session.identifiers),
                 agent_version: session.version.clone(),
                 server_version: Some(tether_observe::VERSION.to_owned()),
+                transport: session.transport().to_owned(),
                 draining: session.is_draining(),
                 retiring: session.retiring().map(str::to_owned),
                 credit_flow: session.link.flow().is_credit(),

@@ -141,6 +141,10 @@ pub struct Config {
     pub dead_agent_timeout: Option<Duration>,
 }
 
+/// The ALPN protocols the agent listener offers, in its order of preference: tether's
+/// native link for tether agents that offer it, gRPC over HTTP/2 for every other agent.
+pub const AGENT_ALPN: [&[u8]; 2] = [tether_proto::link::ALPN, b"h2"];
+
 /// The default `--resume-window` and `--dead-agent-timeout`: a killed agent's connections
 /// (its stream breaks at once, then waits the window) and a lost node's (silence: the timeout
 /// after its last byte, at most a second before the loss, proven by a read that found

@@ -177,13 +177,25 @@ async fn close_after_alert(mut stream: TcpStream, deadline: Instant) {
     let _ended = tokio::time::timeout_at(deadline, drain).await;
 }
 
+/// A connection set up: its stream, who the peer proved to be, and the ALPN protocol TLS
+/// chose (on the agent port, `tether/1` for the native link or `h2`).
+pub(crate) struct Ready {
+    pub(crate) io: Box<dyn Io>,
+    pub(crate) peer: PeerIdentity,
+    pub(crate) alpn: Option<Vec<u8>>,
+}
+
 impl Accepted {
     /// Completes the TLS handshake by `deadline` and returns the stream with the peer's
     /// identity, including the verified client certificate's names.
-    pub(crate) async fn ready(self, deadline: Instant) -> io::Result<(Box<dyn Io>, PeerIdentity)> {
+    pub(crate) async fn ready(self, deadline: Instant) -> io::Result<Ready> {
         let mut peer = self.peer;
         match self.pending {
-            Pending::Unix(stream) => Ok((Box::new(stream), peer)),
+            Pending::Unix(stream) => Ok(Ready {
+                io: Box::new(stream),
+                peer,
+                alpn: None,
+            }),
             Pending::Tls(stream, acceptor) => {
                 let accept = acceptor.accept(stream).into_fallible();
                 let tls = match tokio::time::timeout_at(deadline, accept).await {
@@ -209,7 +221,12 @@ impl Accepted {
                             None
                         }
                     });
-                Ok((Box::new(tls), peer))
+                let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                Ok(Ready {
+                    io: Box::new(tls),
+                    peer,
+                    alpn,
+                })
             }
         }
     }

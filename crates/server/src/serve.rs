@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::call::AgentCall;
+use crate::backend::native::{self, NativeSettings};
 use crate::backend::service::AgentService;
 use crate::handshake_failures::{self, HandshakeFailures};
 use crate::limits::{ConnectionSlots, Limit, LimitMetrics, Limits, SlotAdmission};
@@ -92,7 +93,7 @@ pub(crate) async fn ready(
     conn: net::Accepted,
     deadline: tokio::time::Instant,
     metrics: &LimitMetrics,
-) -> std::io::Result<(Box<dyn net::Io>, tether_grpc::PeerIdentity)> {
+) -> std::io::Result<net::Ready> {
     let ready = conn.ready(deadline).await;
     if let Err(e) = &ready
         && e.kind() == std::io::ErrorKind::TimedOut
@@ -113,13 +114,24 @@ pub(crate) async fn agent_connection(
 ) -> std::io::Result<()> {
     let peer_label = conn.peer_label();
     // Boxed: the TLS handshake's state is not held for the stream's life.
-    let (io, peer) = match Box::pin(ready(conn, deadline, &metrics)).await {
+    let net::Ready { io, peer, alpn } = match Box::pin(ready(conn, deadline, &metrics)).await {
         Ok(ready) => ready,
         Err(e) => {
             handshake_failures.record(&handshake_failures::Listener::Agent, &peer_label, &e);
             return Ok(());
         }
     };
+    if alpn.as_deref() == Some(tether_proto::link::ALPN) {
+        let native = NativeSettings {
+            keepalive: settings.keepalive,
+            budget: settings.partial_message_budget.clone(),
+        };
+        let served = native::serve(service, io, peer, deadline, admission, native).await;
+        if let Err(tether_link::LinkError::HandshakeTimeout) = &served {
+            metrics.hit(Limit::SetupTimeout);
+        }
+        return served.map_err(|e| std::io::Error::other(e.to_string()));
+    }
     let connection = Connection {
         peer: Arc::new(peer),
         setup_deadline: Some(deadline),

@@ -180,7 +180,7 @@ impl TestServer {
                 opts.agent_token_auth
                     .is_none()
                     .then_some(f.ca_cert.as_path()),
-                &[b"h2"],
+                &tether_server::AGENT_ALPN,
                 &TlsOptions::default(),
             )?,
             health_addr: any,
@@ -319,6 +319,43 @@ pub struct AgentOptions {
     pub control_plane: Option<tether_agent::ControlPlaneConfig>,
     /// `--resume-window` (zero: off).
     pub resume_window: Duration,
+    /// The link the agent offers; a `legacy` agent speaks gRPC whatever this says.
+    pub link: AgentLink,
+}
+
+/// Which link an in-process agent offers the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentLink {
+    /// tether's native link first, then gRPC (the product's default, `--transport=auto`).
+    Native,
+    /// gRPC over HTTP/2 only (`--transport=grpc`).
+    Grpc,
+}
+
+impl AgentLink {
+    /// The suites' link: `grpc` when `TETHER_TEST_AGENT_LINK=grpc` (the lint step runs the
+    /// end-to-end suites once more that way), the native link otherwise.
+    pub fn from_env() -> Self {
+        match std::env::var("TETHER_TEST_AGENT_LINK").as_deref() {
+            Ok("grpc") => Self::Grpc,
+            _ => Self::Native,
+        }
+    }
+
+    /// The name `/debug/agents` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Grpc => "grpc",
+        }
+    }
+
+    fn alpn(self) -> Vec<Vec<u8>> {
+        match self {
+            Self::Native => tether_server::AGENT_ALPN.map(<[u8]>::to_vec).into(),
+            Self::Grpc => vec![b"h2".to_vec()],
+        }
+    }
 }
 
 impl Default for AgentOptions {
@@ -338,6 +375,7 @@ impl Default for AgentOptions {
             client_cert: None,
             control_plane: None,
             resume_window: RESUME_WINDOW,
+            link: AgentLink::from_env(),
         }
     }
 }
@@ -362,9 +400,11 @@ impl TestAgent {
     ) -> anyhow::Result<Self> {
         let f = &pki.files;
         let mut flow = opts.flow;
+        let mut link = opts.link;
         if opts.legacy {
             // A window below the minimum is never accepted: the server falls back to legacy.
             flow.window = 0;
+            link = AgentLink::Grpc;
         }
         let tls_reload = if opts.tls_reload {
             let f = f.clone();
@@ -375,7 +415,7 @@ impl TestAgent {
                     tether_tls::client_config(
                         &f.ca_cert,
                         Some((&f.agent_cert, &f.agent_key)),
-                        vec![b"h2".to_vec()],
+                        link.alpn(),
                         &TlsOptions::default(),
                     )
                 },
@@ -394,7 +434,7 @@ impl TestAgent {
             tls: tether_tls::client_config(
                 &f.ca_cert,
                 Some((&cert, &key)),
-                vec![b"h2".to_vec()],
+                link.alpn(),
                 &TlsOptions::default(),
             )?,
             agent_id: opts.agent_id,

@@ -13,7 +13,9 @@ pub mod http;
 pub mod process;
 pub mod targets;
 
-pub use harness::{AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer, Transport};
+pub use harness::{
+    AgentLink, AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer, Transport,
+};
 
 /// Sends logs to the test output when `RUST_LOG` is set (e.g. `RUST_LOG=debug`).
 pub fn init_logging() {

@@ -208,7 +208,7 @@ async fn start_pair(
                 &pki.server_cert,
                 &pki.server_key,
                 Some(&pki.ca_cert),
-                &[b"h2"],
+                &tether_server::AGENT_ALPN,
                 &tls,
             )?,
             health_addr: loopback,

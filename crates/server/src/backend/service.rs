@@ -63,7 +63,7 @@ impl AgentService {
     /// connections not yet admitted once the call's credential is admitted.
     pub(crate) async fn serve(self: Arc<Self>, call: AgentCall, connection: SlotAdmission) {
         if let Err(status) = call.check_method() {
-            call.reject(&status);
+            call.reject(&status).await;
             return;
         }
         let admitted = admit(call.metadata());
@@ -75,7 +75,7 @@ impl AgentService {
                 if let Some(suppressed) = BAD_METADATA_WARNINGS.allow() {
                     tracing::warn!(message = %LogText(&message), suppressed, "refusing agent stream");
                 }
-                call.reject(&Status::new(Code::UNKNOWN, message));
+                call.reject(&Status::new(Code::UNKNOWN, message)).await;
                 return;
             }
         };
@@ -93,7 +93,7 @@ impl AgentService {
                             status.message
                         );
                     }
-                    call.reject(&status);
+                    call.reject(&status).await;
                     return;
                 }
             },
@@ -116,7 +116,8 @@ impl AgentService {
                 if let Some(suppressed) = BAD_METADATA_WARNINGS.allow() {
                     tracing::warn!(agent.id = %LogText(&agent_id), suppressed, "refusing agent stream: {why}");
                 }
-                call.reject(&Status::new(Code::PERMISSION_DENIED, why));
+                call.reject(&Status::new(Code::PERMISSION_DENIED, why))
+                    .await;
                 return;
             }
         };
@@ -126,7 +127,7 @@ impl AgentService {
             .check(&agent_id, &identifiers, credential, call.peer())
             .await
         {
-            call.reject(&status);
+            call.reject(&status).await;
             return;
         }
         let claimant = Claimant {
@@ -138,7 +139,7 @@ impl AgentService {
         let claim = match self.admission.admit(&tenant.agent_ids, &claimant) {
             Ok(claim) => claim,
             Err(status) => {
-                call.reject(&status);
+                call.reject(&status).await;
                 return;
             }
         };
@@ -169,7 +170,8 @@ impl AgentService {
                     call.reject(&Status::new(
                         Code::INVALID_ARGUMENT,
                         format!("malformed {} header", metadata::TETHER_RESUME_FROM),
-                    ));
+                    ))
+                    .await;
                     return;
                 };
                 match table.hand_over(&asked, &agent_id, &tenant.name, call) {
@@ -178,7 +180,8 @@ impl AgentService {
                         call.reject(&Status::new(
                             Code::UNAVAILABLE,
                             "a resume of this stream is already under way",
-                        ));
+                        ))
+                        .await;
                         return;
                     }
                     HandOver::Unknown(call) => {
@@ -218,8 +221,9 @@ impl AgentService {
             answer.push((metadata::TETHER_RESUME, r.token.clone()));
         }
         let keepalive = call.liveness().clone();
+        let transport_name = call.transport_name();
         let version = agent_version(call.metadata());
-        let transport = match call.accept(&answer) {
+        let transport = match call.accept(&answer).await {
             Ok(transport) => transport,
             Err(e) => {
                 tracing::warn!(agent.id = %agent_id, error = %e, "could not answer agent stream");
@@ -244,6 +248,7 @@ impl AgentService {
             hub.metrics.clone(),
             hub.watch(&tenant),
             keepalive,
+            transport_name,
             &self.server_id,
             control_plane.clone(),
             running.control_plane.max_connections_per_stream,
@@ -258,7 +263,7 @@ impl AgentService {
             registration,
             claim,
         };
-        tracing::info!(agent.id = %owner.session.agent_id, stream = owner.session.stream_id, credit = flow.is_credit(), reverse = control_plane.is_some(), resumable = owner.registration.is_some(), tenant = %owner.tenant.name, "agent connected");
+        tracing::info!(agent.id = %owner.session.agent_id, stream = owner.session.stream_id, transport = transport_name, credit = flow.is_credit(), reverse = control_plane.is_some(), resumable = owner.registration.is_some(), tenant = %owner.tenant.name, "agent connected");
         // The stream outlives this call when it resumes on another: it has its own task.
         self.streams.spawn(owner.run(transport));
     }
@@ -471,14 +476,16 @@ impl StreamOwner {
                 call.reject(&Status::new(
                     Code::FAILED_PRECONDITION,
                     format!("cannot resume: {e}"),
-                ));
+                ))
+                .await;
                 return format!("cannot resume: {e}");
             }
             let mut answer = self.response.clone();
             answer.push((metadata::TETHER_RESUME, registration.token.clone()));
             answer.push((metadata::TETHER_RESUMED, received.to_string()));
             self.session.keepalive.replace(call.liveness().clone());
-            transport = match call.accept(&answer) {
+            self.session.set_transport(call.transport_name());
+            transport = match call.accept(&answer).await {
                 Ok(transport) => transport,
                 Err(e) => return format!("answering the resumed stream: {e}"),
             };

@@ -46,6 +46,8 @@ pub(crate) struct AgentSession {
     /// The agent connection's keepalive answers, for `/debug/agents`: the connection the
     /// stream runs on now (it changes when the stream resumes on another).
     pub(crate) keepalive: tether_grpc::CurrentPong,
+    /// The transport the stream runs on now (`grpc` or `native`), for `/debug/agents`.
+    transport: std::sync::Mutex<&'static str>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
     /// The tasks answering the agent's reverse dials; the stream waits for them when it
@@ -125,6 +127,16 @@ pub(crate) struct Watch {
 }
 
 impl AgentSession {
+    /// The transport the stream runs on now.
+    pub(crate) fn transport(&self) -> &'static str {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stream resumed on a connection of this transport.
+    pub(crate) fn set_transport(&self, transport: &'static str) {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = transport;
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         agent_id: String,
@@ -136,6 +148,7 @@ impl AgentSession {
         metrics: Arc<ServerMetrics>,
         watch: Watch,
         keepalive: Arc<tether_grpc::LastPong>,
+        transport: &'static str,
         server_id: &str,
         control_plane: Option<Arc<ControlPlaneEndpoints>>,
         max_reverse_connections: usize,
@@ -198,6 +211,7 @@ impl AgentSession {
             requests,
             connected_at: Instant::now(),
             keepalive: tether_grpc::CurrentPong::new(keepalive),
+            transport: std::sync::Mutex::new(transport),
             audit,
             reverse_tasks,
             proof,

@@ -44,7 +44,7 @@ impl FrontendService {
         // connection's task then holds only what its own mode needs once set up.
         let (peer_label, tls) = (conn.peer_label(), conn.peer.transport == PeerTransport::Tls);
         let (io, peer) = match Box::pin(crate::serve::ready(conn, deadline, metrics)).await {
-            Ok(ready) => ready,
+            Ok(ready) => (ready.io, ready.peer),
             Err(error) if tls => {
                 let listener = Listener::Frontend {
                     tenant: tenant.as_ref().map(|t| t.to_string()),

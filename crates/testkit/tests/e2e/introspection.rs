@@ -214,7 +214,12 @@ async fn connections_and_agents_through(case: Case) {
     assert_eq!(s.identifiers, "host=node-a&ipv4=10.1.2.3");
     assert_eq!((s.connections, s.pending_dials), (1, 0));
     assert!(s.credit_flow && !s.draining);
+    // Both ends name the link the suite runs on: the native one unless
+    // TETHER_TEST_AGENT_LINK=grpc.
+    let link = tether_testkit::AgentLink::from_env().name();
+    assert_eq!(s.transport, link);
     let own = agents(agent.admin_addr).await;
+    assert_eq!(own.streams[0].transport, link);
     assert_eq!(
         (own.role.as_str(), own.agent_id.as_str()),
         ("agent", agent_id.as_str())

@@ -14,6 +14,7 @@ mod introspection;
 mod isolation;
 mod lifecycle;
 mod metrics_names;
+mod native_link;
 mod reverse;
 mod routing;
 mod security;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use clap::{ArgAction, Args};
+use clap::{ArgAction, Args, ValueEnum};
 use tether_agent::egress_proxy::{
     self, Egress, EgressProxy, ProxyEnvironment, ProxyScheme, ProxySetting,
 };
@@ -109,6 +109,13 @@ pub(crate) struct AgentArgs {
     /// connections apart from others sharing the server's address.
     #[arg(long, help_heading = "Servers", value_name = "LIST", action = ArgAction::Append)]
     alpn_proto: Vec<String>,
+
+    /// How to reach the servers. auto: offer tether's native link (ALPN tether/1) before
+    /// gRPC, and each server chooses (tether servers the native link, upstream servers
+    /// gRPC); grpc: gRPC over HTTP/2 only, as upstream's agent (for a TLS-terminating
+    /// proxy in front of the servers that passes only h2).
+    #[arg(long, help_heading = "Servers", value_enum, default_value_t = Transport::Auto)]
+    transport: Transport,
 
     /// This agent's ID. Default: $PROXY_AGENT_ID, else a random UUID.
     #[arg(
@@ -628,7 +635,7 @@ impl AgentArgs {
         tether_tls::client_config(
             Path::new(&self.ca_cert),
             identity,
-            alpn(&self.alpn_proto),
+            alpn(&self.alpn_proto, self.transport),
             &TlsOptions::default(),
         )
         .context("--ca-cert/--agent-cert/--agent-key")
@@ -658,20 +665,36 @@ impl AgentArgs {
     }
 }
 
-/// ALPN ids to offer: `--alpn-proto`'s extra ids, then `h2` as grpc-go appends it.
+/// `--transport`: which links the agent offers its servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Transport {
+    /// The native link and gRPC; the server chooses.
+    Auto,
+    /// gRPC over HTTP/2 only.
+    Grpc,
+}
+
+/// ALPN ids to offer: `--alpn-proto`'s extra ids, then `h2` as grpc-go appends it, with
+/// the native link's id just before `h2` unless `--transport=grpc`. A TLS router that
+/// routes on the extra ids sees them first, as with upstream's agent.
 ///
 /// Values are comma lists, as pflag's string slices. The literal `[]` is what pflag prints
 /// for an empty slice, and upstream's test runner passes it back (`--alpn-proto=[]`); Go
 /// would offer an ALPN id "[]", which no server expects, so it means "none" here.
-fn alpn(values: &[String]) -> Vec<Vec<u8>> {
+fn alpn(values: &[String], transport: Transport) -> Vec<Vec<u8>> {
+    let native = tether_proto::link::ALPN;
     let mut ids: Vec<Vec<u8>> = values
         .iter()
         .flat_map(|value| value.split(','))
-        .filter(|id| !id.is_empty() && *id != "[]")
+        .filter(|id| !id.is_empty() && *id != "[]" && id.as_bytes() != native)
         .map(|id| id.as_bytes().to_vec())
         .collect();
     if !ids.iter().any(|id| id == b"h2") {
         ids.push(b"h2".to_vec());
+    }
+    if transport == Transport::Auto {
+        let h2 = ids.iter().position(|id| id == b"h2").expect("pushed above");
+        ids.insert(h2, native.to_vec());
     }
     ids
 }

@@ -542,7 +542,7 @@ impl ServerArgs {
             Path::new(&self.cluster_cert),
             Path::new(&self.cluster_key),
             ca,
-            &[b"h2"],
+            &tether_server::AGENT_ALPN,
             tls,
         )
         .context("--cluster-cert/--cluster-key/--cluster-ca-cert")

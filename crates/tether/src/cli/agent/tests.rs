@@ -53,7 +53,10 @@ fn upstream_test_runner_line_yields_a_valid_config() {
     assert_eq!(config.agent_id, "5d9b8e4c-7c36-4f43-8f5e-3f1f5e0b6a11");
     assert_eq!(config.identifiers, "");
     assert_eq!(config.labels, tether_proto::Labels::default());
-    assert_eq!(config.tls.alpn_protocols, [b"h2".to_vec()]);
+    assert_eq!(
+        config.tls.alpn_protocols,
+        [b"tether/1".to_vec(), b"h2".to_vec()]
+    );
     assert_eq!(
         config.health_addr,
         "127.0.0.1:18093".parse::<SocketAddr>().unwrap()
@@ -119,22 +122,47 @@ fn drain_timeout_bounds_a_draining_agent() {
 
 #[test]
 fn alpn_protocols() {
-    let ids = |values: &[&str]| alpn(&values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>());
-    assert_eq!(ids(&[]), [b"h2".to_vec()]);
-    assert_eq!(ids(&["[]"]), [b"h2".to_vec()]);
-    assert_eq!(ids(&[""]), [b"h2".to_vec()]);
+    let grpc = |values: &[&str]| {
+        alpn(
+            &values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>(),
+            Transport::Grpc,
+        )
+    };
+    assert_eq!(grpc(&[]), [b"h2".to_vec()]);
+    assert_eq!(grpc(&["[]"]), [b"h2".to_vec()]);
+    assert_eq!(grpc(&[""]), [b"h2".to_vec()]);
     assert_eq!(
-        ids(&["a,b", "c"]),
+        grpc(&["a,b", "c"]),
         [b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"h2".to_vec()]
     );
-    assert_eq!(ids(&["h2,x"]), [b"h2".to_vec(), b"x".to_vec()]);
+    assert_eq!(grpc(&["h2,x"]), [b"h2".to_vec(), b"x".to_vec()]);
+    assert_eq!(grpc(&["tether/1"]), [b"h2".to_vec()], "only auto offers it");
+    let auto = |values: &[&str]| {
+        alpn(
+            &values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>(),
+            Transport::Auto,
+        )
+    };
+    assert_eq!(auto(&["[]"]), [b"tether/1".to_vec(), b"h2".to_vec()]);
+    assert_eq!(
+        auto(&["h2,x", "tether/1"]),
+        [b"tether/1".to_vec(), b"h2".to_vec(), b"x".to_vec()]
+    );
 
     let (_dir, files) = pki();
     let config = agent(&files, "--alpn-proto=proxy --alpn-proto x,y").unwrap();
-    let want: Vec<Vec<u8>> = ["proxy", "x", "y", "h2"]
+    let want: Vec<Vec<u8>> = ["proxy", "x", "y", "tether/1", "h2"]
         .map(|p| p.as_bytes().to_vec())
         .into();
     assert_eq!(config.tls.alpn_protocols, want);
+    let config = agent(&files, "--alpn-proto=proxy --transport=grpc").unwrap();
+    let want: Vec<Vec<u8>> = ["proxy", "h2"].map(|p| p.as_bytes().to_vec()).into();
+    assert_eq!(config.tls.alpn_protocols, want);
+    let err = agent_args("--transport=quic").unwrap_err().to_string();
+    assert!(
+        err.contains("--transport") && err.contains("auto, grpc"),
+        "{err}"
+    );
 }
 
 #[test]

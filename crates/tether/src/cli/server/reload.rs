@@ -25,13 +25,13 @@ impl ServerArgs {
             &self.cluster_cert,
             &self.cluster_key,
             &self.cluster_ca_cert,
-            b"h2",
+            &tether_server::AGENT_ALPN,
             tls,
         )?;
         let frontend = if self.uds_name.is_empty() {
-            let alpn: &'static [u8] = match mode {
-                Mode::Grpc => b"h2",
-                Mode::HttpConnect => b"http/1.1",
+            let alpn: &'static [&'static [u8]] = match mode {
+                Mode::Grpc => &[b"h2"],
+                Mode::HttpConnect => &[b"http/1.1"],
             };
             Some(reloading(
                 &self.server_cert,
@@ -55,7 +55,7 @@ fn reloading(
     cert: &str,
     key: &str,
     ca: &str,
-    alpn: &'static [u8],
+    alpn: &'static [&'static [u8]],
     tls: &TlsOptions,
 ) -> anyhow::Result<Arc<Reloading<rustls::ServerConfig>>> {
     let (cert, key) = (PathBuf::from(cert), PathBuf::from(key));
@@ -63,6 +63,6 @@ fn reloading(
     let mut files = vec![cert.clone(), key.clone()];
     files.extend(ca.clone());
     let tls = tls.clone();
-    let build = move || tether_tls::server_config(&cert, &key, ca.as_deref(), &[alpn], &tls);
+    let build = move || tether_tls::server_config(&cert, &key, ca.as_deref(), alpn, &tls);
     Ok(Arc::new(Reloading::new(files, build)?))
 }

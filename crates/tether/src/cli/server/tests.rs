@@ -163,7 +163,10 @@ fn defaults_match_upstream() {
         (frontend.interval, frontend.timeout),
         (Duration::from_secs(3600), Duration::from_secs(20))
     );
-    assert_eq!(config.agent_tls.alpn_protocols, [b"h2".to_vec()]);
+    assert_eq!(
+        config.agent_tls.alpn_protocols,
+        [b"tether/1".to_vec(), b"h2".to_vec()]
+    );
 }
 
 #[test]

@@ -1,0 +1,57 @@
+//! An agent connection that chose the native link (ALPN `tether/1`): its HELLO read by the
+//! setup deadline, the stream handed to the agent service like a gRPC `Connect` call, and
+//! the connection's keepalive for as long as the link lasts.
+
+use std::sync::Arc;
+
+use tether_conn::{Heard, Keepalive, LastPong, PartialMessageBudget, PeerIdentity};
+use tether_link::LinkError;
+use tether_proto::link;
+
+use super::call::{AgentCall, NativeCall};
+use super::service::AgentService;
+use crate::limits::SlotAdmission;
+use crate::net::Io;
+
+/// What the agent listener gives every native link.
+#[derive(Clone, Debug)]
+pub(crate) struct NativeSettings {
+    pub(crate) keepalive: Option<Keepalive>,
+    pub(crate) budget: Option<Arc<PartialMessageBudget>>,
+}
+
+/// Serves one native link until it ends; errors only before its HELLO was read.
+pub(crate) async fn serve(
+    service: Arc<AgentService>,
+    io: Box<dyn Io>,
+    peer: PeerIdentity,
+    deadline: tokio::time::Instant,
+    admission: SlotAdmission,
+    settings: NativeSettings,
+) -> Result<(), LinkError> {
+    // Every byte read is a sign of the agent's life (see `LastPong::heard`).
+    let liveness = Arc::new(LastPong::default());
+    let io = Heard::new(io, liveness.clone());
+    let (hello, pending) = tether_link::read_hello(io, deadline, liveness.clone()).await?;
+    let handle = pending.handle();
+    let call = AgentCall::Native(NativeCall {
+        link: pending,
+        version: hello.version.min(link::VERSION),
+        metadata: hello.metadata,
+        peer: Arc::new(peer),
+        liveness,
+        budget: settings.budget,
+    });
+    // The stream runs on the service's own task; this one keeps the connection alive.
+    let served = service.serve(call, admission);
+    match settings.keepalive {
+        Some(keepalive) => {
+            tokio::join!(served, handle.keep_alive(keepalive));
+        }
+        None => {
+            served.await;
+            handle.ended().await;
+        }
+    }
+    Ok(())
+}
