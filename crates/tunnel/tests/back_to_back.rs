@@ -25,6 +25,7 @@ use tether_tunnel::{
 on_both_transports!(
     a_dial_carries_bytes_exactly_both_ways,
     closing_from_either_end_ends_both_sides,
+    a_final_stop_is_a_clean_end_at_the_peer,
     an_abort_is_a_cancelled_stream_at_the_peer,
 );
 
@@ -190,6 +191,39 @@ async fn exchange(server: &mut Tunnel, agent: &mut Tunnel) {
     assert_eq!(recv_exact(&mut agent.down, 4).await, b"ping");
     agent.up.send(Bytes::from_static(b"pong")).await.unwrap();
     assert_eq!(recv_exact(&mut server.down, 4).await, b"pong");
+}
+
+/// A stream its owner stops on purpose (`stop` resolves with `Final`) ends cleanly at the
+/// peer, from either end: the peer's `run_transport` returns `Final("... closed the
+/// stream")` with no stream error, and once the owners close their tables the open
+/// connection ends at both as lost with the stream.
+async fn a_final_stop_is_a_clean_end_at_the_peer(kind: Kind) {
+    for stopping in [Role::Server, Role::Agent] {
+        let mut pair = Pair::new(kind).await;
+        let (mut server, mut agent) = pair.open().await;
+        exchange(&mut server, &mut agent).await;
+        let (stopper, peer) = pair.sides(stopping);
+        stopper.stop(TransportEnd::Final("done here".into()));
+        assert_eq!(
+            stopper.ended().await,
+            TransportEnd::Final("done here".into())
+        );
+        assert_eq!(
+            peer.ended().await,
+            TransportEnd::Final(format!("{} closed the stream", name(stopping)))
+        );
+        for side in [&pair.server, &pair.agent] {
+            let errors = side.rec.stream_errors();
+            assert!(errors.is_empty(), "{stopping:?} stopped: {errors:?}");
+            side.link.close("stream over");
+        }
+        let lost = Some(CloseError::StreamLost("stream over".into()));
+        assert_eq!(recv_closed(&mut server.down).await, lost);
+        assert_eq!(recv_closed(&mut agent.down).await, lost);
+        drop((server, agent));
+        pair.assert_idle().await;
+        pair.wire.finished().await;
+    }
 }
 
 /// How a test gives a transport up without ending it.
