@@ -8,11 +8,11 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use common::{
     EchoServer, Kind, LIMIT, Pair, Side, Wire, answer_tcp, assert_same, credit, default_flow,
     eventually, name, native_against_raw, payload, peer_of, raw_frame, recv_closed, recv_exact,
-    transports, within,
+    send, transports, within,
 };
 use tether_grpc::Keepalive;
 use tether_link::LinkError;
@@ -45,7 +45,10 @@ async fn a_dial_carries_bytes_exactly_both_ways(kind: Kind) {
 
     let sent = payload(LEN, 1);
     let (up, down) = (&tunnel.up, &mut tunnel.down);
-    let (delivered, echoed) = tokio::join!(up.send(sent.clone()), recv_exact(down, LEN));
+    let (delivered, echoed) = within("8 MiB there and back", async {
+        tokio::join!(up.send(sent.clone()), recv_exact(down, LEN))
+    })
+    .await;
     delivered.expect("the connection takes all of it");
     assert_same(&echoed, &sent, "the echo");
     let windows = LEN / WINDOW as usize;
@@ -116,16 +119,10 @@ async fn closing_from_either_end_ends_both_sides(kind: Kind) {
             CloseBy::ServerRequest => {
                 server.up.close_request();
                 assert_eq!(recv_closed(&mut agent.down).await, None, "{how:?}");
-                assert_eq!(
-                    agent.up.send(Bytes::from_static(b"late")).await,
-                    Err(Closed)
-                );
+                assert_eq!(send(&agent.up, "late").await, Err(Closed));
                 agent.finish(None);
                 assert_eq!(recv_closed(&mut server.down).await, None, "{how:?}");
-                assert_eq!(
-                    server.up.send(Bytes::from_static(b"late")).await,
-                    Err(Closed)
-                );
+                assert_eq!(send(&server.up, "late").await, Err(Closed));
                 drop(server);
                 (normal(Initiator::Local), normal(Initiator::Peer))
             }
@@ -138,10 +135,7 @@ async fn closing_from_either_end_ends_both_sides(kind: Kind) {
             CloseBy::AgentFinish => {
                 agent.finish(None);
                 assert_eq!(recv_closed(&mut server.down).await, None, "{how:?}");
-                assert_eq!(
-                    server.up.send(Bytes::from_static(b"late")).await,
-                    Err(Closed)
-                );
+                assert_eq!(send(&server.up, "late").await, Err(Closed));
                 drop(server);
                 (normal(Initiator::Peer), normal(Initiator::Local))
             }
@@ -187,9 +181,9 @@ fn failed(initiator: Initiator, error: CloseError) -> Outcome {
 
 /// A few bytes each way on a fresh connection.
 async fn exchange(server: &mut Tunnel, agent: &mut Tunnel) {
-    server.up.send(Bytes::from_static(b"ping")).await.unwrap();
+    send(&server.up, "ping").await.unwrap();
     assert_eq!(recv_exact(&mut agent.down, 4).await, b"ping");
-    agent.up.send(Bytes::from_static(b"pong")).await.unwrap();
+    send(&agent.up, "pong").await.unwrap();
     assert_eq!(recv_exact(&mut server.down, 4).await, b"pong");
 }
 

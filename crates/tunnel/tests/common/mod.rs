@@ -23,9 +23,9 @@ use tether_link::LinkHandle;
 use tether_proto::link::{self, Frame, Hello};
 use tether_proto::{DialId, Packet};
 use tether_tunnel::{
-    CloseError, ConnEvent, Direction, Ended, Event, Flow, FlowConfig, Hooks, IncomingDial, Limits,
-    Link, PendingDial, Role, SessionConfig, Transport, TransportEnd, TransportError, Tunnel,
-    TunnelDown, relay_tcp,
+    CloseError, Closed, ConnEvent, Direction, Ended, Event, Flow, FlowConfig, Hooks, IncomingDial,
+    Limits, Link, PendingDial, Role, SessionConfig, Transport, TransportEnd, TransportError,
+    Tunnel, TunnelDown, TunnelUp, relay_tcp,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::{TcpListener, TcpStream};
@@ -597,6 +597,11 @@ pub fn assert_same(got: &[u8], want: &[u8], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
 }
 
+/// Sends `bytes` to the peer on `up`.
+pub async fn send(up: &TunnelUp, bytes: impl Into<Bytes>) -> Result<(), Closed> {
+    within("sending on a tunnel", up.send(bytes.into())).await
+}
+
 /// Takes `len` bytes from the peer on `down`, returning credit as it goes.
 pub async fn recv_exact(down: &mut TunnelDown, len: usize) -> Vec<u8> {
     let mut got = Vec::with_capacity(len);
@@ -683,6 +688,20 @@ pub async fn socket_pair() -> (TcpStream, TcpStream) {
     })
     .await;
     (connected.expect("connect"), accepted.expect("accept").0)
+}
+
+/// Writes all of `bytes` to `stream`.
+pub async fn write_all(stream: &mut TcpStream, bytes: &[u8]) {
+    within("writing to a socket", stream.write_all(bytes))
+        .await
+        .expect("the socket takes the bytes");
+}
+
+/// Ends writing on `stream` (its FIN).
+pub async fn shutdown(stream: &mut TcpStream) {
+    within("ending a socket's writing", stream.shutdown())
+        .await
+        .expect("the socket shuts down");
 }
 
 /// Reads `stream` to its end.
