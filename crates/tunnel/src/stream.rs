@@ -13,7 +13,8 @@ use crate::transport::{Transport, TransportError, Writer};
 
 /// Largest batch the writer encodes before flushing.
 const BATCH_BYTES: usize = 256 * 1024;
-/// How long a stream ended on purpose waits for its writer to end it cleanly.
+/// How long a stream ended on purpose waits for its writer to end it cleanly, and then for
+/// the peer to end its side.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How one transport of a stream ended.
@@ -116,8 +117,20 @@ impl Link {
                         // Ended on purpose: the peer hears a clean end of the stream, not a
                         // reset it would take for a broken transport to resume.
                         let _ = finish.send(());
-                        let finished = tokio::time::timeout(FINISH_TIMEOUT, &mut writer).await;
+                        let deadline = tokio::time::Instant::now() + FINISH_TIMEOUT;
+                        let finished = tokio::time::timeout_at(deadline, &mut writer).await;
                         writer_done = finished.is_ok();
+                        if matches!(finished, Ok(Ok(Ok(())))) {
+                            // The end may still wait in the transport's own buffers, and an
+                            // h2 stream whose every handle is gone is reset with CANCEL,
+                            // which discards the END_STREAM not yet written: the agent's
+                            // clean end would reach the server as a cancel. The receiving
+                            // half is held until the peer ends its side, within the bound.
+                            let _ = tokio::time::timeout_at(deadline, async {
+                                while let Some(Ok(_)) = receiver.next().await {}
+                            })
+                            .await;
+                        }
                     }
                     break end;
                 }
