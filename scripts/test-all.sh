@@ -57,10 +57,15 @@ step "lint"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 scripts/module-cycles.py crates/server/src crates/agent/src crates/tunnel/src \
 	crates/bench/src crates/client/src crates/policy/src crates/reload/src crates/session/src \
-	crates/tether/src
+	crates/tether/src crates/conn/src crates/link/src
 
 step "tests"
 cargo test --workspace --locked --no-fail-fast
+
+step "the end-to-end suites again, their agents on the gRPC link (tether's default is the native link)"
+# Every feature is tested over both agent links: the run above uses the native one.
+TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether-testkit \
+	--test e2e --test resume --test resume_window --test churn
 
 step "the book (docs/): a pinned mdbook builds it, its internal links and anchors are checked"
 # mdbook is installed once into ~/.cache/tether (cold: 123 crates compiled, 28 min measured on

@@ -501,7 +501,12 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
             }
         }
         if workloads.contains(&Workload::FanIn) {
-            for imp in [Impl::Tether, Impl::TetherBefore, Impl::Upstream] {
+            for imp in [
+                Impl::Tether,
+                Impl::TetherH2,
+                Impl::TetherBefore,
+                Impl::Upstream,
+            ] {
                 if systems
                     .iter()
                     .any(|s| matches!(s, System::Konn(i, _) if *i == imp))
@@ -1311,7 +1316,7 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
     let mut need = Vec::new();
     for s in systems {
         match s {
-            System::Konn(Impl::Tether, _) => {
+            System::Konn(Impl::Tether | Impl::TetherH2, _) => {
                 need.push((&b.tether, "cargo build --release -p tether"))
             }
             System::Konn(Impl::TetherBefore, _) => match &b.tether_before {

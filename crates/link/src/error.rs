@@ -16,7 +16,7 @@ pub enum LinkError {
     #[error("the peer closed the connection without ending the stream")]
     PeerGone,
     /// The peer ended the stream, or refused it, with a status other than OK.
-    #[error("{}: {message}", code.name())]
+    #[error("status {}: {message}", code.name())]
     Closed { code: Code, message: String },
     #[error("peer did not answer PING within {0:?}")]
     Unresponsive(Duration),

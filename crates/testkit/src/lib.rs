@@ -10,6 +10,7 @@ pub mod control_plane;
 pub mod cut_relay;
 pub mod harness;
 pub mod http;
+pub mod native;
 pub mod process;
 pub mod targets;
 

@@ -5,7 +5,11 @@
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Impl {
+    /// tether as it runs by default: its agent and server on the native link.
     Tether,
+    /// tether with its agent on gRPC over HTTP/2 (`--transport=grpc`), the link every
+    /// upstream peer gets: a regression for upstream peers shows here.
+    TetherH2,
     /// An earlier tether build (`--before-tether-bin`), for before/after figures in one run.
     TetherBefore,
     Upstream,
@@ -15,6 +19,7 @@ impl Impl {
     pub fn name(&self) -> &'static str {
         match self {
             Impl::Tether => "tether",
+            Impl::TetherH2 => "tether-h2",
             Impl::TetherBefore => "tether-before",
             Impl::Upstream => "upstream",
         }
@@ -78,7 +83,12 @@ impl System {
             System::RelayLimit { tls: false },
             System::RelayLimit { tls: true },
         ];
-        for imp in [Impl::Tether, Impl::TetherBefore, Impl::Upstream] {
+        for imp in [
+            Impl::Tether,
+            Impl::TetherH2,
+            Impl::TetherBefore,
+            Impl::Upstream,
+        ] {
             for f in Frontend::ALL {
                 v.push(System::Konn(imp, f));
             }
@@ -109,7 +119,7 @@ impl System {
     /// The same shape on upstream, for tether's ratios.
     pub fn upstream_peer(&self) -> Option<System> {
         match self {
-            System::Konn(Impl::Tether | Impl::TetherBefore, f) => {
+            System::Konn(Impl::Tether | Impl::TetherH2 | Impl::TetherBefore, f) => {
                 Some(System::Konn(Impl::Upstream, *f))
             }
             _ => None,
@@ -119,7 +129,9 @@ impl System {
     /// The same shape on the earlier tether build, for before/after ratios.
     pub fn before_peer(&self) -> Option<System> {
         match self {
-            System::Konn(Impl::Tether, f) => Some(System::Konn(Impl::TetherBefore, *f)),
+            System::Konn(Impl::Tether | Impl::TetherH2, f) => {
+                Some(System::Konn(Impl::TetherBefore, *f))
+            }
             _ => None,
         }
     }

@@ -4,17 +4,14 @@
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use tether_proto::link::{self, Close, Frame, Hello};
-use tether_proto::metadata::{self, Metadata};
+use tether_proto::link::{self, Close, Frame};
+use tether_proto::metadata;
 use tether_server::Mode;
 use tether_testkit::harness::{AgentLink, AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
 use tether_testkit::http::metric_value;
+use tether_testkit::native::{NativeClient, hello};
 use tether_testkit::targets::EchoServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
-use crate::STEP;
 use crate::support::{echo_exact, eventually, http_connect_uds};
 
 /// The links each agent of `/debug/agents` runs on, sorted.
@@ -100,61 +97,16 @@ async fn both_links_serve_side_by_side() {
     server.stop().await;
 }
 
-/// A TLS connection to the agent port that chose the native link, as the PKI's agent.
-async fn native_client(pki: &Pki, server: &TestServer) -> TlsStream<TcpStream> {
+/// A hand-driven native client of `server`, as the PKI's agent.
+async fn native_client(pki: &Pki, server: &TestServer) -> NativeClient {
     let f = &pki.files;
-    let tls = tether_tls::client_config(
+    NativeClient::connect(
+        server.agent_addr,
         &f.ca_cert,
         Some((&f.agent_cert, &f.agent_key)),
-        vec![link::ALPN.to_vec()],
-        &Default::default(),
     )
-    .unwrap();
-    let tcp = TcpStream::connect(server.agent_addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from(server.agent_addr.ip().to_string()).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(link::ALPN));
-    tls
-}
-
-async fn send(stream: &mut TlsStream<TcpStream>, frame: &Frame) {
-    let mut buf = BytesMut::new();
-    frame.encode(&mut buf).unwrap();
-    stream.write_all(&buf).await.unwrap();
-    stream.flush().await.unwrap();
-}
-
-/// The next frame from the server; `None` once it closed the connection.
-async fn receive(stream: &mut TlsStream<TcpStream>, buf: &mut BytesMut) -> Option<Frame> {
-    tokio::time::timeout(STEP, async {
-        loop {
-            if let Some(frame) = link::decode(buf).unwrap() {
-                return Some(frame);
-            }
-            buf.reserve(4096);
-            match stream.read_buf(buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-        }
-    })
     .await
-    .expect("the server answers or closes in time")
-}
-
-fn hello(version: u8, pairs: &[(&str, &str)]) -> Frame {
-    let mut metadata = Metadata::default();
-    for (key, value) in pairs {
-        metadata.push(key, value.to_string());
-    }
-    Frame::Hello(Hello {
-        version,
-        capabilities: vec!["a-later-feature".into()],
-        metadata,
-    })
+    .unwrap()
 }
 
 /// A well-formed HELLO is accepted at the server's version, an unknown capability is not
@@ -168,13 +120,14 @@ async fn a_hand_driven_agent_is_accepted_pinged_and_let_go() {
         .unwrap();
     let mut client = native_client(&pki, &server).await;
     let flow = "tether-flow";
-    send(
-        &mut client,
-        &hello(9, &[(metadata::AGENT_ID, "hand-driven"), (flow, "262144")]),
-    )
-    .await;
-    let mut buf = BytesMut::new();
-    let Some(Frame::Accept(accept)) = receive(&mut client, &mut buf).await else {
+    client
+        .send(&hello(
+            9,
+            &[(metadata::AGENT_ID, "hand-driven"), (flow, "262144")],
+        ))
+        .await
+        .unwrap();
+    let Some(Frame::Accept(accept)) = client.receive().await.unwrap() else {
         panic!("an ACCEPT");
     };
     assert_eq!(
@@ -190,16 +143,15 @@ async fn a_hand_driven_agent_is_accepted_pinged_and_let_go() {
         links(&server).await == ["native"]
     })
     .await;
-    send(&mut client, &Frame::Ping(42)).await;
-    assert_eq!(receive(&mut client, &mut buf).await, Some(Frame::Pong(42)));
-    send(
-        &mut client,
-        &Frame::Close(Close {
+    client.send(&Frame::Ping(42)).await.unwrap();
+    assert_eq!(client.receive().await.unwrap(), Some(Frame::Pong(42)));
+    client
+        .send(&Frame::Close(Close {
             code: 0,
             message: String::new(),
-        }),
-    )
-    .await;
+        }))
+        .await
+        .unwrap();
     eventually("the server forgets the agent", || async {
         links(&server).await.is_empty()
     })
@@ -220,16 +172,15 @@ async fn bad_native_clients_are_refused_and_harm_no_one() {
 
     // No agent ID: refused with the reason, as a gRPC call is.
     let mut client = native_client(&pki, &server).await;
-    send(&mut client, &hello(1, &[])).await;
-    let mut buf = BytesMut::new();
-    match receive(&mut client, &mut buf).await {
+    client.send(&hello(1, &[])).await.unwrap();
+    match client.receive().await.unwrap() {
         Some(Frame::Close(close)) => {
             assert_eq!(close.code, 2, "UNKNOWN, as upstream refuses metadata");
             assert!(close.message.contains("agent ID"), "{}", close.message);
         }
         other => panic!("a CLOSE, not {other:?}"),
     }
-    assert_eq!(receive(&mut client, &mut buf).await, None, "then the end");
+    assert_eq!(client.receive().await.unwrap(), None, "then the end");
 
     // A frame type no version defines, a PACKET before HELLO, a HELLO header claiming a
     // megabyte: each connection is closed, without the server waiting for more.
@@ -243,10 +194,9 @@ async fn bad_native_clients_are_refused_and_harm_no_one() {
     huge.put_u8(0x01);
     for bytes in [unknown, early, huge] {
         let mut client = native_client(&pki, &server).await;
-        client.write_all(&bytes).await.unwrap();
-        client.flush().await.unwrap();
+        client.send_raw(&bytes).await.unwrap();
         let started = tokio::time::Instant::now();
-        assert_eq!(receive(&mut client, &mut BytesMut::new()).await, None);
+        assert_eq!(client.receive().await.unwrap(), None);
         assert!(
             started.elapsed() < Duration::from_millis(400),
             "closed at once"
@@ -255,7 +205,7 @@ async fn bad_native_clients_are_refused_and_harm_no_one() {
 
     // Silence: closed at the setup deadline, and counted.
     let mut silent = native_client(&pki, &server).await;
-    assert_eq!(receive(&mut silent, &mut BytesMut::new()).await, None);
+    assert_eq!(silent.receive().await.unwrap(), None);
     let metrics = server.metrics().await.unwrap();
     let timeouts = metric_value(
         &metrics,

@@ -304,6 +304,39 @@ pub(crate) async fn connect_agent_from(
     })
 }
 
+/// What the server answers an agent on the native link with `agentid`, `agentidentifiers`
+/// and, when given, `authorization: Bearer TOKEN`: `Ok` for an ACCEPT, its refusal (a CLOSE)
+/// as a gRPC status.
+pub(crate) async fn native_answer(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    agent_id: &str,
+    identifiers: &str,
+    token: Option<&str>,
+) -> anyhow::Result<Result<(), Status>> {
+    use tether_proto::link::Frame;
+    let mut client = tether_testkit::native::NativeClient::connect(addr, ca, None).await?;
+    let bearer = token.map(|token| format!("Bearer {token}"));
+    let mut pairs = vec![("agentid", agent_id)];
+    if !identifiers.is_empty() {
+        pairs.push(("agentidentifiers", identifiers));
+    }
+    if let Some(bearer) = &bearer {
+        pairs.push(("authorization", bearer));
+    }
+    client
+        .send(&tether_testkit::native::hello(1, &pairs))
+        .await?;
+    match client.receive().await? {
+        Some(Frame::Accept(_)) => Ok(Ok(())),
+        Some(Frame::Close(close)) => Ok(Err(Status::new(
+            tether_grpc::Code(u32::from(close.code)),
+            close.message,
+        ))),
+        other => anyhow::bail!("neither ACCEPT nor CLOSE: {other:?}"),
+    }
+}
+
 /// Sends bytes through the server's HTTP CONNECT frontend on `socket` to `target` and checks
 /// that they come back from the echo server.
 pub(crate) async fn echo_through(

@@ -8,6 +8,7 @@ use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
 
 use crate::{
     AUDIENCE, Cluster, NAMESPACE, STEP, connect_agent, default_limits, echo_through, eventually,
+    native_answer,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,6 +102,12 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
             .unwrap_or_else(|| panic!("{what}: admitted"));
         assert_eq!(refused.code, Code::UNAUTHENTICATED, "{what}: {refused}");
         assert!(refused.message.contains(reason), "{what}: {refused}");
+        // The native link refuses alike, with the same code and reason in its CLOSE.
+        let native = native_answer(server.agent_addr, ca, "intruder", "", token)
+            .await?
+            .err()
+            .unwrap_or_else(|| panic!("{what}: admitted on the native link"));
+        assert_eq!(native, refused, "{what}");
     }
     let log = refused_agent_log(&server, &pki, &other_namespace).await?;
     assert!(
@@ -120,6 +127,11 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
             .contains("host=node-2 is not proven by the agent's token, bound to node node-1"),
         "{refused}"
     );
+    let native = native_answer(server.agent_addr, ca, "node-2", "host=node-2", Some(&node1))
+        .await?
+        .err()
+        .expect("a node-1 token claiming node-2 was admitted on the native link");
+    assert_eq!(native, refused);
     let unbound = cluster.agent_token(None).await?;
     let refused = connect_agent(server.agent_addr, ca, "x", "host=node-1", Some(&unbound))
         .await
@@ -237,7 +249,7 @@ async fn refused_agent_log(server: &TestServer, pki: &Pki, token: &str) -> anyho
     let read = async {
         use tokio::io::AsyncReadExt as _;
         let mut buf = [0; 4096];
-        while !String::from_utf8_lossy(&log).contains("gRPC status Unauthenticated") {
+        while !String::from_utf8_lossy(&log).contains("status Unauthenticated: agent token refused") {
             let n = stderr.read(&mut buf).await?;
             anyhow::ensure!(n > 0, "agent exited: {}", String::from_utf8_lossy(&log));
             log.extend_from_slice(&buf[..n]);
