@@ -105,8 +105,8 @@ pub(crate) struct AgentArgs {
     )]
     agent_key: String,
 
-    /// Extra ALPN protocols offered before h2 (comma list; '[]' means none), to tell proxy
-    /// connections apart from others sharing the server's address.
+    /// Extra ALPN protocols offered first, before tether/1 and h2 (comma list; '[]' means
+    /// none), to tell proxy connections apart from others sharing the server's address.
     #[arg(long, help_heading = "Servers", value_name = "LIST", action = ArgAction::Append)]
     alpn_proto: Vec<String>,
 
