@@ -66,6 +66,7 @@ step "the end-to-end suites again, their agents on the gRPC link (tether's defau
 # Every feature is tested over both agent links: the run above uses the native one.
 TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether-testkit \
 	--test e2e --test resume --test resume_window --test churn
+TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether --test token_auth
 
 step "the book (docs/): a pinned mdbook builds it, its internal links and anchors are checked"
 # mdbook is installed once into ~/.cache/tether (cold: 123 crates compiled, 28 min measured on

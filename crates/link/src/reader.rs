@@ -120,6 +120,9 @@ impl LinkReader {
         };
         let room = want.max(if self.busy { BUSY_READ } else { QUIET_READ });
         self.buf.reserve(room);
+        // A burst's room is kept for as long as reads find bytes; a link that falls quiet
+        // waits with a quiet link's.
+        let mut shrink = self.buf.is_empty() && self.buf.capacity() > QUIET_READ;
         loop {
             let watched = self.control.life.is_watched();
             tokio::select! {
@@ -136,6 +139,12 @@ impl LinkReader {
                     }
                     self.busy = n >= QUIET_READ;
                     return Ok(());
+                }
+                // Reached only when the read above found nothing at once.
+                () = std::future::ready(()), if shrink => {
+                    shrink = false;
+                    self.buf = BytesMut::new();
+                    self.buf.reserve(QUIET_READ);
                 }
                 () = tokio::time::sleep(WATCHED_READ_POLL), if watched => {}
             }

@@ -18,6 +18,8 @@ use crate::error::LinkError;
 /// A DATA payload shorter than this is copied next to its header: a slice of its own would
 /// cost the write more than the copy.
 const COPY_BELOW: usize = 2048;
+/// The encoding buffer an idle link keeps; a larger one is let go after its flush.
+const KEEP_SCRATCH: usize = 16 * 1024;
 /// At most this many slices go to one vectored write.
 const MAX_SLICES: usize = 64;
 
@@ -106,6 +108,10 @@ impl LinkWriter {
             self.consume(written);
         }
         self.io.flush().await?;
+        if self.scratch.capacity() > KEEP_SCRATCH {
+            // A burst of small frames is over: an idle link keeps no burst's buffer.
+            self.scratch = BytesMut::new();
+        }
         Ok(())
     }
 

@@ -249,7 +249,8 @@ async fn refused_agent_log(server: &TestServer, pki: &Pki, token: &str) -> anyho
     let read = async {
         use tokio::io::AsyncReadExt as _;
         let mut buf = [0; 4096];
-        while !String::from_utf8_lossy(&log).contains("status Unauthenticated: agent token refused") {
+        while !String::from_utf8_lossy(&log).contains("status Unauthenticated: agent token refused")
+        {
             let n = stderr.read(&mut buf).await?;
             anyhow::ensure!(n > 0, "agent exited: {}", String::from_utf8_lossy(&log));
             log.extend_from_slice(&buf[..n]);
