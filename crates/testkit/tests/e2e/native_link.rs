@@ -12,7 +12,7 @@ use tether_testkit::http::metric_value;
 use tether_testkit::native::{NativeClient, hello};
 use tether_testkit::targets::EchoServer;
 
-use crate::support::{echo_exact, eventually, http_connect_uds};
+use crate::support::{agent_dials, echo_exact, eventually, http_connect_uds};
 
 /// The links each agent of `/debug/agents` runs on, sorted.
 async fn links(server: &TestServer) -> Vec<String> {
@@ -42,16 +42,7 @@ async fn both_links_serve_side_by_side() {
     let echo = EchoServer::start().await.unwrap();
     let uds = server.uds.clone().unwrap();
     for link in [AgentLink::Native, AgentLink::Grpc] {
-        let agent = TestAgent::start(
-            &pki,
-            server.agent_addr,
-            AgentOptions {
-                link,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        let agent = start_agent(&pki, &server, link).await;
         eventually("the agent connected", || async {
             links(&server).await == [link.name()]
         })
@@ -65,36 +56,32 @@ async fn both_links_serve_side_by_side() {
         })
         .await;
     }
-    let _native = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            link: AgentLink::Native,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let _grpc = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            link: AgentLink::Grpc,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let native = start_agent(&pki, &server, AgentLink::Native).await;
+    let grpc = start_agent(&pki, &server, AgentLink::Grpc).await;
     eventually("both agents connected", || async {
         links(&server).await == ["grpc", "native"]
     })
     .await;
-    for seed in 0..8 {
+    // The server picks an agent at random: in 24 dials each gets some (all but 1 in 10^7).
+    for seed in 0..24 {
         let (stream, head) = http_connect_uds(&uds, &echo.addr.to_string()).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         echo_exact(stream, seed, 64 << 10).await;
     }
+    for agent in [&native, &grpc] {
+        assert!(agent_dials(agent).await >= 1.0, "each link carried dials");
+    }
     server.stop().await;
+}
+
+async fn start_agent(pki: &Pki, server: &TestServer, link: AgentLink) -> TestAgent {
+    let options = AgentOptions {
+        link,
+        ..Default::default()
+    };
+    TestAgent::start(pki, server.agent_addr, options)
+        .await
+        .unwrap()
 }
 
 /// A hand-driven native client of `server`, as the PKI's agent.
@@ -216,16 +203,7 @@ async fn bad_native_clients_are_refused_and_harm_no_one() {
 
     // A real agent still gets in and carries a connection.
     let echo = EchoServer::start().await.unwrap();
-    let agent = TestAgent::start(
-        &pki,
-        server.agent_addr,
-        AgentOptions {
-            link: AgentLink::Native,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let agent = start_agent(&pki, &server, AgentLink::Native).await;
     server.wait_ready().await.unwrap();
     let uds = server.uds.clone().unwrap();
     let transport = tether_client::Transport::Unix(uds.clone());
