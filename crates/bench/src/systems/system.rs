@@ -150,8 +150,9 @@ impl System {
         }
     }
 
-    pub fn is_tether(&self) -> bool {
-        matches!(self, System::Konn(Impl::Tether, _))
+    /// The current tether build on either agent link: the systems the goals are for.
+    pub fn holds_goals(&self) -> bool {
+        matches!(self, System::Konn(Impl::Tether | Impl::TetherH2, _))
     }
 
     pub fn has_processes(&self) -> bool {
