@@ -7,7 +7,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use tokio::sync::{oneshot, watch};
 
-use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender};
+use crate::error::GrpcError;
+use crate::settings::{H2Settings, MIN_STREAM_WINDOW};
+use crate::stream::{PacketReceiver, PacketSender};
 
 /// One HTTP/2 connection to a server. Cheap to clone; every clone opens calls on the same
 /// connection. The connection makes progress only while its [`ChannelDriver`] runs.
@@ -90,7 +92,7 @@ impl Channel {
             .or_else(|_| "localhost".parse())
             .expect("static authority parses");
         let (send_request, mut connection) = h2::client::Builder::new()
-            .initial_window_size(settings.stream_window.max(crate::MIN_STREAM_WINDOW))
+            .initial_window_size(settings.stream_window.max(MIN_STREAM_WINDOW))
             .initial_connection_window_size(settings.connection_window)
             .max_frame_size(settings.max_frame_size)
             .max_send_buffer_size(settings.max_send_buffer)

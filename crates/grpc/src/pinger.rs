@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tether_conn::{Keepalive, KeepaliveEnd, LastPong, Pinger};
 
-use crate::GrpcError;
+use crate::error::GrpcError;
 
 struct H2Pinger(h2::PingPong);
 

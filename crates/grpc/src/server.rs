@@ -4,7 +4,7 @@ mod handshake;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
@@ -12,9 +12,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::stream::CallEnd;
-use crate::{GrpcError, H2Settings, PacketReceiver, PacketSender, PeerIdentity, Status};
+use crate::error::GrpcError;
+use crate::settings::{H2Settings, MIN_STREAM_WINDOW};
+use crate::status::Status;
+use crate::stream::{CallEnd, PacketReceiver, PacketSender};
+use crate::stream_count::{StreamCount, StreamGuard};
 use tether_conn::PartialMessageBudget;
+use tether_conn::PeerIdentity;
 
 /// A call a client opened; answer it with [`accept`](Self::accept) or [`reject`](Self::reject).
 #[derive(Debug)]
@@ -90,46 +94,6 @@ fn grpc_response() -> Response<()> {
     response
 }
 
-/// Counts a connection's live streams; the connection is idle while the count is zero.
-#[derive(Debug)]
-pub(crate) struct StreamGuard {
-    streams: Arc<StreamCount>,
-}
-
-#[derive(Debug)]
-struct StreamCount {
-    live: AtomicUsize,
-    /// When the count last dropped to zero.
-    idle_since: std::sync::Mutex<Instant>,
-}
-
-impl StreamCount {
-    fn guard(self: &Arc<Self>) -> StreamGuard {
-        self.live.fetch_add(1, Ordering::AcqRel);
-        StreamGuard {
-            streams: self.clone(),
-        }
-    }
-
-    /// When the connection became idle, or `None` while a stream is live.
-    fn idle_since(&self) -> Option<Instant> {
-        let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
-        (self.live.load(Ordering::Acquire) == 0).then_some(since)
-    }
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        if self.streams.live.fetch_sub(1, Ordering::AcqRel) == 1 {
-            *self
-                .streams
-                .idle_since
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        }
-    }
-}
-
 /// What the listener knows about a connection before HTTP/2 starts.
 #[derive(Clone, Debug)]
 pub struct Connection {
@@ -178,7 +142,7 @@ where
         builder.initial_connection_window_size(settings.connection_window);
     }
     let handshake = builder
-        .initial_window_size(settings.stream_window.max(crate::MIN_STREAM_WINDOW))
+        .initial_window_size(settings.stream_window.max(MIN_STREAM_WINDOW))
         .max_frame_size(settings.max_frame_size)
         .max_send_buffer_size(settings.max_send_buffer)
         .max_concurrent_streams(settings.max_concurrent_streams)
@@ -194,10 +158,7 @@ where
     };
     let far_future = Instant::now() + std::time::Duration::from_secs(86_400 * 365);
     let setup_deadline = tokio::time::sleep_until(connection.setup_deadline.unwrap_or(far_future));
-    let streams = Arc::new(StreamCount {
-        live: AtomicUsize::new(0),
-        idle_since: std::sync::Mutex::new(Instant::now()),
-    });
+    let streams = StreamCount::new();
     let idle_check = tokio::time::sleep_until(
         settings
             .idle_timeout

@@ -7,8 +7,11 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use tether_proto::frame::{self, Decoder, FrameError};
 
-use crate::{Code, GrpcError, Packet, Status};
+use crate::error::GrpcError;
+use crate::status::{Code, Status};
+use crate::stream_count::StreamGuard;
 use tether_conn::{Draw, PartialMessageBudget};
+use tether_proto::Packet;
 
 /// The status a server-side call ends with when its receive side failed (a message over the
 /// size limit, say): the sending half writes it as trailers when it is dropped without an
@@ -150,13 +153,13 @@ pub struct PacketReceiver {
     /// What the incomplete message beyond its free share holds of the listener's budget.
     draw: Option<Draw>,
     /// Server side: keeps the connection counted as busy while the call is read.
-    _stream: Option<crate::server::StreamGuard>,
+    _stream: Option<StreamGuard>,
 }
 
 impl PacketReceiver {
     pub(crate) fn server(
         recv: h2::RecvStream,
-        stream: crate::server::StreamGuard,
+        stream: StreamGuard,
         ending: Arc<CallEnd>,
         budget: Option<Arc<PartialMessageBudget>>,
     ) -> Self {
@@ -271,7 +274,7 @@ impl PacketReceiver {
     }
 
     /// Gives the peer back the window of `consumed` decoded bytes. The stream window is at
-    /// least one whole message ([`crate::MIN_STREAM_WINDOW`]), so a partial message can
+    /// least one whole message ([`crate::settings::MIN_STREAM_WINDOW`]), so a partial message can
     /// always complete without releasing early.
     fn release(&mut self, consumed: usize) {
         if consumed == 0 {
@@ -293,7 +296,7 @@ impl PacketReceiver {
         let mut recv = recv;
         match recv.trailers().await? {
             Some(trailers) => match Status::read_from(&trailers) {
-                Some(status) if status.code != crate::Code::OK => Err(GrpcError::Status(status)),
+                Some(status) if status.code != Code::OK => Err(GrpcError::Status(status)),
                 _ => Ok(()),
             },
             None => Ok(()),
@@ -317,15 +320,5 @@ fn ending_status(error: &FrameError) -> Status {
              was negotiated)",
         ),
         other => Status::new(Code::INTERNAL, other.to_string()),
-    }
-}
-
-impl GrpcError {
-    /// True when only one packet was malformed and the stream can still be read.
-    pub fn is_bad_packet(&self) -> bool {
-        matches!(
-            self,
-            Self::Frame(tether_proto::frame::FrameError::Packet(_))
-        )
     }
 }

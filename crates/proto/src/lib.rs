@@ -18,23 +18,13 @@ pub mod labels;
 pub mod link;
 pub mod metadata;
 mod packet;
+pub mod pb;
 mod random;
 
 pub use identifiers::Identifiers;
 pub use labels::Labels;
 pub use packet::{ConnectId, DialId, Packet, ProtoError};
 pub use random::random_u64;
-
-/// Generated wire structs. Field names follow the proto (`connect_id`, `dial_request`, ...).
-#[allow(
-    clippy::all,
-    missing_docs,
-    unreachable_pub,
-    missing_debug_implementations
-)]
-pub mod pb {
-    include!("gen/konnectivity.rs");
-}
 
 /// gRPC method paths. The proto has no package, so these carry no prefix.
 pub mod path {

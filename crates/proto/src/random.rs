@@ -5,7 +5,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 
-use crate::DialId;
+use crate::packet::DialId;
 
 pub fn random_u64() -> u64 {
     std::collections::hash_map::RandomState::new()
@@ -34,17 +34,20 @@ mod tests {
     #[test]
     fn type_names_follow_type_indices() {
         let packets = [
-            crate::Packet::Drain,
-            crate::Packet::CloseDial { random: DialId(1) },
-            crate::Packet::Credit {
-                connect_id: crate::ConnectId(1),
+            crate::packet::Packet::Drain,
+            crate::packet::Packet::CloseDial { random: DialId(1) },
+            crate::packet::Packet::Credit {
+                connect_id: crate::packet::ConnectId(1),
                 bytes: 1,
             },
-            crate::Packet::ReverseCloseDial { random: DialId(1) },
-            crate::Packet::ResumeAck { received: 1 },
+            crate::packet::Packet::ReverseCloseDial { random: DialId(1) },
+            crate::packet::Packet::ResumeAck { received: 1 },
         ];
         for p in packets {
-            assert_eq!(crate::Packet::TYPE_NAMES[p.type_index()], p.type_name());
+            assert_eq!(
+                crate::packet::Packet::TYPE_NAMES[p.type_index()],
+                p.type_name()
+            );
         }
     }
 }

@@ -129,8 +129,7 @@ async fn tokens_are_reviewed_cached_bound_to_nodes_and_survive_an_api_outage() -
     );
     let native = native_answer(server.agent_addr, ca, "node-2", "host=node-2", Some(&node1))
         .await?
-        .err()
-        .expect("a node-1 token claiming node-2 was admitted on the native link");
+        .expect_err("a node-1 token claiming node-2 was admitted on the native link");
     assert_eq!(native, refused);
     let unbound = cluster.agent_token(None).await?;
     let refused = connect_agent(server.agent_addr, ca, "x", "host=node-1", Some(&unbound))
