@@ -101,23 +101,22 @@ impl LinkReader {
     /// given up. While the link is watched, a read that finds nothing is retried every
     /// [`WATCHED_READ_POLL`] so the silence is recorded (see `LastPong::quiet`).
     async fn wait_for_bytes(&mut self) -> Result<(), LinkError> {
-        let want = match link::frame_len(&self.buf) {
-            Some(len) => {
-                if let Some(draw) = &mut self.draw {
-                    draw.hold(len).map_err(|exhausted| LinkError::Closed {
-                        code: tether_conn::Code::RESOURCE_EXHAUSTED,
-                        message: format!(
-                            "the server's budget for large incomplete messages ({} bytes, \
-                             shared by every stream of the listener) cannot hold the {} bytes \
-                             of this frame",
-                            exhausted.limit, exhausted.held
-                        ),
-                    })?;
-                }
-                (len - self.buf.len()).min(EAGER_RESERVE)
-            }
-            None => 0,
-        };
+        // Only an incomplete frame is left in the buffer: hold it within the budget (nothing
+        // once whole frames were taken out, which gives back what the last one drew).
+        if let Some(draw) = &mut self.draw {
+            draw.hold(self.buf.len())
+                .map_err(|exhausted| LinkError::Closed {
+                    code: tether_conn::Code::RESOURCE_EXHAUSTED,
+                    message: format!(
+                        "the server's budget for large incomplete messages ({} bytes, shared \
+                         by every stream of the listener) cannot hold the {} bytes of this \
+                         frame",
+                        exhausted.limit, exhausted.held
+                    ),
+                })?;
+        }
+        let want =
+            link::frame_len(&self.buf).map_or(0, |len| (len - self.buf.len()).min(EAGER_RESERVE));
         let room = want.max(if self.busy { BUSY_READ } else { QUIET_READ });
         self.buf.reserve(room);
         // A burst's room is kept for as long as reads find bytes; a link that falls quiet
@@ -163,5 +162,61 @@ impl LinkReader {
 impl Drop for LinkReader {
     fn drop(&mut self) {
         self.control.ended.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use tether_conn::{FREE_PARTIAL_BYTES, LastPong};
+    use tether_proto::ConnectId;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A large frame draws on the budget while it is incomplete, and gives it all back once
+    /// it was taken out; one the budget cannot hold ends the link with RESOURCE_EXHAUSTED.
+    #[tokio::test]
+    async fn an_incomplete_frame_draws_on_the_budget_until_it_is_whole() {
+        let budget = PartialMessageBudget::new(1 << 20, || {});
+        let (near, mut far) = tokio::io::duplex(8 << 20);
+        let control = Control::new(Arc::new(LastPong::default()));
+        let mut reader = LinkReader::new(
+            Box::new(near),
+            BytesMut::new(),
+            control,
+            Some(budget.clone()),
+        );
+        let mut frame = BytesMut::new();
+        let payload = Bytes::from(vec![7u8; FREE_PARTIAL_BYTES + 500_000]);
+        link::encode_packet(
+            &Packet::Data {
+                connect_id: ConnectId(1),
+                data: payload.clone(),
+            },
+            &mut frame,
+        );
+        let cut = frame.len() - 10;
+        far.write_all(&frame[..cut]).await.unwrap();
+        let pending = tokio::time::timeout(std::time::Duration::from_millis(200), reader.next());
+        assert!(pending.await.is_err(), "the frame is not whole yet");
+        assert!(budget.held() > 0, "the incomplete frame draws");
+        far.write_all(&frame[cut..]).await.unwrap();
+        let Some(Ok(Packet::Data { data, .. })) = reader.next().await else {
+            panic!("the DATA packet");
+        };
+        assert_eq!(data, payload);
+        let idle = tokio::time::timeout(std::time::Duration::from_millis(100), reader.next());
+        assert!(idle.await.is_err());
+        assert_eq!(budget.held(), 0, "a whole frame gives back what it drew");
+
+        // Twice what the budget holds beyond the free share: refused.
+        let mut big = BytesMut::new();
+        link::encode_data_header(ConnectId(1), 3 << 20, &mut big);
+        far.write_all(&big).await.unwrap();
+        far.write_all(&vec![0u8; 2 << 20]).await.unwrap();
+        let refused = reader.next().await.expect("an end").expect_err("a refusal");
+        assert_eq!(refused.code_name(), "ResourceExhausted", "{refused}");
+        assert_eq!(budget.held(), 0, "a refused link holds nothing");
     }
 }

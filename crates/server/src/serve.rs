@@ -126,7 +126,11 @@ pub(crate) async fn agent_connection(
             keepalive: settings.keepalive,
             budget: settings.partial_message_budget.clone(),
         };
-        let served = native::serve(service, io, peer, deadline, admission, native).await;
+        // Boxed: a gRPC connection's task would otherwise hold the native link's state too.
+        let served = Box::pin(native::serve(
+            service, io, peer, deadline, admission, native,
+        ))
+        .await;
         if let Err(tether_link::LinkError::HandshakeTimeout) = &served {
             metrics.hit(Limit::SetupTimeout);
         }

@@ -43,7 +43,8 @@ pub(crate) async fn serve(
         budget: settings.budget,
     });
     // The stream runs on the service's own task; this one keeps the connection alive.
-    let served = service.serve(call, admission);
+    // Boxed, so admission's state is freed once it is done, not held for the link's life.
+    let served = Box::pin(service.serve(call, admission));
     match settings.keepalive {
         Some(keepalive) => {
             tokio::join!(served, handle.keep_alive(keepalive));
