@@ -111,7 +111,9 @@ impl AgentCall {
                         .map(|(key, value)| (*key, bytes::Bytes::from(value.clone())))
                         .collect(),
                 };
-                let link = native.link.accept(&hello, native.budget).await?;
+                // Boxed, as below: the futures awaiting these hold only a pointer, so a stream's
+                // task does not carry the native link's handshake state for its whole life.
+                let link = Box::pin(native.link.accept(&hello, native.budget)).await?;
                 Ok(Transport::native(link.reader, link.writer))
             }
         }
@@ -121,7 +123,9 @@ impl AgentCall {
     pub(crate) async fn reject(self, status: &Status) {
         match self {
             Self::Grpc { call, .. } => call.reject(status),
-            Self::Native(native) => native.link.refuse(status.code, &status.message).await,
+            Self::Native(native) => {
+                Box::pin(native.link.refuse(status.code, &status.message)).await;
+            }
         }
     }
 }
