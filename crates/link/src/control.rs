@@ -1,7 +1,7 @@
 //! What a link's reader, writer and keepalive share: the PONG owed to the peer, the PINGs
 //! asked for and answered, the connection's signs of life, and the link's end.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,8 +16,10 @@ pub(crate) struct Control {
     pub(crate) life: Arc<LastPong>,
     /// Wakes the writer: a PONG or a PING waits to be sent.
     pub(crate) writer: Notify,
-    /// The PONG owed for the peer's latest PING.
-    pong_owed: Mutex<Option<u64>>,
+    /// The opaque of the peer's latest PING, and whether its PONG is owed: two atomics, as
+    /// the writer looks at every flush (a PONG for a newer PING answers the older too).
+    pong_opaque: AtomicU64,
+    pong_owed: AtomicBool,
     /// The latest PING asked for; the writer sends it once.
     ping_asked: AtomicU64,
     /// The latest PING the peer answered.
@@ -35,7 +37,8 @@ impl Control {
         Arc::new(Self {
             life,
             writer: Notify::new(),
-            pong_owed: Mutex::new(None),
+            pong_opaque: AtomicU64::new(0),
+            pong_owed: AtomicBool::new(false),
             ping_asked: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             pong: Notify::new(),
@@ -46,15 +49,15 @@ impl Control {
 
     /// The peer PINGed: the writer answers.
     pub(crate) fn owe_pong(&self, opaque: u64) {
-        *self.pong_owed.lock().unwrap_or_else(|e| e.into_inner()) = Some(opaque);
+        self.pong_opaque.store(opaque, Ordering::Relaxed);
+        self.pong_owed.store(true, Ordering::Release);
         self.writer.notify_one();
     }
 
     pub(crate) fn take_pong(&self) -> Option<u64> {
         self.pong_owed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+            .swap(false, Ordering::Acquire)
+            .then(|| self.pong_opaque.load(Ordering::Relaxed))
     }
 
     pub(crate) fn ping_asked(&self) -> u64 {

@@ -16,6 +16,9 @@ use crate::writer::LinkWriter;
 
 /// How long a refused agent may take to be told why.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an accepted agent may take to take its ACCEPT: a peer that reads nothing must
+/// not hold the stream's owner.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a handshake reads at a time: a HELLO or ACCEPT is a few hundred bytes.
 const HANDSHAKE_READ: usize = 4 * 1024;
 
@@ -186,8 +189,11 @@ where
         } = self;
         let mut out = BytesMut::new();
         Frame::Accept(answer.clone()).encode(&mut out)?;
-        write.write_all(&out).await?;
-        write.flush().await?;
+        let written = tokio::time::timeout(ACCEPT_TIMEOUT, async {
+            write.write_all(&out).await?;
+            write.flush().await
+        });
+        written.await.map_err(|_| LinkError::HandshakeTimeout)??;
         let control = unanswered.0.take().expect("answered once");
         Ok(Link::new(read, write, buf, control, budget))
     }
