@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 seconds=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(frame_decoder packet authority identifiers policy_file session_table connect_head link_frames)
+[ ${#targets[@]} -gt 0 ] || targets=(frame_decoder packet authority identifiers policy_file session_table connect_head link_frames websocket_frames)
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     cargo +nightly fuzz run -O "$t" "corpus/$t" "regressions/$t" -- \

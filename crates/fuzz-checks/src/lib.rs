@@ -14,12 +14,13 @@ pub mod link;
 pub mod packet;
 pub mod policy;
 pub mod session;
+pub mod websocket;
 
 /// A check: panics if `data` breaks an invariant.
 pub type Check = fn(&[u8]);
 
 /// Every target by the name of its fuzz binary and regression directory.
-pub const TARGETS: [(&str, Check); 8] = [
+pub const TARGETS: [(&str, Check); 9] = [
     ("frame_decoder", frame::check),
     ("packet", packet::check),
     ("authority", authority::check),
@@ -28,4 +29,5 @@ pub const TARGETS: [(&str, Check); 8] = [
     ("session_table", session::check),
     ("connect_head", connect_head::check),
     ("link_frames", link::check),
+    ("websocket_frames", websocket::check),
 ];

@@ -20,6 +20,7 @@ pub mod metadata;
 mod packet;
 pub mod pb;
 mod random;
+pub mod websocket;
 
 pub use identifiers::Identifiers;
 pub use labels::Labels;
