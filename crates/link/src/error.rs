@@ -26,6 +26,9 @@ pub enum LinkError {
     Version(u8),
     #[error("connection setup (the native link's HELLO and ACCEPT) did not finish in time")]
     HandshakeTimeout,
+    /// The WebSocket upgrade that opens a link failed, or was refused on the way.
+    #[error("WebSocket link: {0}")]
+    Upgrade(String),
 }
 
 impl From<std::io::Error> for LinkError {

@@ -6,12 +6,13 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tether_conn::{Code, LastPong, PartialMessageBudget};
 use tether_proto::link::{self, Close, Frame, Hello};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::control::{Control, LinkHandle};
 use crate::error::LinkError;
 use crate::reader::LinkReader;
+use crate::websocket::{Role, WsStream, head};
 use crate::writer::LinkWriter;
 
 /// How long a refused agent may take to be told why.
@@ -31,9 +32,9 @@ pub struct Link {
 }
 
 impl Link {
-    fn new<IO>(
-        read: ReadHalf<IO>,
-        write: WriteHalf<IO>,
+    /// A link on `io`, whose first bytes (`buffered`) were already read.
+    pub(crate) fn new<IO>(
+        io: IO,
         buffered: BytesMut,
         control: Arc<Control>,
         budget: Option<Arc<PartialMessageBudget>>,
@@ -41,6 +42,7 @@ impl Link {
     where
         IO: AsyncRead + AsyncWrite + Send + 'static,
     {
+        let (read, write) = tokio::io::split(io);
         Self {
             reader: LinkReader::new(Box::new(read), buffered, control.clone(), budget),
             writer: LinkWriter::new(Box::new(write), BytesMut::new(), control.clone()),
@@ -54,13 +56,13 @@ impl Link {
 /// caller bounds the wait.
 pub async fn connect<IO>(io: IO, hello: &Hello) -> Result<(Hello, Link), LinkError>
 where
-    IO: AsyncRead + AsyncWrite + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let mut io = io;
     let mut out = BytesMut::new();
     Frame::Hello(hello.clone()).encode(&mut out)?;
-    let (mut read, mut write) = tokio::io::split(io);
-    write.write_all(&out).await?;
-    write.flush().await?;
+    io.write_all(&out).await?;
+    io.flush().await?;
     let mut buf = BytesMut::new();
     let answer = loop {
         match link::decode(&mut buf)? {
@@ -74,17 +76,17 @@ where
             Some(Frame::Hello(_)) => return Err(LinkError::Unexpected("HELLO")),
             Some(Frame::Ping(_) | Frame::Pong(_)) => return Err(LinkError::Unexpected("PING")),
             Some(Frame::Packet(_)) => return Err(LinkError::Unexpected("PACKET")),
-            None => read_more(&mut read, &mut buf).await?,
+            None => read_more(&mut io, &mut buf).await?,
         }
     };
     if answer.version == 0 || answer.version > link::VERSION {
         return Err(LinkError::Version(answer.version));
     }
     let control = Control::new(Arc::new(LastPong::default()));
-    Ok((answer, Link::new(read, write, buf, control, None)))
+    Ok((answer, Link::new(io, buf, control, None)))
 }
 
-async fn read_more<R: AsyncRead + Unpin>(
+pub(crate) async fn read_more<R: AsyncRead + Unpin>(
     read: &mut R,
     buf: &mut BytesMut,
 ) -> Result<(), LinkError> {
@@ -104,38 +106,40 @@ pub async fn read_hello<IO>(
     life: Arc<LastPong>,
 ) -> Result<(Hello, PendingLink<IO>), LinkError>
 where
-    IO: AsyncRead + AsyncWrite + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut read, write) = tokio::io::split(io);
+    let mut io = io;
     let mut buf = BytesMut::new();
     let hello = tokio::time::timeout_at(deadline, async {
         loop {
             match link::decode(&mut buf)? {
                 Some(Frame::Hello(hello)) => return Ok(hello),
                 Some(_) => return Err(LinkError::Unexpected("frame other than HELLO")),
-                None => read_more(&mut read, &mut buf).await?,
+                None => read_more(&mut io, &mut buf).await?,
             }
         }
     })
     .await
     .map_err(|_| LinkError::HandshakeTimeout)??;
-    let control = Control::new(life);
-    Ok((
-        hello,
-        PendingLink {
-            read,
-            write,
-            buf,
-            unanswered: Unanswered(Some(control)),
-        },
-    ))
+    Ok((hello, PendingLink::new(io, buf, Framing::Native, life)))
+}
+
+/// How a pending link is answered, and how its frames travel once accepted.
+#[derive(Debug)]
+pub(crate) enum Framing {
+    /// Directly on the connection: ACCEPT or CLOSE frames.
+    Native,
+    /// In WebSocket messages: the upgrade is answered with `101` (carrying this
+    /// `Sec-WebSocket-Accept`) or an HTTP error status.
+    WebSocket { accept: String },
 }
 
 /// A HELLO read and not yet answered. Dropped unanswered, the connection closes.
 pub struct PendingLink<IO> {
-    read: ReadHalf<IO>,
-    write: WriteHalf<IO>,
+    io: IO,
+    /// What was read after the HELLO (or the upgrade's head).
     buf: BytesMut,
+    framing: Framing,
     unanswered: Unanswered,
 }
 
@@ -167,8 +171,25 @@ impl Drop for Unanswered {
 
 impl<IO> PendingLink<IO>
 where
-    IO: AsyncRead + AsyncWrite + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    pub(crate) fn new(io: IO, buf: BytesMut, framing: Framing, life: Arc<LastPong>) -> Self {
+        Self {
+            io,
+            buf,
+            framing,
+            unanswered: Unanswered(Some(Control::new(life))),
+        }
+    }
+
+    /// The link's name for logs and the debug views: `native` or `websocket`.
+    pub fn transport_name(&self) -> &'static str {
+        match self.framing {
+            Framing::Native => "native",
+            Framing::WebSocket { .. } => "websocket",
+        }
+    }
+
     /// The link's handle, for its keepalive and its end, before it is answered.
     pub fn handle(&self) -> LinkHandle {
         LinkHandle(self.unanswered.control().clone())
@@ -182,36 +203,53 @@ where
         budget: Option<Arc<PartialMessageBudget>>,
     ) -> Result<Link, LinkError> {
         let Self {
-            read,
-            mut write,
+            mut io,
             buf,
+            framing,
             mut unanswered,
         } = self;
         let mut out = BytesMut::new();
-        Frame::Accept(answer.clone()).encode(&mut out)?;
+        match &framing {
+            Framing::Native => Frame::Accept(answer.clone()).encode(&mut out)?,
+            Framing::WebSocket { accept } => head::switching(accept, answer, &mut out)?,
+        }
         let written = tokio::time::timeout(ACCEPT_TIMEOUT, async {
-            write.write_all(&out).await?;
-            write.flush().await
+            io.write_all(&out).await?;
+            io.flush().await
         });
         written.await.map_err(|_| LinkError::HandshakeTimeout)??;
         let control = unanswered.0.take().expect("answered once");
-        Ok(Link::new(read, write, buf, control, budget))
+        Ok(match framing {
+            Framing::Native => Link::new(io, buf, control, budget),
+            Framing::WebSocket { .. } => {
+                let io = WsStream::new(io, Role::Server, buf);
+                Link::new(io, BytesMut::new(), control, budget)
+            }
+        })
     }
 
-    /// Refuses the stream: CLOSE with `code` and `message`, then the connection's end,
-    /// within a short bound.
+    /// Refuses the stream with `code` and `message` (a CLOSE frame, or an HTTP error status
+    /// for a WebSocket upgrade), then ends the connection, within a short bound.
     pub async fn refuse(self, code: Code, message: &str) {
-        let close = Frame::Close(Close {
-            code: u8::try_from(code.0).unwrap_or(2),
-            message: message.to_owned(),
-        });
         let mut out = BytesMut::new();
-        let mut write = self.write;
+        let encoded = match self.framing {
+            Framing::Native => Frame::Close(Close {
+                code: u8::try_from(code.0).unwrap_or(2),
+                message: message.to_owned(),
+            })
+            .encode(&mut out),
+            Framing::WebSocket { .. } => {
+                head::refusal(code, message, &mut out);
+                Ok(())
+            }
+        };
+        if encoded.is_err() {
+            return;
+        }
+        let mut io = self.io;
         let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
-            close.encode(&mut out)?;
-            write.write_all(&out).await?;
-            write.shutdown().await?;
-            Ok::<_, LinkError>(())
+            io.write_all(&out).await?;
+            io.shutdown().await
         })
         .await;
     }

@@ -40,14 +40,20 @@ const DUPLEX_BYTES: usize = 256 * 1024;
 /// Both tables' dial and close deadlines: no test waits for one.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Declares each named `async fn name(kind: Kind)` of the test file as two tests,
-/// `name::native` and `name::grpc`, one per transport, on a multi-threaded runtime.
+/// Declares each named `async fn name(kind: Kind)` of the test file as three tests,
+/// `name::native`, `name::websocket` and `name::grpc`, one per transport, on a
+/// multi-threaded runtime.
 macro_rules! on_both_transports {
     ($($name:ident),+ $(,)?) => {$(
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn native() {
                 super::$name($crate::common::Kind::Native).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn websocket() {
+                super::$name($crate::common::Kind::WebSocket).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,6 +87,8 @@ pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Native,
+    /// The native link inside WebSocket messages, after an HTTP/1.1 upgrade.
+    WebSocket,
     Grpc,
 }
 
@@ -400,6 +408,18 @@ pub async fn transports(kind: Kind) -> Transports {
                 },
             }
         }
+        Kind::WebSocket => {
+            let ((agent, agent_handle), (server, server_handle)) =
+                tokio::join!(websocket_agent(agent_io), websocket_server(server_io));
+            Transports {
+                server,
+                agent,
+                wire: Wire::Native {
+                    server: server_handle,
+                    agent: agent_handle,
+                },
+            }
+        }
         Kind::Grpc => grpc(agent_io, server_io).await,
     }
 }
@@ -431,6 +451,34 @@ pub async fn native_server(io: DuplexStream) -> (Transport, LinkHandle) {
     let link = within("writing ACCEPT", pending.accept(&self::hello(), None))
         .await
         .expect("ACCEPT is written");
+    (Transport::native(link.reader, link.writer), link.handle)
+}
+
+/// The agent's side of a WebSocket link on `io`: the upgrade, answered `101`.
+async fn websocket_agent(io: DuplexStream) -> (Transport, LinkHandle) {
+    let upgrade = tether_link::Upgrade {
+        host: "tether.test".to_owned(),
+        path: "/".to_owned(),
+    };
+    let hello = hello();
+    let opened = tether_link::connect_websocket(io, &upgrade, &hello);
+    let (answer, link) = within("the server's 101", opened)
+        .await
+        .expect("the server accepts");
+    assert_eq!(answer.version, link::VERSION);
+    (Transport::native(link.reader, link.writer), link.handle)
+}
+
+/// The server's side of a WebSocket link on `io`: the agent's upgrade, then `101`.
+async fn websocket_server(io: DuplexStream) -> (Transport, LinkHandle) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let (hello, pending) = tether_link::read_upgrade(io, deadline, Arc::new(LastPong::default()))
+        .await
+        .expect("the agent asks for the upgrade");
+    assert_eq!(hello.version, link::VERSION);
+    let link = within("writing 101", pending.accept(&self::hello(), None))
+        .await
+        .expect("101 is written");
     (Transport::native(link.reader, link.writer), link.handle)
 }
 
