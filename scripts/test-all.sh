@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check tether has, in the order CI runs them. Needs Rust (rustup) and Go >= 1.26 with
 # the Go module proxy, and root: it installs tinyproxy, stunnel4, iproute2, runc, nftables and
-# gcc with apt-get, and the real node (interop/node) needs a network namespace, mounts and
+# gcc (and haproxy and nginx-light, the L7 proxies of the WebSocket link's tests) with apt-get,
+# and the real node (interop/node) needs a network namespace, mounts and
 # cgroups; everything else is fetched by cargo and go themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,24 +21,27 @@ fi
 cargo --version
 go version
 
-step "Debian packages: tinyproxy and stunnel4 (egress-proxy tests), iproute2 (network namespaces), runc, nftables and gcc (the real node)"
-# crates/tether/tests/egress_proxy starts tinyproxy and stunnel4 on loopback with its own
-# configuration (without them those tests skip); tests that need a node address make a network
+step "Debian packages: tinyproxy and stunnel4 (egress-proxy tests), haproxy and nginx-light (L7 proxies for the WebSocket link), iproute2 (network namespaces), runc, nftables and gcc (the real node)"
+# crates/tether/tests/egress_proxy starts tinyproxy and stunnel4, and haproxy and nginx in front
+# of the server, on loopback with its own configuration (without them those tests skip); tests that need a node address make a network
 # namespace of their own with ip; the real node runs pods with runc, kube-proxy programs nftables
 # and the pause image is a static C program. Installed once (CI runs as root on a fresh machine).
 if command -v tinyproxy >/dev/null && command -v stunnel4 >/dev/null && command -v ip >/dev/null &&
-	command -v runc >/dev/null && command -v nft >/dev/null && command -v gcc >/dev/null; then
-	echo "tinyproxy, stunnel4, ip, runc, nft and gcc are installed"
+	command -v runc >/dev/null && command -v nft >/dev/null && command -v gcc >/dev/null &&
+	command -v haproxy >/dev/null && command -v nginx >/dev/null; then
+	echo "tinyproxy, stunnel4, haproxy, nginx, ip, runc, nft and gcc are installed"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy stunnel4 iproute2 \
-		runc nftables gcc libc6-dev
-	# The package's own service (port 8888) is not wanted where systemd would start it.
-	if command -v systemctl >/dev/null && systemctl is-active --quiet tinyproxy 2>/dev/null; then
-		systemctl disable --now tinyproxy || true
-	fi
+		runc nftables gcc libc6-dev haproxy nginx-light
+	# The packages' own services (ports 8888 and 80) are not wanted where systemd would start them.
+	for service in tinyproxy haproxy nginx; do
+		if command -v systemctl >/dev/null && systemctl is-active --quiet "$service" 2>/dev/null; then
+			systemctl disable --now "$service" || true
+		fi
+	done
 else
-	echo "tinyproxy, stunnel4, ip, runc, nft or gcc missing and apt-get needs root: the egress-proxy tests will skip and the real node will fail" >&2
+	echo "tinyproxy, stunnel4, haproxy, nginx, ip, runc, nft or gcc missing and apt-get needs root: the egress-proxy tests will skip and the real node will fail" >&2
 fi
 
 step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"
@@ -65,6 +69,10 @@ step "the end-to-end suites again, their agents on the gRPC link (tether's defau
 TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether-testkit \
 	--test e2e --test resume --test resume_window --test churn
 TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether --test token_auth
+
+step "the end-to-end suites again, their agents on the WebSocket link (the native link in WebSocket messages)"
+TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether-testkit --test e2e --test resume
+TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether --test token_auth
 
 step "the book (docs/): a pinned mdbook builds it, its internal links and anchors are checked"
 # mdbook is installed once into ~/.cache/tether (cold: 123 crates compiled, 28 min measured on

@@ -20,9 +20,12 @@ pub struct Config {
     /// `--proxy-server-host`: dialed for every server connection (normally a load balancer).
     pub server_host: String,
     pub server_port: u16,
+    /// `--transport=websocket`: the native link in WebSocket messages, upgraded at this
+    /// request path (`--websocket-path`).
+    pub websocket_path: Option<String>,
     /// `--https-proxy` or `HTTPS_PROXY`/`NO_PROXY`: directly, or through this proxy.
     pub egress: egress_proxy::Egress,
-    /// TLS to the server; ALPN must include `h2`.
+    /// TLS to the server; ALPN must include `h2`, or be `http/1.1` with `websocket_path`.
     pub tls: Arc<rustls::ClientConfig>,
     /// When set, replaces `tls`: rebuilt from its files (client certificate, key, CA)
     /// whenever they changed, checked before every new server connection.

@@ -5,7 +5,8 @@
 //!
 //! The transport is the one TLS negotiated: the native link when the agent offered its ALPN
 //! id (`tether/1`, before `h2`) and the server chose it, as tether servers do; gRPC over
-//! HTTP/2 otherwise, with every upstream server.
+//! HTTP/2 otherwise, with every upstream server. With `--transport=websocket` the agent
+//! offers only `http/1.1` and runs the native link in WebSocket messages.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +58,9 @@ pub(crate) enum ConnectError {
 #[derive(Debug)]
 pub(crate) enum ServerConn {
     Grpc(Channel),
+    /// The native link, directly on TLS or (`websocket`) in WebSocket messages.
     Native {
+        websocket: bool,
         link: LinkHandle,
         /// Taken by the first [`ServerConn::start_keepalive`], which hands the settings to
         /// the link's keepalive task.
@@ -100,7 +103,12 @@ impl ServerConn {
     pub(crate) fn transport_name(&self) -> &'static str {
         match self {
             Self::Grpc(_) => "grpc",
-            Self::Native { .. } => "native",
+            Self::Native {
+                websocket: false, ..
+            } => "native",
+            Self::Native {
+                websocket: true, ..
+            } => "websocket",
         }
     }
 }
@@ -180,7 +188,7 @@ pub(crate) async fn connect(
     };
     let offers_resume = !config.resume_window.is_zero();
     let request = request(config, offers_resume, resume_from)?;
-    if native {
+    if native || config.websocket_path.is_some() {
         let hello = Hello {
             version: link::VERSION,
             capabilities: Vec::new(),
@@ -189,9 +197,17 @@ pub(crate) async fn connect(
                 .map(|(key, value)| (key, bytes::Bytes::from(value)))
                 .collect(),
         };
-        let (accepted, opened) = tether_link::connect(tls, &hello)
-            .await
-            .map_err(|e: LinkError| refused(e.into()))?;
+        let opened = match &config.websocket_path {
+            Some(path) => {
+                let upgrade = tether_link::Upgrade {
+                    host: address.clone(),
+                    path: path.clone(),
+                };
+                tether_link::connect_websocket(tls, &upgrade, &hello).await
+            }
+            None => tether_link::connect(tls, &hello).await,
+        };
+        let (accepted, opened) = opened.map_err(|e: LinkError| refused(e.into()))?;
         let answer = answer(
             &accepted.metadata,
             offers_resume,
@@ -207,6 +223,7 @@ pub(crate) async fn connect(
         });
         return Ok(Connected {
             server: ServerConn::Native {
+                websocket: config.websocket_path.is_some(),
                 link: opened.handle,
                 keepalive: std::sync::Mutex::new(Some(start)),
             },

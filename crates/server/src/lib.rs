@@ -35,6 +35,7 @@ pub mod routing;
 mod running;
 mod serve;
 mod shutdown;
+mod sniff;
 mod tenant;
 mod tenant_config;
 mod tenant_frontend;
@@ -142,8 +143,10 @@ pub struct Config {
 }
 
 /// The ALPN protocols the agent listener offers, in its order of preference: tether's
-/// native link for tether agents that offer it, gRPC over HTTP/2 for every other agent.
-pub const AGENT_ALPN: [&[u8]; 2] = [tether_proto::link::ALPN, b"h2"];
+/// native link for tether agents that offer it, gRPC over HTTP/2 for every other agent, and
+/// HTTP/1.1 for the native link in WebSocket messages (tether agents that ask for it, through
+/// proxies that pass only HTTP/1.1).
+pub const AGENT_ALPN: [&[u8]; 3] = [tether_proto::link::ALPN, b"h2", b"http/1.1"];
 
 /// The default `--resume-window` and `--dead-agent-timeout`: a killed agent's connections
 /// (its stream breaks at once, then waits the window) and a lost node's (silence: the timeout

@@ -121,10 +121,27 @@ pub(crate) async fn agent_connection(
             return Ok(());
         }
     };
-    if alpn.as_deref() == Some(tether_proto::link::ALPN) {
+    let (opening, io) = match alpn.as_deref() {
+        Some(tether_proto::link::ALPN) => (Some(native::Opening::Hello), io),
+        Some(b"http/1.1") => (Some(native::Opening::WebSocket), io),
+        Some(_) => (None, io),
+        // No ALPN: a proxy in front of WebSocket agents may not offer any.
+        None => match crate::sniff::sniff(io, deadline).await {
+            Ok((true, io)) => (Some(native::Opening::WebSocket), io),
+            Ok((false, io)) => (None, io),
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    metrics.hit(Limit::SetupTimeout);
+                }
+                return Err(e);
+            }
+        },
+    };
+    if let Some(opening) = opening {
         let native = NativeSettings {
             keepalive: settings.keepalive,
             budget: settings.partial_message_budget.clone(),
+            opening,
         };
         // Boxed: a gRPC connection's task would otherwise hold the native link's state too.
         let served = Box::pin(native::serve(

@@ -330,15 +330,27 @@ pub enum AgentLink {
     Native,
     /// gRPC over HTTP/2 only (`--transport=grpc`).
     Grpc,
+    /// The native link in WebSocket messages (`--transport=websocket`).
+    WebSocket,
 }
 
 impl AgentLink {
-    /// The suites' link: `grpc` when `TETHER_TEST_AGENT_LINK=grpc` (the lint step runs the
-    /// end-to-end suites once more that way), the native link otherwise.
+    /// The suites' link: `grpc` or `websocket` when `TETHER_TEST_AGENT_LINK` says so (CI
+    /// runs the end-to-end suites once more on each), the native link otherwise.
     pub fn from_env() -> Self {
         match std::env::var("TETHER_TEST_AGENT_LINK").as_deref() {
             Ok("grpc") => Self::Grpc,
+            Ok("websocket") => Self::WebSocket,
             _ => Self::Native,
+        }
+    }
+
+    /// This link, or the native one where it offers no gRPC (WebSocket): for a test whose
+    /// server speaks only gRPC.
+    pub fn reaching_grpc(self) -> Self {
+        match self {
+            Self::WebSocket => Self::Native,
+            other => other,
         }
     }
 
@@ -347,6 +359,7 @@ impl AgentLink {
         match self {
             Self::Native => "native",
             Self::Grpc => "grpc",
+            Self::WebSocket => "websocket",
         }
     }
 
@@ -354,6 +367,7 @@ impl AgentLink {
         match self {
             Self::Native => tether_server::AGENT_ALPN.map(<[u8]>::to_vec).into(),
             Self::Grpc => vec![b"h2".to_vec()],
+            Self::WebSocket => vec![b"http/1.1".to_vec()],
         }
     }
 }
@@ -430,6 +444,7 @@ impl TestAgent {
         let config = tether_agent::Config {
             server_host: server_agent_addr.ip().to_string(),
             server_port: server_agent_addr.port(),
+            websocket_path: (link == AgentLink::WebSocket).then(|| "/".to_owned()),
             egress: tether_agent::egress_proxy::Egress::Direct,
             tls: tether_tls::client_config(
                 &f.ca_cert,

@@ -87,7 +87,7 @@ impl AgentCall {
     pub(crate) fn transport_name(&self) -> &'static str {
         match self {
             Self::Grpc { .. } => "grpc",
-            Self::Native(_) => "native",
+            Self::Native(native) => native.link.transport_name(),
         }
     }
 

@@ -1,6 +1,7 @@
-//! An agent connection that chose the native link (ALPN `tether/1`): its HELLO read by the
-//! setup deadline, the stream handed to the agent service like a gRPC `Connect` call, and
-//! the connection's keepalive for as long as the link lasts.
+//! An agent connection that chose the native link (ALPN `tether/1`), or the native link in
+//! WebSocket messages (ALPN `http/1.1`): its HELLO (or upgrade) read by the setup deadline,
+//! the stream handed to the agent service like a gRPC `Connect` call, and the connection's
+//! keepalive for as long as the link lasts.
 
 use std::sync::Arc;
 
@@ -18,6 +19,16 @@ use crate::net::Io;
 pub(crate) struct NativeSettings {
     pub(crate) keepalive: Option<Keepalive>,
     pub(crate) budget: Option<Arc<PartialMessageBudget>>,
+    pub(crate) opening: Opening,
+}
+
+/// How the agent opens its link, as TLS chose it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Opening {
+    /// A HELLO frame on TLS.
+    Hello,
+    /// An HTTP/1.1 WebSocket upgrade whose headers carry the HELLO.
+    WebSocket,
 }
 
 /// Serves one native link until it ends; errors only before its HELLO was read.
@@ -32,7 +43,10 @@ pub(crate) async fn serve(
     // Every byte read is a sign of the agent's life (see `LastPong::heard`).
     let liveness = Arc::new(LastPong::default());
     let io = Heard::new(io, liveness.clone());
-    let (hello, pending) = tether_link::read_hello(io, deadline, liveness.clone()).await?;
+    let (hello, pending) = match settings.opening {
+        Opening::Hello => tether_link::read_hello(io, deadline, liveness.clone()).await?,
+        Opening::WebSocket => tether_link::read_upgrade(io, deadline, liveness.clone()).await?,
+    };
     let handle = pending.handle();
     let call = AgentCall::Native(NativeCall {
         link: pending,

@@ -68,9 +68,11 @@ async fn a_repeated_dial_id_gets_one_connection_and_one_refusal() {
         )
         .await;
     });
-    let agent = TestAgent::start(&pki, server_addr, AgentOptions::default())
-        .await
-        .unwrap();
+    let options = AgentOptions {
+        link: AgentOptions::default().link.reaching_grpc(),
+        ..AgentOptions::default()
+    };
+    let agent = TestAgent::start(&pki, server_addr, options).await.unwrap();
 
     let mut results = Vec::new();
     for _ in 0..2 {

@@ -312,7 +312,7 @@ async fn rotated_certificates_and_ca_are_used_without_dropping_connections() {
                         &live.server_cert,
                         &live.server_key,
                         Some(&live.ca_cert),
-                        &[b"h2"],
+                        &tether_server::AGENT_ALPN,
                         &Default::default(),
                     )
                 }

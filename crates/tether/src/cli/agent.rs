@@ -113,9 +113,21 @@ pub(crate) struct AgentArgs {
     /// How to reach the servers. auto: offer tether's native link (ALPN tether/1) before
     /// gRPC, and each server chooses (tether servers the native link, upstream servers
     /// gRPC); grpc: gRPC over HTTP/2 only, as upstream's agent (for a TLS-terminating
-    /// proxy in front of the servers that passes only h2).
+    /// proxy in front of the servers that passes only h2); websocket: the native link in
+    /// WebSocket messages after an HTTP/1.1 upgrade (ALPN http/1.1), for an L7 proxy or
+    /// Ingress that passes only HTTP/1.1 (tether servers only).
     #[arg(long, help_heading = "Servers", value_enum, default_value_t = Transport::Auto)]
     transport: Transport,
+
+    /// The request path of the WebSocket upgrade (--transport=websocket), for a proxy or
+    /// Ingress that routes by path; tether servers accept any.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "PATH",
+        default_value = "/"
+    )]
+    websocket_path: String,
 
     /// This agent's ID. Default: $PROXY_AGENT_ID, else a random UUID.
     #[arg(
@@ -446,6 +458,7 @@ impl AgentArgs {
                 format!("--service-account-token-path: checking {}", path.display())
             })?;
         }
+        let websocket_path = self.websocket_path()?;
         let tls = self.tls()?;
         let tls_reload = self.tls_reload()?;
         let egress = self.egress()?;
@@ -460,6 +473,7 @@ impl AgentArgs {
         Ok(Config {
             server_host: self.proxy_server_host,
             server_port: self.proxy_server_port,
+            websocket_path,
             egress,
             tls,
             tls_reload,
@@ -505,6 +519,21 @@ impl AgentArgs {
             resume_window: self.flow.resume_window,
             drain_timeout: (!self.drain_timeout.is_zero()).then_some(self.drain_timeout),
         })
+    }
+
+    /// `--websocket-path`, when `--transport=websocket`.
+    fn websocket_path(&self) -> anyhow::Result<Option<String>> {
+        let path = &self.websocket_path;
+        if self.transport != Transport::Websocket {
+            if path != "/" {
+                bail!("--websocket-path needs --transport=websocket");
+            }
+            return Ok(None);
+        }
+        if !path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()) {
+            bail!("--websocket-path must be a request path: '/' then visible ASCII, got {path:?}");
+        }
+        Ok(Some(path.clone()))
     }
 
     /// `--control-plane-listen` and `--control-plane-endpoint`.
@@ -672,11 +701,14 @@ enum Transport {
     Auto,
     /// gRPC over HTTP/2 only.
     Grpc,
+    /// The native link in WebSocket messages, over HTTP/1.1.
+    Websocket,
 }
 
 /// ALPN ids to offer: `--alpn-proto`'s extra ids, then `h2` as grpc-go appends it, with
-/// the native link's id just before `h2` unless `--transport=grpc`. A TLS router that
-/// routes on the extra ids sees them first, as with upstream's agent.
+/// the native link's id just before `h2` unless `--transport=grpc`; with
+/// `--transport=websocket`, the extra ids then `http/1.1` alone. A TLS router that routes on
+/// the extra ids sees them first, as with upstream's agent.
 ///
 /// Values are comma lists, as pflag's string slices. The literal `[]` is what pflag prints
 /// for an empty slice, and upstream's test runner passes it back (`--alpn-proto=[]`); Go
@@ -689,6 +721,11 @@ fn alpn(values: &[String], transport: Transport) -> Vec<Vec<u8>> {
         .filter(|id| !id.is_empty() && *id != "[]" && id.as_bytes() != native)
         .map(|id| id.as_bytes().to_vec())
         .collect();
+    if transport == Transport::Websocket {
+        ids.retain(|id| id != b"h2" && id != b"http/1.1");
+        ids.push(b"http/1.1".to_vec());
+        return ids;
+    }
     if !ids.iter().any(|id| id == b"h2") {
         ids.push(b"h2".to_vec());
     }

@@ -7,11 +7,16 @@
 //! `localhost` or a loopback IP, but compares the name before lower-casing it, so `LocalHost`
 //! is proxied while it still resolves to loopback, for the proxy and for a direct connection.
 //! The server certificate's `localhost` matches it (names compare case-insensitively).
+//!
+//! And agents in front of whose server stands an L7 reverse proxy (HAProxy, nginx) that
+//! passes only HTTP/1.1: the WebSocket link ([`websocket`]).
 
 mod kube_api;
 mod proxies;
+mod reverse_proxies;
 mod tether_agent;
 mod upstream_agent;
+mod websocket;
 
 use std::path::Path;
 use std::time::Duration;
@@ -159,7 +164,7 @@ pub(crate) fn have(name: &str) -> bool {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()));
     if !found {
         eprintln!(
-            "SKIPPED: {name} is not installed (apt-get install -y tinyproxy stunnel4; scripts/test-all.sh does)"
+            "SKIPPED: {name} is not installed (apt-get install -y tinyproxy stunnel4 haproxy nginx-light; scripts/test-all.sh does)"
         );
     }
     found

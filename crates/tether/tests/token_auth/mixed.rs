@@ -173,6 +173,8 @@ async fn token_auth_works_with_upstreams_agent_and_server() -> anyhow::Result<()
             agent_id: "tether-node-1".into(),
             identifiers: "host=node-1".into(),
             token_path: Some(token_file.clone()),
+            // Upstream's server speaks gRPC only.
+            link: AgentOptions::default().link.reaching_grpc(),
             ..Default::default()
         },
     )

@@ -158,9 +158,36 @@ fn alpn_protocols() {
     let config = agent(&files, "--alpn-proto=proxy --transport=grpc").unwrap();
     let want: Vec<Vec<u8>> = ["proxy", "h2"].map(|p| p.as_bytes().to_vec()).into();
     assert_eq!(config.tls.alpn_protocols, want);
+    let config = agent(&files, "--alpn-proto=proxy,h2 --transport=websocket").unwrap();
+    let want: Vec<Vec<u8>> = ["proxy", "http/1.1"].map(|p| p.as_bytes().to_vec()).into();
+    assert_eq!(
+        config.tls.alpn_protocols, want,
+        "websocket offers http/1.1 alone"
+    );
+    assert_eq!(config.websocket_path.as_deref(), Some("/"));
+    let config = agent(&files, "--transport=websocket --websocket-path=/tether/x").unwrap();
+    assert_eq!(config.websocket_path.as_deref(), Some("/tether/x"));
+    assert_eq!(agent(&files, "").unwrap().websocket_path, None);
+    for (flags, says) in [
+        ("--websocket-path=/x", "needs --transport=websocket"),
+        (
+            "--transport=websocket --websocket-path=x",
+            "must be a request path",
+        ),
+        (
+            "--transport=websocket --websocket-path=/ä",
+            "must be a request path",
+        ),
+    ] {
+        let err = format!("{:#}", agent(&files, flags).unwrap_err());
+        assert!(
+            err.contains("--websocket-path") && err.contains(says),
+            "{flags}: {err}"
+        );
+    }
     let err = agent_args("--transport=quic").unwrap_err().to_string();
     assert!(
-        err.contains("--transport") && err.contains("auto, grpc"),
+        err.contains("--transport") && err.contains("auto, grpc, websocket"),
         "{err}"
     );
 }
