@@ -1,5 +1,7 @@
-//! Agent fan-in: many agents on one server. A light fake agent speaks the real Connect
-//! protocol (mutual TLS, HTTP/2, `AgentService.Connect` with an `agentid`), answers the
+//! Agent fan-in: many agents on one server. A light fake agent speaks the real agent
+//! protocol on the link the system's own agents use: tether's native link for `tether`,
+//! gRPC (HTTP/2, `AgentService.Connect`) for `tether-h2`, `tether-before` and upstream; so
+//! `tether` and `tether-h2` show the server's memory per agent on each link. It answers the
 //! dials the server sends it (echoing their data itself, so that the figures are the
 //! server's), and otherwise idles. The server's RSS growth per agent is the figure; with the
 //! smaller count also churn through the server with its dials spread over every agent; with
@@ -19,6 +21,7 @@ use super::churn::{self, ChurnResult};
 use crate::progress::{Progress, Ticker};
 use crate::systems::Running;
 use fake_agent::FakeAgent;
+pub use fake_agent::Link;
 
 #[derive(Clone, Debug)]
 pub struct FanInResult {
@@ -108,11 +111,13 @@ pub enum Extra {
     IdleCpu,
 }
 
-/// Connects `agents` fake agents, samples the server, measures `extra`, and disconnects them.
+/// Connects `agents` fake agents on `link`, whose ALPN id `tls` offers, samples the server,
+/// measures `extra`, and disconnects them.
 pub async fn run(
     r: &Running,
     p: &Profile,
     agents: usize,
+    link: Link,
     extra: Extra,
     tls: Arc<rustls::ClientConfig>,
     progress: &Progress,
@@ -127,10 +132,12 @@ pub async fn run(
         let tls = tls.clone();
         tasks.spawn(async move {
             let id = format!("fake-{i}-{}", uuid::Uuid::new_v4());
-            let agent =
-                tokio::time::timeout(Duration::from_secs(20), FakeAgent::connect(port, tls, id))
-                    .await
-                    .map_err(|_| anyhow::anyhow!("Connect timed out"))?;
+            let agent = tokio::time::timeout(
+                Duration::from_secs(20),
+                FakeAgent::connect(link, port, tls, id),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("Connect timed out"))?;
             drop(permit);
             agent
         });

@@ -1,7 +1,9 @@
-//! The fan-in's fake agent: one agent stream to the server (mutual TLS, then `Connect` with an
-//! `agentid` and tether's flow control), which answers the dials the server sends it itself
-//! and otherwise idles. Thousands live in the bench process, so it keeps little: one task
-//! that reads and answers, and small HTTP/2 windows.
+//! The fan-in's fake agent: one agent stream to the server over mutual TLS, on the link the
+//! system's own agents use ([`Link`]): gRPC (`AgentService.Connect`) or tether's native link
+//! (ALPN `tether/1`, then HELLO), either with an `agentid` and tether's flow control. It
+//! answers the dials the server sends it itself (one loop for both links) and otherwise
+//! idles. Thousands live in the bench process, so it keeps little: one task that reads and
+//! answers (and on gRPC the connection's driver, with small HTTP/2 windows).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use anyhow::Context as _;
 use rustls::pki_types::ServerName;
 use tether_grpc::H2Settings;
 use tether_grpc::client::Channel;
+use tether_proto::link::{self, Hello};
 use tether_proto::{ConnectId, Packet};
 use tether_tunnel::Transport;
 use tokio::net::TcpStream;
@@ -18,15 +21,53 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+use crate::systems::Impl;
 use crate::target;
+
+/// The link a fake agent speaks to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// gRPC over HTTP/2, `AgentService.Connect`: what every Konnectivity server speaks.
+    Grpc,
+    /// tether's native link: packets framed on the TLS stream, no HTTP/2.
+    Native,
+}
+
+impl Link {
+    /// The link `imp`'s own agents use: the native link for tether as it runs by default;
+    /// gRPC for tether-h2 (its agents forced to it), for upstream (which speaks nothing else)
+    /// and for the earlier build (which may predate the native link).
+    pub fn of(imp: Impl) -> Self {
+        match imp {
+            Impl::Tether => Self::Native,
+            Impl::TetherH2 | Impl::TetherBefore | Impl::Upstream => Self::Grpc,
+        }
+    }
+
+    /// The one ALPN id a fake agent offers: the server takes this link or none.
+    pub fn alpn(self) -> &'static [u8] {
+        match self {
+            Self::Grpc => b"h2",
+            Self::Native => link::ALPN,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Grpc => "gRPC",
+            Self::Native => "the native link",
+        }
+    }
+}
 
 /// A connected fake agent; dropping it disconnects: its tasks are aborted, and with them go
 /// its stream and its TCP connection.
 pub struct FakeAgent {
     /// Reads the server's packets and answers them; ends when the stream does.
     answering: JoinHandle<()>,
-    /// The HTTP/2 connection's handle and its driver, which would outlive the stream.
-    http2: (Channel, JoinHandle<()>),
+    /// gRPC only: the HTTP/2 connection's handle and its driver, which would outlive the
+    /// stream. The native link's stream is its connection, which `answering` holds.
+    http2: Option<(Channel, JoinHandle<()>)>,
     /// Dials it answered.
     dials: Arc<AtomicU64>,
 }
@@ -34,13 +75,17 @@ pub struct FakeAgent {
 impl Drop for FakeAgent {
     fn drop(&mut self) {
         self.answering.abort();
-        self.http2.1.abort();
+        if let Some((_, driver)) = &self.http2 {
+            driver.abort();
+        }
     }
 }
 
 impl FakeAgent {
-    /// Connects to the server's agent port `port` as agent `id`.
+    /// Connects to the server's agent port `port` on `link` as agent `id`; `tls` offers
+    /// [`Link::alpn`].
     pub async fn connect(
+        link: Link,
         port: u16,
         tls: Arc<rustls::ClientConfig>,
         id: String,
@@ -53,7 +98,13 @@ impl FakeAgent {
             (tether_proto::metadata::AGENT_ID, id),
             (tether_proto::metadata::TETHER_FLOW, "1048576".to_owned()),
         ];
-        let (transport, http2) = open_grpc(tls, port, &metadata).await?;
+        let (transport, http2) = match link {
+            Link::Grpc => {
+                let (transport, http2) = open_grpc(tls, port, &metadata).await?;
+                (transport, Some(http2))
+            }
+            Link::Native => (open_native(tls, &metadata).await?, None),
+        };
         let dials = Arc::new(AtomicU64::new(0));
         let answering = tokio::spawn(serve(transport, EchoService::new(dials.clone())));
         Ok(Self {
@@ -106,10 +157,48 @@ async fn open_grpc(
     Ok((Transport::grpc(sender, receiver), (channel, driver)))
 }
 
+/// Sends HELLO with `metadata` over `tls`, on which the server must have chosen the native
+/// link, and waits for its ACCEPT.
+async fn open_native(
+    tls: TlsStream<TcpStream>,
+    metadata: &[(&'static str, String)],
+) -> anyhow::Result<Transport> {
+    anyhow::ensure!(
+        tls.get_ref().1.alpn_protocol() == Some(link::ALPN),
+        "the server did not choose the native link"
+    );
+    let hello = Hello {
+        version: link::VERSION,
+        capabilities: Vec::new(),
+        metadata: metadata
+            .iter()
+            .map(|(key, value)| (*key, bytes::Bytes::from(value.clone())))
+            .collect(),
+    };
+    let (_accepted, opened) = tether_link::connect(tls, &hello)
+        .await
+        .context("native link handshake")?;
+    Ok(Transport::native(opened.reader, opened.writer))
+}
+
 /// Answers the server's packets on `transport` with `service` until the stream ends.
 async fn serve(transport: Transport, mut service: EchoService) {
     let (mut reader, mut writer) = transport.into_split();
-    while let Some(Ok(packet)) = reader.next().await {
+    loop {
+        let packet = tokio::select! {
+            packet = reader.next() => match packet {
+                Some(Ok(packet)) => packet,
+                _ => return,
+            },
+            // The native link's PONG to the server's keepalive PING: the writer sends it, or
+            // the server gives the agent up (never on gRPC, whose driver answers PINGs).
+            () = writer.wants_flush() => {
+                if writer.flush().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
         let Some(reply) = service.answer(packet) else {
             continue;
         };
