@@ -98,6 +98,15 @@ async fn churn_across(
     Ok(spread)
 }
 
+/// Fails if the server closed any fake agent's stream.
+fn still_connected(agents: &[FakeAgent], when: &str) -> anyhow::Result<()> {
+    let gone = agents.iter().filter(|a| a.is_gone()).count();
+    if gone > 0 {
+        bail!("the server closed {gone} fake agents' streams {when}");
+    }
+    Ok(())
+}
+
 /// How long the server may take to forget every agent once they all left.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -169,11 +178,7 @@ pub async fn run(
     {
         bail!("the server counts {c} ready backends, {agents} agents connected");
     }
-    for a in &connected {
-        if a.is_gone() {
-            bail!("the server closed a fake agent's stream");
-        }
-    }
+    still_connected(&connected, "once all had connected")?;
     let dials = match extra {
         Extra::SpreadDials => Some(churn_across(r, p, &connected, progress).await?),
         Extra::IdleCpu => None,
@@ -190,6 +195,8 @@ pub async fn run(
         }
         _ => None,
     };
+    // The server PINGs each agent every few seconds and drops one that does not answer.
+    still_connected(&connected, "while they were measured")?;
     drop(connected);
     // Every stream ends and the server forgets each agent; then what it keeps is the figure,
     // measured with every agent gone, not still closing.
