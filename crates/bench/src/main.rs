@@ -419,7 +419,6 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         target,
         started: Default::default(),
     };
-    let fanin_tls = systems::konnectivity_agent_tls(&env)?;
 
     // The plan: every run visits every system (interleaved, so drift hits all alike), each
     // run starting one system further on: whichever system goes first in a run is measured
@@ -713,15 +712,18 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 large,
             } => {
                 let system = System::Konn(*imp, Frontend::HttpConnectUds);
+                let link = workloads::fanin::Link::of(*imp);
                 progress.begin(
                     &format!(
-                        "run {run}/{} · {} server · {agents} fake agents",
+                        "run {run}/{} · {} server · {agents} fake agents on {}",
                         p.runs,
-                        imp.name()
+                        imp.name(),
+                        link.name()
                     ),
                     weight(task),
                 );
                 let outcome = async {
+                    let tls = systems::konnectivity_agent_tls(&env, link.alpn())?;
                     let r = Running::start_lone_server(&env, *imp).await?;
                     let res = tokio::time::timeout(
                         Duration::from_secs(300),
@@ -729,12 +731,13 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                             &r,
                             &p,
                             *agents,
+                            link,
                             if *large {
                                 workloads::fanin::Extra::IdleCpu
                             } else {
                                 workloads::fanin::Extra::SpreadDials
                             },
-                            fanin_tls.clone(),
+                            tls,
                             &progress,
                         ),
                     )

@@ -15,6 +15,7 @@ use crate::results::{Better, Metric, Results, TunnelFigure};
 use crate::stats::Summary;
 use crate::systems::System;
 use crate::workloads::Profile;
+use crate::workloads::fanin;
 use svg::Chart;
 
 pub use meta::Meta;
@@ -357,6 +358,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
         s,
         "Ratios: **×upstream** is tether ÷ upstream Konnectivity in the same frontend shape, **×direct** is the system ÷ direct TCP, **×relay** and **×relay-tls** are the system ÷ two plain relays in series (`relay-limit`), and ÷ the same with mutual TLS between them (`relay-limit-tls`, the like-for-like limit of every tether shape, whose agent link is mutual TLS); for latency, CPU and memory lower is better, so a ratio below 1 is better there.\n"
     );
+    fanin_links(&mut s, meta, results);
 
     // Goals matrix.
     let tether: Vec<System> = meta
@@ -566,6 +568,34 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
     s
 }
 
+/// Which link each system's fan-in agents spoke, so that tether's two links read side by side.
+fn fanin_links(s: &mut String, meta: &Meta, results: &Results) {
+    let links: Vec<String> = meta
+        .systems
+        .iter()
+        .filter(|&&sys| {
+            [Metric::AgentSmall, Metric::AgentLarge]
+                .iter()
+                .any(|&m| results.summary(sys, m).is_some())
+        })
+        .filter_map(|sys| match sys {
+            System::Konn(imp, _) => Some(format!(
+                "`{}` on {}",
+                imp.name(),
+                fanin::Link::of(*imp).name()
+            )),
+            _ => None,
+        })
+        .collect();
+    if !links.is_empty() {
+        let _ = writeln!(
+            s,
+            "Agent fan-in: the fake agents speak the link of the system's own agents: {}.\n",
+            links.join("; ")
+        );
+    }
+}
+
 fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
     let cats: Vec<String> = meta.systems.iter().map(System::name).collect();
     let series = |name: &str, metric: Metric| {
@@ -693,7 +723,7 @@ fn charts(results: &Results, meta: &Meta, p: &Profile) -> Vec<(String, Chart)> {
         (
             "memory-per-agent.svg".into(),
             chart(
-                "Server RSS per connected agent",
+                "Server RSS per connected agent (each system's fake agents on its own agents' link)",
                 "KiB per agent (lower is better)",
                 false,
                 vec![

@@ -209,7 +209,7 @@ pub(super) async fn start(
         Some(port) => Transport::Tls {
             addr: format!("127.0.0.1:{port}"),
             server_name: "127.0.0.1".into(),
-            tls: client_tls(&pki.ca_cert, &pki.client_cert, &pki.client_key)?,
+            tls: client_tls(&pki.ca_cert, &pki.client_cert, &pki.client_key, b"h2")?,
         },
     };
     let target = env.target.to_string();
@@ -236,11 +236,16 @@ pub(super) async fn start(
     })
 }
 
-pub fn client_tls(ca: &Path, cert: &Path, key: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+pub fn client_tls(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    alpn: &[u8],
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     Ok(tether_tls::client_config(
         ca,
         Some((cert, key)),
-        vec![b"h2".to_vec()],
+        vec![alpn.to_vec()],
         &TlsOptions::default(),
     )?)
 }

@@ -104,7 +104,11 @@ impl Running {
     }
 }
 
-/// Client TLS config with the agent's certificate, for fake agents.
-pub fn konnectivity_agent_tls(env: &Env) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
-    konnectivity::client_tls(&env.pki.ca_cert, &env.pki.agent_cert, &env.pki.agent_key)
+/// Client TLS config with the agent's certificate, for fake agents, offering `alpn`.
+pub fn konnectivity_agent_tls(
+    env: &Env,
+    alpn: &[u8],
+) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    let pki = &env.pki;
+    konnectivity::client_tls(&pki.ca_cert, &pki.agent_cert, &pki.agent_key, alpn)
 }

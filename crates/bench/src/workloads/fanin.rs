@@ -1,31 +1,27 @@
-//! Agent fan-in: many agents on one server. A light fake agent speaks the real Connect
-//! protocol (mutual TLS, HTTP/2, `AgentService.Connect` with an `agentid`), answers the
+//! Agent fan-in: many agents on one server. A light fake agent speaks the real agent
+//! protocol on the link the system's own agents use: tether's native link for `tether`,
+//! gRPC (HTTP/2, `AgentService.Connect`) for `tether-h2`, `tether-before` and upstream; so
+//! `tether` and `tether-h2` show the server's memory per agent on each link. It answers the
 //! dials the server sends it (echoing their data itself, so that the figures are the
 //! server's), and otherwise idles. The server's RSS growth per agent is the figure; with the
 //! smaller count also churn through the server with its dials spread over every agent; with
 //! the larger count the server's CPU per idle agent, and whether its RSS comes back down
 //! once every agent has left.
 
-use std::collections::HashSet;
+mod fake_agent;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use rustls::pki_types::ServerName;
-use tether_grpc::H2Settings;
-use tether_grpc::client::Channel;
-use tether_grpc::{PacketReceiver, PacketSender};
-use tether_proto::{ConnectId, Packet};
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
-use tokio_rustls::TlsConnector;
 
 use super::Profile;
 use super::churn::{self, ChurnResult};
 use crate::progress::{Progress, Ticker};
 use crate::systems::Running;
-use crate::target;
+use fake_agent::FakeAgent;
+pub use fake_agent::Link;
 
 #[derive(Clone, Debug)]
 pub struct FanInResult {
@@ -70,127 +66,9 @@ impl SpreadDials {
     }
 }
 
-/// A connected fake agent; dropping it disconnects: its stream and its connection end (the
-/// connection's driver is aborted too, or the TCP connection would outlive the stream).
-struct FakeAgent {
-    _channel: Channel,
-    reader: tokio::task::JoinHandle<()>,
-    driver: tokio::task::JoinHandle<()>,
-    /// Dials it answered.
-    dials: Arc<AtomicU64>,
-}
-
-impl Drop for FakeAgent {
-    fn drop(&mut self) {
-        self.reader.abort();
-        self.driver.abort();
-    }
-}
-
-/// Small windows: the fake agent never carries data.
-fn settings() -> H2Settings {
-    H2Settings {
-        stream_window: 65_535,
-        connection_window: 65_535,
-        max_frame_size: 16_384,
-        max_send_buffer: 64 * 1024,
-        max_concurrent_streams: 16,
-        keepalive: None,
-        idle_timeout: None,
-        window_on_accept: false,
-        partial_message_budget: None,
-    }
-}
-
-async fn connect(
-    port: u16,
-    tls: Arc<rustls::ClientConfig>,
-    id: String,
-) -> anyhow::Result<FakeAgent> {
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
-    tcp.set_nodelay(true)?;
-    let name = ServerName::try_from("127.0.0.1").expect("valid name");
-    let tls = TlsConnector::from(tls).connect(name, tcp).await?;
-    let addr = format!("127.0.0.1:{port}");
-    let (channel, driver) = Channel::handshake(tls, &settings(), &addr, true).await?;
-    let driver = tokio::spawn(driver.run());
-    let metadata = [
-        (tether_proto::metadata::AGENT_ID, id),
-        (tether_proto::metadata::TETHER_FLOW, "1048576".to_owned()),
-    ];
-    let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, &metadata).await?;
-    receiver
-        .response_headers()
-        .await
-        .context("Connect response headers")?;
-    let dials = Arc::new(AtomicU64::new(0));
-    let reader = tokio::spawn(answer(sender, receiver, dials.clone()));
-    Ok(FakeAgent {
-        _channel: channel,
-        reader,
-        driver,
-        dials,
-    })
-}
-
-/// Serves the server's packets until the stream ends, as the target's echo mode would: every
-/// dial succeeds at once, the first byte of a connection picks the mode (only echo is
-/// served), everything after it comes back as it came, and a close is confirmed.
-async fn answer(mut sender: PacketSender, mut receiver: PacketReceiver, dials: Arc<AtomicU64>) {
-    let mut last_id = 0;
-    // Connections whose mode byte has not come yet.
-    let mut fresh = HashSet::new();
-    while let Some(Ok(packet)) = receiver.next().await {
-        let reply = match packet {
-            Packet::DialRequest { random, .. } => {
-                dials.fetch_add(1, Ordering::Relaxed);
-                last_id += 1;
-                fresh.insert(last_id);
-                Packet::DialResponse {
-                    random,
-                    result: Ok(ConnectId(last_id)),
-                }
-            }
-            Packet::Data {
-                connect_id,
-                mut data,
-            } => {
-                if fresh.remove(&connect_id.0) {
-                    if data.first() != Some(&target::ECHO) {
-                        let error = Some("a fake agent serves only the echo mode".to_owned());
-                        let _ = sender
-                            .send(&Packet::CloseResponse { connect_id, error })
-                            .await;
-                        continue;
-                    }
-                    data = data.slice(1..);
-                }
-                if data.is_empty() {
-                    continue;
-                }
-                Packet::Data { connect_id, data }
-            }
-            Packet::CloseRequest { connect_id } => {
-                fresh.remove(&connect_id.0);
-                Packet::CloseResponse {
-                    connect_id,
-                    error: None,
-                }
-            }
-            _ => continue,
-        };
-        if sender.send(&reply).await.is_err() {
-            return;
-        }
-    }
-}
-
 /// Dials each agent answered so far.
 fn dials_per_agent(agents: &[FakeAgent]) -> Vec<u64> {
-    agents
-        .iter()
-        .map(|a| a.dials.load(Ordering::Relaxed))
-        .collect()
+    agents.iter().map(FakeAgent::dials).collect()
 }
 
 /// Churns at concurrency 64 through the server, whose dials land on the fake agents.
@@ -220,6 +98,15 @@ async fn churn_across(
     Ok(spread)
 }
 
+/// Fails if the server closed any fake agent's stream.
+fn still_connected(agents: &[FakeAgent], when: &str) -> anyhow::Result<()> {
+    let gone = agents.iter().filter(|a| a.is_gone()).count();
+    if gone > 0 {
+        bail!("the server closed {gone} fake agents' streams {when}");
+    }
+    Ok(())
+}
+
 /// How long the server may take to forget every agent once they all left.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -233,11 +120,13 @@ pub enum Extra {
     IdleCpu,
 }
 
-/// Connects `agents` fake agents, samples the server, measures `extra`, and disconnects them.
+/// Connects `agents` fake agents on `link`, whose ALPN id `tls` offers, samples the server,
+/// measures `extra`, and disconnects them.
 pub async fn run(
     r: &Running,
     p: &Profile,
     agents: usize,
+    link: Link,
     extra: Extra,
     tls: Arc<rustls::ClientConfig>,
     progress: &Progress,
@@ -252,9 +141,12 @@ pub async fn run(
         let tls = tls.clone();
         tasks.spawn(async move {
             let id = format!("fake-{i}-{}", uuid::Uuid::new_v4());
-            let agent = tokio::time::timeout(Duration::from_secs(20), connect(port, tls, id))
-                .await
-                .map_err(|_| anyhow::anyhow!("Connect timed out"))?;
+            let agent = tokio::time::timeout(
+                Duration::from_secs(20),
+                FakeAgent::connect(link, port, tls, id),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("Connect timed out"))?;
             drop(permit);
             agent
         });
@@ -286,11 +178,7 @@ pub async fn run(
     {
         bail!("the server counts {c} ready backends, {agents} agents connected");
     }
-    for a in &connected {
-        if a.reader.is_finished() {
-            bail!("the server closed a fake agent's stream");
-        }
-    }
+    still_connected(&connected, "once all had connected")?;
     let dials = match extra {
         Extra::SpreadDials => Some(churn_across(r, p, &connected, progress).await?),
         Extra::IdleCpu => None,
@@ -307,6 +195,8 @@ pub async fn run(
         }
         _ => None,
     };
+    // The server PINGs each agent every few seconds and drops one that does not answer.
+    still_connected(&connected, "while they were measured")?;
     drop(connected);
     // Every stream ends and the server forgets each agent; then what it keeps is the figure,
     // measured with every agent gone, not still closing.
