@@ -24,6 +24,8 @@ pub(crate) enum Role {
 const READ_ROOM: usize = 16 * 1024;
 /// The largest message one write makes; a larger write is taken in parts.
 const MAX_MESSAGE: usize = 256 * 1024;
+/// The most write room an idle stream keeps.
+const QUIET_WRITE: usize = 4 * 1024;
 /// Frames queued beyond this are written out before another is taken.
 const WRITE_HIGH: usize = 256 * 1024;
 
@@ -159,7 +161,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> WsStream<IO> {
             }
             self.write.advance(n);
         }
-        if self.write.capacity() > WRITE_HIGH {
+        // A link that falls quiet keeps no write buffer of its burst.
+        if self.write.capacity() > QUIET_WRITE {
             self.write = BytesMut::new();
         }
         Poll::Ready(Ok(()))
