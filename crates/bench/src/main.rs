@@ -503,6 +503,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
             for imp in [
                 Impl::Tether,
                 Impl::TetherH2,
+                Impl::TetherWs,
                 Impl::TetherBefore,
                 Impl::Upstream,
             ] {
@@ -1319,7 +1320,7 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
     let mut need = Vec::new();
     for s in systems {
         match s {
-            System::Konn(Impl::Tether | Impl::TetherH2, _) => {
+            System::Konn(Impl::Tether | Impl::TetherH2 | Impl::TetherWs, _) => {
                 need.push((&b.tether, "cargo build --release -p tether"))
             }
             System::Konn(Impl::TetherBefore, _) => match &b.tether_before {

@@ -23,7 +23,7 @@ impl Impl {
     /// the streams of a connection unlimited).
     pub fn has_caps(&self, bins: &Binaries) -> bool {
         match self {
-            Impl::Tether | Impl::TetherH2 => true,
+            Impl::Tether | Impl::TetherH2 | Impl::TetherWs => true,
             Impl::TetherBefore => bins.before_has_caps,
             Impl::Upstream => false,
         }
@@ -45,7 +45,7 @@ impl Frontend {
 
 fn command(env: &Env, imp: Impl, role: &str) -> Command {
     match imp {
-        Impl::Tether | Impl::TetherH2 | Impl::TetherBefore => {
+        Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherBefore => {
             let bin = match imp {
                 Impl::TetherBefore => env.bins.tether_before.as_ref(),
                 _ => None,
@@ -193,8 +193,10 @@ pub(super) async fn start(
             .arg(flag("admin-server-port", a_admin.to_string()))
             .arg(flag("agent-id", &id))
             .arg("-v=0");
-        if imp == Impl::TetherH2 {
-            cmd.arg("--transport=grpc");
+        match imp {
+            Impl::TetherH2 => drop(cmd.arg("--transport=grpc")),
+            Impl::TetherWs => drop(cmd.arg("--transport=websocket")),
+            _ => {}
         }
         let mut agent = Proc::spawn("agent", cmd, &dir.join(format!("{id}.log")))?;
         wait_http_ok(&mut agent, a_health, "/readyz", Duration::from_secs(30)).await?;

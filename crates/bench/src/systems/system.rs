@@ -10,6 +10,9 @@ pub enum Impl {
     /// tether with its agent on gRPC over HTTP/2 (`--transport=grpc`), the link every
     /// upstream peer gets: a regression for upstream peers shows here.
     TetherH2,
+    /// tether with its agent on the WebSocket link (`--transport=websocket`): measured, not
+    /// held to the native link's goals.
+    TetherWs,
     /// An earlier tether build (`--before-tether-bin`), for before/after figures in one run.
     TetherBefore,
     Upstream,
@@ -20,6 +23,7 @@ impl Impl {
         match self {
             Impl::Tether => "tether",
             Impl::TetherH2 => "tether-h2",
+            Impl::TetherWs => "tether-ws",
             Impl::TetherBefore => "tether-before",
             Impl::Upstream => "upstream",
         }
@@ -86,6 +90,7 @@ impl System {
         for imp in [
             Impl::Tether,
             Impl::TetherH2,
+            Impl::TetherWs,
             Impl::TetherBefore,
             Impl::Upstream,
         ] {
@@ -119,9 +124,10 @@ impl System {
     /// The same shape on upstream, for tether's ratios.
     pub fn upstream_peer(&self) -> Option<System> {
         match self {
-            System::Konn(Impl::Tether | Impl::TetherH2 | Impl::TetherBefore, f) => {
-                Some(System::Konn(Impl::Upstream, *f))
-            }
+            System::Konn(
+                Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherBefore,
+                f,
+            ) => Some(System::Konn(Impl::Upstream, *f)),
             _ => None,
         }
     }

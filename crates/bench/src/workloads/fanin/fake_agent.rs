@@ -31,6 +31,8 @@ pub enum Link {
     Grpc,
     /// tether's native link: packets framed on the TLS stream, no HTTP/2.
     Native,
+    /// The native link inside WebSocket messages, after an HTTP/1.1 upgrade.
+    WebSocket,
 }
 
 impl Link {
@@ -40,6 +42,7 @@ impl Link {
     pub fn of(imp: Impl) -> Self {
         match imp {
             Impl::Tether => Self::Native,
+            Impl::TetherWs => Self::WebSocket,
             Impl::TetherH2 | Impl::TetherBefore | Impl::Upstream => Self::Grpc,
         }
     }
@@ -49,6 +52,7 @@ impl Link {
         match self {
             Self::Grpc => b"h2",
             Self::Native => link::ALPN,
+            Self::WebSocket => b"http/1.1",
         }
     }
 
@@ -56,6 +60,7 @@ impl Link {
         match self {
             Self::Grpc => "gRPC",
             Self::Native => "the native link",
+            Self::WebSocket => "the WebSocket link",
         }
     }
 }
@@ -103,7 +108,7 @@ impl FakeAgent {
                 let (transport, http2) = open_grpc(tls, port, &metadata).await?;
                 (transport, Some(http2))
             }
-            Link::Native => (open_native(tls, &metadata).await?, None),
+            Link::Native | Link::WebSocket => (open_native(link, tls, &metadata).await?, None),
         };
         let dials = Arc::new(AtomicU64::new(0));
         let answering = tokio::spawn(serve(transport, EchoService::new(dials.clone())));
@@ -157,15 +162,17 @@ async fn open_grpc(
     Ok((Transport::grpc(sender, receiver), (channel, driver)))
 }
 
-/// Sends HELLO with `metadata` over `tls`, on which the server must have chosen the native
-/// link, and waits for its ACCEPT.
+/// Opens the native link (`link`: directly, or in WebSocket messages) over `tls`, on which
+/// the server must have chosen it: HELLO (or the upgrade) with `metadata`, then its answer.
 async fn open_native(
+    link: Link,
     tls: TlsStream<TcpStream>,
     metadata: &[(&'static str, String)],
 ) -> anyhow::Result<Transport> {
     anyhow::ensure!(
-        tls.get_ref().1.alpn_protocol() == Some(link::ALPN),
-        "the server did not choose the native link"
+        tls.get_ref().1.alpn_protocol() == Some(link.alpn()),
+        "the server did not choose {}",
+        link.name()
     );
     let hello = Hello {
         version: link::VERSION,
@@ -175,9 +182,17 @@ async fn open_native(
             .map(|(key, value)| (*key, bytes::Bytes::from(value.clone())))
             .collect(),
     };
-    let (_accepted, opened) = tether_link::connect(tls, &hello)
-        .await
-        .context("native link handshake")?;
+    let opened = match link {
+        Link::WebSocket => {
+            let upgrade = tether_link::Upgrade {
+                host: "127.0.0.1".to_owned(),
+                path: "/".to_owned(),
+            };
+            tether_link::connect_websocket(tls, &upgrade, &hello).await
+        }
+        Link::Native | Link::Grpc => tether_link::connect(tls, &hello).await,
+    };
+    let (_accepted, opened) = opened.with_context(|| format!("{} handshake", link.name()))?;
     Ok(Transport::native(opened.reader, opened.writer))
 }
 
