@@ -165,7 +165,7 @@ fn defaults_match_upstream() {
     );
     assert_eq!(
         config.agent_tls.alpn_protocols,
-        [b"tether/1".to_vec(), b"h2".to_vec()]
+        [b"tether/1".to_vec(), b"h2".to_vec(), b"http/1.1".to_vec()]
     );
 }
 
