@@ -32,6 +32,8 @@ use crate::handshake::{Framing, Link, PendingLink, read_more};
 const MAX_HEADERS: usize = 128;
 /// The most of a refusal's body an agent reads, and of it quotes.
 const MAX_REFUSAL_BODY: usize = 4 * 1024;
+/// How long an agent waits for a refusal's body.
+const REFUSAL_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where the agent's upgrade goes: the `Host` header and the request path (an Ingress or
 /// proxy may route on either).
@@ -268,20 +270,24 @@ async fn read_head<IO: AsyncRead + Unpin>(
 }
 
 /// A refusal's body as text: what came with the head and up to its length, at most
-/// [`MAX_REFUSAL_BODY`].
+/// [`MAX_REFUSAL_BODY`], and what came within [`REFUSAL_BODY_WAIT`] (a proxy may keep the
+/// connection open after a body of no stated length).
 async fn read_body<IO: AsyncRead + Unpin>(
     io: &mut IO,
     mut buf: BytesMut,
     length: Option<usize>,
 ) -> String {
     let want = length.unwrap_or(MAX_REFUSAL_BODY).min(MAX_REFUSAL_BODY);
-    while buf.len() < want {
-        buf.reserve(want - buf.len());
-        match io.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
+    let read = async {
+        while buf.len() < want {
+            buf.reserve(want - buf.len());
+            match io.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
         }
-    }
+    };
+    let _ = tokio::time::timeout(REFUSAL_BODY_WAIT, read).await;
     buf.truncate(want);
     String::from_utf8_lossy(&buf).trim().to_owned()
 }
@@ -361,6 +367,28 @@ mod tests {
             }
             other => panic!("{other}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_proxys_own_error_is_named_even_when_it_keeps_the_connection_open() {
+        let (agent_io, mut proxy) = tokio::io::duplex(64 * 1024);
+        let proxy_side = async move {
+            let mut buf = BytesMut::new();
+            read_head(&mut proxy, &mut buf).await.unwrap();
+            let answer = "HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\n\r\nno route";
+            proxy.write_all(answer.as_bytes()).await.unwrap();
+            // Kept open, with no length stated: the agent stops waiting for more by itself.
+            proxy
+        };
+        let (to, sent) = (upgrade(), hello(&[("agentid", "a")]));
+        let (agent, _proxy) = tokio::join!(connect_websocket(agent_io, &to, &sent), proxy_side);
+        let err = agent.unwrap_err().to_string();
+        assert!(
+            err.contains("HTTP 404 Not Found")
+                && err.contains("no route")
+                && err.contains("--websocket-path"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
