@@ -396,21 +396,9 @@ pub fn duplex() -> (DuplexStream, DuplexStream) {
 pub async fn transports(kind: Kind) -> Transports {
     let (agent_io, server_io) = duplex();
     match kind {
-        Kind::Native => {
+        Kind::Native | Kind::WebSocket => {
             let ((agent, agent_handle), (server, server_handle)) =
-                tokio::join!(native_agent(agent_io), native_server(server_io));
-            Transports {
-                server,
-                agent,
-                wire: Wire::Native {
-                    server: server_handle,
-                    agent: agent_handle,
-                },
-            }
-        }
-        Kind::WebSocket => {
-            let ((agent, agent_handle), (server, server_handle)) =
-                tokio::join!(websocket_agent(agent_io), websocket_server(server_io));
+                tokio::join!(link_agent(kind, agent_io), link_server(kind, server_io));
             Transports {
                 server,
                 agent,
@@ -432,53 +420,42 @@ pub fn hello() -> Hello {
     }
 }
 
-/// The agent's side of a native link on `io`.
-pub async fn native_agent(io: DuplexStream) -> (Transport, LinkHandle) {
-    let (answer, link) = within("the server's ACCEPT", tether_link::connect(io, &hello()))
-        .await
-        .expect("the server accepts");
-    assert_eq!(answer.version, link::VERSION);
-    (Transport::native(link.reader, link.writer), link.handle)
-}
-
-/// The server's side of a native link on `io`: the agent's HELLO, then ACCEPT.
-pub async fn native_server(io: DuplexStream) -> (Transport, LinkHandle) {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    let (hello, pending) = tether_link::read_hello(io, deadline, Arc::new(LastPong::default()))
-        .await
-        .expect("the agent sends HELLO");
-    assert_eq!(hello.version, link::VERSION);
-    let link = within("writing ACCEPT", pending.accept(&self::hello(), None))
-        .await
-        .expect("ACCEPT is written");
-    (Transport::native(link.reader, link.writer), link.handle)
-}
-
-/// The agent's side of a WebSocket link on `io`: the upgrade, answered `101`.
-async fn websocket_agent(io: DuplexStream) -> (Transport, LinkHandle) {
-    let upgrade = tether_link::Upgrade {
-        host: "tether.test".to_owned(),
-        path: "/".to_owned(),
-    };
+/// The agent's side of a native link on `io`, directly or (`Kind::WebSocket`) in WebSocket
+/// messages after the upgrade.
+async fn link_agent(kind: Kind, io: DuplexStream) -> (Transport, LinkHandle) {
     let hello = hello();
-    let opened = tether_link::connect_websocket(io, &upgrade, &hello);
-    let (answer, link) = within("the server's 101", opened)
+    let opened = if kind == Kind::WebSocket {
+        let upgrade = tether_link::Upgrade {
+            host: "tether.test".to_owned(),
+            path: "/".to_owned(),
+        };
+        within(
+            "the server's 101",
+            tether_link::connect_websocket(io, &upgrade, &hello),
+        )
         .await
-        .expect("the server accepts");
+    } else {
+        within("the server's ACCEPT", tether_link::connect(io, &hello)).await
+    };
+    let (answer, link) = opened.expect("the server accepts");
     assert_eq!(answer.version, link::VERSION);
     (Transport::native(link.reader, link.writer), link.handle)
 }
 
-/// The server's side of a WebSocket link on `io`: the agent's upgrade, then `101`.
-async fn websocket_server(io: DuplexStream) -> (Transport, LinkHandle) {
+/// The server's side of [`link_agent`]: the agent's HELLO or upgrade, then its answer.
+async fn link_server(kind: Kind, io: DuplexStream) -> (Transport, LinkHandle) {
     let deadline = tokio::time::Instant::now() + LIMIT;
-    let (hello, pending) = tether_link::read_upgrade(io, deadline, Arc::new(LastPong::default()))
-        .await
-        .expect("the agent asks for the upgrade");
+    let life = Arc::new(LastPong::default());
+    let read = if kind == Kind::WebSocket {
+        tether_link::read_upgrade(io, deadline, life).await
+    } else {
+        tether_link::read_hello(io, deadline, life).await
+    };
+    let (hello, pending) = read.expect("the agent opens the link");
     assert_eq!(hello.version, link::VERSION);
-    let link = within("writing 101", pending.accept(&self::hello(), None))
+    let link = within("answering the agent", pending.accept(&self::hello(), None))
         .await
-        .expect("101 is written");
+        .expect("the answer is written");
     (Transport::native(link.reader, link.writer), link.handle)
 }
 
@@ -765,13 +742,17 @@ pub async fn native_against_raw(role: Role) -> (Transport, LinkHandle, RawPeer) 
     let (agent_io, server_io) = duplex();
     match role {
         Role::Agent => {
-            let ((transport, handle), raw) =
-                tokio::join!(native_agent(agent_io), RawPeer::server(server_io));
+            let ((transport, handle), raw) = tokio::join!(
+                link_agent(Kind::Native, agent_io),
+                RawPeer::server(server_io)
+            );
             (transport, handle, raw)
         }
         Role::Server => {
-            let (raw, (transport, handle)) =
-                tokio::join!(RawPeer::agent(agent_io), native_server(server_io));
+            let (raw, (transport, handle)) = tokio::join!(
+                RawPeer::agent(agent_io),
+                link_server(Kind::Native, server_io)
+            );
             (transport, handle, raw)
         }
     }
