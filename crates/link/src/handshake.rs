@@ -134,6 +134,15 @@ pub(crate) enum Framing {
     WebSocket { accept: String },
 }
 
+/// Writes a refusal (`out`) and ends the connection, within [`REFUSAL_TIMEOUT`].
+pub(crate) async fn send_and_close<IO: AsyncWrite + Unpin>(mut io: IO, out: &[u8]) {
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+        io.write_all(out).await?;
+        io.shutdown().await
+    })
+    .await;
+}
+
 /// A HELLO read and not yet answered. Dropped unanswered, the connection closes.
 pub struct PendingLink<IO> {
     io: IO,
@@ -243,14 +252,8 @@ where
                 Ok(())
             }
         };
-        if encoded.is_err() {
-            return;
+        if encoded.is_ok() {
+            send_and_close(self.io, &out).await;
         }
-        let mut io = self.io;
-        let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
-            io.write_all(&out).await?;
-            io.shutdown().await
-        })
-        .await;
     }
 }

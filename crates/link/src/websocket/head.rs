@@ -30,6 +30,7 @@ const MECHANICS: &[&str] = &[
     STATUS_HEADER,
     CAPABILITIES_HEADER,
 ];
+
 /// Writes the `101` that accepts the upgrade, with `answer`'s metadata.
 pub(crate) fn switching(accept: &str, answer: &Hello, out: &mut BytesMut) -> Result<(), LinkError> {
     out.put_slice(b"HTTP/1.1 101 Switching Protocols\r\n");
@@ -57,23 +58,17 @@ pub(crate) fn refusal(code: Code, message: &str, out: &mut BytesMut) {
     error_response(status, message, &[(STATUS_HEADER, &code)], out);
 }
 
+/// Writes an error response: `status`, the `extra` headers, and `message` as a text body.
 pub(crate) fn error_response(
     status: u16,
     message: &str,
     extra: &[(&str, &str)],
     out: &mut BytesMut,
 ) {
-    let reason = match status {
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        426 => "Upgrade Required",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
-        501 => "Not Implemented",
-        503 => "Service Unavailable",
-        _ => "Internal Server Error",
-    };
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or_default();
     out.put_slice(format!("HTTP/1.1 {status} {reason}\r\n").as_bytes());
     for (name, value) in extra {
         out.put_slice(format!("{name}: {value}\r\n").as_bytes());

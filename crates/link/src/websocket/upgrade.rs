@@ -26,7 +26,7 @@ use super::head::{
 use super::stream::{Role, WsStream};
 use crate::control::Control;
 use crate::error::LinkError;
-use crate::handshake::{Framing, Link, PendingLink, read_more};
+use crate::handshake::{Framing, Link, PendingLink, read_more, send_and_close};
 
 /// The most headers a head may have.
 const MAX_HEADERS: usize = 128;
@@ -102,20 +102,17 @@ where
     }
     let expected = accept_key(key.as_bytes());
     let checks = [
-        ("upgrade", Some(b"websocket".as_slice())),
-        ("sec-websocket-accept", Some(expected.as_bytes())),
-        ("sec-websocket-protocol", Some(SUBPROTOCOL.as_bytes())),
+        ("upgrade", b"websocket".as_slice()),
+        ("sec-websocket-accept", expected.as_bytes()),
+        ("sec-websocket-protocol", SUBPROTOCOL.as_bytes()),
     ];
     for (name, want) in checks {
         let got = find(response.headers, name);
-        if !got
-            .zip(want)
-            .is_some_and(|(g, w)| g.eq_ignore_ascii_case(w))
-        {
+        if !got.is_some_and(|g| g.eq_ignore_ascii_case(want)) {
             return Err(LinkError::Upgrade(format!(
                 "the server's 101 answer has {name}: {:?}, not {:?}",
                 got.map(String::from_utf8_lossy),
-                want.map(String::from_utf8_lossy)
+                String::from_utf8_lossy(want)
             )));
         }
     }
@@ -239,11 +236,7 @@ async fn answer_error<IO: AsyncWrite + Unpin>(
 ) {
     let mut out = BytesMut::new();
     error_response(status, message, extra, &mut out);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
-        io.write_all(&out).await?;
-        io.shutdown().await
-    })
-    .await;
+    send_and_close(io, &out).await;
 }
 
 fn malformed(what: &str, e: httparse::Error) -> LinkError {
