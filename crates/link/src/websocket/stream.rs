@@ -24,7 +24,7 @@ pub(crate) enum Role {
 const READ_ROOM: usize = 16 * 1024;
 /// The largest message one write makes; a larger write is taken in parts.
 const MAX_MESSAGE: usize = 256 * 1024;
-/// The most write room an idle stream keeps.
+/// The most write room a quiet stream keeps; a batch this small marks it quiet.
 const QUIET_WRITE: usize = 4 * 1024;
 /// Frames queued beyond this are written out before another is taken.
 const WRITE_HIGH: usize = 256 * 1024;
@@ -77,6 +77,7 @@ impl<IO> WsStream<IO> {
     /// fresh key.
     fn queue(&mut self, opcode: Opcode, parts: &[io::IoSlice<'_>], len: usize) {
         let mask = (self.role == Role::Agent).then(mask_key);
+        self.write.reserve(websocket::MAX_HEADER_LEN + len);
         Header {
             fin: true,
             opcode,
@@ -154,6 +155,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> WsStream<IO> {
     /// the connection must be finished first).
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.queue_owed_pong();
+        let queued = self.write.len();
         while !self.write.is_empty() {
             let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.write))?;
             if n == 0 {
@@ -161,8 +163,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> WsStream<IO> {
             }
             self.write.advance(n);
         }
-        // A link that falls quiet keeps no write buffer of its burst.
-        if self.write.capacity() > QUIET_WRITE {
+        // A burst keeps its write room from one batch to the next; a link that falls quiet
+        // (a small batch: a PING, a few packets) gives it back.
+        if queued < QUIET_WRITE && self.write.capacity() > QUIET_WRITE {
             self.write = BytesMut::new();
         }
         Poll::Ready(Ok(()))
@@ -193,13 +196,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<IO> {
                 }
                 let n = (this.read.len() as u64).min(reading.left) as usize;
                 let n = n.min(out.remaining());
-                let mut chunk = this.read.split_to(n);
+                // Unmasked in place and taken by advancing: a split would make the buffer
+                // shared, an allocation per read.
+                let chunk = &mut this.read[..n];
                 if let Some(key) = reading.mask {
-                    websocket::apply_mask(&mut chunk, key, reading.done);
+                    websocket::apply_mask(chunk, key, reading.done);
                 }
+                out.put_slice(chunk);
+                this.read.advance(n);
                 reading.left -= n as u64;
                 reading.done += n as u64;
-                out.put_slice(&chunk);
                 return Poll::Ready(Ok(()));
             }
             if this.peer_closed {
@@ -242,16 +248,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<IO> {
                 }
                 continue;
             }
-            this.read.advance(at);
-            let mut payload = this.read.split_to(header.len as usize);
+            let payload = &mut this.read[at..end];
             if let Some(key) = header.mask {
-                websocket::apply_mask(&mut payload, key, 0);
+                websocket::apply_mask(payload, key, 0);
             }
             match header.opcode {
-                Opcode::Ping => this.pong = Some(payload.freeze()),
+                Opcode::Ping => this.pong = Some(Bytes::copy_from_slice(payload)),
                 Opcode::Close => this.peer_closed = true,
                 _ => {}
             }
+            this.read.advance(end);
         }
     }
 }
