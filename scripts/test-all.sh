@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Every check tether has, in the order CI runs them. Needs Rust (rustup) and Go >= 1.26 with
-# the Go module proxy, and root: it installs tinyproxy, stunnel4, iproute2, runc, nftables and
-# gcc (and haproxy and nginx-light, the L7 proxies of the WebSocket link's tests) with apt-get,
-# and the real node (interop/node) needs a network namespace, mounts and
-# cgroups; everything else is fetched by cargo and go themselves.
+# the Go module proxy, and root: it installs tinyproxy, stunnel4, haproxy, nginx-light,
+# iproute2, runc, nftables and gcc with apt-get, and the real node (interop/node) needs a
+# network namespace, mounts and cgroups; everything else is fetched by cargo and go themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,9 +21,10 @@ cargo --version
 go version
 
 step "Debian packages: tinyproxy and stunnel4 (egress-proxy tests), haproxy and nginx-light (L7 proxies for the WebSocket link), iproute2 (network namespaces), runc, nftables and gcc (the real node)"
-# crates/tether/tests/egress_proxy starts tinyproxy and stunnel4, and haproxy and nginx in front
-# of the server, on loopback with its own configuration (without them those tests skip); tests that need a node address make a network
-# namespace of their own with ip; the real node runs pods with runc, kube-proxy programs nftables
+# crates/tether/tests/egress_proxy starts tinyproxy and stunnel4, and haproxy and nginx in
+# front of the server (the WebSocket link), on loopback with its own configuration (without
+# them those tests skip); tests that need a node address make a network namespace of their
+# own with ip; the real node runs pods with runc, kube-proxy programs nftables
 # and the pause image is a static C program. Installed once (CI runs as root on a fresh machine).
 if command -v tinyproxy >/dev/null && command -v stunnel4 >/dev/null && command -v ip >/dev/null &&
 	command -v runc >/dev/null && command -v nft >/dev/null && command -v gcc >/dev/null &&

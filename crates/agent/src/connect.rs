@@ -103,12 +103,13 @@ impl ServerConn {
     pub(crate) fn transport_name(&self) -> &'static str {
         match self {
             Self::Grpc(_) => "grpc",
-            Self::Native {
-                websocket: false, ..
-            } => "native",
-            Self::Native {
-                websocket: true, ..
-            } => "websocket",
+            Self::Native { websocket, .. } => {
+                if *websocket {
+                    "websocket"
+                } else {
+                    "native"
+                }
+            }
         }
     }
 }

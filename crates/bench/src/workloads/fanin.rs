@@ -1,7 +1,8 @@
 //! Agent fan-in: many agents on one server. A light fake agent speaks the real agent
-//! protocol on the link the system's own agents use: tether's native link for `tether`,
-//! gRPC (HTTP/2, `AgentService.Connect`) for `tether-h2`, `tether-before` and upstream; so
-//! `tether` and `tether-h2` show the server's memory per agent on each link. It answers the
+//! protocol on the link the system's own agents use: tether's native link for `tether`, the
+//! WebSocket link for `tether-ws`, gRPC (HTTP/2, `AgentService.Connect`) for `tether-h2`,
+//! `tether-before` and upstream; so the tether systems show the server's memory per agent on
+//! each link. It answers the
 //! dials the server sends it (echoing their data itself, so that the figures are the
 //! server's), and otherwise idles. The server's RSS growth per agent is the figure; with the
 //! smaller count also churn through the server with its dials spread over every agent; with

@@ -37,7 +37,7 @@ pub enum Link {
 
 impl Link {
     /// The link `imp`'s own agents use: the native link for tether as it runs by default;
-    /// gRPC for tether-h2 (its agents forced to it), for upstream (which speaks nothing else)
+    /// WebSocket for tether-ws; gRPC for tether-h2 (its agents forced to it), for upstream (which speaks nothing else)
     /// and for the earlier build (which may predate the native link).
     pub fn of(imp: Impl) -> Self {
         match imp {
