@@ -61,6 +61,8 @@ struct Held {
     handover: Option<mpsc::Sender<Resume>>,
     /// The stream's transport broke; it waits to be resumed (not counted as connected).
     suspended: bool,
+    /// A suspended stream was handed a resumed transport that its task has not taken yet.
+    resuming: bool,
 }
 
 /// What the sync loop found for a suspended stream.
@@ -114,12 +116,13 @@ impl ClientSet {
         )
     }
 
-    /// Whether every counted server is connected (streams being let go of not included).
+    /// Whether every counted server is connected (streams being let go of not included; a
+    /// stream handed its resumed transport is).
     pub(crate) fn satisfied(&self) -> bool {
         let sessions = self.sessions();
         let kept = sessions
             .iter()
-            .filter(|(_, held)| !held.dismiss.is_cancelled() && !held.suspended)
+            .filter(|(_, held)| !held.dismiss.is_cancelled() && (!held.suspended || held.resuming))
             .map(|(id, _)| id.as_str());
         server_count::satisfied(kept, self.target(), self.leases().as_ref())
     }
@@ -355,6 +358,7 @@ impl ClientSet {
                     dismiss: dismiss.clone(),
                     handover: session.resume_token.is_some().then_some(handover),
                     suspended: false,
+                    resuming: false,
                 },
             );
         }
@@ -387,13 +391,20 @@ impl ClientSet {
     fn resume_suspended(&self, connected: Connected) -> Option<Connected> {
         let mut sessions = self.sessions();
         let suspended = |held: &&Held| held.suspended && held.handover.is_some();
-        if let Some(held) = sessions.get(&connected.answer.server_id).filter(suspended) {
+        if let Some(held) = sessions
+            .get_mut(&connected.answer.server_id)
+            .filter(|held| suspended(&&**held))
+        {
             let handover = held.handover.clone()?;
             let same = connected.answer.resume_token.is_some()
                 && connected.answer.resume_token == held.session.resume_token;
             if connected.answer.resumed.is_none() || !same {
                 // Its task ends it; the new stream takes its place at once.
                 sessions.remove(&connected.answer.server_id);
+            } else {
+                // The next sync must not ask for it again before its task has taken this
+                // transport: that request would carry a count the stream is about to pass.
+                held.resuming = true;
             }
             drop(sessions);
             return match connected.answer.resumed.filter(|_| same) {
@@ -441,6 +452,7 @@ impl ClientSet {
             && Arc::ptr_eq(&held.session, session)
         {
             held.suspended = suspended;
+            held.resuming = false;
         }
     }
 
@@ -553,7 +565,7 @@ impl ClientSet {
         let resume_from: Vec<(String, u64)> = self
             .sessions()
             .values()
-            .filter(|held| held.suspended)
+            .filter(|held| held.suspended && !held.resuming)
             .filter_map(|held| {
                 let token = held.session.resume_token.clone()?;
                 Some((token, held.session.link.resume_point()?))

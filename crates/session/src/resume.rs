@@ -158,9 +158,8 @@ impl Replay {
         true
     }
 
-    /// A new transport: the peer received `peer_received` packets; everything after is
-    /// written again. This end's own count is acknowledged by the handshake itself.
-    pub(crate) fn resume(&mut self, peer_received: u64) -> Result<Replayed, ResumeError> {
+    /// Whether a peer that received `peer_received` packets can be served from this log.
+    pub(crate) fn can_resume(&self, peer_received: u64) -> Result<(), ResumeError> {
         if peer_received < self.acked || peer_received > self.sent {
             return Err(ResumeError::OutOfRange {
                 peer_received,
@@ -168,6 +167,13 @@ impl Replay {
                 sent: self.sent,
             });
         }
+        Ok(())
+    }
+
+    /// A new transport: the peer received `peer_received` packets; everything after is
+    /// written again. This end's own count is acknowledged by the handshake itself.
+    pub(crate) fn resume(&mut self, peer_received: u64) -> Result<Replayed, ResumeError> {
+        self.can_resume(peer_received)?;
         self.forget_through(peer_received);
         self.unsent = self.log.len();
         self.ack_sent = self.received;

@@ -462,6 +462,16 @@ impl Session {
         true
     }
 
+    /// Whether [`resume`](Self::resume) with `peer_received` would succeed, asked before
+    /// giving up a transport that still works for one that may not.
+    pub fn can_resume(&self, peer_received: u64) -> Result<(), ResumeError> {
+        if self.closed.is_some() {
+            return Err(ResumeError::NotResumable);
+        }
+        let replay = self.replay.as_ref().ok_or(ResumeError::NotResumable)?;
+        replay.can_resume(peer_received)
+    }
+
     /// The session continues on a new transport, whose peer received `peer_received` of
     /// this end's packets: the rest of the log is written again, first.
     pub fn resume(&mut self, peer_received: u64) -> Result<Replayed, ResumeError> {

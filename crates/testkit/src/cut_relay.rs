@@ -2,16 +2,39 @@
 //! its server: a load balancer whose idle timeout fires, a NAT that forgets a flow, a blip.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// Buffers of the kind a real proxy uses, so the relay is not the bottleneck.
 const BUFFER: usize = 256 * 1024;
+
+/// What the connections forwarded between two cuts share.
+#[derive(Debug)]
+struct Generation {
+    /// Cancelled by the cut that ends this generation.
+    cut: CancellationToken,
+    /// Each connection holds a clone until both its sockets are reset and closed.
+    alive: mpsc::Sender<()>,
+    /// Yields `None` once every `alive` clone is gone.
+    all_closed: mpsc::Receiver<()>,
+}
+
+impl Generation {
+    fn new() -> Self {
+        let (alive, all_closed) = mpsc::channel(1);
+        Self {
+            cut: CancellationToken::new(),
+            alive,
+            all_closed,
+        }
+    }
+}
 
 /// Forwards each accepted connection to `target` until [`cut`](Self::cut); aborted on drop.
 #[derive(Debug)]
@@ -24,8 +47,8 @@ pub struct CuttingRelay {
 #[derive(Debug)]
 struct State {
     target: SocketAddr,
-    /// Bumped by every cut: connections of an older generation reset at once.
-    generation: watch::Sender<u64>,
+    /// The connections forwarded since the last cut.
+    generation: Mutex<Generation>,
     /// New connections are reset at accept (an outage).
     refusing: AtomicBool,
     /// Connections forwarded so far.
@@ -38,7 +61,7 @@ impl CuttingRelay {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             target,
-            generation: watch::channel(0).0,
+            generation: Mutex::new(Generation::new()),
             refusing: AtomicBool::new(false),
             forwarded: AtomicU64::new(0),
         });
@@ -50,15 +73,29 @@ impl CuttingRelay {
                     continue;
                 }
                 shared.forwarded.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(forward(inbound, shared.clone()));
+                let (cut, alive) = shared.join_generation();
+                tokio::spawn(forward(alive, inbound, shared.target, cut));
             }
         });
         Ok(Self { addr, state, task })
     }
 
-    /// Resets every connection through the relay now, both ways.
-    pub fn cut(&self) {
-        self.state.generation.send_modify(|g| *g += 1);
+    /// Resets every connection through the relay, both ways, and returns once all of them
+    /// are closed: nothing either end writes after the cut reaches the other.
+    pub async fn cut(&self) {
+        let Generation {
+            cut,
+            alive,
+            mut all_closed,
+        } = self.state.next_generation();
+        cut.cancel();
+        drop(alive);
+        // Each forward resets its sockets as soon as it is polled; 10 s is far beyond that.
+        let closed = tokio::time::timeout(Duration::from_secs(10), all_closed.recv()).await;
+        assert!(
+            closed.is_ok(),
+            "the relay's connections did not close within 10 s of the cut"
+        );
     }
 
     /// While on, connections are reset as soon as they are accepted.
@@ -72,29 +109,60 @@ impl CuttingRelay {
     }
 }
 
-impl Drop for CuttingRelay {
-    fn drop(&mut self) {
-        self.task.abort();
-        self.cut();
+impl State {
+    /// Starts a new generation and hands back the one it ends.
+    fn next_generation(&self) -> Generation {
+        let mut current = self
+            .generation
+            .lock()
+            .expect("the relay's lock is never poisoned");
+        std::mem::replace(&mut *current, Generation::new())
+    }
+
+    /// The cut signal and liveness token for a connection accepted now.
+    fn join_generation(&self) -> (CancellationToken, mpsc::Sender<()>) {
+        let current = self
+            .generation
+            .lock()
+            .expect("the relay's lock is never poisoned");
+        (current.cut.clone(), current.alive.clone())
     }
 }
 
-async fn forward(mut inbound: TcpStream, state: Arc<State>) {
-    let mut cuts = state.generation.subscribe();
-    let Ok(Ok(mut outbound)) =
-        tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(state.target)).await
-    else {
+impl Drop for CuttingRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.state.next_generation().cut.cancel();
+    }
+}
+
+/// Copies both ways until either end closes, or resets both on `cut`. `_alive` is the
+/// first parameter so it is dropped last, after both sockets are closed.
+async fn forward(
+    _alive: mpsc::Sender<()>,
+    mut inbound: TcpStream,
+    target: SocketAddr,
+    cut: CancellationToken,
+) {
+    let connect = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target));
+    let outbound = tokio::select! {
+        biased;
+        () = cut.cancelled() => Err(()),
+        connected = connect => connected.map_err(drop).and_then(|c| c.map_err(drop)),
+    };
+    let Ok(mut outbound) = outbound else {
         reset(&inbound);
         return;
     };
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
     tokio::select! {
-        _ = tokio::io::copy_bidirectional_with_sizes(&mut inbound, &mut outbound, BUFFER, BUFFER) => {}
-        _ = cuts.changed() => {
+        biased;
+        () = cut.cancelled() => {
             reset(&inbound);
             reset(&outbound);
         }
+        _ = tokio::io::copy_bidirectional_with_sizes(&mut inbound, &mut outbound, BUFFER, BUFFER) => {}
     }
 }
 

@@ -22,7 +22,7 @@ async fn a_cut_longer_than_the_window_ends_every_connection_and_leaks_nothing() 
     }
     // An outage: the stream is cut and the agent cannot reach the server for 3 windows.
     s.relay.set_refusing(true);
-    s.relay.cut();
+    s.relay.cut().await;
     let cut_at = Instant::now();
     for t in &mut tunnels {
         ends_with_error(t).await;

@@ -190,7 +190,7 @@ async fn kubectl_reaches_the_api_server_through_the_agents_tunnel() -> anyhow::R
         }
         if i == 2 {
             // Mid-watch, the agent's stream is cut: the watch pauses, then goes on.
-            relay.cut();
+            relay.cut().await;
             eventually("the agent resumed its stream", || async {
                 metric(&agent, "tether_agent_resumes_total").await >= 1.0
             })

@@ -8,7 +8,7 @@ use tether_grpc::{Code, LogText, Status};
 use tether_proto::metadata::{self, Metadata};
 use tether_proto::{Identifiers, Labels};
 use tether_tunnel::{
-    FlowConfig, Limits, ResumeFailure, Role, SessionConfig, Transport, TransportEnd,
+    FlowConfig, Limits, Link, ResumeFailure, Role, SessionConfig, Transport, TransportEnd,
 };
 use tracing::Instrument;
 
@@ -383,7 +383,7 @@ impl StreamOwner {
                         () = stop.cancelled() => TransportEnd::Final("server stopping".into()),
                         () = evicted.cancelled() => TransportEnd::Final(EVICTED.into()),
                         why = session.retired() => TransportEnd::Final(why),
-                        Some(r) = next_resumption(resumptions) => {
+                        Some(r) = next_resumption(resumptions, &link) => {
                             taken_over = Some(r);
                             TransportEnd::Broken("the agent resumed the stream on a new connection".into())
                         }
@@ -501,13 +501,28 @@ impl StreamOwner {
     }
 }
 
-/// The next resumption of a resumable stream; never for one that is not.
+/// The next resumption of a resumable stream whose transport still works; never for one
+/// that is not resumable. A request the stream's log cannot serve is refused and the
+/// working transport kept: the agent made it before it acknowledged more on this transport
+/// (a reconnect racing its own resume), and taking it would end a stream that works.
 async fn next_resumption(
     resumptions: Option<&mut tokio::sync::mpsc::Receiver<Resumption>>,
+    link: &Link,
 ) -> Option<Resumption> {
-    match resumptions {
-        Some(r) => r.recv().await,
-        None => std::future::pending().await,
+    let Some(resumptions) = resumptions else {
+        return std::future::pending().await;
+    };
+    loop {
+        let resumption = resumptions.recv().await?;
+        let Err(e) = link.inspect(|s| s.can_resume(resumption.agent_received)) else {
+            return Some(resumption);
+        };
+        tracing::warn!(error = %e, "refused a resume of this stream on a new connection: its current connection works and the request is older than what the agent acknowledged on it");
+        let status = Status::new(
+            Code::FAILED_PRECONDITION,
+            format!("cannot resume: {e}; the stream goes on over its current connection"),
+        );
+        resumption.call.reject(&status).await;
     }
 }
 

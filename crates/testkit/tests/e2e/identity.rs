@@ -247,7 +247,7 @@ async fn a_resumed_stream_keeps_its_place_before_a_later_claimant() {
 
     // A 1 s blip of node-1's transport; the stream resumes.
     relay.set_refusing(true);
-    relay.cut();
+    relay.cut().await;
     eventually("node-1's stream is suspended", || async {
         metric(&server, "tether_server_suspended_connections").await == 1.0
     })
@@ -375,7 +375,7 @@ async fn a_suspended_squatter_is_ended_when_the_real_node_returns() {
     assert_eq!(agent_dials(&squatter).await, 1.0);
     // Its transport breaks: the server holds its stream suspended, the ID still taken.
     relay.set_refusing(true);
-    relay.cut();
+    relay.cut().await;
     eventually("the squatter's stream is suspended", || async {
         metric(&server, "tether_server_suspended_connections").await == 1.0
     })

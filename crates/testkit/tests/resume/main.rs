@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use setup::*;
 use tether_agent::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
+use tether_client::{GrpcClient, Transport};
 use tether_server::ControlPlaneEndpoints;
 use tether_testkit::http::metric_value;
 use tether_testkit::targets::EchoServer;
@@ -79,7 +80,7 @@ async fn a_ping_pong_keeps_going_across_cuts() {
     let mut pong = [0u8; 64];
     for round in 0..600u32 {
         if round % 100 == 50 {
-            s.relay.cut();
+            s.relay.cut().await;
             cut_rounds.push(round_trips.len());
         }
         ping[..4].copy_from_slice(&round.to_be_bytes());
@@ -151,7 +152,7 @@ async fn two_hundred_connections_all_survive_a_cut() {
             .await
             .unwrap();
     }
-    s.relay.cut();
+    s.relay.cut().await;
     eventually("both ends suspended all 200 connections", || async {
         s.agent_metric("tether_agent_suspended_connections").await == 200.0
             && s.server_metric("tether_server_suspended_connections").await == 200.0
@@ -211,7 +212,7 @@ async fn a_server_that_lost_the_stream_ends_its_connections_at_once() {
     // The server goes away while the agent cannot reach it; a new one (same ID, same
     // port, none of the old one's state) takes its place.
     s.relay.set_refusing(true);
-    s.relay.cut();
+    s.relay.cut().await;
     let agent_addr = s.server.agent_addr;
     drop(tunnel);
     s.server.stop().await;
@@ -293,7 +294,7 @@ async fn dials_racing_a_cut_all_succeed() {
         let dial = s.client.dial(&target);
         let cut = async {
             tokio::time::sleep(Duration::from_micros(round * 150)).await;
-            s.relay.cut();
+            s.relay.cut().await;
         };
         let (tunnel, ()) = tokio::join!(dial, cut);
         match tunnel {
@@ -375,6 +376,81 @@ async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_the_log_cannot_serve_never_ends_a_stream_that_works() {
+    use tether_grpc::{Code, GrpcError};
+    use tether_proto::{Packet, metadata};
+
+    let _serial = SERIAL.lock().await;
+    tether_testkit::init_logging();
+    let pki = tether_testkit::Pki::generate().unwrap();
+    let server = TestServer::start(
+        &pki,
+        ServerOptions {
+            resume_window: Duration::from_secs(30),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // A bare agent stream that offers resumes: the server answers with its token.
+    let channel = server.agent_channel(&pki).await.unwrap();
+    let connect = |resume_from: Option<String>| {
+        let mut metadata = vec![
+            (metadata::AGENT_ID, "bare".to_owned()),
+            tether_server::FlowConfig::default().announce(),
+            (metadata::TETHER_RESUME, "1".to_owned()),
+        ];
+        metadata.extend(resume_from.map(|r| (metadata::TETHER_RESUME_FROM, r)));
+        let channel = &channel;
+        async move {
+            let (tx, mut rx) = channel
+                .call(tether_proto::path::CONNECT, &metadata)
+                .await
+                .unwrap();
+            let headers = tokio::time::timeout(STEP, rx.response_headers())
+                .await
+                .unwrap()
+                .cloned();
+            headers.map(|h| (h, tx, rx))
+        }
+    };
+    let (headers, _tx, mut rx) = connect(None).await.unwrap();
+    let token = headers
+        .get(metadata::TETHER_RESUME)
+        .expect("a resumable stream")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    // A second connection asks to continue it, counting packets the server never sent: an
+    // agent's request made before its stream moved on would be as far off.
+    match connect(Some(format!("{token}:7"))).await {
+        Err(GrpcError::Status(status)) => {
+            assert_eq!(status.code, Code::FAILED_PRECONDITION, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("goes on over its current connection"),
+                "{status:?}"
+            );
+        }
+        other => panic!("the request was not refused: {:?}", other.map(|(h, ..)| h)),
+    }
+    // The stream still carries the next dial.
+    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
+        .await
+        .unwrap();
+    let dial = tokio::spawn(async move { client.dial("127.0.0.1:9").await.map(drop) });
+    let packet = tokio::time::timeout(STEP, rx.next())
+        .await
+        .expect("the server writes on the stream")
+        .expect("the stream is open")
+        .expect("a packet");
+    assert!(matches!(packet, Packet::DialRequest { .. }), "{packet:?}");
+    assert!(no_resume_failure(&server.metrics().await.unwrap()));
+    dial.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_restarted_ends_its_old_streams_connections_at_once() {
     let _serial = SERIAL.lock().await;
     let s = Setup::start(Duration::from_secs(30)).await;
@@ -427,7 +503,7 @@ async fn a_draining_agents_broken_stream_is_not_waited_for() {
     .await;
     s.relay.set_refusing(true);
     let cut_at = Instant::now();
-    s.relay.cut();
+    s.relay.cut().await;
     ends_with_error(&mut tunnel).await;
     let took = cut_at.elapsed();
     assert!(

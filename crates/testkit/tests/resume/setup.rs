@@ -111,7 +111,7 @@ impl Setup {
     /// holds its one connection suspended.
     pub(crate) async fn cut_and_hold_off(&self) {
         self.relay.set_refusing(true);
-        self.relay.cut();
+        self.relay.cut().await;
         eventually("the server suspended the agent's stream", || async {
             self.server_metric("tether_server_suspended_connections")
                 .await
@@ -133,7 +133,7 @@ impl Setup {
     /// Cuts the agent's stream and waits until both ends resumed it.
     pub(crate) async fn cut_and_wait(&self) {
         let before = self.agent_metric(RESUMES_AGENT).await;
-        self.relay.cut();
+        self.relay.cut().await;
         eventually("both ends resumed the stream", || async {
             self.agent_metric(RESUMES_AGENT).await > before
                 && self.server_metric(RESUMES_SERVER).await > before

@@ -322,7 +322,7 @@ async fn a_middlebox_reset_is_resumed_without_loss() {
     for round in 0..5u64 {
         let data = tether_testkit::targets::pattern(round, 16 * 1024);
         tunnel.write_all(&data).await.unwrap();
-        relay.cut();
+        relay.cut().await;
         let mut back = vec![0u8; data.len()];
         let cut = Instant::now();
         tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
