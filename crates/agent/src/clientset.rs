@@ -1,17 +1,21 @@
-//! Holding streams to every proxy server: dial the server address until as many distinct
-//! server IDs are connected as the servers announce or their Leases count, and let go of
-//! servers whose Lease expired.
+//! Holding streams to every proxy server, through one address (`balancer`) or one to each
+//! discovered address (`discovered`); letting go of servers whose Lease expired; and each
+//! stream's life across the transports it is resumed on.
+
+mod balancer;
+mod discovered;
 
 use tether_observe::audit::AuditLog;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use std::time::Instant;
 
 use tether_tunnel::{ResumeFailure, TransportEnd};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -19,6 +23,7 @@ use tracing::Instrument;
 use crate::config::Config;
 use crate::connect::{ConnectError, Connected, ServerConn};
 use crate::destination::Destinations;
+use crate::discovery::{Discovery, Endpoints};
 use crate::metrics::AgentMetrics;
 use crate::server_count::{self, ServerLeases, Uncounted};
 use crate::session::ServerSession;
@@ -48,8 +53,13 @@ pub(crate) struct ClientSet {
     draining: AtomicBool,
     /// Connected servers beyond the count without a valid Lease, and since when.
     uncounted: Mutex<Uncounted>,
-    /// Wakes the sync loop: a stream was suspended and wants a new transport now.
-    reconnect: Notify,
+    /// Bumped whenever a stream was added, broke or ended: wakes the sync loops.
+    changes: watch::Sender<u64>,
+    /// The servers' addresses as discovery last found them (empty with a balancer).
+    endpoints: watch::Sender<Endpoints>,
+    /// Discovered addresses whose stream turned out to be a server already held through
+    /// another address (one server, two addresses: IPv4 and IPv6), and that server's ID.
+    aliases: Mutex<HashMap<SocketAddr, String>>,
 }
 
 /// A server stream, and the token that lets go of it when its server's Lease expired.
@@ -63,6 +73,15 @@ struct Held {
     suspended: bool,
     /// A suspended stream was handed a resumed transport that its task has not taken yet.
     resuming: bool,
+    /// The discovered address the stream was opened to; `None` through a balancer.
+    endpoint: Option<SocketAddr>,
+}
+
+impl Held {
+    /// Has a working transport, or is being handed one, and is not being let go of.
+    fn is_live(&self) -> bool {
+        !self.dismiss.is_cancelled() && (!self.suspended || self.resuming)
+    }
 }
 
 /// What the sync loop found for a suspended stream.
@@ -91,7 +110,9 @@ impl ClientSet {
             server_count: AtomicUsize::new(1),
             draining: AtomicBool::new(false),
             uncounted: Mutex::new(Uncounted::default()),
-            reconnect: Notify::new(),
+            changes: watch::Sender::new(0),
+            endpoints: watch::Sender::new(Endpoints::new()),
+            aliases: Mutex::new(HashMap::new()),
         }
     }
 
@@ -109,6 +130,9 @@ impl ClientSet {
 
     /// How many servers to hold streams to now.
     pub(crate) fn target(&self) -> usize {
+        if self.config.discovery != Discovery::Balancer {
+            return self.discovered_target();
+        }
         server_count::target(
             self.config.lease_counting.as_ref().map(|c| c.source),
             self.leases().as_ref(),
@@ -119,12 +143,17 @@ impl ClientSet {
     /// Whether every counted server is connected (streams being let go of not included; a
     /// stream handed its resumed transport is).
     pub(crate) fn satisfied(&self) -> bool {
+        let target = self.target();
+        let leases = self.leases();
         let sessions = self.sessions();
+        if self.config.discovery != Discovery::Balancer && !self.every_endpoint_held(&sessions) {
+            return false;
+        }
         let kept = sessions
             .iter()
-            .filter(|(_, held)| !held.dismiss.is_cancelled() && (!held.suspended || held.resuming))
+            .filter(|(_, held)| held.is_live())
             .map(|(id, _)| id.as_str());
-        server_count::satisfied(kept, self.target(), self.leases().as_ref())
+        server_count::satisfied(kept, target, leases.as_ref())
     }
 
     /// Lets go of servers whose Lease has not counted for a while as long as more streams
@@ -203,70 +232,13 @@ impl ClientSet {
         self.server_count.load(Ordering::Acquire)
     }
 
-    /// The sync loop: runs until `stop`. A new Lease reading wakes it at once.
+    /// Holds streams to the servers until `stop`: through one address until enough are
+    /// held, or one to each discovered address.
     pub(crate) async fn run(self: &Arc<Self>, drain: CancellationToken, stop: CancellationToken) {
         let tasks = TaskTracker::new();
-        let mut backoff = self.config.sync_interval;
-        let mut duplicates = 0;
-        let mut last_target = 0;
-        let mut lease_updates = self
-            .config
-            .lease_counting
-            .as_ref()
-            .map(|c| c.leases.clone());
-        loop {
-            self.dismiss_surplus();
-            let target = self.target();
-            self.metrics.known_server_count.set(target as i64);
-            if target != last_target {
-                // A server joined or left: look for it at full pace again.
-                last_target = target;
-                duplicates = 0;
-                backoff = self.config.sync_interval;
-            }
-            let satisfied = self.satisfied();
-            let wait = if self.draining.load(Ordering::Acquire) {
-                Duration::MAX
-            } else if !self.config.sync_forever && satisfied {
-                duplicates = 0;
-                self.config.sync_interval
-            } else {
-                match self.connect_once(&tasks).await {
-                    Ok(connected) => {
-                        if self.add(connected, &tasks, &stop) {
-                            backoff = self.config.sync_interval;
-                            duplicates = 0;
-                            Duration::ZERO
-                        } else if satisfied || duplicates < DUPLICATES_PER_SERVER * target {
-                            // Within the budget, or `--sync-forever` with every server
-                            // connected: upstream's pace.
-                            duplicates += 1;
-                            jitter(self.config.sync_interval)
-                        } else {
-                            let wait = jitter(backoff);
-                            backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
-                            wait
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, server = %self.address(), "cannot connect to proxy server");
-                        let wait = jitter(backoff);
-                        backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
-                        wait
-                    }
-                }
-            };
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = drain.cancelled(), if !self.draining.load(Ordering::Acquire) => self.start_draining(),
-                changed = lease_changed(&mut lease_updates) => {
-                    if changed.is_err() {
-                        lease_updates = None;
-                    }
-                }
-                () = self.reconnect.notified() => backoff = self.config.sync_interval,
-                () = sleep(wait) => {}
-            }
+        match self.config.discovery {
+            Discovery::Balancer => self.run_balancer(&tasks, drain, &stop).await,
+            _ => self.run_discovered(&tasks, drain, &stop).await,
         }
         tasks.close();
         if tokio::time::timeout(STOP_TIMEOUT, tasks.wait())
@@ -308,17 +280,20 @@ impl ClientSet {
     }
 
     /// Registers a new stream unless its server is already connected (false for a
-    /// duplicate), or hands it to the suspended stream it resumes.
+    /// duplicate), or hands it to the suspended stream it resumes. `endpoint` is the
+    /// discovered address it was opened to.
     fn add(
         self: &Arc<Self>,
         connected: Connected,
+        endpoint: Option<SocketAddr>,
         tasks: &TaskTracker,
         stop: &CancellationToken,
     ) -> bool {
         self.server_count
             .store(connected.answer.server_count.max(1), Ordering::Release);
         self.metrics.known_server_count.set(self.target() as i64);
-        let Some(connected) = self.resume_suspended(connected) else {
+        let Some(connected) = self.resume_suspended(connected, endpoint) else {
+            self.note_change();
             return true;
         };
         let flow = self
@@ -348,6 +323,9 @@ impl ClientSet {
             if sessions.contains_key(&server_id) {
                 tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
                 drop(sessions);
+                if let Some(endpoint) = endpoint {
+                    self.aliases().insert(endpoint, server_id);
+                }
                 connected.transport.abort();
                 return false;
             }
@@ -359,9 +337,11 @@ impl ClientSet {
                     handover: session.resume_token.is_some().then_some(handover),
                     suspended: false,
                     resuming: false,
+                    endpoint,
                 },
             );
         }
+        self.note_change();
         self.metrics.open_server_connections.inc();
         self.start_keepalive(&connected.server, credit);
         if self.draining.load(Ordering::Acquire) {
@@ -388,7 +368,11 @@ impl ClientSet {
     /// resumed that stream, and otherwise ends the suspended streams it shows are gone (the
     /// same server ID without the stream: it restarted; the only server, under another
     /// ID: it was replaced). Gives the stream back when it is a new one.
-    fn resume_suspended(&self, connected: Connected) -> Option<Connected> {
+    fn resume_suspended(
+        &self,
+        connected: Connected,
+        endpoint: Option<SocketAddr>,
+    ) -> Option<Connected> {
         let mut sessions = self.sessions();
         let suspended = |held: &&Held| held.suspended && held.handover.is_some();
         if let Some(held) = sessions
@@ -422,14 +406,22 @@ impl ClientSet {
                 }
             };
         }
-        if connected.answer.server_count <= 1 {
-            for (id, held) in sessions.iter().filter(|(_, h)| suspended(h)) {
-                if let Some(handover) = &held.handover {
-                    let _ = handover.try_send(Resume::Gone(format!(
-                        "the only proxy server is now {} (server {id} is gone)",
-                        connected.answer.server_id
-                    )));
-                }
+        // A server that answers where a suspended stream's server was, under another ID,
+        // replaced it: at its discovered address, or as the only server behind a balancer.
+        let replaced = |held: &Held| match endpoint {
+            Some(endpoint) => held.endpoint == Some(endpoint),
+            None => connected.answer.server_count <= 1,
+        };
+        for (id, held) in sessions.iter().filter(|(_, h)| suspended(h) && replaced(h)) {
+            if let Some(handover) = &held.handover {
+                let at = endpoint.map_or_else(
+                    || "the only proxy server".to_owned(),
+                    |e| format!("the proxy server at {e}"),
+                );
+                let _ = handover.try_send(Resume::Gone(format!(
+                    "{at} is now {} (server {id} is gone)",
+                    connected.answer.server_id
+                )));
             }
         }
         Some(connected)
@@ -454,6 +446,16 @@ impl ClientSet {
             held.suspended = suspended;
             held.resuming = false;
         }
+        self.note_change();
+    }
+
+    /// Wakes the sync loops: a stream was added, broke or ended.
+    fn note_change(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn aliases(&self) -> MutexGuard<'_, HashMap<SocketAddr, String>> {
+        self.aliases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Owns one server stream across the transports it runs on, until it ends for good.
@@ -503,7 +505,6 @@ impl ClientSet {
             self.set_suspended(&session, true);
             self.metrics.open_server_connections.dec();
             tracing::info!(%why, ?window, "server stream broke; reconnecting to resume it");
-            self.reconnect.notify_one();
             let next = session
                 .link
                 .wait_resumed(async {
@@ -555,23 +556,30 @@ impl ClientSet {
             }
             sessions.remove(&session.server_id);
         }
+        drop(sessions);
+        self.note_change();
     }
 
-    /// Connects and opens `Connect`; the connection's driver runs on `tasks`, so stopping the
-    /// agent waits for it too.
-    /// Connects and opens a stream, asking to resume the suspended ones.
-    async fn connect_once(&self, tasks: &TaskTracker) -> Result<Connected, ConnectError> {
+    /// Connects (to `endpoint`, or through the balancer) and opens a stream, asking to
+    /// resume the suspended streams opened the same way. The connection's driver runs on
+    /// `tasks`, so stopping the agent waits for it too.
+    async fn connect_once(
+        &self,
+        tasks: &TaskTracker,
+        endpoint: Option<SocketAddr>,
+    ) -> Result<Connected, ConnectError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let resume_from: Vec<(String, u64)> = self
             .sessions()
             .values()
-            .filter(|held| held.suspended && !held.resuming)
+            .filter(|held| held.suspended && !held.resuming && held.endpoint == endpoint)
             .filter_map(|held| {
                 let token = held.session.resume_token.clone()?;
                 Some((token, held.session.link.resume_point()?))
             })
             .collect();
-        let attempt = crate::connect::connect(&self.config, &resume_from, tasks, deadline);
+        let attempt =
+            crate::connect::connect(&self.config, endpoint, &resume_from, tasks, deadline);
         tokio::time::timeout_at(deadline, attempt)
             .await
             .map_err(|_| ConnectError::Timeout(CONNECT_TIMEOUT))?

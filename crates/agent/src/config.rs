@@ -17,9 +17,12 @@ use crate::server_count::LeaseCounting;
 /// A validated agent configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `--proxy-server-host`: dialed for every server connection (normally a load balancer).
+    /// `--proxy-server-host`: dialed for every server connection (normally a load balancer),
+    /// or, with discovery, the name TLS verifies (and DNS discovery looks up).
     pub server_host: String,
     pub server_port: u16,
+    /// `--server-discovery` and `--proxy-server-addresses`: how the servers are found.
+    pub discovery: crate::discovery::Discovery,
     /// `--transport=websocket`: the native link in WebSocket messages, upgraded at this
     /// request path (`--websocket-path`).
     pub websocket_path: Option<String>,

@@ -139,21 +139,32 @@ pub(crate) struct Answer {
     pub(crate) server_version: Option<String>,
 }
 
-/// One connection attempt to `config`'s server, asking to resume the suspended streams
+/// One connection attempt to `config`'s server (at `endpoint` when discovered; TLS still
+/// verifies `--proxy-server-host`), asking to resume the suspended streams
 /// `resume_from` (token, packets received) when the agent offers resumes. Steps through an
 /// HTTP(S) proxy end by `deadline` with their own error (which proxy, which step), before
 /// the attempt's overall timeout says less. The connection's driver runs on `tasks`, so
 /// stopping the agent waits for it too.
 pub(crate) async fn connect(
     config: &Config,
+    endpoint: Option<std::net::SocketAddr>,
     resume_from: &[(String, u64)],
     tasks: &TaskTracker,
     deadline: tokio::time::Instant,
 ) -> Result<Connected, ConnectError> {
-    let address = format!("{}:{}", config.server_host, config.server_port);
+    // What the server is called in HTTP (`Host`, `:authority`), and in errors.
+    let authority = format!("{}:{}", config.server_host, config.server_port);
+    let address = match endpoint {
+        Some(endpoint) => format!("{authority} at {endpoint}"),
+        None => authority.clone(),
+    };
+    let (dial_host, dial_port) = match endpoint {
+        Some(endpoint) => (endpoint.ip().to_string(), endpoint.port()),
+        None => (config.server_host.clone(), config.server_port),
+    };
     let stream = config
         .egress
-        .dial(&config.server_host, config.server_port, deadline)
+        .dial(&dial_host, dial_port, deadline)
         .await
         .map_err(|e| ConnectError::Dial(Box::new(e)))?;
     let name = ServerName::try_from(config.server_host.clone())
@@ -201,7 +212,7 @@ pub(crate) async fn connect(
         let opened = match &config.websocket_path {
             Some(path) => {
                 let upgrade = tether_link::Upgrade {
-                    host: address.clone(),
+                    host: authority.clone(),
                     path: path.clone(),
                 };
                 tether_link::connect_websocket(tls, &upgrade, &hello).await
@@ -233,7 +244,7 @@ pub(crate) async fn connect(
         });
     }
     let refused = |e: GrpcError| refused(e.into());
-    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), &address, true)
+    let (channel, driver) = Channel::handshake(tls, &H2Settings::agent_stream(), &authority, true)
         .await
         .map_err(refused)?;
     tasks.spawn(driver.run());

@@ -321,6 +321,10 @@ pub struct AgentOptions {
     pub resume_window: Duration,
     /// The link the agent offers; a `legacy` agent speaks gRPC whatever this says.
     pub link: AgentLink,
+    /// How the agent finds its servers: through the address [`TestAgent::start`] is given
+    /// (`Balancer`), or at the addresses discovery finds. With discovery, TLS verifies
+    /// `localhost`, a name the test PKI's server certificate holds.
+    pub discovery: tether_agent::Discovery,
 }
 
 /// Which link an in-process agent offers the server.
@@ -390,6 +394,7 @@ impl Default for AgentOptions {
             control_plane: None,
             resume_window: RESUME_WINDOW,
             link: AgentLink::from_env(),
+            discovery: tether_agent::Discovery::Balancer,
         }
     }
 }
@@ -441,9 +446,14 @@ impl TestAgent {
             .client_cert
             .clone()
             .unwrap_or_else(|| (f.agent_cert.clone(), f.agent_key.clone()));
+        let server_host = match opts.discovery {
+            tether_agent::Discovery::Balancer => server_agent_addr.ip().to_string(),
+            _ => "localhost".to_owned(),
+        };
         let config = tether_agent::Config {
-            server_host: server_agent_addr.ip().to_string(),
+            server_host,
             server_port: server_agent_addr.port(),
+            discovery: opts.discovery,
             websocket_path: (link == AgentLink::WebSocket).then(|| "/".to_owned()),
             egress: tether_agent::egress_proxy::Egress::Direct,
             tls: tether_tls::client_config(

@@ -8,6 +8,7 @@
 pub mod balancer;
 pub mod control_plane;
 pub mod cut_relay;
+pub mod fleet;
 pub mod harness;
 pub mod http;
 pub mod native;

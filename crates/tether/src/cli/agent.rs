@@ -4,6 +4,8 @@
 //! test runner, which passes all of them as `--name=value`, can start tether in place of the
 //! Go agent. Validation follows upstream's `GrpcProxyAgentOptions.Validate`.
 
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use clap::{ArgAction, Args, ValueEnum};
 use tether_agent::egress_proxy::{
     self, Egress, EgressProxy, ProxyEnvironment, ProxyScheme, ProxySetting,
 };
-use tether_agent::{Config, DestinationConfig};
+use tether_agent::{Config, DestinationConfig, Discovery};
 use tether_grpc::Keepalive;
 use tether_proto::Labels;
 use tether_proto::identifiers::Identifiers;
@@ -128,6 +130,29 @@ pub(crate) struct AgentArgs {
         default_value = "/"
     )]
     websocket_path: String,
+
+    /// How to find the proxy servers. balancer: dial --proxy-server-host until every server
+    /// is held, as upstream's agent (each stream that lands on a server already held is
+    /// closed and retried); dns: hold one stream to each A and AAAA record of
+    /// --proxy-server-host (a headless Service), looked up again every
+    /// --server-discovery-interval. TLS verifies --proxy-server-host either way.
+    #[arg(long, help_heading = "Servers", value_enum, default_value_t = ServerDiscovery::Balancer)]
+    server_discovery: ServerDiscovery,
+
+    /// How often --server-discovery=dns looks up --proxy-server-host again.
+    #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
+    server_discovery_interval: Duration,
+
+    /// The proxy servers' own addresses, IP[:PORT] comma-separated (the port defaults to
+    /// --proxy-server-port): one stream is held to each, and TLS verifies
+    /// --proxy-server-host. Replaces --server-discovery.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "ADDRESSES",
+        default_value = ""
+    )]
+    proxy_server_addresses: String,
 
     /// This agent's ID. Default: $PROXY_AGENT_ID, else a random UUID.
     #[arg(
@@ -459,6 +484,7 @@ impl AgentArgs {
             })?;
         }
         let websocket_path = self.websocket_path()?;
+        let discovery = self.discovery()?;
         let tls = self.tls()?;
         let tls_reload = self.tls_reload()?;
         let egress = self.egress()?;
@@ -473,6 +499,7 @@ impl AgentArgs {
         Ok(Config {
             server_host: self.proxy_server_host,
             server_port: self.proxy_server_port,
+            discovery,
             websocket_path,
             egress,
             tls,
@@ -534,6 +561,40 @@ impl AgentArgs {
             bail!("--websocket-path must be a request path: '/' then visible ASCII, got {path:?}");
         }
         Ok(Some(path.clone()))
+    }
+
+    /// `--server-discovery`, `--server-discovery-interval` and `--proxy-server-addresses`.
+    fn discovery(&self) -> anyhow::Result<Discovery> {
+        let discovery = if !self.proxy_server_addresses.is_empty() {
+            if self.server_discovery != ServerDiscovery::Balancer {
+                bail!("--proxy-server-addresses replaces --server-discovery: give one of them");
+            }
+            Discovery::List(server_addresses(
+                &self.proxy_server_addresses,
+                self.proxy_server_port,
+            )?)
+        } else {
+            match self.server_discovery {
+                ServerDiscovery::Balancer => Discovery::Balancer,
+                ServerDiscovery::Dns => {
+                    if self.server_discovery_interval < Duration::from_millis(100) {
+                        bail!(
+                            "--server-discovery-interval must be at least 100ms, got {}",
+                            go(self.server_discovery_interval)
+                        );
+                    }
+                    Discovery::Dns {
+                        interval: self.server_discovery_interval,
+                    }
+                }
+            }
+        };
+        if discovery != Discovery::Balancer && self.sync_forever {
+            bail!(
+                "--sync-forever keeps dialing a balancer for more servers; with --server-discovery=dns or --proxy-server-addresses every server is dialed directly: drop --sync-forever"
+            );
+        }
+        Ok(discovery)
     }
 
     /// `--control-plane-listen` and `--control-plane-endpoint`.
@@ -692,6 +753,40 @@ impl AgentArgs {
         ignored.extend(self.klog.ignored());
         ignored
     }
+}
+
+/// `--proxy-server-addresses`: IP[:PORT] items, the port defaulting to `port`.
+fn server_addresses(list: &str, port: u16) -> anyhow::Result<BTreeSet<SocketAddr>> {
+    let mut addresses = BTreeSet::new();
+    for item in list.split(',').map(str::trim) {
+        let address = item
+            .parse::<SocketAddr>()
+            .or_else(|_| {
+                let ip = item.strip_prefix('[').and_then(|i| i.strip_suffix(']'));
+                ip.unwrap_or(item)
+                    .parse::<IpAddr>()
+                    .map(|ip| SocketAddr::new(ip, port))
+            })
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "--proxy-server-addresses: {item:?} is not IP[:PORT] (an IPv6 address with a port in brackets: [::1]:8091); the servers' name goes in --proxy-server-host"
+                )
+            })?;
+        if address.port() == 0 {
+            bail!("--proxy-server-addresses: {item:?} has port 0");
+        }
+        addresses.insert(address);
+    }
+    Ok(addresses)
+}
+
+/// `--server-discovery`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ServerDiscovery {
+    /// One address, normally a load balancer in front of every server.
+    Balancer,
+    /// Every address the server host's name resolves to.
+    Dns,
 }
 
 /// `--transport`: which links the agent offers its servers.

@@ -4,6 +4,7 @@ mod audit;
 mod certificates;
 mod dead_agents;
 mod destinations;
+mod discovery;
 mod drain;
 mod failures;
 mod fleet_behind_nat;

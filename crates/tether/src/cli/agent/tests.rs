@@ -193,6 +193,66 @@ fn alpn_protocols() {
 }
 
 #[test]
+fn server_discovery_flags() {
+    let (_dir, files) = pki();
+    assert_eq!(agent(&files, "").unwrap().discovery, Discovery::Balancer);
+    let config = agent(
+        &files,
+        "--server-discovery=dns --proxy-server-host=konnectivity.kube-system.svc",
+    )
+    .unwrap();
+    assert_eq!(
+        config.discovery,
+        Discovery::Dns {
+            interval: Duration::from_secs(5)
+        }
+    );
+    assert_eq!(
+        config.server_host, "konnectivity.kube-system.svc",
+        "TLS verifies the name"
+    );
+    let config = agent(
+        &files,
+        "--proxy-server-port=8132 --proxy-server-addresses=10.0.0.2,10.0.0.3:9000,[fd00::4],10.0.0.2",
+    )
+    .unwrap();
+    let want: BTreeSet<SocketAddr> = ["10.0.0.2:8132", "10.0.0.3:9000", "[fd00::4]:8132"]
+        .map(|a| a.parse().unwrap())
+        .into();
+    assert_eq!(config.discovery, Discovery::List(want));
+    for (flags, says) in [
+        (
+            "--proxy-server-addresses=10.0.0.2 --server-discovery=dns",
+            "--proxy-server-addresses replaces --server-discovery",
+        ),
+        (
+            "--proxy-server-addresses=konnectivity.svc",
+            "\"konnectivity.svc\" is not IP[:PORT]",
+        ),
+        (
+            "--proxy-server-addresses=10.0.0.2,",
+            "\"\" is not IP[:PORT]",
+        ),
+        ("--proxy-server-addresses=10.0.0.2:0", "has port 0"),
+        (
+            "--server-discovery=dns --server-discovery-interval=10ms",
+            "--server-discovery-interval must be at least 100ms",
+        ),
+        (
+            "--server-discovery=dns --sync-forever",
+            "drop --sync-forever",
+        ),
+    ] {
+        let err = error(agent(&files, flags));
+        assert!(err.contains(says), "{flags}: {err}");
+    }
+    let err = agent_args("--server-discovery=leases")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("balancer, dns"), "{err}");
+}
+
+#[test]
 fn booleans_in_every_pflag_form() {
     for (flags, want) in [
         ("", false),

@@ -1,0 +1,185 @@
+//! One stream to each discovered server address. Every address has its own keeper task
+//! that connects when the address holds no live stream and otherwise waits: one address
+//! that cannot be reached delays none of the others, and there is no duplicate to retry.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{ClientSet, Held, jitter, lease_changed};
+use crate::discovery::Endpoints;
+
+impl ClientSet {
+    /// Runs discovery and a keeper per address until `stop`. An address that discovery no
+    /// longer finds has its keeper stopped and its stream let go of, as a server whose
+    /// Lease expired.
+    pub(super) async fn run_discovered(
+        self: &Arc<Self>,
+        tasks: &TaskTracker,
+        drain: CancellationToken,
+        stop: &CancellationToken,
+    ) {
+        let discovery = tokio::spawn(crate::discovery::keep_current(
+            self.config.discovery.clone(),
+            self.config.server_host.clone(),
+            self.config.server_port,
+            self.endpoints.clone(),
+            stop.clone(),
+        ));
+        let mut found = self.endpoints.subscribe();
+        let mut lease_updates = self
+            .config
+            .lease_counting
+            .as_ref()
+            .map(|c| c.leases.clone());
+        let mut keepers: HashMap<SocketAddr, CancellationToken> = HashMap::new();
+        loop {
+            let endpoints = found.borrow_and_update().clone();
+            keepers.retain(|endpoint, keeper| {
+                let kept = endpoints.contains(endpoint);
+                if !kept {
+                    keeper.cancel();
+                    self.let_go_of(*endpoint);
+                }
+                kept
+            });
+            for endpoint in &endpoints {
+                keepers.entry(*endpoint).or_insert_with(|| {
+                    let keeper = stop.child_token();
+                    tasks.spawn(self.clone().keep(
+                        *endpoint,
+                        tasks.clone(),
+                        keeper.clone(),
+                        stop.clone(),
+                    ));
+                    keeper
+                });
+            }
+            self.metrics.known_server_count.set(self.target() as i64);
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = drain.cancelled(), if !self.draining.load(Ordering::Acquire) => self.start_draining(),
+                changed = found.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                changed = lease_changed(&mut lease_updates) => {
+                    if changed.is_err() {
+                        lease_updates = None;
+                    }
+                }
+            }
+        }
+        discovery.abort();
+    }
+
+    /// Holds one stream to `endpoint` until `keeper` is cancelled; the stream itself lives
+    /// until `stop`, or until it is let go of.
+    async fn keep(
+        self: Arc<Self>,
+        endpoint: SocketAddr,
+        tasks: TaskTracker,
+        keeper: CancellationToken,
+        stop: CancellationToken,
+    ) {
+        let mut changes = self.changes.subscribe();
+        let mut backoff = self.config.sync_interval;
+        loop {
+            changes.mark_unchanged();
+            let wanted = !self.draining.load(Ordering::Acquire)
+                && !self.every_endpoint_held_among(&self.sessions(), [endpoint]);
+            let wait = if !wanted {
+                None
+            } else {
+                let attempt = tokio::select! {
+                    () = keeper.cancelled() => return,
+                    attempt = self.connect_once(&tasks, Some(endpoint)) => attempt,
+                };
+                match attempt {
+                    Ok(connected) => {
+                        // A duplicate is now an alias: nothing to retry.
+                        self.add(connected, Some(endpoint), &tasks, &stop);
+                        backoff = self.config.sync_interval;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, server = %endpoint, "cannot connect to proxy server");
+                        let wait = jitter(backoff);
+                        backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
+                        Some(wait)
+                    }
+                }
+            };
+            let retry = async {
+                match wait {
+                    Some(wait) => tokio::time::sleep(wait).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = keeper.cancelled() => return,
+                // A stream broke or ended: this address may be the one to connect again.
+                _ = changes.changed(), if wait.is_none() => {}
+                () = retry => {}
+            }
+        }
+    }
+
+    /// Lets go of the stream opened to `endpoint`, which discovery no longer finds.
+    fn let_go_of(&self, endpoint: SocketAddr) {
+        self.aliases().remove(&endpoint);
+        for held in self.sessions().values() {
+            if held.endpoint == Some(endpoint) && !held.dismiss.is_cancelled() {
+                tracing::info!(server.id = %held.session.server_id, server = %endpoint, "letting go of a server that discovery no longer finds");
+                held.dismiss.cancel();
+            }
+        }
+    }
+
+    /// Whether every discovered address holds a live stream, its own or (an alias) that of
+    /// the server it turned out to be.
+    pub(super) fn every_endpoint_held(&self, sessions: &HashMap<String, Held>) -> bool {
+        let endpoints = self.endpoints.borrow().clone();
+        !endpoints.is_empty() && self.every_endpoint_held_among(sessions, endpoints)
+    }
+
+    fn every_endpoint_held_among(
+        &self,
+        sessions: &HashMap<String, Held>,
+        endpoints: impl IntoIterator<Item = SocketAddr>,
+    ) -> bool {
+        let aliases = self.aliases();
+        endpoints.into_iter().all(|endpoint| {
+            sessions
+                .values()
+                .any(|held| held.endpoint == Some(endpoint) && held.is_live())
+                || aliases
+                    .get(&endpoint)
+                    .and_then(|id| sessions.get(id))
+                    .is_some_and(Held::is_live)
+        })
+    }
+
+    /// The servers to hold streams to: one per discovered address, less the addresses that
+    /// turned out to be another's server.
+    pub(super) fn discovered_target(&self) -> usize {
+        let endpoints: Endpoints = self.endpoints.borrow().clone();
+        let sessions = self.sessions();
+        let aliases = self.aliases();
+        endpoints
+            .iter()
+            .filter(|endpoint| {
+                aliases
+                    .get(endpoint)
+                    .and_then(|id| sessions.get(id))
+                    .is_none_or(|held| held.endpoint == Some(**endpoint))
+            })
+            .count()
+            .max(1)
+    }
+}

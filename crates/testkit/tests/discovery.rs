@@ -1,0 +1,212 @@
+//! Reaching every server without a balancer's luck (issue 29): three servers, each on its
+//! own loopback address and the same port. An agent given the servers' addresses holds a
+//! stream to each within seconds, even where a balancer in front of them would send every
+//! new connection to the same server; one that dials that balancer stays at one, as
+//! upstream's. A server that goes away and comes back is held again.
+
+use std::time::{Duration, Instant};
+
+use tether_client::{GrpcClient, Transport};
+use tether_testkit::balancer::LoadBalancer;
+use tether_testkit::cut_relay::CuttingRelay;
+use tether_testkit::fleet::Fleet;
+use tether_testkit::http::metric_value;
+use tether_testkit::targets::EchoServer;
+use tether_testkit::{AgentOptions, ServerOptions, TestAgent, TestServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const OPEN_SERVER_STREAMS: &str = "konnectivity_network_proxy_agent_open_server_connections";
+const READY_AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+/// Bounds that only catch a hang.
+const STEP: Duration = Duration::from_secs(30);
+
+async fn metric(metrics: anyhow::Result<String>, sample: &str) -> f64 {
+    metric_value(&metrics.unwrap(), sample).unwrap_or(0.0)
+}
+
+/// Polls every 20 ms until `check` holds; panics after `within`.
+async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < within, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+/// One echo through `server`'s frontend: the agent's stream to it carries dials.
+async fn echo_through(server: &TestServer, echo: &EchoServer) {
+    let client = GrpcClient::connect(&Transport::Unix(server.uds.clone().unwrap()))
+        .await
+        .unwrap();
+    let mut tunnel = tokio::time::timeout(STEP, client.dial(&echo.addr.to_string()))
+        .await
+        .unwrap()
+        .unwrap();
+    tunnel.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&back, b"ping");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_given_every_address_holds_every_server_where_the_balancer_always_picks_one() {
+    tether_testkit::init_logging();
+    let fleet = Fleet::start(3).await.unwrap();
+    // The worst luck: a balancer that sends every connection to the first server.
+    let sticky = LoadBalancer::start(vec![fleet.address(2)]).await.unwrap();
+    let through_balancer = TestAgent::start(&fleet.pki, sticky.addr, AgentOptions::default())
+        .await
+        .unwrap();
+    let discovering = TestAgent::start(
+        &fleet.pki,
+        fleet.address(2),
+        AgentOptions {
+            discovery: tether_agent::Discovery::List(fleet.addresses()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let took = eventually(
+        "the discovering agent holds all three servers",
+        Duration::from_secs(5),
+        || async { metric(discovering.metrics().await, OPEN_SERVER_STREAMS).await == 3.0 },
+    )
+    .await;
+    eprintln!("all three servers held after {took:?}");
+    let echo = EchoServer::start().await.unwrap();
+    for server in &fleet.servers {
+        echo_through(server, &echo).await;
+    }
+    // Through the balancer, upstream's way: one server, however long it tries (a dozen
+    // sync intervals here).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        metric(through_balancer.metrics().await, OPEN_SERVER_STREAMS).await,
+        1.0
+    );
+    assert_eq!(
+        metric(fleet.servers[0].metrics().await, READY_AGENTS).await,
+        2.0
+    );
+    for server in &fleet.servers[1..] {
+        assert_eq!(metric(server.metrics().await, READY_AGENTS).await, 1.0);
+    }
+    // It counts one server per discovered address.
+    let text = discovering.metrics().await.unwrap();
+    assert_eq!(
+        metric_value(&text, "konnectivity_network_proxy_agent_known_server_count"),
+        Some(3.0),
+        "{text}"
+    );
+    through_balancer.stop().await;
+    discovering.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_comes_back_at_its_address_is_held_again() {
+    tether_testkit::init_logging();
+    let mut fleet = Fleet::start(3).await.unwrap();
+    let agent = TestAgent::start(
+        &fleet.pki,
+        fleet.address(2),
+        AgentOptions {
+            discovery: tether_agent::Discovery::List(fleet.addresses()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    eventually("all three servers held", Duration::from_secs(5), || async {
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 3.0
+    })
+    .await;
+    // The third server stops; the others keep their streams, and readiness says one is
+    // missing.
+    fleet.servers.pop().unwrap().stop().await;
+    eventually("the agent lets go of the stopped server", STEP, || async {
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 2.0
+    })
+    .await;
+    // It comes back at its address under a new ID (a replaced pod).
+    let back = TestServer::start(
+        &fleet.pki,
+        ServerOptions {
+            server_id: "server-4-replaced".into(),
+            ..fleet.member(4)
+        },
+    )
+    .await
+    .unwrap();
+    let took = eventually(
+        "the agent holds the replaced server",
+        Duration::from_secs(5),
+        || async { metric(back.metrics().await, READY_AGENTS).await == 1.0 },
+    )
+    .await;
+    eprintln!("the replaced server held after {took:?}");
+    assert_eq!(
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await,
+        3.0
+    );
+    let echo = EchoServer::start().await.unwrap();
+    echo_through(&back, &echo).await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_on_the_way_to_its_address_resumes_there() {
+    tether_testkit::init_logging();
+    let fleet = Fleet::start(3).await.unwrap();
+    // The first server's address is a relay that can be cut (a middlebox on that path).
+    let relay = CuttingRelay::start(fleet.address(2)).await.unwrap();
+    let mut addresses = fleet.addresses();
+    addresses.remove(&fleet.address(2));
+    addresses.insert(relay.addr);
+    let agent = TestAgent::start(
+        &fleet.pki,
+        fleet.address(2),
+        AgentOptions {
+            discovery: tether_agent::Discovery::List(addresses),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    eventually("all three servers held", Duration::from_secs(5), || async {
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 3.0
+    })
+    .await;
+    let echo = EchoServer::start().await.unwrap();
+    let client = GrpcClient::connect(&Transport::Unix(fleet.servers[0].uds.clone().unwrap()))
+        .await
+        .unwrap();
+    let mut tunnel = client.dial(&echo.addr.to_string()).await.unwrap();
+    for round in 0..3u8 {
+        relay.cut().await;
+        tunnel.write_all(&[round; 64]).await.unwrap();
+        let mut back = [0u8; 64];
+        tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
+            .await
+            .expect("the echo comes back after the cut")
+            .unwrap();
+        assert_eq!(back, [round; 64]);
+    }
+    eventually("three resumes", STEP, || async {
+        metric(agent.metrics().await, "tether_agent_resumes_total").await == 3.0
+    })
+    .await;
+    assert_eq!(
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await,
+        3.0
+    );
+    agent.stop().await;
+}
