@@ -510,6 +510,8 @@ impl ClientSet {
                 .wait_resumed(async {
                     tokio::select! {
                         () = stop.cancelled() => None,
+                        // Its server left discovery or lost its Lease: nothing to wait for.
+                        () = dismiss.cancelled() => None,
                         next = resumes.recv() => next,
                     }
                 })
@@ -524,6 +526,12 @@ impl ClientSet {
                 None if stop.is_cancelled() => {
                     metrics.failed(ResumeFailure::Stopping);
                     break format!("agent stopping while the stream was suspended ({why})");
+                }
+                None if dismiss.is_cancelled() => {
+                    metrics.failed(ResumeFailure::Unknown);
+                    break format!(
+                        "its server is gone from discovery or its Lease expired while the stream was suspended ({why})"
+                    );
                 }
                 None => {
                     metrics.failed(ResumeFailure::WindowExpired);

@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::server_count::ServerLeases;
+
 /// How long one lookup of the servers' name may take before it counts as failed.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -24,18 +26,22 @@ pub enum Discovery {
     Dns { interval: Duration },
     /// These addresses, as given.
     List(BTreeSet<SocketAddr>),
+    /// The agent addresses the servers' valid Leases publish (`--count-server-leases`
+    /// lists them; servers publish with `--lease-agent-address`).
+    Leases,
 }
 
 /// The servers' addresses as last found, sorted and without duplicates.
 pub(crate) type Endpoints = BTreeSet<SocketAddr>;
 
 /// Keeps a watch of the servers' addresses current until `stop`: a list once, a name at
-/// every interval. A failed or empty lookup keeps the addresses found before, so that a
-/// resolver's blip lets go of no server; only an answer that leaves an address out does.
+/// every interval, Leases at every listing (`leases`). A failed or empty lookup keeps the
+/// addresses found before, so that a resolver's blip lets go of no server; only an answer
+/// that leaves an address out does.
 pub(crate) async fn keep_current(
     discovery: Discovery,
-    host: String,
-    port: u16,
+    (host, port): (String, u16),
+    leases: Option<watch::Receiver<Option<ServerLeases>>>,
     found: watch::Sender<Endpoints>,
     stop: CancellationToken,
 ) {
@@ -43,6 +49,12 @@ pub(crate) async fn keep_current(
         Discovery::Balancer => return,
         Discovery::List(addresses) => {
             found.send_replace(addresses);
+            return;
+        }
+        Discovery::Leases => {
+            if let Some(leases) = leases {
+                follow_leases(leases, found, stop).await;
+            }
             return;
         }
         Discovery::Dns { interval } => interval,
@@ -85,6 +97,47 @@ pub(crate) async fn keep_current(
     }
 }
 
+/// Publishes the addresses of every Lease listing until `stop`. A listing that names no
+/// address keeps the addresses before it, as a failed lookup does.
+async fn follow_leases(
+    mut leases: watch::Receiver<Option<ServerLeases>>,
+    found: watch::Sender<Endpoints>,
+    stop: CancellationToken,
+) {
+    let mut unpublished = std::collections::BTreeSet::new();
+    loop {
+        if let Some(listed) = leases.borrow_and_update().clone() {
+            if listed.without_address != unpublished {
+                unpublished = listed.without_address.clone();
+                if !unpublished.is_empty() {
+                    tracing::warn!(
+                        servers = ?unpublished,
+                        "valid server Leases without an agent address (upstream servers, or tether servers without --lease-agent-address): --server-discovery=leases cannot reach them"
+                    );
+                }
+            }
+            if !listed.addresses.is_empty() {
+                found.send_if_modified(|current| {
+                    let changed = *current != listed.addresses;
+                    if changed {
+                        tracing::info!(servers = ?listed.addresses, "proxy server addresses changed");
+                        current.clone_from(&listed.addresses);
+                    }
+                    changed
+                });
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = leases.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Every address `host` resolves to, on `port`.
 async fn lookup(host: &str, port: u16) -> Result<Endpoints, String> {
     let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((host, port)))
@@ -108,8 +161,8 @@ mod tests {
         let list: Endpoints = ["127.0.0.2:8091".parse().unwrap()].into();
         keep_current(
             Discovery::List(list.clone()),
-            String::new(),
-            0,
+            (String::new(), 0),
+            None,
             found,
             CancellationToken::new(),
         )
@@ -131,8 +184,8 @@ mod tests {
                 interval: Duration::from_millis(10),
             },
             // A NUL byte: refused before the system resolver is asked, so no query leaves.
-            "tether\0servers".to_owned(),
-            8091,
+            ("tether\0servers".to_owned(), 8091),
+            None,
             found,
             stop.clone(),
         ));

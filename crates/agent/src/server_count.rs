@@ -25,6 +25,10 @@ pub struct ServerLeases {
     pub count: usize,
     /// Holder identities of the valid Leases: the server IDs that count.
     pub holders: BTreeSet<String>,
+    /// The agent addresses the valid Leases publish (`--server-discovery=leases`).
+    pub addresses: BTreeSet<std::net::SocketAddr>,
+    /// Holders of valid Leases that publish no readable agent address.
+    pub without_address: BTreeSet<String>,
 }
 
 /// Counting servers by Lease: the source setting and the latest reading, `None` until the
@@ -114,6 +118,7 @@ mod tests {
         ServerLeases {
             count,
             holders: holders.iter().map(|h| (*h).to_owned()).collect(),
+            ..ServerLeases::default()
         }
     }
 

@@ -41,6 +41,7 @@ impl LeaseTasks {
             holder: server_id.to_owned(),
             duration: settings.duration,
             labels: settings.labels.clone(),
+            agent_address: settings.agent_address.map(|a| a.to_string()),
         };
         let this = Self::new();
         this.tasks.spawn(controller::run(
@@ -81,6 +82,8 @@ impl LeaseTasks {
                 sender.send_replace(Some(ServerLeases {
                     count: count.count,
                     holders: count.holders,
+                    addresses: count.addresses.into_values().collect(),
+                    without_address: count.without_address.into_keys().collect(),
                 }));
             },
             this.stop.clone(),

@@ -25,8 +25,11 @@ impl ClientSet {
     ) {
         let discovery = tokio::spawn(crate::discovery::keep_current(
             self.config.discovery.clone(),
-            self.config.server_host.clone(),
-            self.config.server_port,
+            (self.config.server_host.clone(), self.config.server_port),
+            self.config
+                .lease_counting
+                .as_ref()
+                .map(|c| c.leases.clone()),
             self.endpoints.clone(),
             stop.clone(),
         ));

@@ -1,10 +1,12 @@
 //! How many servers an agent should hold streams to, counted from a list of Leases.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::SystemTime;
 
 use k8s_openapi::api::coordination::v1::Lease;
 
+use super::record::AGENT_ADDRESS_ANNOTATION;
 use super::validity::is_valid;
 
 /// The valid Leases of one list.
@@ -15,18 +17,42 @@ pub struct LeaseCount {
     /// Their holder identities: the server IDs that count. An agent keeps streams to these
     /// and lets go of others once it has more streams than the count.
     pub holders: BTreeSet<String>,
+    /// The agent addresses the valid Leases' holders published, by holder.
+    pub addresses: BTreeMap<String, SocketAddr>,
+    /// Holders of valid Leases without a readable agent address (upstream servers, or
+    /// tether servers without `--lease-agent-address`), with what the annotation held.
+    pub without_address: BTreeMap<String, Option<String>>,
 }
 
 /// Counts the valid Leases among `leases` (already filtered by the label selector).
 pub fn count_valid(leases: &[Lease], now: SystemTime) -> LeaseCount {
     let valid: Vec<&Lease> = leases.iter().filter(|l| is_valid(l, now)).collect();
-    LeaseCount {
+    let mut count = LeaseCount {
         count: valid.len().max(1),
-        holders: valid
-            .iter()
-            .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
-            .collect(),
+        ..LeaseCount::default()
+    };
+    for lease in valid {
+        let Some(holder) = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()) else {
+            continue;
+        };
+        let published = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(AGENT_ADDRESS_ANNOTATION));
+        match published.and_then(|a| a.parse::<SocketAddr>().ok()) {
+            Some(address) => {
+                count.addresses.insert(holder.clone(), address);
+            }
+            None => {
+                count
+                    .without_address
+                    .insert(holder.clone(), published.cloned());
+            }
+        }
+        count.holders.insert(holder);
     }
+    count
 }
 
 #[cfg(test)]
@@ -49,6 +75,37 @@ mod tests {
         let none = count_valid(&leases, at(2000));
         assert_eq!((none.count, none.holders.len()), (1, 0));
         assert_eq!(count_valid(&[], at(0)).count, 1);
+    }
+
+    #[test]
+    fn published_agent_addresses_are_read_from_valid_leases_only() {
+        let with = |name, at_secs, address: &str| {
+            let mut l = lease(name, Some(at_secs), Some(30));
+            l.metadata.annotations =
+                Some([(AGENT_ADDRESS_ANNOTATION.to_owned(), address.to_owned())].into());
+            l
+        };
+        let leases = [
+            with("a", 1000, "10.0.0.1:8091"),
+            with("b", 1000, "[fd00::2]:8091"),
+            with("c", 1000, "konnectivity:8091"),
+            lease("d", Some(1000), Some(30)),
+            with("e", 900, "10.0.0.5:8091"),
+        ];
+        let c = count_valid(&leases, at(1010));
+        assert_eq!(c.count, 4);
+        let want: BTreeMap<String, SocketAddr> = [
+            ("a".to_owned(), "10.0.0.1:8091".parse().unwrap()),
+            ("b".to_owned(), "[fd00::2]:8091".parse().unwrap()),
+        ]
+        .into();
+        assert_eq!(c.addresses, want);
+        let unreadable: BTreeMap<String, Option<String>> = [
+            ("c".to_owned(), Some("konnectivity:8091".to_owned())),
+            ("d".to_owned(), None),
+        ]
+        .into();
+        assert_eq!(c.without_address, unreadable);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! that upstream agents and garbage collectors read tether's Leases exactly as their own.
 //! Only name, namespace, labels, `holderIdentity`, `leaseDurationSeconds` and `renewTime`
 //! are set (no acquire time, no owner references), and the labels are re-applied on every
-//! write.
+//! write. tether adds one annotation when asked, the server's agent address
+//! ([`AGENT_ADDRESS_ANNOTATION`]), which upstream's agents ignore.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,6 +12,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 
 use super::labels::LeaseLabels;
+
+/// Where agents reach the Lease holder's agent port, for agents that discover servers by
+/// Lease (`--server-discovery=leases`).
+pub const AGENT_ADDRESS_ANNOTATION: &str = "tether.dev/agent-address";
 
 /// Whose Lease this is, and how it is written.
 #[derive(Clone, Debug)]
@@ -22,6 +27,8 @@ pub struct LeaseIdentity {
     pub holder: String,
     pub duration: Duration,
     pub labels: LeaseLabels,
+    /// `--lease-agent-address`: written as [`AGENT_ADDRESS_ANNOTATION`] on every write.
+    pub agent_address: Option<String>,
 }
 
 impl LeaseIdentity {
@@ -52,6 +59,13 @@ impl LeaseIdentity {
             Timestamp::try_from(now).unwrap_or(Timestamp::UNIX_EPOCH),
         ));
         lease.metadata.labels = Some(self.labels.map().clone());
+        if let Some(address) = &self.agent_address {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(AGENT_ADDRESS_ANNOTATION.to_owned(), address.clone());
+        }
         lease
     }
 }
@@ -69,6 +83,7 @@ mod tests {
             holder: "srv-1".into(),
             duration: Duration::from_secs(30),
             labels: "k8s-app=konnectivity-server".parse().unwrap(),
+            agent_address: None,
         }
     }
 
@@ -94,6 +109,31 @@ mod tests {
             })
         );
         assert_eq!(expiry(&lease), Some(at(1030)));
+    }
+
+    #[test]
+    fn the_agent_address_is_an_annotation_written_on_every_renewal() {
+        let identity = LeaseIdentity {
+            agent_address: Some("10.0.0.7:8091".into()),
+            ..identity()
+        };
+        let address = |lease: &Lease| {
+            lease
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(AGENT_ADDRESS_ANNOTATION)
+                .cloned()
+        };
+        let fresh = identity.fresh(at(1000));
+        assert_eq!(address(&fresh).as_deref(), Some("10.0.0.7:8091"));
+        let mut changed = fresh.clone();
+        changed.metadata.annotations =
+            Some([(AGENT_ADDRESS_ANNOTATION.to_owned(), "x".to_owned())].into());
+        assert_eq!(
+            address(&identity.renewed(&changed, at(1015))).as_deref(),
+            Some("10.0.0.7:8091")
+        );
     }
 
     #[test]

@@ -135,7 +135,9 @@ pub(crate) struct AgentArgs {
     /// is held, as upstream's agent (each stream that lands on a server already held is
     /// closed and retried); dns: hold one stream to each A and AAAA record of
     /// --proxy-server-host (a headless Service), looked up again every
-    /// --server-discovery-interval. TLS verifies --proxy-server-host either way.
+    /// --server-discovery-interval; leases: hold one stream to each agent address the
+    /// servers' valid Leases publish (needs --count-server-leases, and servers with
+    /// --lease-agent-address). TLS verifies --proxy-server-host whichever way.
     #[arg(long, help_heading = "Servers", value_enum, default_value_t = ServerDiscovery::Balancer)]
     server_discovery: ServerDiscovery,
 
@@ -587,11 +589,19 @@ impl AgentArgs {
                         interval: self.server_discovery_interval,
                     }
                 }
+                ServerDiscovery::Leases => {
+                    if self.lease_settings()?.is_none() {
+                        bail!(
+                            "--server-discovery=leases reads the servers' Leases: it needs --count-server-leases (and servers with --lease-agent-address)"
+                        );
+                    }
+                    Discovery::Leases
+                }
             }
         };
         if discovery != Discovery::Balancer && self.sync_forever {
             bail!(
-                "--sync-forever keeps dialing a balancer for more servers; with --server-discovery=dns or --proxy-server-addresses every server is dialed directly: drop --sync-forever"
+                "--sync-forever keeps dialing a balancer for more servers; with --server-discovery or --proxy-server-addresses every server is dialed directly: drop --sync-forever"
             );
         }
         Ok(discovery)
@@ -787,6 +797,8 @@ enum ServerDiscovery {
     Balancer,
     /// Every address the server host's name resolves to.
     Dns,
+    /// The agent addresses in the servers' Leases.
+    Leases,
 }
 
 /// `--transport`: which links the agent offers its servers.

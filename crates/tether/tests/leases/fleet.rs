@@ -115,7 +115,8 @@ impl Fleet {
     }
 
     /// Starts a server with the Lease controller, waits until it is healthy, and adds it to
-    /// the balancer.
+    /// the balancer. A tether server publishes its agent address in its Lease, which
+    /// upstream's agents ignore.
     pub(crate) async fn add_server(
         &mut self,
         kind: Kind,
@@ -139,6 +140,9 @@ impl Fleet {
         let bin = match kind {
             Kind::Tether => {
                 args.insert(0, "server".into());
+                if !extra.contains(&"--enable-lease-controller=false") {
+                    args.push(format!("--lease-agent-address=127.0.0.1:{agent}"));
+                }
                 tether()
             }
             Kind::Upstream => tether_testkit::process::upstream_bin("proxy-server"),

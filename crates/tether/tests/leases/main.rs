@@ -86,6 +86,69 @@ async fn tether_agents_follow_a_tether_fleet_from_three_to_four_to_two() -> anyh
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_that_discover_servers_by_lease_need_no_balancer_luck() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    for id in ["srv-1", "srv-2", "srv-3"] {
+        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
+    }
+    until("three Leases", || async {
+        fleet.lease_holders().await.len() == 3
+    })
+    .await;
+    let leases = fleet.leases().await?;
+    let srv1 = fleet.server("srv-1").agent_addr.unwrap().to_string();
+    assert!(
+        leases
+            .iter()
+            .any(|l| l["metadata"]["annotations"]["tether.dev/agent-address"] == srv1.as_str()),
+        "srv-1 publishes {srv1}: {leases:?}"
+    );
+    // The worst luck: the balancer sends every connection to srv-1.
+    fleet.balance(&["srv-1"]);
+    let balancer = fleet.agent(Kind::Tether, &[]).await?;
+    // TLS verifies the name the servers' certificate holds, not their addresses.
+    let discovering = fleet
+        .agent(
+            Kind::Tether,
+            &["--server-discovery=leases", "--proxy-server-host=localhost"],
+        )
+        .await?;
+    let took = converge(
+        &[&discovering],
+        3,
+        "discovery by Lease, balancer stuck on srv-1",
+    )
+    .await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(ready(&discovering).await, 200);
+    assert_eq!(
+        balancer.metric(OPEN).await,
+        Some(1.0),
+        "the balancer's agent is stuck at one"
+    );
+
+    // A server joins: its Lease is listed within the poll interval (500 ms here).
+    fleet.add_server(Kind::Tether, "srv-4", FAST_LEASES).await?;
+    converge(&[&discovering], 4, "srv-4 joined, outside the balancer").await;
+    // A killed server's Lease expires (4 s): the agent lets go of its address.
+    let killed = fleet.remove_server("srv-2");
+    killed.signal("KILL").await?;
+    converge(&[&discovering], 3, "srv-2 killed (Lease expired)").await;
+    // Its stream, suspended when the kill cut it, ends with the Lease rather than waiting
+    // out the resume window.
+    until("the suspended stream to srv-2 ends", || async {
+        discovering
+            .metric("tether_agent_resume_failures_total{reason=\"unknown_session\"}")
+            .await
+            == Some(1.0)
+    })
+    .await;
+    drop(killed);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_fleet_agrees_on_the_count() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let mut fleet = Fleet::start().await?;

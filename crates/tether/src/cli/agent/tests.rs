@@ -246,10 +246,12 @@ fn server_discovery_flags() {
         let err = error(agent(&files, flags));
         assert!(err.contains(says), "{flags}: {err}");
     }
-    let err = agent_args("--server-discovery=leases")
+    let err = error(agent(&files, "--server-discovery=leases"));
+    assert!(err.contains("needs --count-server-leases"), "{err}");
+    let err = agent_args("--server-discovery=mdns")
         .unwrap_err()
         .to_string();
-    assert!(err.contains("balancer, dns"), "{err}");
+    assert!(err.contains("balancer, dns, leases"), "{err}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! upstream: 30s and 15s; the garbage collector runs at the renew interval, as upstream's
 //! 15s).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -39,6 +40,12 @@ pub(crate) struct LeaseArgs {
     /// --lease-duration.
     #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "15s", value_parser = go_duration)]
     lease_renew_interval: Duration,
+
+    /// tether: where agents reach this server's agent port, IP:PORT (in a pod:
+    /// $(POD_IP):8091), published in its Lease as the annotation tether.dev/agent-address
+    /// for agents with --server-discovery=leases; upstream's agents ignore it.
+    #[arg(long, help_heading = HEADING, value_name = "IP:PORT", default_value = "")]
+    lease_agent_address: String,
 }
 
 /// The Lease controller's settings, validated. They use the server's one Kubernetes client
@@ -49,12 +56,27 @@ pub(crate) struct ServerLeases {
     pub(crate) labels: LeaseLabels,
     pub(crate) duration: Duration,
     pub(crate) renew_interval: Duration,
+    /// `--lease-agent-address`, validated.
+    pub(crate) agent_address: Option<SocketAddr>,
 }
 
 impl LeaseArgs {
     /// Validates the flags and returns the settings when --enable-lease-controller is on.
     pub(crate) fn settings(&self) -> anyhow::Result<Option<ServerLeases>> {
+        let agent_address = match self.lease_agent_address.as_str() {
+            "" => None,
+            given => Some(given.parse::<SocketAddr>().map_err(|_| {
+                anyhow::anyhow!(
+                    "--lease-agent-address must be IP:PORT (an IPv6 address in brackets), got {given:?}"
+                )
+            })?),
+        };
         if !self.enable_lease_controller {
+            if agent_address.is_some() {
+                bail!(
+                    "--lease-agent-address is published in the server's Lease: it needs --enable-lease-controller"
+                );
+            }
             return Ok(None);
         }
         let labels: LeaseLabels = self
@@ -80,6 +102,7 @@ impl LeaseArgs {
             labels,
             duration: d,
             renew_interval: self.lease_renew_interval,
+            agent_address,
         }))
     }
 

@@ -533,6 +533,30 @@ fn lease_controller_flags() {
     assert_eq!(leases.labels.selector(), "a=1,b=2");
     assert_eq!(leases.duration, Duration::from_secs(4));
     assert_eq!(leases.renew_interval, Duration::from_secs(1));
+    assert_eq!(leases.agent_address, None);
+    let leases = lease_settings(
+        &files,
+        "--enable-lease-controller --lease-agent-address=[fd00::7]:8091",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        leases.agent_address,
+        Some("[fd00::7]:8091".parse().unwrap())
+    );
+    for (flags, want) in [
+        (
+            "--enable-lease-controller --lease-agent-address=konnectivity:8091",
+            "--lease-agent-address must be IP:PORT",
+        ),
+        (
+            "--lease-agent-address=10.0.0.7:8091",
+            "--lease-agent-address is published in the server's Lease: it needs --enable-lease-controller",
+        ),
+    ] {
+        let err = format!("{:#}", lease_settings(&files, flags).unwrap_err());
+        assert!(err.starts_with(want), "{flags}: {err}");
+    }
 }
 
 #[test]
