@@ -15,17 +15,23 @@ use crate::Pki;
 const PICKED_PORTS: std::ops::Range<u16> = 20_000..32_768;
 
 /// A free loopback port: a random one from [`PICKED_PORTS`] that binds, released for the caller
-/// to bind. Only another picker can take it in between, and random picks make that rare;
-/// start-ups that still lose it retry (see `control_plane`). Kernel-chosen ports would avoid
-/// the race but need parsing logs for the port.
+/// to bind, and never one this process was handed before (two picks for one process, such as
+/// its health and admin ports, would otherwise collide now and then). Only another process's
+/// picker can take it in between, and random picks make that rare; start-ups that still lose
+/// it retry (see `control_plane`). Kernel-chosen ports would avoid the race but need parsing
+/// logs for the port.
 pub fn free_port() -> u16 {
     use std::hash::{BuildHasher as _, Hasher as _};
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let span = u64::from(PICKED_PORTS.end - PICKED_PORTS.start);
     for _ in 0..1_000 {
         let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
         hasher.write_u64(u64::from(std::process::id()));
         let port = PICKED_PORTS.start + (hasher.finish() % span) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
             return port;
         }
     }

@@ -1,7 +1,7 @@
 //! A fleet of proxy servers (tether's or upstream's) behind one loopback balancer, agents
 //! dialing the balancer, and the Leases they share in a real kube-apiserver.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use tether_testkit::Pki;
 use tether_testkit::balancer::LoadBalancer;
 use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
 use tether_testkit::http::metric_value;
-use tether_testkit::process::{Frontend, Process, server_flags};
+use tether_testkit::process::{Frontend, Process, free_port, server_flags};
 
 /// Bound for any single step: catches hangs without asserting speed.
 pub(crate) const STEP: Duration = Duration::from_secs(90);
@@ -26,25 +26,6 @@ pub(crate) enum Kind {
 
 fn tether() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tether"))
-}
-
-/// A free loopback port in 20000-32767: inside upstream's allowed range (1024-49151) and
-/// below the kernel's ephemeral range, so it does not collide with outgoing connections.
-pub(crate) fn listen_port() -> u16 {
-    for _ in 0..1000 {
-        let port = 20000 + (tether_testkit_random() % 12768) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in 20000-32767");
-}
-
-fn tether_testkit_random() -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish()
 }
 
 /// A server or agent process; killed when dropped.
@@ -123,7 +104,7 @@ impl Fleet {
         id: &str,
         extra: &[&str],
     ) -> anyhow::Result<()> {
-        let (agent, health, admin) = (listen_port(), listen_port(), listen_port());
+        let (agent, health, admin) = (free_port(), free_port(), free_port());
         let socket = self.dir.path().join(format!("{id}.sock"));
         let mut args = server_flags(
             &self.pki,
@@ -196,7 +177,7 @@ impl Fleet {
     /// Starts an agent dialing the balancer and counting server Leases.
     pub(crate) async fn agent(&self, kind: Kind, extra: &[&str]) -> anyhow::Result<Member> {
         let f = &self.pki.files;
-        let (health, admin) = (listen_port(), listen_port());
+        let (health, admin) = (free_port(), free_port());
         let mut args = vec![
             format!("--proxy-server-host={}", self.lb.addr.ip()),
             format!("--proxy-server-port={}", self.lb.addr.port()),
