@@ -21,9 +21,9 @@ pub enum Discovery {
     /// Dial `--proxy-server-host` until as many servers are held as are counted (upstream's
     /// way).
     Balancer,
-    /// Every A and AAAA record of `--proxy-server-host` (a headless Service), looked up
-    /// again every `interval`.
-    Dns { interval: Duration },
+    /// Every A and AAAA record of `name` (`--server-discovery-name`, by default
+    /// `--proxy-server-host`; a headless Service), looked up again every `interval`.
+    Dns { name: String, interval: Duration },
     /// These addresses, as given.
     List(BTreeSet<SocketAddr>),
     /// The agent addresses the servers' valid Leases publish (`--count-server-leases`
@@ -40,12 +40,12 @@ pub(crate) type Endpoints = BTreeSet<SocketAddr>;
 /// that leaves an address out does.
 pub(crate) async fn keep_current(
     discovery: Discovery,
-    (host, port): (String, u16),
+    port: u16,
     leases: Option<watch::Receiver<Option<ServerLeases>>>,
     found: watch::Sender<Endpoints>,
     stop: CancellationToken,
 ) {
-    let interval = match discovery {
+    let (host, interval) = match discovery {
         Discovery::Balancer => return,
         Discovery::List(addresses) => {
             found.send_replace(addresses);
@@ -57,7 +57,7 @@ pub(crate) async fn keep_current(
             }
             return;
         }
-        Discovery::Dns { interval } => interval,
+        Discovery::Dns { name, interval } => (name, interval),
     };
     let mut failing = false;
     loop {
@@ -85,7 +85,7 @@ pub(crate) async fn keep_current(
                 tracing::warn!(
                     host,
                     error = %why,
-                    "cannot look up the proxy servers (--proxy-server-host with --server-discovery=dns); keeping the addresses found before"
+                    "cannot look up the proxy servers (--server-discovery-name, or --proxy-server-host, with --server-discovery=dns); keeping the addresses found before"
                 );
             }
             Err(_) => {}
@@ -161,7 +161,7 @@ mod tests {
         let list: Endpoints = ["127.0.0.2:8091".parse().unwrap()].into();
         keep_current(
             Discovery::List(list.clone()),
-            (String::new(), 0),
+            0,
             None,
             found,
             CancellationToken::new(),
@@ -181,10 +181,11 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep_current(
             Discovery::Dns {
+                // A NUL byte: refused before the system resolver is asked, so no query leaves.
+                name: "tether\0servers".to_owned(),
                 interval: Duration::from_millis(10),
             },
-            // A NUL byte: refused before the system resolver is asked, so no query leaves.
-            ("tether\0servers".to_owned(), 8091),
+            8091,
             None,
             found,
             stop.clone(),

@@ -117,6 +117,33 @@ const VARIANTS: &[Variant] = &[
         node: None,
     },
     Variant {
+        name: "hosted-dns-discovery",
+        helm: &[
+            "server.kind=deployment",
+            "server.count=3",
+            "agent.serverDiscovery=dns",
+        ],
+        overlay: None,
+        node: None,
+    },
+    Variant {
+        name: "hosted-leases-discovery",
+        helm: &[
+            "server.kind=deployment",
+            "server.count=3",
+            "leases.enabled=true",
+            "agent.serverDiscovery=leases",
+        ],
+        overlay: None,
+        node: None,
+    },
+    Variant {
+        name: "static-pod-leases-discovery",
+        helm: &["leases.enabled=true", "agent.serverDiscovery=leases"],
+        overlay: None,
+        node: None,
+    },
+    Variant {
         name: "static-pod-mtls-leases",
         helm: &[
             "auth.mode=mtls",
@@ -408,6 +435,7 @@ fn tether_containers(objects: &[Value]) -> Vec<(String, Vec<String>, BTreeMap<St
                         Some("spec.nodeName") => "node-a".to_owned(),
                         Some("status.hostIP") => "192.0.2.1".to_owned(),
                         Some("metadata.name") => "konnectivity-server-node-a".to_owned(),
+                        Some("status.podIP") => "192.0.2.10".to_owned(),
                         Some(other) => panic!("no stand-in for fieldRef {other}"),
                         None => e["value"].as_str()?.to_owned(),
                     };

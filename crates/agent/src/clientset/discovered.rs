@@ -25,7 +25,7 @@ impl ClientSet {
     ) {
         let discovery = tokio::spawn(crate::discovery::keep_current(
             self.config.discovery.clone(),
-            (self.config.server_host.clone(), self.config.server_port),
+            self.config.server_port,
             self.config
                 .lease_counting
                 .as_ref()

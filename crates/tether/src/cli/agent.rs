@@ -141,7 +141,17 @@ pub(crate) struct AgentArgs {
     #[arg(long, help_heading = "Servers", value_enum, default_value_t = ServerDiscovery::Balancer)]
     server_discovery: ServerDiscovery,
 
-    /// How often --server-discovery=dns looks up --proxy-server-host again.
+    /// The name --server-discovery=dns looks up (a headless Service of the server pods);
+    /// empty: --proxy-server-host. TLS verifies --proxy-server-host either way.
+    #[arg(
+        long,
+        help_heading = "Servers",
+        value_name = "NAME",
+        default_value = ""
+    )]
+    server_discovery_name: String,
+
+    /// How often --server-discovery=dns looks up its name again.
     #[arg(long, help_heading = "Servers", value_name = "DURATION", default_value = "5s", value_parser = go_duration)]
     server_discovery_interval: Duration,
 
@@ -567,6 +577,11 @@ impl AgentArgs {
 
     /// `--server-discovery`, `--server-discovery-interval` and `--proxy-server-addresses`.
     fn discovery(&self) -> anyhow::Result<Discovery> {
+        if !self.server_discovery_name.is_empty() && self.server_discovery != ServerDiscovery::Dns {
+            bail!(
+                "--server-discovery-name is the name --server-discovery=dns looks up: it needs --server-discovery=dns"
+            );
+        }
         let discovery = if !self.proxy_server_addresses.is_empty() {
             if self.server_discovery != ServerDiscovery::Balancer {
                 bail!("--proxy-server-addresses replaces --server-discovery: give one of them");
@@ -585,7 +600,12 @@ impl AgentArgs {
                             go(self.server_discovery_interval)
                         );
                     }
+                    let name = match self.server_discovery_name.as_str() {
+                        "" => self.proxy_server_host.clone(),
+                        name => name.to_owned(),
+                    };
                     Discovery::Dns {
+                        name,
                         interval: self.server_discovery_interval,
                     }
                 }

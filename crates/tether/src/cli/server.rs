@@ -292,7 +292,7 @@ impl ServerArgs {
         let routing = self.routing.routing()?;
         let account = token_auth.as_ref().map(|t| t.account.clone());
         routing::check_service_accounts(&routing, account.as_ref())?;
-        let leases = self.leases.settings()?;
+        let leases = self.leases.settings(self.agent_port)?;
         let control_plane = self.control_plane.endpoints()?;
         let kube =
             (token_auth.is_some() || leases.is_some() || control_plane == ControlPlane::Kubeconfig)

@@ -50,6 +50,12 @@ cannot: there, it fails before anything is created.
 {{- if and (eq .Values.server.audit.output "file") (eq .Values.server.kind "deployment") }}
 {{- fail "server.audit.output=file writes to the control-plane node (server.kind=staticPod or sidecar); a Deployment's pod has no volume that outlives it and nothing there rotates the file: use server.audit.output=stdout (values.yaml, server.audit)" }}
 {{- end }}
+{{- if and (eq .Values.agent.serverDiscovery "leases") (not .Values.leases.enabled) }}
+{{- fail "agent.serverDiscovery=leases reads the agent address each server publishes in its Lease: set leases.enabled=true" }}
+{{- end }}
+{{- if and (eq .Values.agent.serverDiscovery "dns") (ne .Values.server.kind "deployment") }}
+{{- fail (printf "agent.serverDiscovery=dns finds the server pods through a headless Service, which the chart makes for server.kind=deployment; with server.kind=%s use agent.serverDiscovery=leases (with leases.enabled=true)" .Values.server.kind) }}
+{{- end }}
 {{- if and .Values.leases.enabled (eq .Values.leases.namespace "kube-system") (not .Values.leases.allowSharedNamespace) }}
 {{- fail "leases.namespace=kube-system would let the server delete every Lease there, kube-controller-manager's and kube-scheduler's leader Leases included: use a namespace of its own (the default, konnectivity-leases), or set leases.allowSharedNamespace=true" }}
 {{- end }}
@@ -122,6 +128,9 @@ cannot: there, it fails before anything is created.
 - --enable-lease-controller=true
 - --lease-namespace={{ .Values.leases.namespace }}
 - --lease-label={{ .Values.leases.label }}
+{{- if eq .Values.agent.serverDiscovery "leases" }}
+- --lease-agent-address=$(POD_IP)
+{{- end }}
 {{- end }}
 - --control-plane-endpoints={{ .Values.server.controlPlaneEndpoints }}
 {{- with include "tether.auditLogPath" . }}
@@ -146,6 +155,13 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.name
+  {{- if eq .Values.agent.serverDiscovery "leases" }}
+  # Published in the server's Lease (--lease-agent-address) for agents that find servers there.
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.podIP
+  {{- end }}
 ports:
   - name: agentport
     containerPort: {{ .Values.server.agentPort }}

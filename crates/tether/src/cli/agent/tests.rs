@@ -204,6 +204,7 @@ fn server_discovery_flags() {
     assert_eq!(
         config.discovery,
         Discovery::Dns {
+            name: "konnectivity.kube-system.svc".into(),
             interval: Duration::from_secs(5)
         }
     );
@@ -211,6 +212,19 @@ fn server_discovery_flags() {
         config.server_host, "konnectivity.kube-system.svc",
         "TLS verifies the name"
     );
+    let config = agent(
+        &files,
+        "--server-discovery=dns --proxy-server-host=konnectivity.svc --server-discovery-name=pods.svc --server-discovery-interval=1s",
+    )
+    .unwrap();
+    assert_eq!(
+        config.discovery,
+        Discovery::Dns {
+            name: "pods.svc".into(),
+            interval: Duration::from_secs(1)
+        }
+    );
+    assert_eq!(config.server_host, "konnectivity.svc");
     let config = agent(
         &files,
         "--proxy-server-port=8132 --proxy-server-addresses=10.0.0.2,10.0.0.3:9000,[fd00::4],10.0.0.2",
@@ -234,6 +248,10 @@ fn server_discovery_flags() {
             "\"\" is not IP[:PORT]",
         ),
         ("--proxy-server-addresses=10.0.0.2:0", "has port 0"),
+        (
+            "--server-discovery-name=pods.svc",
+            "needs --server-discovery=dns",
+        ),
         (
             "--server-discovery=dns --server-discovery-interval=10ms",
             "--server-discovery-interval must be at least 100ms",

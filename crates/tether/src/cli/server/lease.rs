@@ -3,7 +3,7 @@
 //! upstream: 30s and 15s; the garbage collector runs at the renew interval, as upstream's
 //! 15s).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::bail;
@@ -41,10 +41,11 @@ pub(crate) struct LeaseArgs {
     #[arg(long, help_heading = HEADING, value_name = "DURATION", default_value = "15s", value_parser = go_duration)]
     lease_renew_interval: Duration,
 
-    /// tether: where agents reach this server's agent port, IP:PORT (in a pod:
-    /// $(POD_IP):8091), published in its Lease as the annotation tether.dev/agent-address
-    /// for agents with --server-discovery=leases; upstream's agents ignore it.
-    #[arg(long, help_heading = HEADING, value_name = "IP:PORT", default_value = "")]
+    /// tether: where agents reach this server's agent port, IP[:PORT] (the port defaults to
+    /// --agent-port; in a pod: $(POD_IP)), published in its Lease as the annotation
+    /// tether.dev/agent-address for agents with --server-discovery=leases; upstream's agents
+    /// ignore it.
+    #[arg(long, help_heading = HEADING, value_name = "IP[:PORT]", default_value = "")]
     lease_agent_address: String,
 }
 
@@ -62,14 +63,25 @@ pub(crate) struct ServerLeases {
 
 impl LeaseArgs {
     /// Validates the flags and returns the settings when --enable-lease-controller is on.
-    pub(crate) fn settings(&self) -> anyhow::Result<Option<ServerLeases>> {
+    /// `agent_port` is `--agent-port`, the default port of `--lease-agent-address`.
+    pub(crate) fn settings(&self, agent_port: u16) -> anyhow::Result<Option<ServerLeases>> {
         let agent_address = match self.lease_agent_address.as_str() {
             "" => None,
-            given => Some(given.parse::<SocketAddr>().map_err(|_| {
-                anyhow::anyhow!(
-                    "--lease-agent-address must be IP:PORT (an IPv6 address in brackets), got {given:?}"
-                )
-            })?),
+            given => Some(
+                given
+                    .parse::<SocketAddr>()
+                    .or_else(|_| {
+                        let ip = given.strip_prefix('[').and_then(|g| g.strip_suffix(']'));
+                        ip.unwrap_or(given)
+                            .parse::<IpAddr>()
+                            .map(|ip| SocketAddr::new(ip, agent_port))
+                    })
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--lease-agent-address must be IP[:PORT] (an IPv6 address with a port in brackets), got {given:?}"
+                        )
+                    })?,
+            ),
         };
         if !self.enable_lease_controller {
             if agent_address.is_some() {

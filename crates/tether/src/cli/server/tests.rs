@@ -544,10 +544,20 @@ fn lease_controller_flags() {
         leases.agent_address,
         Some("[fd00::7]:8091".parse().unwrap())
     );
+    let leases = lease_settings(
+        &files,
+        "--enable-lease-controller --agent-port=8132 --lease-agent-address=fd00::7",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        leases.agent_address,
+        Some("[fd00::7]:8132".parse().unwrap())
+    );
     for (flags, want) in [
         (
             "--enable-lease-controller --lease-agent-address=konnectivity:8091",
-            "--lease-agent-address must be IP:PORT",
+            "--lease-agent-address must be IP[:PORT]",
         ),
         (
             "--lease-agent-address=10.0.0.7:8091",
