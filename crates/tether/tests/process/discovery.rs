@@ -109,3 +109,122 @@ async fn an_agent_holds_one_stream_per_address_of_its_servers_name_and_follows_i
         "{text}"
     );
 }
+
+/// Dials through the servers in `members` (indexes into the fleet) in turn, each carrying
+/// one echo, until `stop`; counts the dials that failed and those that worked.
+async fn steady_dials(
+    fleet: &Fleet,
+    members: &std::sync::Mutex<Vec<usize>>,
+    echo: &tether_testkit::targets::EchoServer,
+    stop: &tokio_util::sync::CancellationToken,
+) -> (u64, u64) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut worked, mut failed) = (0u64, 0u64);
+    for round in 0..50_000usize {
+        if stop.is_cancelled() {
+            break;
+        }
+        let member = {
+            let members = members.lock().unwrap();
+            members[round % members.len()]
+        };
+        let uds = fleet.servers[member].uds.clone().unwrap();
+        let attempt = async {
+            let client = tether_client::GrpcClient::connect(&tether_client::Transport::Unix(uds))
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut tunnel = client
+                .dial(&echo.addr.to_string())
+                .await
+                .map_err(|e| e.to_string())?;
+            tunnel.write_all(b"ping").await.map_err(|e| e.to_string())?;
+            let mut back = [0u8; 4];
+            tunnel
+                .read_exact(&mut back)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(())
+        };
+        match tokio::time::timeout(crate::STEP, attempt).await {
+            Ok(Ok(())) => worked += 1,
+            Ok(Err(e)) => {
+                eprintln!("dial {round} through server {member} failed: {e}");
+                failed += 1;
+            }
+            Err(_) => {
+                eprintln!("dial {round} through server {member} hung");
+                failed += 1;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    (worked, failed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_three_to_four_to_two_servers_under_steady_dials_fails_none() {
+    tether_testkit::init_logging();
+    let mut fleet = Fleet::start(4).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts_file = dir.path().join("hosts");
+    let named = |members: &[u8]| {
+        hosts(
+            &members
+                .iter()
+                .map(|&m| fleet.address(m))
+                .collect::<Vec<_>>(),
+        )
+    };
+    std::fs::write(&hosts_file, named(&[2, 3, 4])).unwrap();
+    let agent = spawn_agent_with_hosts(&fleet, &hosts_file).await;
+    until("the agent holds the three named servers", || async {
+        ready_agents(&fleet, 0).await == 1.0
+            && ready_agents(&fleet, 1).await == 1.0
+            && ready_agents(&fleet, 2).await == 1.0
+    })
+    .await;
+    let echo = tether_testkit::targets::EchoServer::start().await.unwrap();
+    let members = std::sync::Mutex::new(vec![0, 1, 2]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = steady_dials(&fleet, &members, &echo, &stop);
+    let scale = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // 3 → 4: the name gains .5.
+        std::fs::write(&hosts_file, named(&[2, 3, 4, 5])).unwrap();
+        let up = until("the agent holds the fourth server", || async {
+            ready_agents(&fleet, 3).await == 1.0
+        })
+        .await;
+        members.lock().unwrap().push(3);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // 4 → 2: .4 and .5 leave the name, and clients stop using them, as when their pods
+        // terminate.
+        members.lock().unwrap().retain(|&m| m < 2);
+        std::fs::write(&hosts_file, named(&[2, 3])).unwrap();
+        let down = until("the agent lets go of the two that left", || async {
+            ready_agents(&fleet, 2).await == 0.0 && ready_agents(&fleet, 3).await == 0.0
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        stop.cancel();
+        (up, down)
+    };
+    let ((worked, failed), (up, down)) = tokio::join!(load, scale);
+    eprintln!(
+        "3 → 4 held in {up:?}, 4 → 2 let go in {down:?}; {worked} dials worked, {failed} failed"
+    );
+    assert_eq!(failed, 0, "no dial fails while the fleet scales");
+    assert!(worked >= 20, "the load ran: {worked} dials");
+    let text = agent.metrics().await.unwrap();
+    assert_eq!(
+        metric_value(
+            &text,
+            "konnectivity_network_proxy_agent_open_server_connections"
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    for server in fleet.servers.drain(2..) {
+        server.stop().await;
+    }
+}
