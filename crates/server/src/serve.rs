@@ -157,7 +157,9 @@ pub(crate) async fn agent_connection(
         peer: Arc::new(peer),
         setup_deadline: Some(deadline),
     };
-    let served = tether_grpc::server::serve_connection(
+    // Boxed: a native link's task would otherwise hold HTTP/2's connection state too (2.5 of
+    // this future's 3.3 KiB).
+    let served = Box::pin(tether_grpc::server::serve_connection(
         io,
         &settings,
         connection,
@@ -167,7 +169,7 @@ pub(crate) async fn agent_connection(
                 .serve(AgentCall::grpc(call), admission.clone())
         },
         std::future::pending(),
-    )
+    ))
     .await;
     count_connection_end(&metrics, &served);
     served.map_err(|e| std::io::Error::other(e.to_string()))

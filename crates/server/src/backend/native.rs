@@ -43,9 +43,13 @@ pub(crate) async fn serve(
     // Every byte read is a sign of the agent's life (see `LastPong::heard`).
     let liveness = Arc::new(LastPong::default());
     let io = Heard::new(io, liveness.clone());
+    // Boxed: the opening's read state (most of this future's 5.2 KiB) is freed once the
+    // HELLO is in, not held for the link's life.
     let (hello, pending) = match settings.opening {
-        Opening::Hello => tether_link::read_hello(io, deadline, liveness.clone()).await?,
-        Opening::WebSocket => tether_link::read_upgrade(io, deadline, liveness.clone()).await?,
+        Opening::Hello => Box::pin(tether_link::read_hello(io, deadline, liveness.clone())).await?,
+        Opening::WebSocket => {
+            Box::pin(tether_link::read_upgrade(io, deadline, liveness.clone())).await?
+        }
     };
     let handle = pending.handle();
     let call = AgentCall::Native(NativeCall {
