@@ -20,6 +20,23 @@ const READY_AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_conn
 /// Bounds that only catch a hang.
 const STEP: Duration = Duration::from_secs(30);
 
+/// An agent holding one stream to each of `addresses`; TLS verifies `localhost`.
+async fn discovering_agent(
+    fleet: &Fleet,
+    addresses: std::collections::BTreeSet<std::net::SocketAddr>,
+) -> TestAgent {
+    TestAgent::start(
+        &fleet.pki,
+        fleet.address(2),
+        AgentOptions {
+            discovery: tether_agent::Discovery::List(addresses),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
 async fn metric(metrics: anyhow::Result<String>, sample: &str) -> f64 {
     metric_value(&metrics.unwrap(), sample).unwrap_or(0.0)
 }
@@ -65,16 +82,7 @@ async fn an_agent_given_every_address_holds_every_server_where_the_balancer_alwa
     let through_balancer = TestAgent::start(&fleet.pki, sticky.addr, AgentOptions::default())
         .await
         .unwrap();
-    let discovering = TestAgent::start(
-        &fleet.pki,
-        fleet.address(2),
-        AgentOptions {
-            discovery: tether_agent::Discovery::List(fleet.addresses()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let discovering = discovering_agent(&fleet, fleet.addresses()).await;
     let took = eventually(
         "the discovering agent holds all three servers",
         Duration::from_secs(5),
@@ -115,16 +123,7 @@ async fn an_agent_given_every_address_holds_every_server_where_the_balancer_alwa
 async fn a_server_that_comes_back_at_its_address_is_held_again() {
     tether_testkit::init_logging();
     let mut fleet = Fleet::start(3).await.unwrap();
-    let agent = TestAgent::start(
-        &fleet.pki,
-        fleet.address(2),
-        AgentOptions {
-            discovery: tether_agent::Discovery::List(fleet.addresses()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let agent = discovering_agent(&fleet, fleet.addresses()).await;
     eventually("all three servers held", Duration::from_secs(5), || async {
         metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 3.0
     })
@@ -171,16 +170,7 @@ async fn a_stream_cut_on_the_way_to_its_address_resumes_there() {
     let mut addresses = fleet.addresses();
     addresses.remove(&fleet.address(2));
     addresses.insert(relay.addr);
-    let agent = TestAgent::start(
-        &fleet.pki,
-        fleet.address(2),
-        AgentOptions {
-            discovery: tether_agent::Discovery::List(addresses),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let agent = discovering_agent(&fleet, addresses).await;
     eventually("all three servers held", Duration::from_secs(5), || async {
         metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 3.0
     })

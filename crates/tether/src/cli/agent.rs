@@ -5,7 +5,7 @@
 //! Go agent. Validation follows upstream's `GrpcProxyAgentOptions.Validate`.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -789,15 +789,7 @@ impl AgentArgs {
 fn server_addresses(list: &str, port: u16) -> anyhow::Result<BTreeSet<SocketAddr>> {
     let mut addresses = BTreeSet::new();
     for item in list.split(',').map(str::trim) {
-        let address = item
-            .parse::<SocketAddr>()
-            .or_else(|_| {
-                let ip = item.strip_prefix('[').and_then(|i| i.strip_suffix(']'));
-                ip.unwrap_or(item)
-                    .parse::<IpAddr>()
-                    .map(|ip| SocketAddr::new(ip, port))
-            })
-            .map_err(|_| {
+        let address = super::common::ip_and_port(item, port).ok_or_else(|| {
                 anyhow::anyhow!(
                     "--proxy-server-addresses: {item:?} is not IP[:PORT] (an IPv6 address with a port in brackets: [::1]:8091); the servers' name goes in --proxy-server-host"
                 )

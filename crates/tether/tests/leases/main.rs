@@ -13,6 +13,19 @@ use tokio::sync::Mutex;
 /// small machine.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
+/// A fleet of tether servers srv-1, srv-2 and srv-3, each with its Lease.
+async fn three_tether_servers() -> anyhow::Result<Fleet> {
+    let mut fleet = Fleet::start().await?;
+    for id in ["srv-1", "srv-2", "srv-3"] {
+        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
+    }
+    until("three Leases", || async {
+        fleet.lease_holders().await.len() == 3
+    })
+    .await;
+    Ok(fleet)
+}
+
 async fn ready(agent: &fleet::Member) -> u16 {
     tether_testkit::http::get(agent.health(), "/readyz")
         .await
@@ -22,14 +35,7 @@ async fn ready(agent: &fleet::Member) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tether_agents_follow_a_tether_fleet_from_three_to_four_to_two() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::start().await?;
-    for id in ["srv-1", "srv-2", "srv-3"] {
-        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
-    }
-    until("three Leases", || async {
-        fleet.lease_holders().await.len() == 3
-    })
-    .await;
+    let mut fleet = three_tether_servers().await?;
 
     // What a Lease looks like to upstream's agents and garbage collector.
     let leases = fleet.leases().await?;
@@ -88,14 +94,7 @@ async fn tether_agents_follow_a_tether_fleet_from_three_to_four_to_two() -> anyh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_that_discover_servers_by_lease_need_no_balancer_luck() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::start().await?;
-    for id in ["srv-1", "srv-2", "srv-3"] {
-        fleet.add_server(Kind::Tether, id, FAST_LEASES).await?;
-    }
-    until("three Leases", || async {
-        fleet.lease_holders().await.len() == 3
-    })
-    .await;
+    let mut fleet = three_tether_servers().await?;
     let leases = fleet.leases().await?;
     let srv1 = fleet.server("srv-1").agent_addr.unwrap().to_string();
     assert!(

@@ -54,6 +54,19 @@ async fn spawn_agent_with_hosts(fleet: &Fleet, hosts_file: &Path) -> Process {
         .expect("unshare -m needs root (CAP_SYS_ADMIN), as CI has")
 }
 
+/// The agent's open server streams are `n`.
+async fn assert_streams(agent: &Process, n: usize) {
+    let text = agent.metrics().await.unwrap();
+    assert_eq!(
+        metric_value(
+            &text,
+            "konnectivity_network_proxy_agent_open_server_connections"
+        ),
+        Some(n as f64),
+        "{text}"
+    );
+}
+
 async fn ready_agents(fleet: &Fleet, member: usize) -> f64 {
     let text = fleet.servers[member].metrics().await.unwrap();
     metric_value(&text, READY_AGENTS).unwrap_or(0.0)
@@ -99,15 +112,7 @@ async fn an_agent_holds_one_stream_per_address_of_its_servers_name_and_follows_i
         1.0,
         "the server that stayed keeps its stream"
     );
-    let text = agent.metrics().await.unwrap();
-    assert_eq!(
-        metric_value(
-            &text,
-            "konnectivity_network_proxy_agent_open_server_connections"
-        ),
-        Some(2.0),
-        "{text}"
-    );
+    assert_streams(&agent, 2).await;
 }
 
 /// Dials through the servers in `members` (indexes into the fleet) in turn, each carrying
@@ -215,15 +220,7 @@ async fn scaling_three_to_four_to_two_servers_under_steady_dials_fails_none() {
     );
     assert_eq!(failed, 0, "no dial fails while the fleet scales");
     assert!(worked >= 20, "the load ran: {worked} dials");
-    let text = agent.metrics().await.unwrap();
-    assert_eq!(
-        metric_value(
-            &text,
-            "konnectivity_network_proxy_agent_open_server_connections"
-        ),
-        Some(2.0),
-        "{text}"
-    );
+    assert_streams(&agent, 2).await;
     for server in fleet.servers.drain(2..) {
         server.stop().await;
     }

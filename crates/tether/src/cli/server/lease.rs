@@ -3,7 +3,7 @@
 //! upstream: 30s and 15s; the garbage collector runs at the renew interval, as upstream's
 //! 15s).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -68,15 +68,7 @@ impl LeaseArgs {
         let agent_address = match self.lease_agent_address.as_str() {
             "" => None,
             given => Some(
-                given
-                    .parse::<SocketAddr>()
-                    .or_else(|_| {
-                        let ip = given.strip_prefix('[').and_then(|g| g.strip_suffix(']'));
-                        ip.unwrap_or(given)
-                            .parse::<IpAddr>()
-                            .map(|ip| SocketAddr::new(ip, agent_port))
-                    })
-                    .map_err(|_| {
+                crate::cli::common::ip_and_port(given, agent_port).ok_or_else(|| {
                         anyhow::anyhow!(
                             "--lease-agent-address must be IP[:PORT] (an IPv6 address with a port in brackets), got {given:?}"
                         )
