@@ -87,7 +87,7 @@ pub(crate) struct SecurityArgs {
     tls_reload_interval: Duration,
 
     /// Distinct agent IDs connected at once per tenant; further agents of that tenant are
-    /// refused (RESOURCE_EXHAUSTED). Bounds each tenant's agent table (33-49 KiB per
+    /// refused (RESOURCE_EXHAUSTED). Bounds each tenant's agent table (28-49 KiB per
     /// agent), so one tenant's credentials cannot fill another's; the default takes the
     /// largest clusters (15,000 nodes). --max-agent-connections bounds the server as a whole.
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 20_000)]
