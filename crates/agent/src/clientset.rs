@@ -200,11 +200,12 @@ impl ClientSet {
             .count()
     }
 
-    /// The current server sessions, for introspection.
-    pub(crate) fn session_list(&self) -> Vec<Arc<ServerSession>> {
+    /// The current server sessions, each with the discovered address it was opened to, for
+    /// introspection.
+    pub(crate) fn session_list(&self) -> Vec<(Arc<ServerSession>, Option<SocketAddr>)> {
         self.sessions()
             .values()
-            .map(|held| held.session.clone())
+            .map(|held| (held.session.clone(), held.endpoint))
             .collect()
     }
 

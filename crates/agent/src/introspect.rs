@@ -27,7 +27,7 @@ pub(crate) fn route(clientset: &ClientSet, req: &Request) -> Option<Response> {
 fn connections(clientset: &ClientSet, filter: &Filter) -> ConnectionsReport {
     let agent_id = clientset.agent_id();
     let mut out = Vec::new();
-    for session in clientset.session_list() {
+    for (session, _) in clientset.session_list() {
         let now = Instant::now();
         out.extend(
             session
@@ -50,7 +50,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
     let mut streams: Vec<StreamView> = clientset
         .session_list()
         .into_iter()
-        .map(|session| {
+        .map(|(session, address)| {
             let (pending_dials, connections, queued) = session.link.inspect(|t| {
                 (
                     t.pending_dial_count(),
@@ -61,6 +61,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
             StreamView {
                 agent_id: clientset.agent_id().to_owned(),
                 server_id: session.server_id.clone(),
+                server_address: address.map(|a| a.to_string()),
                 stream_id: 0,
                 identifiers: clientset.identifiers().to_owned(),
                 agent_version: Some(tether_observe::VERSION.to_owned()),

@@ -106,6 +106,11 @@ pub struct RefusalView {
 pub struct StreamView {
     pub agent_id: String,
     pub server_id: String,
+    /// Agent: the server's own address the stream was opened to, when the agent discovers
+    /// its servers (`--server-discovery`, `--proxy-server-addresses`); `None` through a
+    /// balancer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_address: Option<String>,
     /// Server: distinguishes several streams of one agent ID.
     pub stream_id: u64,
     /// Server: the identifiers the agent advertised, in `--agent-identifiers` syntax.

@@ -131,6 +131,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
             StreamView {
                 agent_id: session.agent_id.clone(),
                 server_id: membership.server_id.clone(),
+                server_address: None,
                 stream_id: session.stream_id,
                 identifiers: identifiers_query(&session.identifiers),
                 agent_version: session.version.clone(),

@@ -94,6 +94,28 @@ async fn an_agent_given_every_address_holds_every_server_where_the_balancer_alwa
     for server in &fleet.servers {
         echo_through(server, &echo).await;
     }
+    // `/debug/agents` (`tether agents`) names the address each stream was opened to.
+    let (status, body) = tether_testkit::http::get(discovering.admin_addr, "/debug/agents")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut held: Vec<(String, String)> = report["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["server_id"].as_str().unwrap().to_owned(),
+                s["server_address"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    held.sort();
+    let want: Vec<(String, String)> = (2..=4u8)
+        .map(|h| (format!("server-{h}"), fleet.address(h).to_string()))
+        .collect();
+    assert_eq!(held, want);
     // Through the balancer, upstream's way: one server, however long it tries (a dozen
     // sync intervals here).
     tokio::time::sleep(Duration::from_millis(1200)).await;

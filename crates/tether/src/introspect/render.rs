@@ -142,7 +142,10 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
     for s in &report.streams {
         table.push(vec![
             s.agent_id.clone(),
-            s.server_id.clone(),
+            match &s.server_address {
+                Some(address) => format!("{}@{address}", s.server_id),
+                None => s.server_id.clone(),
+            },
             s.stream_id.to_string(),
             if server {
                 &s.agent_version
@@ -425,6 +428,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
             streams: vec![StreamView {
                 agent_id: "node-1".into(),
                 server_id: "server-a".into(),
+                server_address: None,
                 stream_id: 1,
                 identifiers: "host=node-1&ipv4=10.0.0.1".into(),
                 agent_version: Some("0.1.0".into()),
@@ -543,6 +547,14 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
         assert!(text.starts_with("agent node-1 (tether 0.1.0), connected to 1 of 2 servers\n"));
         assert!(text.lines().nth(1).unwrap().contains(" SERVER-VERSION "));
         assert_eq!(cells(&text)[3], "upstream", "an upstream server");
+        let discovered = AgentsReport {
+            streams: vec![StreamView {
+                server_address: Some("10.0.0.7:8132".into()),
+                ..agent.streams[0].clone()
+            }],
+            ..agent.clone()
+        };
+        assert_eq!(cells(&agents(&discovered))[1], "server-a@10.0.0.7:8132");
         let old = AgentsReport {
             version: String::new(),
             ..agent
