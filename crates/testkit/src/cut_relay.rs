@@ -7,33 +7,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Buffers of the kind a real proxy uses, so the relay is not the bottleneck.
 const BUFFER: usize = 256 * 1024;
 
 /// What the connections forwarded between two cuts share.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Generation {
     /// Cancelled by the cut that ends this generation.
     cut: CancellationToken,
-    /// Each connection holds a clone until both its sockets are reset and closed.
-    alive: mpsc::Sender<()>,
-    /// Yields `None` once every `alive` clone is gone.
-    all_closed: mpsc::Receiver<()>,
-}
-
-impl Generation {
-    fn new() -> Self {
-        let (alive, all_closed) = mpsc::channel(1);
-        Self {
-            cut: CancellationToken::new(),
-            alive,
-            all_closed,
-        }
-    }
+    /// Their forwarding tasks; each one's sockets are closed when it finishes.
+    forwards: TaskTracker,
 }
 
 /// Forwards each accepted connection to `target` until [`cut`](Self::cut); aborted on drop.
@@ -61,7 +48,7 @@ impl CuttingRelay {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             target,
-            generation: Mutex::new(Generation::new()),
+            generation: Mutex::new(Generation::default()),
             refusing: AtomicBool::new(false),
             forwarded: AtomicU64::new(0),
         });
@@ -73,8 +60,7 @@ impl CuttingRelay {
                     continue;
                 }
                 shared.forwarded.fetch_add(1, Ordering::Relaxed);
-                let (cut, alive) = shared.join_generation();
-                tokio::spawn(forward(alive, inbound, shared.target, cut));
+                shared.forward(inbound);
             }
         });
         Ok(Self { addr, state, task })
@@ -83,15 +69,11 @@ impl CuttingRelay {
     /// Resets every connection through the relay, both ways, and returns once all of them
     /// are closed: nothing either end writes after the cut reaches the other.
     pub async fn cut(&self) {
-        let Generation {
-            cut,
-            alive,
-            mut all_closed,
-        } = self.state.next_generation();
+        let Generation { cut, forwards } = self.state.next_generation();
         cut.cancel();
-        drop(alive);
+        forwards.close();
         // Each forward resets its sockets as soon as it is polled; 10 s is far beyond that.
-        let closed = tokio::time::timeout(Duration::from_secs(10), all_closed.recv()).await;
+        let closed = tokio::time::timeout(Duration::from_secs(10), forwards.wait()).await;
         assert!(
             closed.is_ok(),
             "the relay's connections did not close within 10 s of the cut"
@@ -116,16 +98,17 @@ impl State {
             .generation
             .lock()
             .expect("the relay's lock is never poisoned");
-        std::mem::replace(&mut *current, Generation::new())
+        std::mem::take(&mut *current)
     }
 
-    /// The cut signal and liveness token for a connection accepted now.
-    fn join_generation(&self) -> (CancellationToken, mpsc::Sender<()>) {
+    /// Forwards a connection accepted now, in the current generation.
+    fn forward(&self, inbound: TcpStream) {
         let current = self
             .generation
             .lock()
             .expect("the relay's lock is never poisoned");
-        (current.cut.clone(), current.alive.clone())
+        let cut = current.cut.clone();
+        current.forwards.spawn(forward(inbound, self.target, cut));
     }
 }
 
@@ -136,14 +119,8 @@ impl Drop for CuttingRelay {
     }
 }
 
-/// Copies both ways until either end closes, or resets both on `cut`. `_alive` is the
-/// first parameter so it is dropped last, after both sockets are closed.
-async fn forward(
-    _alive: mpsc::Sender<()>,
-    mut inbound: TcpStream,
-    target: SocketAddr,
-    cut: CancellationToken,
-) {
+/// Copies both ways until either end closes, or resets both on `cut`.
+async fn forward(mut inbound: TcpStream, target: SocketAddr, cut: CancellationToken) {
     let connect = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target));
     let outbound = tokio::select! {
         biased;
