@@ -375,10 +375,10 @@ impl ClientSet {
         endpoint: Option<SocketAddr>,
     ) -> Option<Connected> {
         let mut sessions = self.sessions();
-        let suspended = |held: &&Held| held.suspended && held.handover.is_some();
+        let suspended = |held: &Held| held.suspended && held.handover.is_some();
         if let Some(held) = sessions
             .get_mut(&connected.answer.server_id)
-            .filter(|held| suspended(&&**held))
+            .filter(|held| suspended(held))
         {
             let handover = held.handover.clone()?;
             let same = connected.answer.resume_token.is_some()

@@ -71,14 +71,7 @@ pub(crate) async fn keep_current(
                     );
                     failing = false;
                 }
-                found.send_if_modified(|current| {
-                    let changed = *current != addresses;
-                    if changed {
-                        tracing::info!(host, servers = ?addresses, "proxy server addresses changed");
-                        *current = addresses;
-                    }
-                    changed
-                });
+                publish(&found, &addresses);
             }
             Err(why) if !failing => {
                 failing = true;
@@ -104,7 +97,7 @@ async fn follow_leases(
     found: watch::Sender<Endpoints>,
     stop: CancellationToken,
 ) {
-    let mut unpublished = std::collections::BTreeSet::new();
+    let mut unpublished = BTreeSet::new();
     loop {
         if let Some(listed) = leases.borrow_and_update().clone() {
             if listed.without_address != unpublished {
@@ -117,14 +110,7 @@ async fn follow_leases(
                 }
             }
             if !listed.addresses.is_empty() {
-                found.send_if_modified(|current| {
-                    let changed = *current != listed.addresses;
-                    if changed {
-                        tracing::info!(servers = ?listed.addresses, "proxy server addresses changed");
-                        current.clone_from(&listed.addresses);
-                    }
-                    changed
-                });
+                publish(&found, &listed.addresses);
             }
         }
         tokio::select! {
@@ -136,6 +122,18 @@ async fn follow_leases(
             }
         }
     }
+}
+
+/// Replaces the published addresses when `addresses` differ, waking the agent's sync loop.
+fn publish(found: &watch::Sender<Endpoints>, addresses: &Endpoints) {
+    found.send_if_modified(|current| {
+        let changed = current != addresses;
+        if changed {
+            tracing::info!(servers = ?addresses, "proxy server addresses changed");
+            current.clone_from(addresses);
+        }
+        changed
+    });
 }
 
 /// Every address `host` resolves to, on `port`.

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{ClientSet, Held, jitter, lease_changed};
+use super::{ClientSet, Held, jitter};
 use crate::discovery::Endpoints;
 
 impl ClientSet {
@@ -34,11 +34,6 @@ impl ClientSet {
             stop.clone(),
         ));
         let mut found = self.endpoints.subscribe();
-        let mut lease_updates = self
-            .config
-            .lease_counting
-            .as_ref()
-            .map(|c| c.leases.clone());
         let mut keepers: HashMap<SocketAddr, CancellationToken> = HashMap::new();
         loop {
             let endpoints = found.borrow_and_update().clone();
@@ -71,11 +66,6 @@ impl ClientSet {
                         break;
                     }
                 }
-                changed = lease_changed(&mut lease_updates) => {
-                    if changed.is_err() {
-                        lease_updates = None;
-                    }
-                }
             }
         }
         discovery.abort();
@@ -94,41 +84,33 @@ impl ClientSet {
         let mut backoff = self.config.sync_interval;
         loop {
             changes.mark_unchanged();
-            let wanted = !self.draining.load(Ordering::Acquire)
-                && !self.every_endpoint_held_among(&self.sessions(), [endpoint]);
-            let wait = if !wanted {
-                None
-            } else {
-                let attempt = tokio::select! {
+            if self.draining.load(Ordering::Acquire)
+                || self.every_endpoint_held_among(&self.sessions(), [endpoint])
+            {
+                // Held (or draining): wait until a stream breaks or ends.
+                tokio::select! {
                     () = keeper.cancelled() => return,
-                    attempt = self.connect_once(&tasks, Some(endpoint)) => attempt,
-                };
-                match attempt {
-                    Ok(connected) => {
-                        // A duplicate is now an alias: nothing to retry.
-                        self.add(connected, Some(endpoint), &tasks, &stop);
-                        backoff = self.config.sync_interval;
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, server = %endpoint, "cannot connect to proxy server");
-                        let wait = jitter(backoff);
-                        backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
-                        Some(wait)
-                    }
+                    _ = changes.changed() => continue,
                 }
-            };
-            let retry = async {
-                match wait {
-                    Some(wait) => tokio::time::sleep(wait).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
+            }
+            let attempt = tokio::select! {
                 () = keeper.cancelled() => return,
-                // A stream broke or ended: this address may be the one to connect again.
-                _ = changes.changed(), if wait.is_none() => {}
-                () = retry => {}
+                attempt = self.connect_once(&tasks, Some(endpoint)) => attempt,
+            };
+            match attempt {
+                Ok(connected) => {
+                    // A duplicate is now an alias: nothing to retry.
+                    self.add(connected, Some(endpoint), &tasks, &stop);
+                    backoff = self.config.sync_interval;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, server = %endpoint, "cannot connect to proxy server");
+                    tokio::select! {
+                        () = keeper.cancelled() => return,
+                        () = tokio::time::sleep(jitter(backoff)) => {}
+                    }
+                    backoff = backoff.mul_f64(1.5).min(self.config.sync_interval_cap);
+                }
             }
         }
     }
