@@ -477,7 +477,7 @@ impl AgentArgs {
                 "--server-ping-interval must be greater than 0 (--server-ping-timeout=0 disables PINGs)"
             );
         }
-        self.leases.settings(self.kube.kubeconfig()?)?;
+        let counts_leases = self.leases.settings(self.kube.kubeconfig()?)?.is_some();
         if self.max_concurrent_dials == 0 || self.max_concurrent_dns_lookups == 0 {
             bail!("--max-concurrent-dials and --max-concurrent-dns-lookups must be greater than 0");
         }
@@ -496,7 +496,7 @@ impl AgentArgs {
             })?;
         }
         let websocket_path = self.websocket_path()?;
-        let discovery = self.discovery()?;
+        let discovery = self.discovery(counts_leases)?;
         let tls = self.tls()?;
         let tls_reload = self.tls_reload()?;
         let egress = self.egress()?;
@@ -575,8 +575,9 @@ impl AgentArgs {
         Ok(Some(path.clone()))
     }
 
-    /// `--server-discovery`, `--server-discovery-interval` and `--proxy-server-addresses`.
-    fn discovery(&self) -> anyhow::Result<Discovery> {
+    /// `--server-discovery`, `--server-discovery-name`, `--server-discovery-interval` and
+    /// `--proxy-server-addresses`; `counts_leases` is `--count-server-leases`, validated.
+    fn discovery(&self, counts_leases: bool) -> anyhow::Result<Discovery> {
         if !self.server_discovery_name.is_empty() && self.server_discovery != ServerDiscovery::Dns {
             bail!(
                 "--server-discovery-name is the name --server-discovery=dns looks up: it needs --server-discovery=dns"
@@ -610,7 +611,7 @@ impl AgentArgs {
                     }
                 }
                 ServerDiscovery::Leases => {
-                    if self.lease_settings()?.is_none() {
+                    if !counts_leases {
                         bail!(
                             "--server-discovery=leases reads the servers' Leases: it needs --count-server-leases (and servers with --lease-agent-address)"
                         );
@@ -807,7 +808,7 @@ fn server_addresses(list: &str, port: u16) -> anyhow::Result<BTreeSet<SocketAddr
 enum ServerDiscovery {
     /// One address, normally a load balancer in front of every server.
     Balancer,
-    /// Every address the server host's name resolves to.
+    /// Every address a name resolves to.
     Dns,
     /// The agent addresses in the servers' Leases.
     Leases,

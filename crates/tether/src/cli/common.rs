@@ -67,7 +67,6 @@ pub(crate) fn listen_addr(flag: &str, host: &str, port: u16) -> anyhow::Result<S
         .with_context(|| format!("{flag}: {host:?} has no address"))
 }
 
-/// Upstream refuses well-known and ephemeral ports for its listeners. tether also accepts 0
 /// `IP[:PORT]`, the port defaulting to `port`; an IPv6 address with a port goes in brackets,
 /// without one it may have them or not.
 pub(crate) fn ip_and_port(text: &str, port: u16) -> Option<SocketAddr> {
@@ -78,6 +77,7 @@ pub(crate) fn ip_and_port(text: &str, port: u16) -> Option<SocketAddr> {
     })
 }
 
+/// Upstream refuses well-known and ephemeral ports for its listeners. tether also accepts 0
 /// (a free port chosen by the OS), so tests can run many servers side by side.
 pub(crate) fn check_listen_port(flag: &str, port: u16) -> anyhow::Result<()> {
     match port {
