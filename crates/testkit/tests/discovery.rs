@@ -37,7 +37,8 @@ async fn discovering_agent(
     .unwrap()
 }
 
-async fn metric(metrics: anyhow::Result<String>, sample: &str) -> f64 {
+/// `sample` from a metrics page; 0 when absent.
+fn metric(metrics: anyhow::Result<String>, sample: &str) -> f64 {
     metric_value(&metrics.unwrap(), sample).unwrap_or(0.0)
 }
 
@@ -86,7 +87,7 @@ async fn an_agent_given_every_address_holds_every_server_where_the_balancer_alwa
     let took = eventually(
         "the discovering agent holds all three servers",
         Duration::from_secs(5),
-        || async { metric(discovering.metrics().await, OPEN_SERVER_STREAMS).await == 3.0 },
+        || async { metric(discovering.metrics().await, OPEN_SERVER_STREAMS) == 3.0 },
     )
     .await;
     eprintln!("all three servers held after {took:?}");
@@ -120,15 +121,12 @@ async fn an_agent_given_every_address_holds_every_server_where_the_balancer_alwa
     // sync intervals here).
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(
-        metric(through_balancer.metrics().await, OPEN_SERVER_STREAMS).await,
+        metric(through_balancer.metrics().await, OPEN_SERVER_STREAMS),
         1.0
     );
-    assert_eq!(
-        metric(fleet.servers[0].metrics().await, READY_AGENTS).await,
-        2.0
-    );
+    assert_eq!(metric(fleet.servers[0].metrics().await, READY_AGENTS), 2.0);
     for server in &fleet.servers[1..] {
-        assert_eq!(metric(server.metrics().await, READY_AGENTS).await, 1.0);
+        assert_eq!(metric(server.metrics().await, READY_AGENTS), 1.0);
     }
     // It counts one server per discovered address.
     let text = discovering.metrics().await.unwrap();
@@ -147,14 +145,14 @@ async fn a_server_that_comes_back_at_its_address_is_held_again() {
     let mut fleet = Fleet::start(3).await.unwrap();
     let agent = discovering_agent(&fleet, fleet.addresses()).await;
     eventually("all three servers held", Duration::from_secs(5), || async {
-        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 3.0
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS) == 3.0
     })
     .await;
     // The third server stops; the others keep their streams, and readiness says one is
     // missing.
     fleet.servers.pop().unwrap().stop().await;
     eventually("the agent lets go of the stopped server", STEP, || async {
-        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 2.0
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS) == 2.0
     })
     .await;
     // It comes back at its address under a new ID (a replaced pod).
@@ -170,14 +168,11 @@ async fn a_server_that_comes_back_at_its_address_is_held_again() {
     let took = eventually(
         "the agent holds the replaced server",
         Duration::from_secs(5),
-        || async { metric(back.metrics().await, READY_AGENTS).await == 1.0 },
+        || async { metric(back.metrics().await, READY_AGENTS) == 1.0 },
     )
     .await;
     eprintln!("the replaced server held after {took:?}");
-    assert_eq!(
-        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await,
-        3.0
-    );
+    assert_eq!(metric(agent.metrics().await, OPEN_SERVER_STREAMS), 3.0);
     let echo = EchoServer::start().await.unwrap();
     echo_through(&back, &echo).await;
     agent.stop().await;
@@ -194,7 +189,7 @@ async fn a_stream_cut_on_the_way_to_its_address_resumes_there() {
     addresses.insert(relay.addr);
     let agent = discovering_agent(&fleet, addresses).await;
     eventually("all three servers held", Duration::from_secs(5), || async {
-        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await == 3.0
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS) == 3.0
     })
     .await;
     let echo = EchoServer::start().await.unwrap();
@@ -213,12 +208,9 @@ async fn a_stream_cut_on_the_way_to_its_address_resumes_there() {
         assert_eq!(back, [round; 64]);
     }
     eventually("three resumes", STEP, || async {
-        metric(agent.metrics().await, "tether_agent_resumes_total").await == 3.0
+        metric(agent.metrics().await, "tether_agent_resumes_total") == 3.0
     })
     .await;
-    assert_eq!(
-        metric(agent.metrics().await, OPEN_SERVER_STREAMS).await,
-        3.0
-    );
+    assert_eq!(metric(agent.metrics().await, OPEN_SERVER_STREAMS), 3.0);
     agent.stop().await;
 }

@@ -33,7 +33,7 @@ async fn spawn_agent_with_hosts(fleet: &Fleet, hosts_file: &Path) -> Process {
         "sh".into(),
         "-c".into(),
         format!(
-            "mount --bind {} /etc/hosts && exec \"$0\" \"$@\"",
+            "mount --bind '{}' /etc/hosts && exec \"$0\" \"$@\"",
             hosts_file.display()
         ),
         bin().display().to_string(),
@@ -135,20 +135,13 @@ async fn steady_dials(
         };
         let uds = fleet.servers[member].uds.clone().unwrap();
         let attempt = async {
-            let client = tether_client::GrpcClient::connect(&tether_client::Transport::Unix(uds))
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut tunnel = client
-                .dial(&echo.addr.to_string())
-                .await
-                .map_err(|e| e.to_string())?;
-            tunnel.write_all(b"ping").await.map_err(|e| e.to_string())?;
+            let client =
+                tether_client::GrpcClient::connect(&tether_client::Transport::Unix(uds)).await?;
+            let mut tunnel = client.dial(&echo.addr.to_string()).await?;
+            tunnel.write_all(b"ping").await?;
             let mut back = [0u8; 4];
-            tunnel
-                .read_exact(&mut back)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(())
+            tunnel.read_exact(&mut back).await?;
+            anyhow::Ok(())
         };
         match tokio::time::timeout(crate::STEP, attempt).await {
             Ok(Ok(())) => worked += 1,
