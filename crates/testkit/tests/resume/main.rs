@@ -328,24 +328,10 @@ async fn a_forged_or_malformed_resume_never_touches_another_agents_stream() {
     s.cut_and_hold_off().await;
     // Another agent (same CA, another agent ID) guesses tokens and sends junk.
     let channel = s.server.agent_channel(&s.pki).await.unwrap();
-    let connect = |resume_from: &str| {
-        let metadata = vec![
-            (metadata::AGENT_ID, "intruder".to_owned()),
-            tether_server::FlowConfig::default().announce(),
-            (metadata::TETHER_RESUME, "1".to_owned()),
-            (metadata::TETHER_RESUME_FROM, resume_from.to_owned()),
-        ];
-        let channel = &channel;
-        async move {
-            let (_tx, mut rx) = channel
-                .call(tether_proto::path::CONNECT, &metadata)
-                .await
-                .unwrap();
-            tokio::time::timeout(STEP, rx.response_headers())
-                .await
-                .unwrap()
-                .cloned()
-        }
+    let connect = async |resume_from: &str| {
+        bare_stream(&channel, "intruder", Some(resume_from))
+            .await
+            .map(|(headers, ..)| headers)
     };
     let guessed = format!("{}:0", "0123456789abcdef".repeat(2));
     let headers = connect(&guessed)
@@ -394,27 +380,7 @@ async fn a_resume_the_log_cannot_serve_never_ends_a_stream_that_works() {
     .unwrap();
     // A bare agent stream that offers resumes: the server answers with its token.
     let channel = server.agent_channel(&pki).await.unwrap();
-    let connect = |resume_from: Option<String>| {
-        let mut metadata = vec![
-            (metadata::AGENT_ID, "bare".to_owned()),
-            tether_server::FlowConfig::default().announce(),
-            (metadata::TETHER_RESUME, "1".to_owned()),
-        ];
-        metadata.extend(resume_from.map(|r| (metadata::TETHER_RESUME_FROM, r)));
-        let channel = &channel;
-        async move {
-            let (tx, mut rx) = channel
-                .call(tether_proto::path::CONNECT, &metadata)
-                .await
-                .unwrap();
-            let headers = tokio::time::timeout(STEP, rx.response_headers())
-                .await
-                .unwrap()
-                .cloned();
-            headers.map(|h| (h, tx, rx))
-        }
-    };
-    let (headers, _tx, mut rx) = connect(None).await.unwrap();
+    let (headers, _tx, mut rx) = bare_stream(&channel, "bare", None).await.unwrap();
     let token = headers
         .get(metadata::TETHER_RESUME)
         .expect("a resumable stream")
@@ -423,7 +389,7 @@ async fn a_resume_the_log_cannot_serve_never_ends_a_stream_that_works() {
         .to_owned();
     // A second connection asks to continue it, counting packets the server never sent: an
     // agent's request made before its stream moved on would be as far off.
-    match connect(Some(format!("{token}:7"))).await {
+    match bare_stream(&channel, "bare", Some(&format!("{token}:7"))).await {
         Err(GrpcError::Status(status)) => {
             assert_eq!(status.code, Code::FAILED_PRECONDITION, "{status:?}");
             assert!(

@@ -225,3 +225,36 @@ pub(crate) async fn echo_once<S: AsyncRead + AsyncWrite + Unpin>(mut t: S, seed:
     assert!(got == data);
     t
 }
+
+/// A bare agent stream on `channel` as `agent_id`, offering resumes and, with
+/// `resume_from`, asking to continue a stream: the server's answer and the stream's halves,
+/// or its refusal.
+pub(crate) async fn bare_stream(
+    channel: &tether_grpc::client::Channel,
+    agent_id: &str,
+    resume_from: Option<&str>,
+) -> Result<
+    (
+        http::HeaderMap,
+        tether_grpc::PacketSender,
+        tether_grpc::PacketReceiver,
+    ),
+    tether_grpc::GrpcError,
+> {
+    use tether_proto::metadata;
+    let mut request = vec![
+        (metadata::AGENT_ID, agent_id.to_owned()),
+        tether_server::FlowConfig::default().announce(),
+        (metadata::TETHER_RESUME, "1".to_owned()),
+    ];
+    request.extend(resume_from.map(|r| (metadata::TETHER_RESUME_FROM, r.to_owned())));
+    let (tx, mut rx) = channel
+        .call(tether_proto::path::CONNECT, &request)
+        .await
+        .unwrap();
+    let headers = tokio::time::timeout(STEP, rx.response_headers())
+        .await
+        .unwrap()
+        .cloned()?;
+    Ok((headers, tx, rx))
+}
