@@ -330,6 +330,11 @@ impl ClientSet {
                 connected.transport.abort();
                 return false;
             }
+            if let Some(endpoint) = endpoint {
+                // The address now holds a stream of its own: whatever server it stood for
+                // before (one that has since gone) no longer matters.
+                self.aliases().remove(&endpoint);
+            }
             sessions.insert(
                 server_id.clone(),
                 Held {

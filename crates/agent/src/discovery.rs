@@ -3,7 +3,7 @@
 //! learns each server's own address and holds one stream to each, whatever a balancer in
 //! front would do.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -97,14 +97,21 @@ async fn follow_leases(
     found: watch::Sender<Endpoints>,
     stop: CancellationToken,
 ) {
-    let mut unpublished = BTreeSet::new();
+    let mut unpublished = BTreeMap::new();
     loop {
         if let Some(listed) = leases.borrow_and_update().clone() {
             if listed.without_address != unpublished {
                 unpublished = listed.without_address.clone();
                 if !unpublished.is_empty() {
+                    let servers: Vec<String> = unpublished
+                        .iter()
+                        .map(|(server, annotation)| match annotation {
+                            None => format!("{server} (no agent-address annotation)"),
+                            Some(text) => format!("{server} (unreadable agent address {text:?})"),
+                        })
+                        .collect();
                     tracing::warn!(
-                        servers = ?unpublished,
+                        ?servers,
                         "valid server Leases without an agent address (upstream servers, or tether servers without --lease-agent-address): --server-discovery=leases cannot reach them"
                     );
                 }

@@ -27,8 +27,9 @@ pub struct ServerLeases {
     pub holders: BTreeSet<String>,
     /// The agent addresses the valid Leases publish (`--server-discovery=leases`).
     pub addresses: BTreeSet<std::net::SocketAddr>,
-    /// Holders of valid Leases that publish no readable agent address.
-    pub without_address: BTreeSet<String>,
+    /// Holders of valid Leases that publish no readable agent address, with what their
+    /// annotation held instead (`None`: no annotation).
+    pub without_address: std::collections::BTreeMap<String, Option<String>>,
 }
 
 /// Counting servers by Lease: the source setting and the latest reading, `None` until the

@@ -214,3 +214,78 @@ async fn a_stream_cut_on_the_way_to_its_address_resumes_there() {
     assert_eq!(metric(agent.metrics().await, OPEN_SERVER_STREAMS), 3.0);
     agent.stop().await;
 }
+
+/// The address the agent's stream was opened to, from its `/debug/agents`.
+async fn stream_address(agent: &TestAgent) -> std::net::SocketAddr {
+    let (status, body) = tether_testkit::http::get(agent.admin_addr, "/debug/agents")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let streams = report["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 1, "{body}");
+    streams[0]["server_address"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_address_of_a_suspended_server_leaves_its_stream_to_resume() {
+    tether_testkit::init_logging();
+    // One server with two addresses (as IPv4 and IPv6 of one pod): two relays to it.
+    let fleet = Fleet::start(1).await.unwrap();
+    let relays = [
+        CuttingRelay::start(fleet.address(2)).await.unwrap(),
+        CuttingRelay::start(fleet.address(2)).await.unwrap(),
+    ];
+    let agent = discovering_agent(&fleet, relays.iter().map(|r| r.addr).collect()).await;
+    eventually(
+        "the server held, its second address an alias",
+        STEP,
+        || async {
+            metric(agent.metrics().await, OPEN_SERVER_STREAMS) == 1.0
+                && relays.iter().all(|r| r.forwarded() >= 1)
+        },
+    )
+    .await;
+    let primary = stream_address(&agent).await;
+    let (held, alias) = match relays.iter().position(|r| r.addr == primary) {
+        Some(0) => (&relays[0], &relays[1]),
+        Some(_) => (&relays[1], &relays[0]),
+        None => panic!("the stream's address {primary} is neither relay"),
+    };
+    let echo = EchoServer::start().await.unwrap();
+    let client = GrpcClient::connect(&Transport::Unix(fleet.servers[0].uds.clone().unwrap()))
+        .await
+        .unwrap();
+    let mut tunnel = client.dial(&echo.addr.to_string()).await.unwrap();
+    // The stream's own address is down for a while; the alias still answers.
+    held.set_refusing(true);
+    held.cut().await;
+    let through_alias = alias.forwarded();
+    eventually("the stream suspended", STEP, || async {
+        metric(agent.metrics().await, OPEN_SERVER_STREAMS) == 0.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        alias.forwarded(),
+        through_alias,
+        "the alias opened a fresh stream to the suspended server, which would end it"
+    );
+    held.set_refusing(false);
+    tunnel.write_all(b"after").await.unwrap();
+    let mut back = [0u8; 5];
+    tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
+        .await
+        .expect("the echo comes back once the stream resumed")
+        .unwrap();
+    assert_eq!(&back, b"after");
+    assert_eq!(
+        metric(agent.metrics().await, "tether_agent_resumes_total"),
+        1.0
+    );
+    agent.stop().await;
+}

@@ -83,7 +83,7 @@ impl LeaseTasks {
                     count: count.count,
                     holders: count.holders,
                     addresses: count.addresses.into_values().collect(),
-                    without_address: count.without_address.into_keys().collect(),
+                    without_address: count.without_address,
                 }));
             },
             this.stop.clone(),

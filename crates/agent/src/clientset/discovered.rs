@@ -133,6 +133,8 @@ impl ClientSet {
         !endpoints.is_empty() && self.every_endpoint_held_among(sessions, endpoints)
     }
 
+    /// An alias counts as held while its server's stream is suspended too: only the
+    /// stream's own address resumes it, and a fresh stream through the alias would end it.
     fn every_endpoint_held_among(
         &self,
         sessions: &HashMap<String, Held>,
@@ -146,7 +148,7 @@ impl ClientSet {
                 || aliases
                     .get(&endpoint)
                     .and_then(|id| sessions.get(id))
-                    .is_some_and(Held::is_live)
+                    .is_some_and(|held| !held.dismiss.is_cancelled())
         })
     }
 
