@@ -78,6 +78,7 @@ impl ServerSession {
             close_timeout: CLOSE_TIMEOUT,
             limits: Limits::default(),
             resumable: resume_token.is_some(),
+            peering: false,
         };
         let stream_audit = |side| {
             audit.clone().map(|log| {
@@ -162,6 +163,7 @@ impl Hooks for AgentHooks {
                 random,
                 protocol,
                 address,
+                ..
             } => {
                 let dial = link.incoming_dial(random);
                 self.tasks.spawn(serve_connection(

@@ -74,6 +74,8 @@ pub fn check(data: &[u8]) {
         limits,
         // Resumable sessions number, log and acknowledge every packet; only with credit.
         resumable: flow.is_credit() && first & 2 != 0,
+        // A peer link takes PEER_AGENTS and PEER_DIAL_REQ; an agent stream ignores them.
+        peering: first & 4 != 0,
     });
     let mut now = Instant::now();
     let mut opened: HashMap<ConnectId, u32> = HashMap::new();
@@ -134,7 +136,7 @@ pub fn check(data: &[u8]) {
                 }
             }
             6 => {
-                let _ = s.open_dial(now, random, "tcp".into(), "127.0.0.1:1".into());
+                let _ = s.open_dial(now, random, "tcp".into(), "127.0.0.1:1".into(), None);
             }
             7 => {
                 let _ = s.take_dial(random);

@@ -24,7 +24,7 @@ pub mod websocket;
 
 pub use identifiers::Identifiers;
 pub use labels::Labels;
-pub use packet::{ConnectId, DialId, Packet, ProtoError};
+pub use packet::{ConnectId, DialId, Forward, MAX_PEER_AGENTS, Packet, PeerAgents, ProtoError};
 pub use random::random_u64;
 
 /// gRPC method paths. The proto has no package, so these carry no prefix.

@@ -89,11 +89,40 @@ pub enum Packet {
     ResumeAck {
         received: u64,
     },
+    /// tether extension (server peering): the agents the sending server now holds, or no
+    /// longer holds. Boxed: large, and rare next to DATA.
+    PeerAgents(Box<PeerAgents>),
+    /// tether extension (server peering): dial `address` through the agent `forward` names,
+    /// on behalf of the client it describes.
+    PeerDialRequest {
+        protocol: String,
+        address: String,
+        random: DialId,
+        forward: Box<Forward>,
+    },
 }
+
+/// What a peer-forwarded dial carries beyond a dial request: the agent to dial through, and
+/// who asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forward {
+    pub agent_id: String,
+    pub origin: pb::Origin,
+}
+
+/// A PEER_AGENTS packet's lists: agents that joined or changed, and agents that left.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerAgents {
+    pub up: Vec<pb::PeerAgent>,
+    pub down: Vec<String>,
+}
+
+/// The most agents one PEER_AGENTS packet may name, joined and left together.
+pub const MAX_PEER_AGENTS: usize = 1024;
 
 impl Packet {
     /// Every packet type's upstream enum name, indexed by [`type_index`](Self::type_index).
-    pub const TYPE_NAMES: [&'static str; 12] = [
+    pub const TYPE_NAMES: [&'static str; 14] = [
         "DIAL_REQ",
         "DIAL_RSP",
         "CLOSE_REQ",
@@ -106,6 +135,8 @@ impl Packet {
         "REVERSE_DIAL_RSP",
         "REVERSE_DIAL_CLS",
         "RESUME_ACK",
+        "PEER_AGENTS",
+        "PEER_DIAL_REQ",
     ];
 
     /// A dense index of the packet's type, so per-type metric handles can live in an array.
@@ -123,6 +154,8 @@ impl Packet {
             Self::ReverseDialResponse { .. } => 9,
             Self::ReverseCloseDial { .. } => 10,
             Self::ResumeAck { .. } => 11,
+            Self::PeerAgents(_) => 12,
+            Self::PeerDialRequest { .. } => 13,
         }
     }
 
@@ -141,6 +174,8 @@ impl Packet {
             Self::ReverseDialResponse { .. } => "REVERSE_DIAL_RSP",
             Self::ReverseCloseDial { .. } => "REVERSE_DIAL_CLS",
             Self::ResumeAck { .. } => "RESUME_ACK",
+            Self::PeerAgents(_) => "PEER_AGENTS",
+            Self::PeerDialRequest { .. } => "PEER_DIAL_REQ",
         }
     }
 }
@@ -163,6 +198,10 @@ pub enum ProtoError {
     BadCredit(i64),
     #[error("acknowledgement of {0} packets is out of range")]
     BadAck(i64),
+    #[error("PEER_AGENTS names {0} agents, more than {MAX_PEER_AGENTS}")]
+    TooManyPeerAgents(usize),
+    #[error("PEER_DIAL_REQ without its dial request or origin")]
+    IncompletePeerDial,
 }
 
 impl TryFrom<pb::Packet> for Packet {
@@ -242,6 +281,30 @@ impl TryFrom<pb::Packet> for Packet {
             (pb::PacketType::ResumeAck, Payload::ResumeAck(a)) => Self::ResumeAck {
                 received: u64::try_from(a.received).map_err(|_| ProtoError::BadAck(a.received))?,
             },
+            (pb::PacketType::PeerAgents, Payload::PeerAgents(agents)) => {
+                let named = agents.up.len() + agents.down.len();
+                if named > MAX_PEER_AGENTS {
+                    return Err(ProtoError::TooManyPeerAgents(named));
+                }
+                Self::PeerAgents(Box::new(PeerAgents {
+                    up: agents.up,
+                    down: agents.down,
+                }))
+            }
+            (pb::PacketType::PeerDialReq, Payload::PeerDialRequest(p)) => {
+                let (Some(dial), Some(origin)) = (p.dial, p.origin) else {
+                    return Err(ProtoError::IncompletePeerDial);
+                };
+                Self::PeerDialRequest {
+                    protocol: dial.protocol,
+                    address: dial.address,
+                    random: DialId(dial.random),
+                    forward: Box::new(Forward {
+                        agent_id: p.agent_id,
+                        origin,
+                    }),
+                }
+            }
             _ => return Err(ProtoError::MismatchedPayload(name)),
         })
     }
@@ -317,6 +380,30 @@ impl From<&Packet> for pb::Packet {
                     received: i64::try_from(*received).unwrap_or(i64::MAX),
                 }),
             ),
+            Packet::PeerAgents(agents) => (
+                pb::PacketType::PeerAgents,
+                Payload::PeerAgents(pb::PeerAgents {
+                    up: agents.up.clone(),
+                    down: agents.down.clone(),
+                }),
+            ),
+            Packet::PeerDialRequest {
+                protocol,
+                address,
+                random,
+                forward,
+            } => (
+                pb::PacketType::PeerDialReq,
+                Payload::PeerDialRequest(pb::PeerDialRequest {
+                    dial: Some(pb::DialRequest {
+                        protocol: protocol.clone(),
+                        address: address.clone(),
+                        random: random.0,
+                    }),
+                    agent_id: forward.agent_id.clone(),
+                    origin: Some(forward.origin.clone()),
+                }),
+            ),
         };
         Self {
             r#type: kind as i32,
@@ -389,6 +476,33 @@ mod tests {
     }
 
     #[test]
+    fn rejects_peer_packets_too_large_or_incomplete() {
+        let crowded = pb::Packet {
+            r#type: pb::PacketType::PeerAgents as i32,
+            payload: Some(Payload::PeerAgents(pb::PeerAgents {
+                up: Vec::new(),
+                down: vec![String::new(); MAX_PEER_AGENTS + 1],
+            })),
+        };
+        assert!(matches!(
+            Packet::try_from(crowded),
+            Err(ProtoError::TooManyPeerAgents(1025))
+        ));
+        let no_origin = pb::Packet {
+            r#type: pb::PacketType::PeerDialReq as i32,
+            payload: Some(Payload::PeerDialRequest(pb::PeerDialRequest {
+                dial: Some(pb::DialRequest::default()),
+                agent_id: "a".into(),
+                origin: None,
+            })),
+        };
+        assert!(matches!(
+            Packet::try_from(no_origin),
+            Err(ProtoError::IncompletePeerDial)
+        ));
+    }
+
+    #[test]
     fn reverse_dial_packets_round_trip_as_their_own_types() {
         let packets = [
             Packet::ReverseDialRequest {
@@ -406,6 +520,30 @@ mod tests {
             },
             Packet::ReverseCloseDial { random: DialId(7) },
             Packet::ResumeAck { received: 12 },
+            Packet::PeerAgents(Box::new(PeerAgents {
+                up: vec![pb::PeerAgent {
+                    agent_id: "node-1".into(),
+                    tenant: "default".into(),
+                    ipv4: vec!["10.0.0.1".into()],
+                    zone: "eu-1a".into(),
+                    ..Default::default()
+                }],
+                down: vec!["node-2".into()],
+            })),
+            Packet::PeerDialRequest {
+                protocol: "tcp".into(),
+                address: "10.0.0.1:10250".into(),
+                random: DialId(9),
+                forward: Box::new(Forward {
+                    agent_id: "node-1".into(),
+                    origin: pb::Origin {
+                        server_id: "server-a".into(),
+                        frontend: "grpc".into(),
+                        dial_id: 3,
+                        ..Default::default()
+                    },
+                }),
+            },
         ];
         for packet in packets {
             let wire = pb::Packet::from(&packet);

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tether_proto::{ConnectId, DialId, Packet};
+use tether_proto::{ConnectId, DialId, Forward, Packet, PeerAgents};
 
 use crate::conn::{Conn, Owner};
 use crate::fair::{self, FairQueue};
@@ -71,6 +71,10 @@ pub struct SessionConfig {
     /// acknowledged, so the session can [`suspend`](Session::suspend) when its transport
     /// breaks and [`resume`](Session::resume) on a new one.
     pub resumable: bool,
+    /// A peer link between two servers of one fleet: the agent side announces its agents
+    /// (PEER_AGENTS) and answers dials forwarded to them (PEER_DIAL_REQ); an agent stream
+    /// ignores both.
+    pub peering: bool,
 }
 
 /// The peer broke the protocol badly enough that the stream must end.
@@ -132,6 +136,8 @@ pub enum Event {
         random: DialId,
         protocol: String,
         address: String,
+        /// On a peer link: the agent to dial through, and who asked.
+        forward: Option<Box<Forward>>,
     },
     /// Answerer: stop dialing; any answer is no longer wanted.
     DialCancelled {
@@ -151,6 +157,8 @@ pub enum Event {
     Unparked,
     /// The agent announced it is going away (server role).
     PeerDraining,
+    /// A peer server's agents joined, changed or left (server role, on a peer link).
+    PeerAgents(Box<PeerAgents>),
     /// The earliest deadline moved earlier: re-arm the timer.
     TimerChanged,
     /// A packet this role never receives; ignored.
@@ -552,7 +560,21 @@ impl Session {
                     address,
                     random,
                 },
-            ) => self.on_dial_request(now, protocol, address, random),
+            ) => self.on_dial_request(now, protocol, address, random, None),
+            (
+                Role::Agent,
+                Packet::PeerDialRequest {
+                    protocol,
+                    address,
+                    random,
+                    forward,
+                },
+            ) if self.cfg.peering => {
+                self.on_dial_request(now, protocol, address, random, Some(forward));
+            }
+            (Role::Server, Packet::PeerAgents(agents)) if self.cfg.peering => {
+                self.events.push_back(Event::PeerAgents(agents));
+            }
             (_, Packet::CloseRequest { connect_id }) if self.answers(connect_id) => {
                 self.on_close_request(connect_id)
             }
@@ -708,7 +730,14 @@ impl Session {
         }
     }
 
-    fn on_dial_request(&mut self, now: Instant, protocol: String, address: String, random: DialId) {
+    fn on_dial_request(
+        &mut self,
+        now: Instant,
+        protocol: String,
+        address: String,
+        random: DialId,
+        forward: Option<Box<Forward>>,
+    ) {
         let refusal = if self.dials_in.contains_key(&random) {
             Some(format!("dial ID {random} is already being dialed"))
         } else if self.dials_in.len() >= self.cfg.limits.max_pending_dials {
@@ -738,6 +767,7 @@ impl Session {
             random,
             protocol,
             address,
+            forward,
         });
     }
 
@@ -868,14 +898,15 @@ impl Session {
 
     // ---- the dialer: server (forward) or agent (reverse) ---------------------------------
 
-    /// Sends DIAL_REQ (agent: REVERSE_DIAL_REQ); the answer arrives as
-    /// [`Event::DialSettled`].
+    /// Sends DIAL_REQ (agent: REVERSE_DIAL_REQ; with `forward`, on a peer link:
+    /// PEER_DIAL_REQ); the answer arrives as [`Event::DialSettled`].
     pub fn open_dial(
         &mut self,
         now: Instant,
         random: DialId,
         protocol: String,
         address: String,
+        forward: Option<Box<Forward>>,
     ) -> Result<(), DialError> {
         if let Some(reason) = &self.closed {
             return Err(DialError::StreamLost(reason.clone()));
@@ -897,13 +928,19 @@ impl Session {
             },
         );
         self.arm(deadline, Timer::Dial(random));
-        let request = match self.cfg.role {
-            Role::Server => Packet::DialRequest {
+        let request = match (self.cfg.role, forward) {
+            (Role::Server, Some(forward)) if self.cfg.peering => Packet::PeerDialRequest {
+                protocol,
+                address,
+                random,
+                forward,
+            },
+            (Role::Server, _) => Packet::DialRequest {
                 protocol,
                 address,
                 random,
             },
-            Role::Agent => Packet::ReverseDialRequest {
+            (Role::Agent, _) => Packet::ReverseDialRequest {
                 protocol,
                 address,
                 random,
@@ -1005,6 +1042,14 @@ impl Session {
         if self.closed.is_none() {
             self.draining = true;
             self.queue(Packet::Drain, None);
+        }
+    }
+
+    /// Agent side of a peer link: tells the other server which agents joined, changed or
+    /// left. The caller bounds how many wait unsent ([`outbox_len`](Self::outbox_len)).
+    pub fn announce_agents(&mut self, agents: PeerAgents) {
+        if self.closed.is_none() && self.cfg.peering && self.cfg.role == Role::Agent {
+            self.queue(Packet::PeerAgents(Box::new(agents)), None);
         }
     }
 

@@ -308,7 +308,7 @@ fn losing_the_stream_fails_dials_and_ends_connections_with_an_error_at_once() {
     let b = p.connect(2);
     p.server.send_data(a, Bytes::from_static(b"x")).unwrap();
     p.server
-        .open_dial(p.now, DialId(3), "tcp".into(), "127.0.0.1:9".into())
+        .open_dial(p.now, DialId(3), "tcp".into(), "127.0.0.1:9".into(), None)
         .unwrap();
     p.cut("agent stream failed");
     for id in [a, b] {
@@ -411,21 +411,21 @@ fn peer_error_texts_are_truncated() {
 fn dial_limits_and_duplicates_are_refused_before_anything_is_sent() {
     let mut p = Pair::credit();
     p.server
-        .open_dial(p.now, DialId(1), "tcp".into(), "a:1".into())
+        .open_dial(p.now, DialId(1), "tcp".into(), "a:1".into(), None)
         .unwrap();
     assert_eq!(
         p.server
-            .open_dial(p.now, DialId(1), "tcp".into(), "a:1".into()),
+            .open_dial(p.now, DialId(1), "tcp".into(), "a:1".into(), None),
         Err(DialError::Duplicate(DialId(1)))
     );
     for i in 2..=4096 {
         p.server
-            .open_dial(p.now, DialId(i), "tcp".into(), "a:1".into())
+            .open_dial(p.now, DialId(i), "tcp".into(), "a:1".into(), None)
             .unwrap();
     }
     assert_eq!(
         p.server
-            .open_dial(p.now, DialId(5000), "tcp".into(), "a:1".into()),
+            .open_dial(p.now, DialId(5000), "tcp".into(), "a:1".into(), None),
         Err(DialError::TooManyPending { limit: 4096 })
     );
     assert_eq!(p.server.pending_dial_count(), 4096);

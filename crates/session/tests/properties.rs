@@ -110,7 +110,7 @@ fn run(server_flow: Flow, agent_flow: Flow, ops: Vec<(bool, Op)>) {
                 let random = DialId(h.next_dial);
                 let (dialer, _) = ends(&mut p, reverse);
                 if dialer
-                    .open_dial(now, random, "tcp".into(), "127.0.0.1:1".into())
+                    .open_dial(now, random, "tcp".into(), "127.0.0.1:1".into(), None)
                     .is_ok()
                 {
                     h.server_dials.push(random);

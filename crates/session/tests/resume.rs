@@ -169,7 +169,7 @@ fn open(server: &mut End, agent: &mut End, conns: usize, now: Instant) -> Vec<Co
         let random = DialId(n as i64 + 1);
         server
             .session
-            .open_dial(now, random, "tcp".into(), "127.0.0.1:80".into())
+            .open_dial(now, random, "tcp".into(), "127.0.0.1:80".into(), None)
             .unwrap();
         server.write(usize::MAX);
         deliver(server, agent, usize::MAX, now);

@@ -12,7 +12,7 @@ use tether_session::{CloseError, DialCancel, DialError, Event, Initiator, Recv};
 fn reverse_connect(p: &mut Pair, random: i64) -> ConnectId {
     let random = DialId(random);
     p.agent
-        .open_dial(p.now, random, "tcp".into(), String::new())
+        .open_dial(p.now, random, "tcp".into(), String::new(), None)
         .expect("dial opens");
     p.pump();
     let id = p.server.dial_succeeded(p.now, random).expect("dial wanted");
@@ -120,7 +120,7 @@ fn forward_and_reverse_connections_share_the_table_without_colliding() {
 fn a_refused_reverse_dial_reaches_the_agent_with_the_servers_reason() {
     let mut p = Pair::credit();
     p.agent
-        .open_dial(p.now, DialId(5), "tcp".into(), "10.0.0.1:22".into())
+        .open_dial(p.now, DialId(5), "tcp".into(), "10.0.0.1:22".into(), None)
         .unwrap();
     p.pump();
     assert!(p.server.dial_failed(
@@ -142,7 +142,7 @@ fn a_refused_reverse_dial_reaches_the_agent_with_the_servers_reason() {
 fn an_answer_outside_the_answerers_id_range_is_refused() {
     let mut p = Pair::credit();
     p.agent
-        .open_dial(p.now, DialId(3), "tcp".into(), String::new())
+        .open_dial(p.now, DialId(3), "tcp".into(), String::new(), None)
         .unwrap();
     p.pump();
     // A server answering a reverse dial with a positive (agent-range) ID.
@@ -182,7 +182,7 @@ fn an_answer_outside_the_answerers_id_range_is_refused() {
 fn an_agent_that_gives_up_a_reverse_dial_cancels_it_at_the_server() {
     let mut p = Pair::credit();
     p.agent
-        .open_dial(p.now, DialId(9), "tcp".into(), String::new())
+        .open_dial(p.now, DialId(9), "tcp".into(), String::new(), None)
         .unwrap();
     p.pump();
     p.agent.abandon_dial(p.now, DialId(9));
@@ -203,7 +203,7 @@ fn an_agent_that_gives_up_a_reverse_dial_cancels_it_at_the_server() {
 fn a_reverse_dial_the_server_never_answers_times_out_at_the_agent() {
     let mut p = Pair::credit();
     p.agent
-        .open_dial(p.now, DialId(4), "tcp".into(), String::new())
+        .open_dial(p.now, DialId(4), "tcp".into(), String::new(), None)
         .unwrap();
     p.pump();
     // The agent's dial timeout (the harness's agent value) passes before the server's own

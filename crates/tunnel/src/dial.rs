@@ -5,7 +5,7 @@ use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::Poll;
 
-use tether_proto::DialId;
+use tether_proto::{DialId, Forward};
 use tether_session::{Abandoned, DialError};
 
 use crate::conn::Tunnel;
@@ -29,7 +29,28 @@ impl Link {
         protocol: String,
         address: String,
     ) -> Result<PendingDial, DialError> {
-        self.update(|s, now| s.open_dial(now, random, protocol, address))?;
+        self.open(random, protocol, address, None)
+    }
+
+    /// Sends PEER_DIAL_REQ on a peer link: a dial through the agent `forward` names.
+    pub fn dial_forwarded(
+        self: &Arc<Self>,
+        random: DialId,
+        protocol: String,
+        address: String,
+        forward: Forward,
+    ) -> Result<PendingDial, DialError> {
+        self.open(random, protocol, address, Some(Box::new(forward)))
+    }
+
+    fn open(
+        self: &Arc<Self>,
+        random: DialId,
+        protocol: String,
+        address: String,
+        forward: Option<Box<Forward>>,
+    ) -> Result<PendingDial, DialError> {
+        self.update(|s, now| s.open_dial(now, random, protocol, address, forward))?;
         Ok(PendingDial {
             link: self.clone(),
             random,

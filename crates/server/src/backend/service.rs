@@ -244,6 +244,7 @@ impl AgentService {
                 close_timeout: CLOSE_TIMEOUT,
                 limits: Limits::default(),
                 resumable: registration.is_some(),
+                peering: false,
             },
             hub.metrics.clone(),
             hub.watch(&tenant),

@@ -325,6 +325,7 @@ impl Hooks for ServerHooks {
                 random,
                 protocol,
                 address,
+                ..
             } => {
                 self.reverse_tasks.spawn(control_plane::serve(
                     link.incoming_dial(random),

@@ -34,6 +34,7 @@ pub fn config(role: Role, flow: Flow) -> SessionConfig {
         close_timeout: CLOSE_TIMEOUT,
         limits: Limits::default(),
         resumable: false,
+        peering: false,
     }
 }
 
@@ -100,6 +101,19 @@ impl Pair {
 
     pub fn credit() -> Self {
         Self::new(credit(), credit())
+    }
+
+    /// Two servers' peer link, or (`peering` false) an agent stream given the same packets.
+    pub fn peers(peering: bool) -> Self {
+        let config = |role| SessionConfig {
+            peering,
+            ..config(role, credit())
+        };
+        Self {
+            server: Session::new(config(Role::Server)),
+            agent: Session::new(config(Role::Agent)),
+            ..Self::credit()
+        }
     }
 
     fn collect(&mut self) {
@@ -178,7 +192,7 @@ impl Pair {
     pub fn open(&mut self, random: i64) -> DialId {
         let random = DialId(random);
         self.server
-            .open_dial(self.now, random, "tcp".into(), "127.0.0.1:9".into())
+            .open_dial(self.now, random, "tcp".into(), "127.0.0.1:9".into(), None)
             .expect("dial opens");
         random
     }
@@ -187,7 +201,7 @@ impl Pair {
     pub fn connect(&mut self, random: i64) -> ConnectId {
         let random = DialId(random);
         self.server
-            .open_dial(self.now, random, "tcp".into(), "127.0.0.1:80".into())
+            .open_dial(self.now, random, "tcp".into(), "127.0.0.1:80".into(), None)
             .expect("dial opens");
         self.pump();
         let id = self

@@ -250,6 +250,7 @@ impl Side {
             close_timeout: DEADLINE,
             limits: Limits::default(),
             resumable: false,
+            peering: false,
         };
         Self {
             link: Link::new(config, Recording(rec.clone())),
