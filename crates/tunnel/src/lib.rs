@@ -22,6 +22,7 @@ mod log;
 mod relay;
 mod resume;
 mod socket;
+mod splice;
 mod stream;
 mod transport;
 
@@ -38,6 +39,7 @@ pub use resume::{
     parse_resume_from,
 };
 pub use socket::{MAX_CHUNK, reset_on_close, take_read};
+pub use splice::{Spliced, splice};
 pub use stream::TransportEnd;
 pub use tether_session::{
     Abandoned, CloseError, ConnInfo, ConnState, DialCancel, DialError, Ended, Event, Flow,

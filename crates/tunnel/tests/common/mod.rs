@@ -43,6 +43,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// Declares each named `async fn name(kind: Kind)` of the test file as three tests,
 /// `name::native`, `name::websocket` and `name::grpc`, one per transport, on a
 /// multi-threaded runtime.
+#[allow(unused_macros)] // not every test file runs on every transport
 macro_rules! on_both_transports {
     ($($name:ident),+ $(,)?) => {$(
         mod $name {
