@@ -116,6 +116,14 @@ pub struct AuditRecord {
     pub client: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_pid: Option<i32>,
+    /// Server peering, on the records of the server the client is connected to: the peer
+    /// server that holds the agent, which the connection was forwarded to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via_server: Option<String>,
+    /// Server peering, on the records of the server that holds the agent: the peer server
+    /// the client is connected to, which forwarded the connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_server: Option<String>,
     /// The `host:port` the client asked for.
     pub requested: String,
     /// The socket address the agent actually connected to (agent side).

@@ -21,7 +21,7 @@ use tether_observe::audit::{AuditEvent, AuditRecord, millis};
 use tether_proto::ConnectId;
 use tether_tunnel::{CloseError, Ended, Initiator};
 
-use crate::request::{Followed, FrontendKind, RequestContext};
+use crate::request::{Followed, FrontendKind, Hop, RequestContext};
 
 /// Writes the server's records.
 #[derive(Debug)]
@@ -60,6 +60,14 @@ impl Audit {
             transport: Some(transport(&request.peer)),
             client,
             client_pid,
+            via_server: match &request.hop {
+                Some(Hop::Via(server)) => Some(server.to_string()),
+                _ => None,
+            },
+            from_server: match &request.hop {
+                Some(Hop::From(server)) => Some(server.to_string()),
+                _ => None,
+            },
             requested: request.address.clone(),
             outcome: "error",
             ..Default::default()

@@ -4,18 +4,24 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tether_tunnel::{Abandoned, Tunnel};
+use tether_observe::metrics::Gauge;
+use tether_proto::{DialId, Forward};
+use tether_tunnel::{Abandoned, Link, Tunnel};
 use tokio::sync::watch;
 
 use crate::audit::Audit;
+use crate::backend::health::Health;
+use crate::backend::registry::Backend;
+use crate::backend::remote::{RemoteAgent, RouteEntry};
+use crate::backend::route::Route;
 use crate::backend::selection::Strategy;
 use crate::backend::selection_metrics::SelectionMetrics;
-use crate::backend::session::Watch;
+use crate::backend::session::{AgentSession, Watch};
 use crate::byte_rate::ByteRate;
 use crate::error::DialError;
 use crate::identity::Proof;
 use crate::metrics::{DialFailure, ServerMetrics};
-use crate::request::RequestContext;
+use crate::request::{Hop, RequestContext, Requests};
 use crate::running::Running;
 use crate::tenant::{Side, Tenant};
 
@@ -40,6 +46,9 @@ pub(crate) struct Hub {
     pub(crate) audit: Option<Arc<Audit>>,
     /// This server's `--server-id`, for the log lines of its frontend connections.
     pub(crate) server_id: String,
+    /// Bumped when this server's own agents may have joined, left or changed: peer links
+    /// announce the difference (server peering).
+    pub(crate) agents_changed: Arc<watch::Sender<u64>>,
 }
 
 impl Hub {
@@ -56,7 +65,13 @@ impl Hub {
             selection_metrics,
             audit,
             server_id,
+            agents_changed: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// Tells the peer links that this server's own agents may have changed.
+    pub(crate) fn note_agents_changed(&self) {
+        self.agents_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// The generation in force: a snapshot, good for one dial or one admission.
@@ -87,6 +102,7 @@ impl Hub {
             ejection: self.running().ejection,
             metrics: self.selection_metrics.clone(),
             tenant: tenant.load.clone(),
+            agents_changed: self.agents_changed.clone(),
             audit: self
                 .audit
                 .as_ref()
@@ -102,8 +118,10 @@ impl Hub {
             .any(|t| t.registry().is_ready())
     }
 
-    /// Publishes registry-derived gauges after a change, summed over tenants.
+    /// Publishes registry-derived gauges after a change of this server's own agent streams,
+    /// summed over tenants, and tells the peer links.
     pub(crate) fn refresh_backend_gauges(&self) {
+        self.note_agents_changed();
         let mut agents = 0;
         let mut tether_agents = 0;
         let mut keys: Vec<(Strategy, usize)> = Vec::new();
@@ -131,95 +149,181 @@ impl Hub {
     /// (the agent stream's table holds it) passed, or `frontend_gone` resolved; in the last
     /// case the agent is told to stop dialing, or to close what it already opened. The chosen
     /// agent is recorded in the caller's connection span ([`crate::frontend::log_span`]).
+    /// An agent a peer server holds is dialed through that server (server peering).
     pub(crate) async fn dial(
         &self,
         request: &RequestContext,
         frontend_gone: impl Future<Output = ()>,
     ) -> Result<Dialed, DialError> {
-        let refuse = |tenant: Option<&Tenant>, error: DialError| {
-            self.refused(request, tenant, &error.to_string());
-            error
-        };
         // One generation for the whole decision.
         let running = self.running();
-        let tenants = &running.tenants;
-        let tenant = match &request.tenant {
-            // Pinned by a tenant's own frontend: the client must still be the tenant's.
-            Some(name) => {
-                let tenant = tenants
-                    .by_name(name)
-                    .ok_or_else(|| refuse(None, DialError::NoTenant(tenants.not_found(name))))?;
-                tenants
-                    .admit_own_frontend(tenant, &request.peer)
-                    .map_err(|why| refuse(Some(tenant), DialError::NoTenant(why)))?;
-                tenant
-            }
-            None => tenants
-                .resolve(Side::Client, Proof::peer(&request.peer))
-                .map_err(|why| refuse(None, DialError::NoTenant(why)))?,
-        };
-        // Before the tenant's limits: a refused request costs the tenant nothing.
-        running
-            .destinations
-            .check(request)
-            .map_err(|why| refuse(Some(tenant), DialError::Policy(why)))?;
-        let now = Instant::now();
-        tenant
-            .reserve_dial(now)
-            .map_err(|(_, text)| refuse(Some(tenant), DialError::TenantLimit(text)))?;
-        // From here the tenant's pending reservation is released with the agent's pending
-        // count (`Health::dial_finished`), or right below when no agent is found.
-        let selected = tenant.registry().select(request, now);
+        let tenant = self.admit(&running, request)?;
+        let selected = tenant.registry().select(request, Instant::now());
         let Some(selected) = selected else {
             tenant.load.release_pending();
             self.metrics.dial_failure(DialFailure::NoAgent);
-            return Err(refuse(Some(tenant), DialError::NoAgent));
+            return Err(self.refuse(request, Some(tenant), DialError::NoAgent));
         };
         self.selection_metrics()
             .selected(selected.strategy, selected.candidates);
-        let session = selected.backend;
-        let random = request.dial_id;
-        crate::frontend::log_span::record_agent(&session.agent_id);
         tracing::debug!(
-            agent.id = %session.agent_id,
-            dial.id = %random,
+            agent.id = %selected.backend.agent_id(),
+            dial.id = %request.dial_id,
             address = %request.address,
             strategy = selected.strategy.as_str(),
             tenant = %tenant.name,
             frontend = request.frontend.as_str(),
             peer = %request.peer.principal(),
+            via = selected.backend.local().is_none().then_some("peer"),
             "dialing"
         );
+        let target = match &selected.backend {
+            Route::Local(session) => Target::local(session),
+            Route::Remote(remote) => Target::remote(remote, request, tenant, &self.server_id),
+        };
+        let request = match &selected.backend {
+            Route::Local(_) => request.clone(),
+            Route::Remote(remote) => RequestContext {
+                hop: Some(Hop::Via(remote.via.server_id.clone())),
+                ..request.clone()
+            },
+        };
+        self.dial_on(target, &request, tenant, &running, frontend_gone)
+            .await
+    }
+
+    /// Dials through `agent_id`, one of this server's own agents, for a client of the peer
+    /// server that forwarded `request`. The tenant, destination policy and limits are
+    /// checked here again, as for a client of this server.
+    pub(crate) async fn dial_forwarded(
+        &self,
+        request: &RequestContext,
+        agent_id: &str,
+        frontend_gone: impl Future<Output = ()>,
+    ) -> Result<Dialed, DialError> {
+        let running = self.running();
+        let tenant = self.admit(&running, request)?;
+        let session = tenant
+            .registry()
+            .first_local(agent_id)
+            .and_then(Route::local)
+            .cloned();
+        let Some(session) = session else {
+            tenant.load.release_pending();
+            self.metrics.dial_failure(DialFailure::NoAgent);
+            return Err(self.refuse(request, Some(tenant), DialError::NoAgent));
+        };
+        self.dial_on(
+            Target::local(&session),
+            request,
+            tenant,
+            &running,
+            frontend_gone,
+        )
+        .await
+    }
+
+    fn refuse(
+        &self,
+        request: &RequestContext,
+        tenant: Option<&Tenant>,
+        error: DialError,
+    ) -> DialError {
+        self.refused(request, tenant, &error.to_string());
+        error
+    }
+
+    /// The request's tenant, once its destination policy allowed it and its limits had room
+    /// for one more pending dial (released with the dial, or by the caller if no agent is
+    /// found).
+    fn admit<'r>(
+        &self,
+        running: &'r Running,
+        request: &RequestContext,
+    ) -> Result<&'r Arc<Tenant>, DialError> {
+        let tenants = &running.tenants;
+        let tenant = match &request.tenant {
+            // Pinned by a tenant's own frontend: the client must still be the tenant's.
+            Some(name) => {
+                let tenant = tenants.by_name(name).ok_or_else(|| {
+                    self.refuse(request, None, DialError::NoTenant(tenants.not_found(name)))
+                })?;
+                tenants
+                    .admit_own_frontend(tenant, &request.peer)
+                    .map_err(|why| self.refuse(request, Some(tenant), DialError::NoTenant(why)))?;
+                tenant
+            }
+            None => tenants
+                .resolve(Side::Client, Proof::peer(&request.peer))
+                .map_err(|why| self.refuse(request, None, DialError::NoTenant(why)))?,
+        };
+        // Before the tenant's limits: a refused request costs the tenant nothing.
+        running
+            .destinations
+            .check(request)
+            .map_err(|why| self.refuse(request, Some(tenant), DialError::Policy(why)))?;
+        tenant.reserve_dial(Instant::now()).map_err(|(_, text)| {
+            self.refuse(request, Some(tenant), DialError::TenantLimit(text))
+        })?;
+        Ok(tenant)
+    }
+
+    /// Sends the dial to `target` and waits for its answer, keeping the agent's load, the
+    /// pending gauges and the audit records as it goes.
+    async fn dial_on(
+        &self,
+        target: Target<'_>,
+        request: &RequestContext,
+        tenant: &Tenant,
+        running: &Running,
+        frontend_gone: impl Future<Output = ()>,
+    ) -> Result<Dialed, DialError> {
+        let random = request.dial_id;
+        crate::frontend::log_span::record_agent(target.agent_id);
         // Counted (and its client recorded) before DIAL_REQ leaves: the answer's hook may
         // run before this returns.
         self.metrics.pending_dials.inc();
-        session.pending_gauge.inc();
-        session.health.dial_started();
+        target.started();
         // Its audit records carry the generation that admitted it.
-        let recorded = session.requests.insert(request, running.generation);
-        let mut pending =
-            match session
+        let recorded = target.requests.insert(request, running.generation);
+        let sent = match &target.forward {
+            None => target
                 .link
-                .dial(random, request.protocol.clone(), request.address.clone())
-            {
-                Ok(pending) => pending,
-                Err(e) => {
-                    if recorded {
-                        session.requests.remove(random);
-                    }
-                    self.metrics.pending_dials.dec();
-                    session.pending_gauge.dec();
-                    session.health.dial_finished();
-                    if let tether_tunnel::DialError::StreamLost(_) = e {
-                        self.metrics.dial_failure(DialFailure::SendRsp);
-                    }
-                    let error = DialError::from(e);
-                    if let Some(audit) = &session.audit {
-                        audit.failed(request, &session.agent_id, None, &error);
-                    }
-                    return Err(error);
+                .dial(random, request.protocol.clone(), request.address.clone()),
+            Some((forward, remote)) => {
+                remote.via.routes().insert(
+                    random,
+                    RouteEntry {
+                        agent: (*remote).clone(),
+                        opened: false,
+                    },
+                );
+                target.link.dial_forwarded(
+                    random,
+                    request.protocol.clone(),
+                    request.address.clone(),
+                    forward.clone(),
+                )
+            }
+        };
+        let mut pending = match sent {
+            Ok(pending) => pending,
+            Err(e) => {
+                if recorded {
+                    target.requests.remove(random);
                 }
-            };
+                self.metrics.pending_dials.dec();
+                target.finished(random);
+                if let tether_tunnel::DialError::StreamLost(_) = e {
+                    self.metrics.dial_failure(DialFailure::SendRsp);
+                }
+                let error = DialError::from(e);
+                if let Some(audit) = target.audit {
+                    audit.failed(request, target.agent_id, None, &error);
+                }
+                return Err(error);
+            }
+        };
         tokio::select! {
             answer = pending.answer() => answer.map_err(DialError::from).map(|tunnel| Dialed {
                 tunnel,
@@ -228,13 +332,12 @@ impl Hub {
             () = frontend_gone => {
                 match pending.abandon() {
                     Abandoned::Pending => {
-                        session.requests.remove(random);
+                        target.requests.remove(random);
                         self.metrics.pending_dials.dec();
-                        session.pending_gauge.dec();
-                        session.health.dial_finished();
+                        target.finished(random);
                         self.metrics.dial_failure(DialFailure::FrontendClose);
-                        if let Some(audit) = &session.audit {
-                            audit.failed(request, &session.agent_id, None, &DialError::FrontendGone);
+                        if let Some(audit) = target.audit {
+                            audit.failed(request, target.agent_id, None, &DialError::FrontendGone);
                         }
                     }
                     Abandoned::Answered => self.metrics.dial_failure(DialFailure::FrontendClose),
@@ -242,6 +345,74 @@ impl Hub {
                 }
                 Err(DialError::FrontendGone)
             }
+        }
+    }
+}
+
+/// Where a chosen dial goes, and what it keeps count and record with on the way: an agent
+/// stream of this server, or the peer link to the server that holds the agent.
+struct Target<'a> {
+    agent_id: &'a str,
+    link: &'a Arc<Link>,
+    health: &'a Health,
+    requests: &'a Requests,
+    /// This server's own agents have a pending-dials series each.
+    pending_gauge: Option<&'a Gauge>,
+    audit: Option<&'a Audit>,
+    /// Through a peer: what PEER_DIAL_REQ carries, and the agent, which the link's hooks
+    /// find by dial ID.
+    forward: Option<(Forward, &'a Arc<RemoteAgent>)>,
+}
+
+impl<'a> Target<'a> {
+    fn local(session: &'a Arc<AgentSession>) -> Self {
+        Self {
+            agent_id: &session.agent_id,
+            link: &session.link,
+            health: &session.health,
+            requests: &session.requests,
+            pending_gauge: Some(&session.pending_gauge),
+            audit: session.audit.as_deref(),
+            forward: None,
+        }
+    }
+
+    fn remote(
+        remote: &'a Arc<RemoteAgent>,
+        request: &RequestContext,
+        tenant: &Tenant,
+        server_id: &str,
+    ) -> Self {
+        let forward = Forward {
+            agent_id: remote.agent_id.clone(),
+            origin: crate::peer::origin::of(request, &tenant.name, server_id),
+        };
+        Self {
+            agent_id: &remote.agent_id,
+            link: &remote.via.link,
+            health: &remote.health,
+            requests: &remote.via.requests,
+            pending_gauge: None,
+            audit: remote.audit.as_deref(),
+            forward: Some((forward, remote)),
+        }
+    }
+
+    fn started(&self) {
+        if let Some(gauge) = self.pending_gauge {
+            gauge.inc();
+        }
+        self.health.dial_started();
+    }
+
+    /// The dial ended before any answer could settle it.
+    fn finished(&self, random: DialId) {
+        if let Some(gauge) = self.pending_gauge {
+            gauge.dec();
+        }
+        self.health.dial_finished();
+        if let Some((_, remote)) = &self.forward {
+            remote.via.routes().remove(&random);
         }
     }
 }

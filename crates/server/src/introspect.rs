@@ -15,6 +15,7 @@ use tether_observe::introspect::{
 use tether_proto::Identifiers;
 use tether_reload::Reloader;
 
+use crate::backend::route::Route;
 use crate::backend::session::AgentSession;
 use crate::dial::Hub;
 use crate::routing::RoutingConfig;
@@ -66,7 +67,7 @@ fn streams(hub: &Hub) -> Vec<Arc<AgentSession>> {
         .chain(&running.leaving);
     let mut streams = Vec::new();
     for state in states {
-        streams.extend(state.registry().streams().cloned());
+        streams.extend(state.registry().streams().filter_map(Route::local).cloned());
         streams.extend(
             state
                 .streams_now()

@@ -29,6 +29,7 @@ mod introspect;
 mod limits;
 mod metrics;
 mod net;
+mod peer;
 mod reload;
 mod request;
 pub mod routing;
@@ -58,6 +59,7 @@ pub use backend::token::{
 pub use control_plane::{ControlPlaneEndpoints, check_host_port};
 pub use frontend::Mode;
 pub use limits::{DEFAULT_MAX_REVERSE_CONNECTIONS_PER_STREAM, Limits};
+pub use peer::{PEER_ALPN, PeerConfig};
 pub use routing::RoutingConfig;
 use tether_grpc::{H2Settings, Keepalive};
 use tether_observe::metrics::Registry;
@@ -140,6 +142,8 @@ pub struct Config {
     /// them at once, resume window or not; `None` never. Needs `agent_keepalive`, whose
     /// PINGs go out every second while a stream is busy.
     pub dead_agent_timeout: Option<Duration>,
+    /// `--peer-port`: server peering, off by default (no port opens without it).
+    pub peering: Option<PeerConfig>,
 }
 
 /// The ALPN protocols the agent listener offers, in its order of preference: tether's
@@ -195,6 +199,8 @@ pub struct Server {
     /// Tenants' own frontends, by tenant name.
     tenant_frontends: Vec<(String, Listener)>,
     agent: Listener,
+    /// The peer port, with server peering.
+    peer: Option<Listener>,
     health: TcpListener,
     admin: TcpListener,
     registry: Registry,
@@ -261,6 +267,21 @@ impl Server {
                 config.agent_addr.to_string(),
                 "--agent-bind-address, --agent-port",
             ))?;
+        let peer = match &config.peering {
+            Some(peering) => Some(
+                Listener::tls(
+                    peering.listen,
+                    TlsSource::new(peering.server_tls.clone(), None),
+                )
+                .await
+                .map_err(listen_err(
+                    "peer",
+                    peering.listen.to_string(),
+                    "--peer-bind-address, --peer-port",
+                ))?,
+            ),
+            None => None,
+        };
         let health = TcpListener::bind(config.health_addr)
             .await
             .map_err(listen_err(
@@ -308,6 +329,7 @@ impl Server {
             frontend,
             tenant_frontends,
             agent,
+            peer,
             health,
             admin,
             registry,
@@ -348,6 +370,11 @@ impl Server {
         self.agent.tcp_addr()
     }
 
+    /// The peer port's address, with server peering.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer.as_ref().and_then(Listener::tcp_addr)
+    }
+
     pub fn health_addr(&self) -> Option<SocketAddr> {
         self.health.local_addr().ok()
     }
@@ -364,6 +391,7 @@ impl Server {
             frontend,
             tenant_frontends,
             agent,
+            peer,
             health,
             admin,
             registry,
@@ -456,8 +484,33 @@ impl Server {
             },
         );
         let owner = owner.run(tenant_frontends, &config.routing, updates);
+        let peer_loop = async {
+            let (Some(listener), Some(peering)) = (&peer, &config.peering) else {
+                return;
+            };
+            peer::start(peering, &config, &hub, &agents, &stop);
+            let inbound = Arc::new(peer::inbound::Inbound::new(
+                hub.clone(),
+                peering.name.clone(),
+                config.flow,
+                config.agent_keepalive,
+                config.dial_timeout,
+                limit_metrics.clone(),
+                stop.clone(),
+            ));
+            let gate = Gate::peers(limits, limit_metrics.clone());
+            serve::accept_loop(
+                listener,
+                &agents,
+                &shutdown,
+                &stop,
+                &gate,
+                |conn, deadline, admission| inbound.clone().serve(conn, deadline, admission),
+            )
+            .await;
+        };
 
-        tokio::join!(agent_loop, frontend_loop, owner);
+        tokio::join!(agent_loop, frontend_loop, owner, peer_loop);
 
         shutdown::Draining {
             shutting_down,
@@ -621,6 +674,9 @@ fn distinct_ports(config: &Config) -> Result<(), ServerError> {
         (config.health_addr, "--health-port"),
         (config.admin_addr, "--admin-port"),
     ]);
+    if let Some(peering) = &config.peering {
+        listeners.push((peering.listen, "--peer-port"));
+    }
     for (i, &(a, first)) in listeners.iter().enumerate() {
         for &(b, second) in &listeners[i + 1..] {
             if tether_observe::http::tcp_overlaps(a, b) {

@@ -27,6 +27,15 @@ impl FrontendKind {
     }
 }
 
+/// Server peering: how a request crossed between two servers of the fleet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Hop {
+    /// Dialed through an agent this peer server holds, over the peer link to it.
+    Via(Arc<str>),
+    /// Forwarded by this peer server, which the client is connected to.
+    From(Arc<str>),
+}
+
 /// One dial request: the frontend and transport it arrived on, the peer as the listener
 /// proved it (certificate names or Unix credentials), and what it asked for.
 #[derive(Clone, Debug)]
@@ -40,6 +49,8 @@ pub(crate) struct RequestContext {
     /// The name of the tenant whose own frontend the request arrived on; `None` on the main
     /// frontend, where the tenant is resolved from `peer`.
     pub(crate) tenant: Option<Arc<str>>,
+    /// Set when the request crossed a peer link, or is about to.
+    pub(crate) hop: Option<Hop>,
 }
 
 impl RequestContext {
@@ -58,6 +69,7 @@ impl RequestContext {
             address,
             dial_id,
             tenant,
+            hop: None,
         }
     }
 

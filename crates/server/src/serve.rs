@@ -17,6 +17,11 @@ use crate::limits::{ConnectionSlots, Limit, LimitMetrics, Limits, SlotAdmission}
 use crate::net::{self, Listener};
 use crate::warn_limit::WarnLimit;
 
+/// Links the peer port takes at once, and from one address: far above what a fleet of
+/// servers opens, far below what would let a stranger exhaust the server.
+const MAX_PEER_LINKS: usize = 256;
+const MAX_PEER_LINKS_PER_ADDRESS: usize = 8;
+
 /// What a listener checks at accept: its connection slots and the setup deadline.
 #[derive(Clone)]
 pub(crate) struct Gate {
@@ -38,6 +43,16 @@ impl Gate {
             setup_timeout: limits.setup_timeout,
             metrics,
             flags: CapFlags::AGENT,
+        }
+    }
+
+    /// The peer port's: a fleet has a few servers, each with two links to every other.
+    pub(crate) fn peers(limits: &Limits, metrics: LimitMetrics) -> Self {
+        Self {
+            slots: ConnectionSlots::new(MAX_PEER_LINKS, MAX_PEER_LINKS_PER_ADDRESS),
+            setup_timeout: limits.setup_timeout,
+            metrics,
+            flags: CapFlags::PEER,
         }
     }
 
@@ -70,6 +85,11 @@ impl CapFlags {
         per_address: "--max-agent-connections-per-address",
         per_address_counts: "connections from one address with no agent stream admitted yet; \
             admitted agents do not count, however many share the address",
+    };
+    const PEER: Self = Self {
+        total: "the peer port's fixed cap (256 links)",
+        per_address: "the peer port's fixed cap per address (8 links)",
+        per_address_counts: "open links from one address",
     };
     const FRONTEND: Self = Self {
         total: "--max-frontend-connections",

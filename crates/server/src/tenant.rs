@@ -27,6 +27,7 @@ use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics
 use crate::backend::admission::AgentTable;
 use crate::backend::health::TenantLoad;
 use crate::backend::registry::Registry;
+use crate::backend::route::Route;
 use crate::backend::selection::{SelectionConfig, Strategy};
 use crate::backend::session::AgentSession;
 use crate::bandwidth::Bandwidth;
@@ -66,7 +67,7 @@ pub(crate) struct TenantState {
     pub(crate) name: Arc<str>,
     pub(crate) load: Arc<TenantLoad>,
     bucket: Mutex<Option<Bucket>>,
-    registry: Mutex<Registry<Arc<AgentSession>>>,
+    registry: Mutex<Registry<Route>>,
     /// The tenant's live agent IDs and their owners, capped by `--max-agents`.
     pub(crate) agent_ids: Arc<AgentTable>,
     metrics: Arc<TenantMetrics>,
@@ -121,7 +122,7 @@ impl TenantState {
         }
     }
 
-    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Arc<AgentSession>>> {
+    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry<Route>> {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -569,6 +570,11 @@ impl Tenants {
             .iter()
             .find(|(config, _)| config.name == name)
             .map(|(_, tenant)| tenant)
+    }
+
+    /// The tenant called `name`, the implicit one (no tenant table) included.
+    pub(crate) fn named(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.all().find(|tenant| &*tenant.name == name)
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {

@@ -1,10 +1,13 @@
 //! Several in-process servers, each on its own loopback address (127.0.0.2, .3, …) and all
-//! on one port, as a Service's pods are: for agents that reach each server directly.
+//! on one port, as a Service's pods are: for agents that reach each server directly, and,
+//! peered, for servers that forward dials to each other.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::{Pki, ServerOptions, TestServer};
+use tokio::sync::watch;
+
+use crate::{Peering, Pki, ServerOptions, TestServer};
 
 /// The first member's last address byte; 127.0.0.1 is left to everything else.
 const FIRST_HOST: u8 = 2;
@@ -15,29 +18,67 @@ pub struct Fleet {
     pub pki: Pki,
     pub port: u16,
     pub servers: Vec<TestServer>,
+    /// Peered: the peer port (on every member's address), and the peers' list the members
+    /// follow (a test changes it as a Lease listing would).
+    pub peers: Option<(u16, watch::Sender<BTreeSet<SocketAddr>>)>,
 }
 
 impl Fleet {
     /// Starts `size` servers on a port free on all of their addresses.
     pub async fn start(size: u8) -> anyhow::Result<Self> {
+        Self::start_with(size, false).await
+    }
+
+    /// Starts `size` servers peered with each other: each links to every member's peer
+    /// port, its own included (which it finds to be itself).
+    pub async fn start_peered(size: u8) -> anyhow::Result<Self> {
+        Self::start_with(size, true).await
+    }
+
+    async fn start_with(size: u8, peered: bool) -> anyhow::Result<Self> {
         let pki = Pki::generate()?;
         let hosts = FIRST_HOST..FIRST_HOST + size;
-        // A port taken from the first address, tried on the others; another process may
-        // hold it on one of them, then the next port is tried.
+        // Ports taken from the first address, tried on the others; another process may
+        // hold one on one of them, then the next ports are tried.
         for _ in 0..20 {
-            let port = tokio::net::TcpListener::bind(address(FIRST_HOST, 0))
-                .await?
-                .local_addr()?
-                .port();
+            let free = || async {
+                Ok::<_, anyhow::Error>(
+                    tokio::net::TcpListener::bind(address(FIRST_HOST, 0))
+                        .await?
+                        .local_addr()?
+                        .port(),
+                )
+            };
+            let port = free().await?;
+            let peers = match peered {
+                true => {
+                    let peer_port = free().await?;
+                    let list = hosts.clone().map(|h| address(h, peer_port)).collect();
+                    Some((peer_port, watch::Sender::new(list)))
+                }
+                false => None,
+            };
             let mut servers = Vec::new();
             for host in hosts.clone() {
-                match TestServer::start(&pki, member(host, port, size)).await {
+                let mut options = member(host, port, size);
+                if let Some((peer_port, list)) = &peers {
+                    options.peering = Some(Peering {
+                        listen: address(host, *peer_port),
+                        addresses: list.subscribe(),
+                    });
+                }
+                match TestServer::start(&pki, options).await {
                     Ok(server) => servers.push(server),
                     Err(_) => break,
                 }
             }
             if servers.len() == usize::from(size) {
-                return Ok(Self { pki, port, servers });
+                return Ok(Self {
+                    pki,
+                    port,
+                    servers,
+                    peers,
+                });
             }
             for server in servers {
                 server.stop().await;
@@ -59,7 +100,14 @@ impl Fleet {
     /// The options member `host` of a fleet of `size` starts with; a test that replaces a
     /// member starts from them.
     pub fn member(&self, host: u8) -> ServerOptions {
-        member(host, self.port, self.servers.len() as u8)
+        let mut options = member(host, self.port, self.servers.len() as u8);
+        if let Some((peer_port, list)) = &self.peers {
+            options.peering = Some(Peering {
+                listen: address(host, *peer_port),
+                addresses: list.subscribe(),
+            });
+        }
+        options
     }
 }
 

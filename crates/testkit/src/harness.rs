@@ -87,6 +87,16 @@ pub struct ServerOptions {
     pub resume_window: Duration,
     /// `--dead-agent-timeout` (`None`: off).
     pub dead_agent_timeout: Option<Duration>,
+    /// Server peering: the peer port's address, and the peers' (with the PKI's peer
+    /// certificate, `--peer-name` tether-peer).
+    pub peering: Option<Peering>,
+}
+
+/// A test server's peer port and its peers.
+#[derive(Clone, Debug)]
+pub struct Peering {
+    pub listen: SocketAddr,
+    pub addresses: tokio::sync::watch::Receiver<std::collections::BTreeSet<SocketAddr>>,
 }
 
 impl Default for ServerOptions {
@@ -115,6 +125,7 @@ impl Default for ServerOptions {
             control_plane: None,
             resume_window: RESUME_WINDOW,
             dead_agent_timeout: Some(tether_server::DEFAULT_DEAD_AGENT_TIMEOUT),
+            peering: None,
         }
     }
 }
@@ -130,6 +141,8 @@ pub struct TestServer {
     /// path or `host:port`.
     pub tenant_frontends: Vec<(String, String)>,
     pub agent_addr: SocketAddr,
+    /// The peer port, with peering.
+    pub peer_addr: Option<SocketAddr>,
     pub health_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     shutdown: CancellationToken,
@@ -203,6 +216,29 @@ impl TestServer {
             control_plane: opts.control_plane,
             resume_window: opts.resume_window,
             dead_agent_timeout: opts.dead_agent_timeout,
+            peering: opts
+                .peering
+                .map(|peering| {
+                    Ok::<_, anyhow::Error>(tether_server::PeerConfig {
+                        listen: peering.listen,
+                        server_tls: tether_tls::server_config(
+                            &f.peer_cert,
+                            &f.peer_key,
+                            Some(&f.ca_cert),
+                            &[tether_server::PEER_ALPN],
+                            &TlsOptions::default(),
+                        )?,
+                        client_tls: tether_tls::client_config(
+                            &f.ca_cert,
+                            Some((&f.peer_cert, &f.peer_key)),
+                            vec![tether_server::PEER_ALPN.to_vec()],
+                            &TlsOptions::default(),
+                        )?,
+                        name: tether_tls::pki::PEER_NAME.to_owned(),
+                        addresses: peering.addresses,
+                    })
+                })
+                .transpose()?,
         };
         let server = tether_server::Server::bind(config, Registry::new()).await?;
         let missing = || anyhow::anyhow!("listener without an address");
@@ -216,6 +252,7 @@ impl TestServer {
             frontend_tcp: server.frontend_tcp_addr(),
             tenant_frontends: server.tenant_frontend_addrs(),
             agent_addr: server.agent_addr().ok_or_else(missing)?,
+            peer_addr: server.peer_addr(),
             health_addr: server.health_addr().ok_or_else(missing)?,
             admin_addr: server.admin_addr().ok_or_else(missing)?,
             shutdown: shutdown.clone(),

@@ -16,7 +16,7 @@ pub mod process;
 pub mod targets;
 
 pub use harness::{
-    AgentLink, AgentOptions, Pki, ServerOptions, Stack, TestAgent, TestServer, Transport,
+    AgentLink, AgentOptions, Peering, Pki, ServerOptions, Stack, TestAgent, TestServer, Transport,
 };
 
 /// Sends logs to the test output when `RUST_LOG` is set (e.g. `RUST_LOG=debug`).

@@ -231,6 +231,7 @@ async fn start_pair(
             control_plane: None,
             resume_window: tether_server::DEFAULT_RESUME_WINDOW,
             dead_agent_timeout: Some(tether_server::DEFAULT_DEAD_AGENT_TIMEOUT),
+            peering: None,
         },
         Registry::new(),
     )

@@ -51,6 +51,11 @@ pub struct Pki {
     pub client_cert_pem: String,
     /// Frontend client private key (PKCS#8).
     pub client_key_pem: String,
+    /// A server's peer certificate for server peering (`CN=`[`PEER_NAME`], DNS SAN the
+    /// same, serverAuth and clientAuth: each link's two ends show one).
+    pub peer_cert_pem: String,
+    /// Peer private key (PKCS#8).
+    pub peer_key_pem: String,
     /// The CA's private key, for [`Pki::reissue`].
     ca_key_pem: String,
 }
@@ -85,7 +90,14 @@ pub struct PkiFiles {
     pub client_cert: PathBuf,
     /// `client.key` (mode 0600)
     pub client_key: PathBuf,
+    /// `peer.crt`
+    pub peer_cert: PathBuf,
+    /// `peer.key` (mode 0600)
+    pub peer_key: PathBuf,
 }
+
+/// The name the generated peer certificate carries (`--peer-name`).
+pub const PEER_NAME: &str = "tether-peer";
 
 /// Which certificate of the PKI [`Pki::reissue`] issues again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +153,7 @@ impl Pki {
 
         let (not_before, not_after) = default_validity();
         let leaf = |what: &'static str, cn: &str, sans: &[&str], eku: ExtendedKeyUsagePurpose| {
-            issue_leaf(&ca, what, cn, sans, eku, not_before, not_after)
+            issue_leaf(&ca, what, cn, sans, &[eku], not_before, not_after)
         };
 
         let (server_cert_pem, server_key_pem) = leaf(
@@ -161,6 +173,19 @@ impl Pki {
             "proxy-client",
             &[],
             ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+
+        let (peer_cert_pem, peer_key_pem) = issue_leaf(
+            &ca,
+            "peer certificate",
+            PEER_NAME,
+            &[PEER_NAME],
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            not_before,
+            not_after,
         )?;
 
         let issued = extra
@@ -184,6 +209,8 @@ impl Pki {
             agent_key_pem,
             client_cert_pem,
             client_key_pem,
+            peer_cert_pem,
+            peer_key_pem,
             ca_key_pem,
         };
         Ok((pki, issued))
@@ -216,12 +243,12 @@ impl Pki {
             error,
         })?;
         let ca = Issuer::new(ca_params(&ca_key), ca_key);
-        let (cert_pem, key_pem) = issue_leaf(&ca, what, cn, sans, eku, not_before, not_after)?;
+        let (cert_pem, key_pem) = issue_leaf(&ca, what, cn, sans, &[eku], not_before, not_after)?;
         Ok(IssuedClient { cert_pem, key_pem })
     }
 
-    /// Writes `ca.crt`, `server.crt`, `server.key`, `agent.crt`, `agent.key`, `client.crt` and
-    /// `client.key` into `dir` (created if missing) and returns their paths.
+    /// Writes `ca.crt`, `server.crt`, `server.key`, `agent.crt`, `agent.key`, `client.crt`,
+    /// `client.key`, `peer.crt` and `peer.key` into `dir` (created if missing) and returns their paths.
     ///
     /// Private keys are written with mode 0600 (also when overwriting an existing file), as
     /// tools such as kubeadm expect and as anyone copying these paths into a manifest should.
@@ -239,6 +266,8 @@ impl Pki {
             agent_key: dir.join("agent.key"),
             client_cert: dir.join("client.crt"),
             client_key: dir.join("client.key"),
+            peer_cert: dir.join("peer.crt"),
+            peer_key: dir.join("peer.key"),
         };
         write_file(&files.ca_cert, &self.ca_cert_pem, false)?;
         write_file(&files.server_cert, &self.server_cert_pem, false)?;
@@ -247,6 +276,8 @@ impl Pki {
         write_file(&files.agent_key, &self.agent_key_pem, true)?;
         write_file(&files.client_cert, &self.client_cert_pem, false)?;
         write_file(&files.client_key, &self.client_key_pem, true)?;
+        write_file(&files.peer_cert, &self.peer_cert_pem, false)?;
+        write_file(&files.peer_key, &self.peer_key_pem, true)?;
         Ok(files)
     }
 }
@@ -269,13 +300,13 @@ fn ca_params(ca_key: &KeyPair) -> CertificateParams {
 }
 
 /// A fresh key and a certificate for it signed by `ca`: `cn`, `sans` (DNS names or IP
-/// literals), one extended key usage, valid from `not_before` to `not_after`.
+/// literals), its extended key usages, valid from `not_before` to `not_after`.
 fn issue_leaf(
     ca: &Issuer<'_, KeyPair>,
     what: &'static str,
     cn: &str,
     sans: &[&str],
-    eku: ExtendedKeyUsagePurpose,
+    eku: &[ExtendedKeyUsagePurpose],
     not_before: SystemTime,
     not_after: SystemTime,
 ) -> Result<(String, String), TlsError> {
@@ -285,7 +316,7 @@ fn issue_leaf(
     let mut params = CertificateParams::new(sans).map_err(fail)?;
     params.distinguished_name.push(DnType::CommonName, cn);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![eku];
+    params.extended_key_usages = eku.to_vec();
     params.use_authority_key_identifier_extension = true;
     set_validity(&mut params, not_before, not_after);
     let cert = params.signed_by(&key, ca).map_err(fail)?;

@@ -56,6 +56,7 @@ async fn start_server(dir: &tempfile::TempDir, mode: Mode) -> (Transport, Cancel
         control_plane: None,
         resume_window: Duration::from_secs(30),
         dead_agent_timeout: None,
+        peering: None,
     };
     let server = Server::bind(config, tether_observe::metrics::Registry::new())
         .await

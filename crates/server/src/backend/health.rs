@@ -71,12 +71,12 @@ impl Health {
     }
 
     /// A connection of the stream opened: it counts for the agent and for its tenant.
-    pub(super) fn connection_opened(&self) {
+    pub(crate) fn connection_opened(&self) {
         self.open.fetch_add(1, Ordering::Relaxed);
         self.tenant.open.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn connection_ended(&self) {
+    pub(crate) fn connection_ended(&self) {
         for open in [&self.open, &self.tenant.open] {
             let _ = open.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }

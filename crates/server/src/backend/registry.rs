@@ -23,6 +23,10 @@ pub(crate) trait Backend: Clone {
     fn is_draining(&self) -> bool;
     /// The agent announced a tether version; upstream's agents do not.
     fn is_tether(&self) -> bool;
+    /// The stream is this server's own, not an agent a peer server holds.
+    fn is_local(&self) -> bool {
+        true
+    }
     /// What selection reads about this stream now: labels, CIDRs, load and health.
     fn candidate(&self, now: Instant) -> Candidate<'_>;
     /// Records that this stream got dial number `seq` (the tie-breaker of least-loaded).
@@ -54,8 +58,10 @@ pub(crate) struct Registry<B> {
     indexes: Vec<Index<B>>,
     /// Streams per agent ID; `[0]` takes new dials, as upstream.
     agents: HashMap<String, Vec<B>>,
-    /// Agent IDs with a stream from a tether agent, kept as streams come and go so that
-    /// `tether_server_connected_agents` costs no walk over every agent.
+    /// Agent IDs with a stream of this server's own, and those of them with a stream from a
+    /// tether agent, kept as streams come and go so that the agent gauges cost no walk over
+    /// every agent. Agents only peer servers hold are not counted.
+    local_agents: usize,
     tether_agents: usize,
     /// Shared by every tenant's registry: an idle tenant must not copy the zone rules.
     config: Arc<SelectionConfig>,
@@ -74,6 +80,7 @@ impl<B: Backend> Registry<B> {
                 })
                 .collect(),
             agents: HashMap::new(),
+            local_agents: 0,
             tether_agents: 0,
             config,
             picks: 0,
@@ -96,11 +103,9 @@ impl<B: Backend> Registry<B> {
             }
         }
         let streams = self.agents.entry(id).or_default();
-        let was_tether = streams.iter().any(B::is_tether);
+        let before = Counted::of(streams);
         insert_by_age(streams, backend);
-        if !was_tether && streams.iter().any(B::is_tether) {
-            self.tether_agents += 1;
-        }
+        Counted::of(streams).update(before, &mut self.local_agents, &mut self.tether_agents);
     }
 
     /// Removes every stream of `agent_id` (its owner changed: they are ending).
@@ -120,11 +125,9 @@ impl<B: Backend> Registry<B> {
         let Some(streams) = self.agents.get_mut(agent_id) else {
             return;
         };
-        let was_tether = streams.iter().any(B::is_tether);
+        let before = Counted::of(streams);
         streams.retain(|b| b.stream_id() != stream_id);
-        if was_tether && !streams.iter().any(B::is_tether) {
-            self.tether_agents -= 1;
-        }
+        Counted::of(streams).update(before, &mut self.local_agents, &mut self.tether_agents);
         if streams.is_empty() {
             self.agents.remove(agent_id);
         }
@@ -211,12 +214,17 @@ impl<B: Backend> Registry<B> {
         self.agents.contains_key(agent_id)
     }
 
-    /// Distinct connected agent IDs.
+    /// Distinct agent IDs connected to this server.
     pub(crate) fn agent_count(&self) -> usize {
-        self.agents.len()
+        self.local_agents
     }
 
-    /// Distinct connected agent IDs of which a tether agent holds a stream.
+    /// The first of this server's own streams of `agent_id`, the one that takes new dials.
+    pub(crate) fn first_local(&self, agent_id: &str) -> Option<&B> {
+        self.agents.get(agent_id)?.iter().find(|b| b.is_local())
+    }
+
+    /// Distinct agent IDs connected to this server of which a tether agent holds a stream.
     pub(crate) fn tether_agent_count(&self) -> usize {
         self.tether_agents
     }
@@ -224,6 +232,37 @@ impl<B: Backend> Registry<B> {
     /// Every connected stream, for introspection.
     pub(crate) fn streams(&self) -> impl Iterator<Item = &B> + '_ {
         self.agents.values().flatten()
+    }
+}
+
+/// Whether an agent ID's streams count among this server's agents, and its tether agents.
+#[derive(Clone, Copy)]
+struct Counted {
+    local: bool,
+    tether: bool,
+}
+
+impl Counted {
+    fn of<B: Backend>(streams: &[B]) -> Self {
+        let mut local = streams.iter().filter(|b| b.is_local());
+        Self {
+            local: streams.iter().any(B::is_local),
+            tether: local.any(B::is_tether),
+        }
+    }
+
+    /// Moves the counts by the change from `before` to `self`.
+    fn update(self, before: Self, local: &mut usize, tether: &mut usize) {
+        for (now, was, count) in [
+            (self.local, before.local, local),
+            (self.tether, before.tether, tether),
+        ] {
+            match (was, now) {
+                (false, true) => *count += 1,
+                (true, false) => *count -= 1,
+                _ => {}
+            }
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use super::admission::{
 use super::binding::{Binding, Credential};
 use super::call::AgentCall;
 use super::resume::{HandOver, Registration, Resumable, Resumption};
+use super::route::Route;
 use super::session::AgentSession;
 use super::token::AgentTokenAuth;
 use crate::dial::Hub;
@@ -301,9 +302,10 @@ impl StreamOwner {
         async {
             let joined = self.join();
             if joined.is_ok() {
-                self.tenant
-                    .registry()
-                    .add(self.session.clone(), &self.session.identifiers);
+                self.tenant.registry().add(
+                    Route::Local(self.session.clone()),
+                    &self.session.identifiers,
+                );
                 hub.refresh_backend_gauges();
             }
             let reason = match joined {
@@ -492,9 +494,10 @@ impl StreamOwner {
             };
             // A stream a reload retired takes no new dial, resumed or not.
             if self.session.retiring().is_none() {
-                self.tenant
-                    .registry()
-                    .add(self.session.clone(), &self.session.identifiers);
+                self.tenant.registry().add(
+                    Route::Local(self.session.clone()),
+                    &self.session.identifiers,
+                );
                 self.service.hub.refresh_backend_gauges();
             }
             tracing::info!("agent stream resumed");

@@ -122,6 +122,8 @@ pub(crate) struct Watch {
     pub(crate) ejection: EjectionConfig,
     pub(crate) metrics: Arc<SelectionMetrics>,
     pub(crate) tenant: Arc<TenantLoad>,
+    /// Bumped when the agent starts draining: peer servers hear of it.
+    pub(crate) agents_changed: Arc<tokio::sync::watch::Sender<u64>>,
     /// Set when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
 }
@@ -427,6 +429,9 @@ impl Hooks for ServerHooks {
             Event::PeerDraining => {
                 tracing::info!(agent.id = %self.agent_id, "agent is draining");
                 self.draining.store(true, Ordering::Release);
+                self.watch
+                    .agents_changed
+                    .send_modify(|n| *n = n.wrapping_add(1));
             }
             Event::Ignored { packet } => {
                 tracing::debug!(agent.id = %self.agent_id, packet, "ignoring a packet agents do not send");

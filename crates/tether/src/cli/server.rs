@@ -423,6 +423,7 @@ impl ServerArgs {
             resume_window: self.flow.resume_window,
             dead_agent_timeout: (!self.dead_agent_timeout.is_zero())
                 .then_some(self.dead_agent_timeout),
+            peering: None,
         };
         let routing_file = self.routing.path().map(|path| routing::RoutingFile {
             path: path.to_owned(),

@@ -1,0 +1,173 @@
+//! An agent a peer server holds (server peering): what selection on this server reads about
+//! it, and the peer link its dials go through.
+//!
+//! The holder announces each agent once it joins and again when it changes (PEER_AGENTS);
+//! this server keeps its own load and dial record for it, counting what it sent through
+//! the peer, as it does for its own agents.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tether_policy::Cidr;
+use tether_proto::{DialId, Identifiers, Labels, pb};
+use tether_tunnel::Link;
+
+use super::health::{Health, TenantLoad};
+use super::registry::Backend;
+use super::selection::Candidate;
+use crate::audit::Audit;
+use crate::request::Requests;
+
+/// Remote agents' stream IDs start here, above any this server gives its own streams, so an
+/// agent that also holds a stream to this server is dialed locally first.
+pub(crate) const REMOTE_STREAM_BASE: u64 = 1 << 62;
+
+/// A peer link as the dials through it see it.
+#[derive(Debug)]
+pub(crate) struct ViaPeer {
+    /// The peer server that holds the agents.
+    pub(crate) server_id: Arc<str>,
+    pub(crate) link: Arc<Link>,
+    /// Who asked for each dial, for the audit records.
+    pub(crate) requests: Arc<Requests>,
+    /// The agent each dial in flight or open connection went to, by dial ID: the link's
+    /// hooks charge its load and record its outcomes.
+    routes: Mutex<HashMap<DialId, RouteEntry>>,
+}
+
+/// One dial through a peer link, from its request to its connection's end.
+#[derive(Debug)]
+pub(crate) struct RouteEntry {
+    pub(crate) agent: Arc<RemoteAgent>,
+    /// Its connection opened, and counts in the agent's load until it ends.
+    pub(crate) opened: bool,
+}
+
+impl ViaPeer {
+    pub(crate) fn new(server_id: Arc<str>, link: Arc<Link>, requests: Arc<Requests>) -> Self {
+        Self {
+            server_id,
+            link,
+            requests,
+            routes: Mutex::default(),
+        }
+    }
+
+    pub(crate) fn routes(&self) -> MutexGuard<'_, HashMap<DialId, RouteEntry>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An agent held by a peer server, reached over the peer link.
+#[derive(Debug)]
+pub(crate) struct RemoteAgent {
+    pub(crate) agent_id: String,
+    pub(crate) stream_id: u64,
+    /// The tenant whose registry holds it on this server.
+    pub(crate) tenant: Arc<str>,
+    pub(crate) identifiers: Identifiers,
+    labels: Labels,
+    cidrs: Vec<Cidr>,
+    version: Option<String>,
+    draining: AtomicBool,
+    /// Its load and dial record as this server sees it: the dials it sent through the peer.
+    pub(crate) health: Arc<Health>,
+    pub(crate) via: Arc<ViaPeer>,
+    /// Its tenant's audit records, when the audit log is on.
+    pub(crate) audit: Option<Arc<Audit>>,
+}
+
+impl RemoteAgent {
+    /// The agent as announced, in `tenant`, whose totals `load` holds.
+    pub(crate) fn new(
+        announced: &pb::PeerAgent,
+        stream_id: u64,
+        tenant: Arc<str>,
+        load: Arc<TenantLoad>,
+        via: Arc<ViaPeer>,
+        audit: Option<Arc<Audit>>,
+    ) -> Self {
+        let identifiers = Identifiers {
+            hosts: announced.hosts.clone(),
+            ipv4: announced.ipv4.clone(),
+            ipv6: announced.ipv6.clone(),
+            cidrs: announced.cidrs.clone(),
+            default_route: announced.default_route,
+        };
+        let cidrs = identifiers
+            .cidrs
+            .iter()
+            .chain(&identifiers.ipv4)
+            .chain(&identifiers.ipv6)
+            .filter_map(|text| Cidr::parse(text).ok())
+            .collect();
+        let label = |value: &str| (!value.is_empty()).then(|| value.to_owned());
+        Self {
+            agent_id: announced.agent_id.clone(),
+            stream_id,
+            tenant,
+            identifiers,
+            labels: Labels {
+                zone: label(&announced.zone),
+                region: label(&announced.region),
+            },
+            cidrs,
+            version: label(&announced.version),
+            draining: AtomicBool::new(announced.draining),
+            health: Arc::new(Health::new(load)),
+            via,
+            audit,
+        }
+    }
+
+    /// Whether a new announcement changes what selection indexes (anything but draining).
+    pub(crate) fn same_keys(&self, announced: &pb::PeerAgent) -> bool {
+        self.identifiers.hosts == announced.hosts
+            && self.identifiers.ipv4 == announced.ipv4
+            && self.identifiers.ipv6 == announced.ipv6
+            && self.identifiers.cidrs == announced.cidrs
+            && self.identifiers.default_route == announced.default_route
+            && self.labels.zone.as_deref().unwrap_or("") == announced.zone
+            && self.labels.region.as_deref().unwrap_or("") == announced.region
+            && self.version.as_deref().unwrap_or("") == announced.version
+    }
+
+    pub(crate) fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Release);
+    }
+}
+
+impl Backend for Arc<RemoteAgent> {
+    fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+    fn stream_id(&self) -> u64 {
+        self.stream_id
+    }
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+    fn is_tether(&self) -> bool {
+        self.version.is_some()
+    }
+    fn is_local(&self) -> bool {
+        false
+    }
+    fn candidate(&self, now: Instant) -> Candidate<'_> {
+        Candidate {
+            agent_id: &self.agent_id,
+            zone: self.labels.zone.as_deref(),
+            region: self.labels.region.as_deref(),
+            cidrs: &self.cidrs,
+            load: self.health.load(),
+            last_picked: self.health.last_picked(),
+            ejected: self.health.is_ejected(now),
+            draining: self.is_draining(),
+        }
+    }
+    fn mark_picked(&self, seq: u64) {
+        self.health.mark_picked(seq);
+    }
+}
