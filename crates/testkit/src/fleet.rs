@@ -26,17 +26,23 @@ pub struct Fleet {
 impl Fleet {
     /// Starts `size` servers on a port free on all of their addresses.
     pub async fn start(size: u8) -> anyhow::Result<Self> {
-        Self::start_with(size, false).await
+        Self::start_with(Pki::generate()?, size, false, |_, _| {}).await
     }
 
     /// Starts `size` servers peered with each other: each links to every member's peer
     /// port, its own included (which it finds to be itself).
     pub async fn start_peered(size: u8) -> anyhow::Result<Self> {
-        Self::start_with(size, true).await
+        Self::start_with(Pki::generate()?, size, true, |_, _| {}).await
     }
 
-    async fn start_with(size: u8, peered: bool) -> anyhow::Result<Self> {
-        let pki = Pki::generate()?;
+    /// As [`start`](Self::start) or (`peered`) [`start_peered`](Self::start_peered), on
+    /// `pki`, with each member's options changed by `customize` (given its host byte).
+    pub async fn start_with(
+        pki: Pki,
+        size: u8,
+        peered: bool,
+        customize: impl Fn(u8, &mut ServerOptions),
+    ) -> anyhow::Result<Self> {
         let hosts = FIRST_HOST..FIRST_HOST + size;
         // Ports taken from the first address, tried on the others; another process may
         // hold one on one of them, then the next ports are tried.
@@ -67,6 +73,7 @@ impl Fleet {
                         addresses: list.subscribe(),
                     });
                 }
+                customize(host, &mut options);
                 match TestServer::start(&pki, options).await {
                     Ok(server) => servers.push(server),
                     Err(_) => break,

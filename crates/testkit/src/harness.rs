@@ -43,6 +43,30 @@ impl Pki {
         ))
     }
 
+    /// A PKI plus one client certificate per name (its CN), written beside the others as
+    /// `<name>.crt` and `<name>.key`: their paths, in order.
+    pub fn generate_with_client_files(
+        names: &[&str],
+    ) -> anyhow::Result<(Self, Vec<(PathBuf, PathBuf)>)> {
+        let specs: Vec<tether_tls::pki::ClientSpec<'_>> = names
+            .iter()
+            .map(|n| tether_tls::pki::ClientSpec {
+                common_name: n,
+                sans: &[],
+            })
+            .collect();
+        let (pki, issued) = Self::generate_with_clients(&specs)?;
+        let mut files = Vec::new();
+        for (name, issued) in names.iter().zip(&issued) {
+            let cert = pki.dir().join(format!("{name}.crt"));
+            let key = pki.dir().join(format!("{name}.key"));
+            std::fs::write(&cert, &issued.cert_pem)?;
+            std::fs::write(&key, &issued.key_pem)?;
+            files.push((cert, key));
+        }
+        Ok((pki, files))
+    }
+
     /// A directory for sockets, inside the PKI's temporary directory.
     pub fn dir(&self) -> &std::path::Path {
         &self.files.dir

@@ -1,13 +1,16 @@
-//! Server peering (issue 29): three servers on 127.0.0.2–.4, linked to each other on their
+//! Server peering (issue 29): servers on 127.0.0.2, .3, …, linked to each other on their
 //! peer ports. An agent holds a stream to one of them only; a client of any server reaches
-//! it, through the server that holds it.
+//! it, through the server that holds it, which checks the client again, records the hop,
+//! and keeps each forwarded connection's flow its own. The holder's death ends its
+//! forwarded connections with an error.
 
 use std::time::{Duration, Instant};
 
 use tether_client::{GrpcClient, Transport};
+use tether_observe::audit::AuditTarget;
 use tether_testkit::fleet::Fleet;
-use tether_testkit::targets::EchoServer;
-use tether_testkit::{AgentOptions, TestAgent, TestServer};
+use tether_testkit::targets::{EchoServer, SourceServer, pattern};
+use tether_testkit::{AgentOptions, Pki, TestAgent, TestServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bounds that only catch a hang.
@@ -75,5 +78,204 @@ async fn a_client_of_any_server_reaches_an_agent_one_server_holds() {
     for server in &fleet.servers {
         reachable(server, &echo, Duration::from_secs(5)).await;
     }
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_s_death_fails_its_forwarded_connections_and_a_new_holder_takes_over() {
+    tether_testkit::init_logging();
+    let mut fleet = Fleet::start_peered(3).await.unwrap();
+    let agent = held_by(&fleet, 4).await;
+    let echo = EchoServer::start().await.unwrap();
+    reachable(&fleet.servers[0], &echo, Duration::from_secs(5)).await;
+    let client = client_of(&fleet.servers[0]).await;
+    let mut open = client.dial(&echo.addr.to_string()).await.unwrap();
+    open.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    open.read_exact(&mut back).await.unwrap();
+    // The holder goes away: the forwarded connection ends with an error, not a clean end.
+    fleet.servers.pop().unwrap().stop().await;
+    agent.stop().await;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(STEP, open.read_to_end(&mut rest))
+        .await
+        .expect("the connection ends");
+    assert!(
+        read.is_err(),
+        "a clean end ({rest:?}) where the holder died"
+    );
+    // No server holds the agent now: "no agent", as without peering.
+    let front = &fleet.servers[0];
+    let error = echo_through(front, &echo).await.unwrap_err();
+    assert!(error.contains("No agent available"), "{error}");
+    // Held again by another server, it is reached again.
+    let agent = held_by(&fleet, 3).await;
+    reachable(front, &echo, Duration::from_secs(5)).await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_checks_its_own_destination_policy_again() {
+    tether_testkit::init_logging();
+    let echo = EchoServer::start().await.unwrap();
+    // The holder refuses every destination; the server the client is connected to has no
+    // policy.
+    let pki = Pki::generate().unwrap();
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(pki.dir()).unwrap());
+    let fleet = Fleet::start_with(pki, 2, true, |host, options| {
+        if host == 3 {
+            let routing = format!(
+                "destinations:\n  - name: nothing\n    clients: [\"uid:{uid}\"]\n    rules:\n      - deny all\n"
+            );
+            options.routing = tether_server::RoutingConfig::from_yaml(&routing).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let agent = held_by(&fleet, 3).await;
+    let started = Instant::now();
+    let error = loop {
+        let error = echo_through(&fleet.servers[0], &echo).await.unwrap_err();
+        if !error.contains("No agent available") || started.elapsed() > Duration::from_secs(5) {
+            break error;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(error.contains("policy"), "{error}");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_servers_audit_a_forwarded_connection_and_name_the_hop() {
+    tether_testkit::init_logging();
+    let pki = Pki::generate().unwrap();
+    let dir = pki.dir().to_owned();
+    let log = |host: u8| dir.join(format!("audit-{host}.log"));
+    let fleet = Fleet::start_with(pki, 2, true, |host, options| {
+        options.audit_log = Some(AuditTarget::File(log(host)));
+    })
+    .await
+    .unwrap();
+    let agent = held_by(&fleet, 3).await;
+    let echo = EchoServer::start().await.unwrap();
+    reachable(&fleet.servers[0], &echo, Duration::from_secs(5)).await;
+    let ended = |host: u8| {
+        let started = Instant::now();
+        loop {
+            let found = std::fs::read_to_string(log(host))
+                .unwrap_or_default()
+                .lines()
+                .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+                .find(|r| r["event"] == "connection" && r["outcome"] == "ok");
+            match found {
+                Some(record) => return record,
+                None => assert!(
+                    started.elapsed() < STEP,
+                    "no connection record on server-{host}: {}",
+                    std::fs::read_to_string(log(host)).unwrap_or_default()
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let (front, holder) = (ended(2), ended(3));
+    assert_eq!(front["via_server"], "server-3", "{front}");
+    assert_eq!(holder["from_server"], "server-2", "{holder}");
+    // The holder names the client as the first server's listener proved it.
+    assert_eq!(holder["client"], front["client"], "{holder}");
+    assert_eq!(holder["transport"], "uds", "{holder}");
+    assert_eq!(holder["requested"], echo.addr.to_string());
+    assert_eq!(front["agent_id"], holder["agent_id"]);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_on_a_forwarded_connection_holds_back_no_other() {
+    tether_testkit::init_logging();
+    const LEN: usize = 16 * 1024 * 1024;
+    let fleet = Fleet::start_peered(2).await.unwrap();
+    let agent = held_by(&fleet, 3).await;
+    let echo = EchoServer::start().await.unwrap();
+    let source = SourceServer::start().await.unwrap();
+    let front = &fleet.servers[0];
+    reachable(front, &echo, Duration::from_secs(5)).await;
+    let client = client_of(front).await;
+    // One forwarded connection's reader never reads what its source keeps sending.
+    let mut stalled = client.dial(&source.addr.to_string()).await.unwrap();
+    stalled.write_all(&u64::MAX.to_be_bytes()).await.unwrap();
+    // Another one carries megabytes both ways, byte for byte.
+    let mut flowing = client.dial(&echo.addr.to_string()).await.unwrap();
+    let sent = pattern(3, LEN);
+    let (mut rd, mut wr) = tokio::io::split(&mut flowing);
+    let mut got = vec![0u8; LEN];
+    let (written, read) = tokio::time::timeout(STEP, async {
+        tokio::join!(wr.write_all(&sent), rd.read_exact(&mut got))
+    })
+    .await
+    .expect("the flowing connection is not held back");
+    written.unwrap();
+    read.unwrap();
+    assert!(got == sent, "the echo differs");
+    drop(stalled);
+    drop(flowing);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_client_reaches_only_its_tenant_s_agents_through_a_peer() {
+    tether_testkit::init_logging();
+    let (pki, certs) = Pki::generate_with_client_files(&["agent.acme", "agent.globex"]).unwrap();
+    let dir = pki.dir().display().to_string();
+    let fleet = Fleet::start_with(pki, 2, true, |host, options| {
+        let routing = format!(
+            "tenants:
+  - name: acme
+    frontend: {{unix: \"{dir}/acme-{host}.sock\"}}
+    agents: [\"cert:agent.acme\"]
+  - name: globex
+    frontend: {{unix: \"{dir}/globex-{host}.sock\"}}
+    agents: [\"cert:agent.globex\"]
+"
+        );
+        options.routing = tether_server::RoutingConfig::from_yaml(&routing).unwrap();
+    })
+    .await
+    .unwrap();
+    // Only globex has an agent, held by the second server.
+    let agent = TestAgent::start(
+        &fleet.pki,
+        fleet.address(3),
+        AgentOptions {
+            discovery: tether_agent::Discovery::List([fleet.address(3)].into()),
+            client_cert: Some(certs[1].clone()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let own = |tenant: &str| {
+        let (_, path) = fleet.servers[0]
+            .tenant_frontends
+            .iter()
+            .find(|(name, _)| name == tenant)
+            .unwrap();
+        Transport::Unix(path.into())
+    };
+    let started = Instant::now();
+    loop {
+        let client = GrpcClient::connect(&own("globex")).await.unwrap();
+        if client.dial(&echo.addr.to_string()).await.is_ok() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "globex never reached its agent"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let acme = GrpcClient::connect(&own("acme")).await.unwrap();
+    let error = acme.dial(&echo.addr.to_string()).await.unwrap_err();
+    assert!(error.to_string().contains("No agent available"), "{error}");
     agent.stop().await;
 }

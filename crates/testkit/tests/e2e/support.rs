@@ -6,7 +6,6 @@ use tether_client::{DialError, GrpcClient, Transport as ClientTransport};
 use tether_server::Mode;
 use tether_testkit::http::metric_value;
 use tether_testkit::{Pki, TestAgent};
-use tether_tls::pki::ClientSpec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -106,26 +105,7 @@ where
 
 /// Writes extra client certificates for `names`; returns their (cert, key) paths.
 pub(crate) fn client_certs(names: &[&str]) -> (Pki, Vec<(PathBuf, PathBuf)>) {
-    let specs: Vec<ClientSpec<'_>> = names
-        .iter()
-        .map(|n| ClientSpec {
-            common_name: n,
-            sans: &[],
-        })
-        .collect();
-    let (pki, issued) = Pki::generate_with_clients(&specs).unwrap();
-    let certs = names
-        .iter()
-        .zip(&issued)
-        .map(|(name, issued)| {
-            let cert = pki.dir().join(format!("{name}.crt"));
-            let key = pki.dir().join(format!("{name}.key"));
-            std::fs::write(&cert, &issued.cert_pem).unwrap();
-            std::fs::write(&key, &issued.key_pem).unwrap();
-            (cert, key)
-        })
-        .collect();
-    (pki, certs)
+    Pki::generate_with_client_files(names).unwrap()
 }
 
 /// Dials through whichever frontend the server has.
