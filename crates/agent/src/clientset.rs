@@ -60,6 +60,9 @@ pub(crate) struct ClientSet {
     /// Discovered addresses whose stream turned out to be a server already held through
     /// another address (one server, two addresses: IPv4 and IPv6), and that server's ID.
     aliases: Mutex<HashMap<SocketAddr, String>>,
+    /// With `--agent-server-connections`: addresses that could not be reached, passed
+    /// over until then.
+    passed_over: Mutex<HashMap<SocketAddr, Instant>>,
 }
 
 /// A server stream, and the token that lets go of it when its server's Lease expired.
@@ -113,6 +116,7 @@ impl ClientSet {
             changes: watch::Sender::new(0),
             endpoints: watch::Sender::new(Endpoints::new()),
             aliases: Mutex::new(HashMap::new()),
+            passed_over: Mutex::new(HashMap::new()),
         }
     }
 
@@ -133,18 +137,25 @@ impl ClientSet {
         if self.config.discovery != Discovery::Balancer {
             return self.discovered_target();
         }
-        server_count::target(
+        let count = server_count::target(
             self.config.lease_counting.as_ref().map(|c| c.source),
             self.leases().as_ref(),
             self.server_count.load(Ordering::Acquire),
-        )
+        );
+        // Through a balancer, K streams to whichever servers it picks.
+        self.config
+            .server_connections
+            .map_or(count, |k| count.min(k.get()))
     }
 
     /// Whether every counted server is connected (streams being let go of not included; a
     /// stream handed its resumed transport is).
     pub(crate) fn satisfied(&self) -> bool {
         let target = self.target();
-        let leases = self.leases();
+        // With K servers only, no one server's Lease has to be among them.
+        let leases = self
+            .leases()
+            .filter(|_| self.config.server_connections.is_none());
         let sessions = self.sessions();
         if self.config.discovery != Discovery::Balancer && !self.every_endpoint_held(&sessions) {
             return false;

@@ -23,6 +23,9 @@ pub struct Config {
     pub server_port: u16,
     /// `--server-discovery` and `--proxy-server-addresses`: how the servers are found.
     pub discovery: crate::discovery::Discovery,
+    /// `--agent-server-connections`: hold streams to this many servers only, chosen by
+    /// rendezvous hashing (for fleets whose servers peer); `None` holds every server.
+    pub server_connections: Option<std::num::NonZeroUsize>,
     /// `--transport=websocket`: the native link in WebSocket messages, upgraded at this
     /// request path (`--websocket-path`).
     pub websocket_path: Option<String>,

@@ -29,6 +29,7 @@ pub mod egress_proxy;
 mod health;
 mod introspect;
 mod metrics;
+mod rendezvous;
 mod server_count;
 mod session;
 mod tls_failure;

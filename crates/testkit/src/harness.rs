@@ -386,6 +386,8 @@ pub struct AgentOptions {
     /// (`Balancer`), or at the addresses discovery finds. With discovery, TLS verifies
     /// `localhost`, a name the test PKI's server certificate holds.
     pub discovery: tether_agent::Discovery,
+    /// `--agent-server-connections` (`None`: every server).
+    pub server_connections: Option<std::num::NonZeroUsize>,
 }
 
 /// Which link an in-process agent offers the server.
@@ -456,6 +458,7 @@ impl Default for AgentOptions {
             resume_window: RESUME_WINDOW,
             link: AgentLink::from_env(),
             discovery: tether_agent::Discovery::Balancer,
+            server_connections: None,
         }
     }
 }
@@ -515,6 +518,7 @@ impl TestAgent {
             server_host,
             server_port: server_agent_addr.port(),
             discovery: opts.discovery,
+            server_connections: opts.server_connections,
             websocket_path: (link == AgentLink::WebSocket).then(|| "/".to_owned()),
             egress: tether_agent::egress_proxy::Egress::Direct,
             tls: tether_tls::client_config(

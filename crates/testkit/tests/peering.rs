@@ -279,3 +279,85 @@ async fn a_tenant_s_client_reaches_only_its_tenant_s_agents_through_a_peer() {
     assert!(error.to_string().contains("No agent available"), "{error}");
     agent.stop().await;
 }
+
+/// An agent that knows every member and holds `k` of them, as rendezvous ranks them.
+async fn holding_k(fleet: &Fleet, id: &str, k: usize) -> TestAgent {
+    TestAgent::start(
+        &fleet.pki,
+        fleet.address(2),
+        AgentOptions {
+            agent_id: id.to_owned(),
+            discovery: tether_agent::Discovery::List(fleet.addresses()),
+            server_connections: std::num::NonZeroUsize::new(k),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// `sample` on `server`'s metrics page; 0 when absent.
+async fn metric(server: &TestServer, sample: &str) -> f64 {
+    tether_testkit::http::metric_value(&server.metrics().await.unwrap(), sample).unwrap_or(0.0)
+}
+
+const READY_AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_holding_one_server_each_are_reached_from_all_and_re_home_when_it_dies() {
+    tether_testkit::init_logging();
+    let mut fleet = Fleet::start_peered(3).await.unwrap();
+    let mut agents = Vec::new();
+    for n in 0..6 {
+        agents.push(holding_k(&fleet, &format!("node-{n}"), 1).await);
+    }
+    // Each agent holds one stream: six in all over the three servers.
+    let started = Instant::now();
+    loop {
+        let mut held = 0.0;
+        for server in &fleet.servers {
+            held += metric(server, READY_AGENTS).await;
+        }
+        if held == 6.0 {
+            break;
+        }
+        assert!(started.elapsed() < STEP, "{held} of 6 agents held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let echo = EchoServer::start().await.unwrap();
+    for server in &fleet.servers {
+        reachable(server, &echo, Duration::from_secs(5)).await;
+    }
+    // The server holding the most agents dies; they move to the others, and every agent
+    // is reached again from a surviving server.
+    let mut most = (0, 0.0);
+    for (i, server) in fleet.servers.iter().enumerate() {
+        let held = metric(server, READY_AGENTS).await;
+        if held > most.1 {
+            most = (i, held);
+        }
+    }
+    fleet.servers.remove(most.0).stop().await;
+    let started = Instant::now();
+    loop {
+        let mut held = 0.0;
+        for server in &fleet.servers {
+            held += metric(server, READY_AGENTS).await;
+        }
+        if held == 6.0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{held} of 6 agents re-homed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("every agent re-homed after {:?}", started.elapsed());
+    for server in &fleet.servers {
+        reachable(server, &echo, Duration::from_secs(5)).await;
+    }
+    for agent in agents {
+        agent.stop().await;
+    }
+}

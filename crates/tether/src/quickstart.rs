@@ -252,6 +252,7 @@ async fn start_pair(
             server_host: agent_addr.ip().to_string(),
             server_port: agent_addr.port(),
             discovery: tether_agent::Discovery::Balancer,
+            server_connections: None,
             websocket_path: None,
             egress: tether_agent::egress_proxy::Egress::Direct,
             tls: tether_tls::client_config(

@@ -166,6 +166,14 @@ pub(crate) struct AgentArgs {
     )]
     proxy_server_addresses: String,
 
+    /// Hold streams to this many servers only, chosen by rendezvous hashing of the agent ID
+    /// with the discovered addresses (through a balancer: whichever it picks), so that the
+    /// fleet's agents spread evenly over the servers. For fleets whose servers peer
+    /// (tether servers with --peer-port): a client of any server then reaches every agent.
+    /// 0: every server, as upstream.
+    #[arg(long, help_heading = "Servers", value_name = "K", default_value_t = 0)]
+    agent_server_connections: usize,
+
     /// This agent's ID. Default: $PROXY_AGENT_ID, else a random UUID.
     #[arg(
         long,
@@ -512,6 +520,7 @@ impl AgentArgs {
             server_host: self.proxy_server_host,
             server_port: self.proxy_server_port,
             discovery,
+            server_connections: std::num::NonZeroUsize::new(self.agent_server_connections),
             websocket_path,
             egress,
             tls,
@@ -623,6 +632,12 @@ impl AgentArgs {
         if discovery != Discovery::Balancer && self.sync_forever {
             bail!(
                 "--sync-forever keeps dialing a balancer for more servers; with --server-discovery or --proxy-server-addresses every server is dialed directly: drop --sync-forever"
+            );
+        }
+        if self.agent_server_connections > 0 && self.sync_forever {
+            bail!(
+                "--sync-forever keeps dialing for more servers, --agent-server-connections={} holds that many only: give one of them",
+                self.agent_server_connections
             );
         }
         Ok(discovery)
