@@ -3,15 +3,20 @@
 //! otherwise; they run on their own tracker until told to stop, and stopping waits for them
 //! (the controller deletes its Lease then) within a deadline.
 
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tether_agent::{LeaseCounting, ServerLeases};
 use tether_kube::lease::api::{CALL_TIMEOUT, Leases};
+use tether_kube::lease::count::count_valid;
 use tether_kube::lease::metrics::{CounterMetrics, GcMetrics};
 use tether_kube::lease::record::LeaseIdentity;
 use tether_kube::lease::{controller, counter, gc, lease_name};
 use tether_kube::{KubeApi, KubeApiOptions};
 use tether_observe::metrics::Registry;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -42,6 +47,7 @@ impl LeaseTasks {
             duration: settings.duration,
             labels: settings.labels.clone(),
             agent_address: settings.agent_address.map(|a| a.to_string()),
+            peer_address: settings.peer_address.map(|a| a.to_string()),
         };
         let this = Self::new();
         this.tasks.spawn(controller::run(
@@ -50,6 +56,15 @@ impl LeaseTasks {
             settings.renew_interval,
             this.stop.clone(),
         ));
+        if let Some(peers) = &settings.peers {
+            this.tasks.spawn(follow_peers(
+                leases.clone(),
+                settings.labels.selector(),
+                settings.renew_interval,
+                peers.clone(),
+                this.stop.clone(),
+            ));
+        }
         this.tasks.spawn(gc::run(
             leases,
             settings.labels.selector(),
@@ -112,5 +127,52 @@ impl LeaseTasks {
         {
             tracing::warn!("Lease tasks did not end in time");
         }
+    }
+}
+
+/// Server peering by Lease: lists the fleet's Leases every `interval` and publishes the
+/// peer addresses the valid ones carry, until `stop`. A failed or empty listing keeps the
+/// peers known before.
+async fn follow_peers(
+    leases: Leases,
+    selector: String,
+    interval: Duration,
+    peers: Arc<watch::Sender<BTreeSet<SocketAddr>>>,
+    stop: CancellationToken,
+) {
+    let mut failing = false;
+    let listing = async {
+        loop {
+            match leases.list(&selector, true).await {
+                Ok(all) => {
+                    failing = false;
+                    let found: BTreeSet<SocketAddr> =
+                        count_valid(&all, std::time::SystemTime::now())
+                            .peer_addresses
+                            .into_values()
+                            .collect();
+                    if !found.is_empty() {
+                        peers.send_if_modified(|known| {
+                            let changed = *known != found;
+                            if changed {
+                                tracing::info!(peers = ?found, "peer servers found in the Leases");
+                                *known = found;
+                            }
+                            changed
+                        });
+                    }
+                }
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "could not list the server Leases for peers; keeping the peers known");
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(interval).await;
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = listing => {}
     }
 }

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::coordination::v1::Lease;
 
-use super::record::AGENT_ADDRESS_ANNOTATION;
+use super::record::{AGENT_ADDRESS_ANNOTATION, PEER_ADDRESS_ANNOTATION};
 use super::validity::is_valid;
 
 /// The valid Leases of one list.
@@ -22,6 +22,8 @@ pub struct LeaseCount {
     /// Holders of valid Leases without a readable agent address (upstream servers, or
     /// tether servers without `--lease-agent-address`), with what the annotation held.
     pub without_address: BTreeMap<String, Option<String>>,
+    /// The peer addresses the valid Leases' holders published (server peering), by holder.
+    pub peer_addresses: BTreeMap<String, SocketAddr>,
 }
 
 /// Counts the valid Leases among `leases` (already filtered by the label selector).
@@ -35,11 +37,11 @@ pub fn count_valid(leases: &[Lease], now: SystemTime) -> LeaseCount {
         let Some(holder) = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()) else {
             continue;
         };
-        let published = lease
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(AGENT_ADDRESS_ANNOTATION));
+        let annotation = |key: &str| lease.metadata.annotations.as_ref()?.get(key);
+        if let Some(peer) = annotation(PEER_ADDRESS_ANNOTATION).and_then(|a| a.parse().ok()) {
+            count.peer_addresses.insert(holder.clone(), peer);
+        }
+        let published = annotation(AGENT_ADDRESS_ANNOTATION);
         match published.and_then(|a| a.parse::<SocketAddr>().ok()) {
             Some(address) => {
                 count.addresses.insert(holder.clone(), address);
@@ -106,6 +108,27 @@ mod tests {
         ]
         .into();
         assert_eq!(c.without_address, unreadable);
+    }
+
+    #[test]
+    fn published_peer_addresses_are_read_from_valid_leases_only() {
+        let with = |name, at_secs, peer: &str| {
+            let mut l = lease(name, Some(at_secs), Some(30));
+            l.metadata.annotations =
+                Some([(PEER_ADDRESS_ANNOTATION.to_owned(), peer.to_owned())].into());
+            l
+        };
+        let leases = [
+            with("a", 1000, "10.0.0.1:8093"),
+            with("b", 1000, "peers:8093"),
+            with("c", 900, "10.0.0.3:8093"),
+        ];
+        let c = count_valid(&leases, at(1010));
+        let want: BTreeMap<String, SocketAddr> =
+            [("a".to_owned(), "10.0.0.1:8093".parse().unwrap())].into();
+        assert_eq!(c.peer_addresses, want);
+        // A peer address is not an agent address.
+        assert!(c.addresses.is_empty());
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! that upstream agents and garbage collectors read tether's Leases exactly as their own.
 //! Only name, namespace, labels, `holderIdentity`, `leaseDurationSeconds` and `renewTime`
 //! are set (no acquire time, no owner references), and the labels are re-applied on every
-//! write. tether adds one annotation when asked, the server's agent address
-//! ([`AGENT_ADDRESS_ANNOTATION`]), which upstream's agents ignore.
+//! write. tether adds annotations when asked, the server's agent address
+//! ([`AGENT_ADDRESS_ANNOTATION`]) and its peer address ([`PEER_ADDRESS_ANNOTATION`]),
+//! which upstream's agents ignore.
 
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +18,9 @@ use super::labels::LeaseLabels;
 /// Lease (`--server-discovery=leases`).
 pub const AGENT_ADDRESS_ANNOTATION: &str = "tether.dev/agent-address";
 
+/// Where the fleet's other servers reach the Lease holder's peer port (server peering).
+pub const PEER_ADDRESS_ANNOTATION: &str = "tether.dev/peer-address";
+
 /// Whose Lease this is, and how it is written.
 #[derive(Clone, Debug)]
 pub struct LeaseIdentity {
@@ -29,6 +33,8 @@ pub struct LeaseIdentity {
     pub labels: LeaseLabels,
     /// `--lease-agent-address`: written as [`AGENT_ADDRESS_ANNOTATION`] on every write.
     pub agent_address: Option<String>,
+    /// `--lease-peer-address`: written as [`PEER_ADDRESS_ANNOTATION`] on every write.
+    pub peer_address: Option<String>,
 }
 
 impl LeaseIdentity {
@@ -59,12 +65,17 @@ impl LeaseIdentity {
             Timestamp::try_from(now).unwrap_or(Timestamp::UNIX_EPOCH),
         ));
         lease.metadata.labels = Some(self.labels.map().clone());
-        if let Some(address) = &self.agent_address {
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(AGENT_ADDRESS_ANNOTATION.to_owned(), address.clone());
+        for (annotation, address) in [
+            (AGENT_ADDRESS_ANNOTATION, &self.agent_address),
+            (PEER_ADDRESS_ANNOTATION, &self.peer_address),
+        ] {
+            if let Some(address) = address {
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(annotation.to_owned(), address.clone());
+            }
         }
         lease
     }
@@ -84,6 +95,7 @@ mod tests {
             duration: Duration::from_secs(30),
             labels: "k8s-app=konnectivity-server".parse().unwrap(),
             agent_address: None,
+            peer_address: None,
         }
     }
 
@@ -115,6 +127,7 @@ mod tests {
     fn the_agent_address_is_an_annotation_written_on_every_renewal() {
         let identity = LeaseIdentity {
             agent_address: Some("10.0.0.7:8091".into()),
+            peer_address: Some("10.0.0.7:8093".into()),
             ..identity()
         };
         let address = |lease: &Lease| {
@@ -127,6 +140,10 @@ mod tests {
         };
         let fresh = identity.fresh(at(1000));
         assert_eq!(address(&fresh).as_deref(), Some("10.0.0.7:8091"));
+        assert_eq!(
+            fresh.metadata.annotations.as_ref().unwrap()[PEER_ADDRESS_ANNOTATION],
+            "10.0.0.7:8093"
+        );
         let mut changed = fresh.clone();
         changed.metadata.annotations =
             Some([(AGENT_ADDRESS_ANNOTATION.to_owned(), "x".to_owned())].into());

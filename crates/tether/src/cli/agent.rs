@@ -4,8 +4,6 @@
 //! test runner, which passes all of them as `--name=value`, can start tether in place of the
 //! Go agent. Validation follows upstream's `GrpcProxyAgentOptions.Validate`.
 
-use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -596,9 +594,11 @@ impl AgentArgs {
             if self.server_discovery != ServerDiscovery::Balancer {
                 bail!("--proxy-server-addresses replaces --server-discovery: give one of them");
             }
-            Discovery::List(server_addresses(
+            Discovery::List(super::common::address_list(
+                "--proxy-server-addresses",
                 &self.proxy_server_addresses,
                 self.proxy_server_port,
+                "the servers' name goes in --proxy-server-host",
             )?)
         } else {
             match self.server_discovery {
@@ -799,23 +799,6 @@ impl AgentArgs {
         ignored.extend(self.klog.ignored());
         ignored
     }
-}
-
-/// `--proxy-server-addresses`: IP[:PORT] items, the port defaulting to `port`.
-fn server_addresses(list: &str, port: u16) -> anyhow::Result<BTreeSet<SocketAddr>> {
-    let mut addresses = BTreeSet::new();
-    for item in list.split(',').map(str::trim) {
-        let address = super::common::ip_and_port(item, port).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--proxy-server-addresses: {item:?} is not IP[:PORT] (an IPv6 address with a port in brackets: [::1]:8091); the servers' name goes in --proxy-server-host"
-                )
-            })?;
-        if address.port() == 0 {
-            bail!("--proxy-server-addresses: {item:?} has port 0");
-        }
-        addresses.insert(address);
-    }
-    Ok(addresses)
 }
 
 /// `--server-discovery`.

@@ -112,6 +112,29 @@ pub(crate) fn check_pair(
     Ok(())
 }
 
+/// A comma-separated list of `IP[:PORT]` (`port` by default; IPv6 in brackets with a port)
+/// given as `flag`; `hint` says what else the operator may have meant.
+pub(crate) fn address_list(
+    flag: &str,
+    list: &str,
+    port: u16,
+    hint: &str,
+) -> anyhow::Result<std::collections::BTreeSet<SocketAddr>> {
+    let mut addresses = std::collections::BTreeSet::new();
+    for item in list.split(',').map(str::trim) {
+        let address = ip_and_port(item, port).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{flag}: {item:?} is not IP[:PORT] (an IPv6 address with a port in brackets: [::1]:8091); {hint}"
+            )
+        })?;
+        if address.port() == 0 {
+            bail!("{flag}: {item:?} has port 0");
+        }
+        addresses.insert(address);
+    }
+    Ok(addresses)
+}
+
 /// Heading of flags accepted for compatibility only.
 pub(crate) const NO_EFFECT: &str = "Accepted for compatibility (no effect in tether)";
 

@@ -23,6 +23,7 @@ use kube_client::KubeClientArgs;
 pub(crate) use launch::ServerLaunch;
 use lease::LeaseArgs;
 pub(crate) use lease::ServerLeases;
+use peer::PeerArgs;
 use routing::RoutingArgs;
 use security::SecurityArgs;
 use token_auth::TokenAuthArgs;
@@ -31,6 +32,7 @@ mod control_plane;
 mod kube_client;
 mod launch;
 mod lease;
+mod peer;
 mod reload;
 mod routing;
 mod security;
@@ -262,6 +264,9 @@ pub(crate) struct ServerArgs {
     pub(crate) leases: LeaseArgs,
 
     #[command(flatten)]
+    peer: PeerArgs,
+
+    #[command(flatten)]
     pub(crate) upstream_only: UpstreamOnlyArgs,
 
     /// Size of upstream's per-stream channels; tether's per-connection flow control
@@ -292,7 +297,7 @@ impl ServerArgs {
         let routing = self.routing.routing()?;
         let account = token_auth.as_ref().map(|t| t.account.clone());
         routing::check_service_accounts(&routing, account.as_ref())?;
-        let leases = self.leases.settings(self.agent_port)?;
+        let mut leases = self.leases.settings(self.agent_port, self.peer.port())?;
         let control_plane = self.control_plane.endpoints()?;
         let kube =
             (token_auth.is_some() || leases.is_some() || control_plane == ControlPlane::Kubeconfig)
@@ -340,6 +345,13 @@ impl ServerArgs {
                 .context("--tls-min-version/--cipher-suites")?;
         if let Some(warning) = warning {
             tracing::warn!("{warning}");
+        }
+        let peering = self.peer.peering(
+            &tls,
+            leases.as_ref().is_some_and(|l| l.peer_address.is_some()),
+        )?;
+        if let (Some(leases), Some(peering)) = (&mut leases, &peering) {
+            leases.peers = peering.from_leases.clone();
         }
         let frontend = self.frontend(mode, &tls)?;
         let agent_tls = self.agent_tls(&tls, token_auth.is_some())?;
@@ -423,7 +435,7 @@ impl ServerArgs {
             resume_window: self.flow.resume_window,
             dead_agent_timeout: (!self.dead_agent_timeout.is_zero())
                 .then_some(self.dead_agent_timeout),
-            peering: None,
+            peering: peering.map(|p| p.config),
         };
         let routing_file = self.routing.path().map(|path| routing::RoutingFile {
             path: path.to_owned(),

@@ -3,6 +3,7 @@
 //! upstream: 30s and 15s; the garbage collector runs at the renew interval, as upstream's
 //! 15s).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -47,6 +48,13 @@ pub(crate) struct LeaseArgs {
     /// ignore it.
     #[arg(long, help_heading = HEADING, value_name = "IP[:PORT]", default_value = "")]
     lease_agent_address: String,
+
+    /// tether: where the fleet's other servers reach this server's peer port, IP[:PORT]
+    /// (the port defaults to --peer-port; in a pod: $(POD_IP)), published in its Lease as
+    /// the annotation tether.dev/peer-address. With it, this server links to every peer
+    /// whose valid Lease publishes one (server peering; needs --peer-port).
+    #[arg(long, help_heading = HEADING, value_name = "IP[:PORT]", default_value = "")]
+    lease_peer_address: String,
 }
 
 /// The Lease controller's settings, validated. They use the server's one Kubernetes client
@@ -59,27 +67,54 @@ pub(crate) struct ServerLeases {
     pub(crate) renew_interval: Duration,
     /// `--lease-agent-address`, validated.
     pub(crate) agent_address: Option<SocketAddr>,
+    /// `--lease-peer-address`, validated.
+    pub(crate) peer_address: Option<SocketAddr>,
+    /// With `--lease-peer-address`: where the peer addresses of every listing go.
+    pub(crate) peers: Option<std::sync::Arc<tokio::sync::watch::Sender<BTreeSet<SocketAddr>>>>,
 }
 
 impl LeaseArgs {
     /// Validates the flags and returns the settings when --enable-lease-controller is on.
-    /// `agent_port` is `--agent-port`, the default port of `--lease-agent-address`.
-    pub(crate) fn settings(&self, agent_port: u16) -> anyhow::Result<Option<ServerLeases>> {
-        let agent_address = match self.lease_agent_address.as_str() {
-            "" => None,
-            given => Some(
-                crate::cli::common::ip_and_port(given, agent_port).ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "--lease-agent-address must be IP[:PORT] (an IPv6 address with a port in brackets), got {given:?}"
-                        )
-                    })?,
-            ),
+    /// `agent_port` is `--agent-port`, the default port of `--lease-agent-address`, and
+    /// `peer_port` `--peer-port`, that of `--lease-peer-address`.
+    pub(crate) fn settings(
+        &self,
+        agent_port: u16,
+        peer_port: u16,
+    ) -> anyhow::Result<Option<ServerLeases>> {
+        let address = |flag: &str, given: &str, port: u16| {
+            match given {
+            "" => Ok(None),
+            given => crate::cli::common::ip_and_port(given, port)
+                .map(Some)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{flag} must be IP[:PORT] (an IPv6 address with a port in brackets), got {given:?}"
+                    )
+                }),
+        }
         };
+        let agent_address = address(
+            "--lease-agent-address",
+            &self.lease_agent_address,
+            agent_port,
+        )?;
+        let peer_address = address("--lease-peer-address", &self.lease_peer_address, peer_port)?;
+        if peer_address.is_some() && peer_port == 0 {
+            bail!(
+                "--lease-peer-address publishes where peers reach this server's peer port: it needs --peer-port"
+            );
+        }
         if !self.enable_lease_controller {
-            if agent_address.is_some() {
-                bail!(
-                    "--lease-agent-address is published in the server's Lease: it needs --enable-lease-controller"
-                );
+            for (flag, given) in [
+                ("--lease-agent-address", agent_address),
+                ("--lease-peer-address", peer_address),
+            ] {
+                if given.is_some() {
+                    bail!(
+                        "{flag} is published in the server's Lease: it needs --enable-lease-controller"
+                    );
+                }
             }
             return Ok(None);
         }
@@ -107,6 +142,8 @@ impl LeaseArgs {
             duration: d,
             renew_interval: self.lease_renew_interval,
             agent_address,
+            peer_address,
+            peers: None,
         }))
     }
 

@@ -869,3 +869,96 @@ fn the_kubeconfigs_api_server_is_a_reverse_endpoint_only_when_asked() {
     assert!(launch.control_plane_from_kubeconfig);
     assert_eq!(launch.kube.unwrap().kubeconfig, Some(kubeconfig.clone()));
 }
+
+/// The peer files of the test PKI, as flags.
+fn peer_tls(files: &PkiFiles) -> String {
+    format!(
+        "--peer-cert-file={} --peer-key-file={} --peer-ca-cert={}",
+        files.peer_cert.display(),
+        files.peer_key.display(),
+        files.ca_cert.display()
+    )
+}
+
+#[test]
+fn server_peering_is_off_unless_asked_and_lists_its_peers() {
+    let (_dir, files) = pki();
+    assert!(uds(&files, "").unwrap().peering.is_none());
+    let config = uds(
+        &files,
+        &format!(
+            "--peer-port=8093 {} --peer-addresses=10.0.0.2,10.0.0.3:9000,[fd00::4]",
+            peer_tls(&files)
+        ),
+    )
+    .unwrap();
+    let peering = config.peering.unwrap();
+    assert_eq!(
+        peering.listen,
+        "0.0.0.0:8093".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(peering.name, "tether-peer");
+    let want: std::collections::BTreeSet<SocketAddr> =
+        ["10.0.0.2:8093", "10.0.0.3:9000", "[fd00::4]:8093"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+    assert_eq!(*peering.addresses.borrow(), want);
+    assert_eq!(
+        peering.server_tls.alpn_protocols,
+        [tether_server::PEER_ALPN.to_vec()]
+    );
+    // Peers from the Leases: the Lease carries this server's peer address.
+    let leases = lease_settings(
+        &files,
+        &format!(
+            "--enable-lease-controller --peer-port=8093 {} --lease-peer-address=10.0.0.7",
+            peer_tls(&files)
+        ),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(leases.peer_address, Some("10.0.0.7:8093".parse().unwrap()));
+    assert!(leases.peers.is_some(), "the Lease tasks publish the peers");
+}
+
+#[test]
+fn server_peering_refusals_name_their_flag() {
+    let (_dir, files) = pki();
+    let tls = peer_tls(&files);
+    for (flags, want) in [
+        (
+            format!("--peer-addresses=10.0.0.2 {tls}"),
+            "--peer-cert-file is a server peering setting: it needs --peer-port",
+        ),
+        (
+            "--peer-port=8093 --peer-addresses=10.0.0.2".to_owned(),
+            "--peer-port needs --peer-cert-file",
+        ),
+        (
+            format!("--peer-port=8093 {tls}"),
+            "--peer-port needs its peers",
+        ),
+        (
+            format!("--peer-port=8093 {tls} --peer-addresses=peers.example"),
+            "--peer-addresses: \"peers.example\" is not IP[:PORT]",
+        ),
+        (
+            format!("--peer-port=8093 {tls} --peer-addresses=10.0.0.2 --peer-name=a/b"),
+            "--peer-name must be a DNS name or an IP address",
+        ),
+        (
+            format!(
+                "--peer-port=8093 {tls} --peer-addresses=10.0.0.2 --enable-lease-controller --lease-peer-address=10.0.0.7"
+            ),
+            "--peer-addresses lists the peers, --lease-peer-address finds them in the Leases",
+        ),
+        (
+            "--enable-lease-controller --lease-peer-address=10.0.0.7".to_owned(),
+            "--lease-peer-address publishes where peers reach this server's peer port: it needs --peer-port",
+        ),
+    ] {
+        let err = error(uds(&files, &flags));
+        assert!(err.contains(want), "{flags}: {err}");
+    }
+}
