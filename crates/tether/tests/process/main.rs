@@ -12,6 +12,7 @@ mod handshake_failures;
 mod hangup;
 mod introspect;
 mod logs;
+mod peering;
 mod policy_reload;
 mod profiling;
 mod readiness;
