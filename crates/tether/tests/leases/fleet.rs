@@ -137,6 +137,26 @@ impl Fleet {
         Ok(())
     }
 
+    /// The flags of a tether server that peers by Lease: the PKI's peer certificate, a
+    /// peer port of its own on 127.0.0.1, published in its Lease.
+    pub(crate) fn peer_flags(&self) -> Vec<String> {
+        let f = &self.pki.files;
+        let port = free_port();
+        vec![
+            format!("--peer-port={port}"),
+            "--peer-bind-address=127.0.0.1".into(),
+            format!("--peer-cert-file={}", f.peer_cert.display()),
+            format!("--peer-key-file={}", f.peer_key.display()),
+            format!("--peer-ca-cert={}", f.ca_cert.display()),
+            format!("--lease-peer-address=127.0.0.1:{port}"),
+        ]
+    }
+
+    /// Server `id`'s frontend socket.
+    pub(crate) fn socket(&self, id: &str) -> PathBuf {
+        self.dir.path().join(format!("{id}.sock"))
+    }
+
     /// Takes a server out of the balancer and returns it (to stop or kill).
     pub(crate) fn remove_server(&mut self, id: &str) -> Member {
         let i = self

@@ -7,6 +7,8 @@ mod fleet;
 use std::time::Duration;
 
 use fleet::{FAST_LEASES, Fleet, KNOWN, Kind, OPEN, converge, until};
+use tether_testkit::targets::EchoServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 /// One control plane at a time: each test starts its own, and two at once would starve a
@@ -144,6 +146,69 @@ async fn agents_that_discover_servers_by_lease_need_no_balancer_luck() -> anyhow
     })
     .await;
     drop(killed);
+    Ok(())
+}
+
+/// One echo through server `id`'s frontend; the dial's error if it fails.
+async fn echo_through(fleet: &Fleet, id: &str, echo: &EchoServer) -> Result<(), String> {
+    let transport = tether_client::Transport::Unix(fleet.socket(id));
+    let client = tether_client::GrpcClient::connect(&transport)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tunnel = client
+        .dial(&echo.addr.to_string())
+        .await
+        .map_err(|e| e.to_string())?;
+    tunnel.write_all(b"ping").await.map_err(|e| e.to_string())?;
+    let mut back = [0u8; 4];
+    tunnel
+        .read_exact(&mut back)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_that_peer_by_lease_reach_an_agent_only_one_of_them_holds() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    for id in ["srv-1", "srv-2", "srv-3"] {
+        let mut flags: Vec<String> = FAST_LEASES.iter().map(|s| (*s).to_owned()).collect();
+        flags.extend(fleet.peer_flags());
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        fleet.add_server(Kind::Tether, id, &flags).await?;
+    }
+    let leases = fleet.leases().await?;
+    assert_eq!(
+        leases
+            .iter()
+            .filter(|l| l["metadata"]["annotations"]["tether.dev/peer-address"].is_string())
+            .count(),
+        3,
+        "each server publishes its peer address: {leases:?}"
+    );
+    // One stream, through the balancer, to whichever server it picks.
+    let agent = fleet
+        .agent(Kind::Tether, &["--agent-server-connections=1"])
+        .await?;
+    let echo = EchoServer::start().await?;
+    for id in ["srv-1", "srv-2", "srv-3"] {
+        until(&format!("{id} reaches the agent"), || async {
+            echo_through(&fleet, id, &echo).await.is_ok()
+        })
+        .await;
+    }
+    assert_eq!(agent.metric(OPEN).await, Some(1.0), "K=1: one stream");
+    // A server that joins finds its peers in the Leases, and they find it.
+    let mut flags: Vec<String> = FAST_LEASES.iter().map(|s| (*s).to_owned()).collect();
+    flags.extend(fleet.peer_flags());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    fleet.add_server(Kind::Tether, "srv-4", &flags).await?;
+    let took = until("srv-4 reaches the agent", || async {
+        echo_through(&fleet, "srv-4", &echo).await.is_ok()
+    })
+    .await;
+    eprintln!("a joining server reached the agent through its peers {took:.1?} after it started");
     Ok(())
 }
 
