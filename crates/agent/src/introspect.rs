@@ -62,6 +62,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
                 agent_id: clientset.agent_id().to_owned(),
                 server_id: session.server_id.clone(),
                 server_address: address.map(|a| a.to_string()),
+                via_server: None,
                 stream_id: 0,
                 identifiers: clientset.identifiers().to_owned(),
                 agent_version: Some(tether_observe::VERSION.to_owned()),
@@ -91,6 +92,7 @@ fn agents(clientset: &ClientSet) -> AgentsReport {
         server_count: u32::try_from(clientset.server_count()).unwrap_or(u32::MAX),
         agent_id: clientset.agent_id().to_owned(),
         streams,
+        peers: Vec::new(),
         config_files: clientset.destinations().view().into_iter().collect(),
     }
 }

@@ -35,6 +35,12 @@ pub struct ConnectionView {
     pub destination: String,
     pub agent_id: String,
     pub server_id: String,
+    /// Server peering, on the client's server: the peer server that holds the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via_server: Option<String>,
+    /// Server peering, on the agent's server: the peer server the client is connected to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_server: Option<String>,
     pub age_seconds: f64,
     /// Payload bytes received over the tunnel stream (server: from the agent; agent: from
     /// the server).
@@ -64,10 +70,29 @@ pub struct AgentsReport {
     /// Agent: its own ID. Server: empty (each stream names its agent).
     pub agent_id: String,
     pub streams: Vec<StreamView>,
+    /// Server peering: this server's links to its peers, both ways.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerView>,
     /// The configuration files this process reads while running (agent: its destination
     /// policy), with the generation in force; empty when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_files: Vec<ConfigFileView>,
+}
+
+/// One link between two servers of a fleet (server peering).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerView {
+    pub peer_server_id: String,
+    /// `in`: the peer offers its agents to this server, whose dials go out over it; `out`:
+    /// this server offers its agents, and the peer's dials come in over it.
+    pub direction: String,
+    /// The peer's address as this end sees it.
+    pub address: String,
+    pub age_seconds: f64,
+    /// `in`: the agents the peer announced; `out`: those this server announced.
+    pub agents: u64,
+    pub pending_dials: u64,
+    pub connections: u64,
 }
 
 /// A configuration file read while running: the generation in force and the last content
@@ -111,6 +136,10 @@ pub struct StreamView {
     /// balancer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_address: Option<String>,
+    /// Server peering: the agent is held by this peer server and dialed through it; the
+    /// row's figures are this server's own (what it sent through the peer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via_server: Option<String>,
     /// Server: distinguishes several streams of one agent ID.
     pub stream_id: u64,
     /// Server: the identifiers the agent advertised, in `--agent-identifiers` syntax.

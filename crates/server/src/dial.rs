@@ -21,6 +21,7 @@ use crate::byte_rate::ByteRate;
 use crate::error::DialError;
 use crate::identity::Proof;
 use crate::metrics::{DialFailure, ServerMetrics};
+use crate::peer_links::PeerLinks;
 use crate::request::{Hop, RequestContext, Requests};
 use crate::running::Running;
 use crate::tenant::{Side, Tenant};
@@ -49,6 +50,8 @@ pub(crate) struct Hub {
     /// Bumped when this server's own agents may have joined, left or changed: peer links
     /// announce the difference (server peering).
     pub(crate) agents_changed: Arc<watch::Sender<u64>>,
+    /// The live peer links, for introspection and their gauges.
+    pub(crate) peer_links: Arc<PeerLinks>,
 }
 
 impl Hub {
@@ -58,6 +61,7 @@ impl Hub {
         selection_metrics: Arc<SelectionMetrics>,
         audit: Option<Arc<Audit>>,
         server_id: String,
+        peer_links: Arc<PeerLinks>,
     ) -> Self {
         Self {
             running: watch::Sender::new(Arc::new(running)),
@@ -66,6 +70,7 @@ impl Hub {
             audit,
             server_id,
             agents_changed: Arc::new(watch::Sender::new(0)),
+            peer_links,
         }
     }
 

@@ -18,6 +18,7 @@ use tether_reload::Reloader;
 use crate::backend::route::Route;
 use crate::backend::session::AgentSession;
 use crate::dial::Hub;
+use crate::request::Hop;
 use crate::routing::RoutingConfig;
 
 /// Who this server is, for the reports.
@@ -108,11 +109,49 @@ pub(crate) fn connections(
                 destination: request.map_or(destination, |r| r.address.clone()),
                 agent_id: session.agent_id.clone(),
                 server_id: membership.server_id.clone(),
+                from_server: request.and_then(|r| match &r.hop {
+                    Some(Hop::From(server)) => Some(server.to_string()),
+                    _ => None,
+                }),
                 age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
                 ..Default::default()
             }
         };
         out.extend(session.link.connection_views(base));
+    }
+    // Server peering: the connections this server's clients have through a peer.
+    for via in hub.peer_links.inbound() {
+        let now = Instant::now();
+        let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
+            let request = via
+                .requests
+                .lock()
+                .get(&dial_id)
+                .map(|followed| followed.request.clone());
+            let agent_id = via
+                .routes()
+                .get(&dial_id)
+                .map(|entry| entry.agent.agent_id.clone())
+                .unwrap_or_default();
+            let request = request.as_deref();
+            ConnectionView {
+                dial_id: dial_id.0,
+                frontend: request.map(|r| r.frontend.as_str().to_owned()),
+                client: request.map(|r| r.peer.principal().to_string()),
+                destination: request.map_or(destination, |r| r.address.clone()),
+                agent_id,
+                server_id: membership.server_id.clone(),
+                via_server: Some(via.server_id.to_string()),
+                age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
+                ..Default::default()
+            }
+        };
+        out.extend(
+            via.link
+                .connection_views(base)
+                .into_iter()
+                .filter(|c| filter.agent.as_ref().is_none_or(|a| *a == c.agent_id)),
+        );
     }
     ConnectionsReport::new("server", out, filter)
 }
@@ -133,6 +172,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
                 agent_id: session.agent_id.clone(),
                 server_id: membership.server_id.clone(),
                 server_address: None,
+                via_server: None,
                 stream_id: session.stream_id,
                 identifiers: identifiers_query(&session.identifiers),
                 agent_version: session.version.clone(),
@@ -154,6 +194,7 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
             }
         })
         .collect();
+    streams.extend(remote_agents(hub, membership, now));
     streams.sort_by(|a, b| (&a.agent_id, a.stream_id).cmp(&(&b.agent_id, b.stream_id)));
     AgentsReport {
         role: "server".into(),
@@ -162,8 +203,49 @@ pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
         server_count: membership.server_count,
         agent_id: String::new(),
         streams,
+        peers: hub.peer_links.views(),
         config_files: membership.config().into_iter().collect(),
     }
+}
+
+/// Server peering: the agents peers hold that this server can dial, with what it sent
+/// through them.
+fn remote_agents(hub: &Hub, membership: &Membership, now: Instant) -> Vec<StreamView> {
+    let running = hub.running();
+    let mut rows = Vec::new();
+    for tenant in running.tenants.all() {
+        let remotes: Vec<_> = tenant
+            .registry()
+            .streams()
+            .filter_map(|route| match route {
+                Route::Remote(remote) => Some(remote.clone()),
+                Route::Local(_) => None,
+            })
+            .collect();
+        for remote in remotes {
+            let (pending, open) = remote.health.counts();
+            rows.push(StreamView {
+                agent_id: remote.agent_id.clone(),
+                server_id: membership.server_id.clone(),
+                server_address: None,
+                via_server: Some(remote.via.server_id.to_string()),
+                stream_id: remote.stream_id,
+                identifiers: identifiers_query(&remote.identifiers),
+                agent_version: remote.version.clone(),
+                server_version: Some(tether_observe::VERSION.to_owned()),
+                transport: "peer".into(),
+                draining: crate::backend::registry::Backend::is_draining(&remote),
+                retiring: None,
+                credit_flow: true,
+                age_seconds: now.saturating_duration_since(remote.since).as_secs_f64(),
+                last_ping_seconds: None,
+                pending_dials: pending,
+                connections: open,
+                queued_bytes: 0,
+            });
+        }
+    }
+    rows
 }
 
 /// The identifiers in `--agent-identifiers` syntax.

@@ -30,6 +30,7 @@ mod limits;
 mod metrics;
 mod net;
 mod peer;
+mod peer_links;
 mod reload;
 mod request;
 pub mod routing;
@@ -606,6 +607,7 @@ fn build_hub(
         )),
         audit,
         config.server_id.clone(),
+        Arc::new(peer_links::PeerLinks::register(registry)),
     )
 }
 

@@ -361,3 +361,76 @@ async fn agents_holding_one_server_each_are_reached_from_all_and_re_home_when_it
         agent.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn introspection_shows_peer_links_remote_agents_and_each_connection_s_hop() {
+    tether_testkit::init_logging();
+    let fleet = Fleet::start_peered(2).await.unwrap();
+    let agent = held_by(&fleet, 3).await;
+    let echo = EchoServer::start().await.unwrap();
+    let (front, holder) = (&fleet.servers[0], &fleet.servers[1]);
+    reachable(front, &echo, Duration::from_secs(5)).await;
+    let client = client_of(front).await;
+    let mut open = client.dial(&echo.addr.to_string()).await.unwrap();
+    open.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    open.read_exact(&mut back).await.unwrap();
+
+    let json = |server: &TestServer, path: &'static str| {
+        let admin = server.admin_addr;
+        async move {
+            let (status, body) = tether_testkit::http::get(admin, path).await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        }
+    };
+    let agents = json(front, "/debug/agents").await;
+    let remote: Vec<&serde_json::Value> = agents["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["via_server"] == "server-3")
+        .collect();
+    assert_eq!(remote.len(), 1, "{agents}");
+    assert_eq!(remote[0]["agent_id"], "agent-3");
+    assert_eq!(remote[0]["connections"], 1, "{agents}");
+    let directions: Vec<&str> = agents["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["direction"].as_str().unwrap())
+        .collect();
+    assert_eq!(directions, ["in", "out"], "{agents}");
+    let inbound = &agents["peers"][0];
+    assert_eq!(inbound["peer_server_id"], "server-3");
+    assert_eq!(inbound["agents"], 1);
+    assert_eq!(inbound["connections"], 1);
+
+    let at_front = json(front, "/debug/connections").await;
+    let forwarded = &at_front["connections"][0];
+    assert_eq!(forwarded["via_server"], "server-3", "{at_front}");
+    assert_eq!(forwarded["agent_id"], "agent-3");
+    let at_holder = json(holder, "/debug/connections").await;
+    let carried = &at_holder["connections"][0];
+    assert_eq!(carried["from_server"], "server-2", "{at_holder}");
+    assert_eq!(carried["client"], forwarded["client"]);
+
+    let text = front.metrics().await.unwrap();
+    for (sample, want) in [
+        ("tether_server_peer_links{direction=\"in\"}", 1.0),
+        ("tether_server_peer_links{direction=\"out\"}", 1.0),
+        ("tether_server_peer_agents", 1.0),
+        (
+            "konnectivity_network_proxy_server_ready_backend_connections",
+            0.0,
+        ),
+    ] {
+        assert_eq!(
+            tether_testkit::http::metric_value(&text, sample).unwrap_or(0.0),
+            want,
+            "{sample}"
+        );
+    }
+    drop(open);
+    agent.stop().await;
+}

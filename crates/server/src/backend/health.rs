@@ -88,6 +88,14 @@ impl Health {
             .store(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// Dials in flight and open connections, for introspection.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.pending.load(Ordering::Relaxed),
+            self.open.load(Ordering::Relaxed),
+        )
+    }
+
     pub(super) fn load(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
             + self.open.load(Ordering::Relaxed)

@@ -70,13 +70,15 @@ pub(crate) struct RemoteAgent {
     pub(crate) identifiers: Identifiers,
     labels: Labels,
     cidrs: Vec<Cidr>,
-    version: Option<String>,
+    pub(crate) version: Option<String>,
     draining: AtomicBool,
     /// Its load and dial record as this server sees it: the dials it sent through the peer.
     pub(crate) health: Arc<Health>,
     pub(crate) via: Arc<ViaPeer>,
     /// Its tenant's audit records, when the audit log is on.
     pub(crate) audit: Option<Arc<Audit>>,
+    /// When the peer announced it.
+    pub(crate) since: Instant,
 }
 
 impl RemoteAgent {
@@ -119,6 +121,7 @@ impl RemoteAgent {
             health: Arc::new(Health::new(load)),
             via,
             audit,
+            since: Instant::now(),
         }
     }
 

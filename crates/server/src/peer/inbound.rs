@@ -159,6 +159,7 @@ impl Inbound {
             via: OnceLock::new(),
             remotes: Mutex::default(),
             next_stream_id: self.next_id.clone(),
+            listed: OnceLock::new(),
         });
         let session = Link::new(
             SessionConfig {
@@ -178,6 +179,14 @@ impl Inbound {
             Arc::new(Requests::default()),
         ));
         let _ = state.via.set(Arc::downgrade(&via));
+        let listed = self.hub.peer_links.add(
+            crate::peer_links::Direction::In,
+            &peer_id,
+            label.clone(),
+            session.clone(),
+            Some(via.clone()),
+        );
+        let _ = state.listed.set(listed.agents.clone());
         tracing::info!(peer.server = %LogText(&peer_id), peer = %label, "peer server linked: its agents can be dialed through it");
         let ended = async {
             tokio::select! {
@@ -198,6 +207,7 @@ impl Inbound {
         };
         let reason = format!("the link to peer server {peer_id} ended: {}", end.reason());
         state.forget_all();
+        drop(listed);
         session.close(&reason);
         via.routes().clear();
         {
@@ -221,6 +231,8 @@ struct PeerState {
     /// The agents the peer announced, by agent ID, as registered.
     remotes: Mutex<HashMap<String, Arc<RemoteAgent>>>,
     next_stream_id: Arc<AtomicU64>,
+    /// The link's agent count in the server's list of peer links.
+    listed: OnceLock<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl PeerState {
@@ -277,6 +289,14 @@ impl PeerState {
                 forget(&running, &old);
             }
         }
+        self.count(remotes.len());
+    }
+
+    fn count(&self, agents: usize) {
+        if let Some(listed) = self.listed.get() {
+            listed.store(agents, Ordering::Relaxed);
+        }
+        self.hub.peer_links.refresh_remote_agents();
     }
 
     /// Takes every agent of the link out of selection: the link ended.
@@ -285,6 +305,7 @@ impl PeerState {
         for (_, remote) in self.remotes().drain() {
             forget(&running, &remote);
         }
+        self.count(0);
     }
 }
 

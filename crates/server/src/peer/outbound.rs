@@ -7,6 +7,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
@@ -119,7 +120,9 @@ impl Outbound {
                 }))) => {
                     wait = RETRY_FIRST;
                     warned = false;
-                    let reason = self.serve(&peer_id, flow.as_deref(), link, &keeper).await;
+                    let reason = self
+                        .serve(address, &peer_id, flow.as_deref(), link, &keeper)
+                        .await;
                     if keeper.is_cancelled() {
                         return;
                     }
@@ -203,6 +206,7 @@ impl Outbound {
     /// Runs one link until it ends or `keeper` is cancelled; returns why it ended.
     async fn serve(
         &self,
+        address: SocketAddr,
         peer_id: &str,
         flow: Option<&str>,
         opened: tether_link::Link,
@@ -223,6 +227,13 @@ impl Outbound {
                 tasks: self.tasks.clone(),
             },
         );
+        let listed = self.hub.peer_links.add(
+            crate::peer_links::Direction::Out,
+            peer_id,
+            address.to_string(),
+            session.clone(),
+            None,
+        );
         tracing::info!(peer.server = %LogText(peer_id), "linked to peer server: offering this server's agents");
         let transport = Transport::native(opened.reader, opened.writer);
         let ended = async {
@@ -230,7 +241,7 @@ impl Outbound {
             TransportEnd::Final("peer left the fleet, or the server is stopping".into())
         };
         let run = session.run_transport(transport, ended);
-        let announce = announce_until_closed(&self.hub, &session);
+        let announce = announce_until_closed(&self.hub, &session, &listed.agents);
         let end = match self.keepalive {
             Some(keepalive) => {
                 tokio::select! {
@@ -254,7 +265,7 @@ impl Outbound {
 
 /// Announces this server's agents on `session`, all of them first, then every change,
 /// until the link closes.
-async fn announce_until_closed(hub: &Hub, session: &Arc<Link>) {
+async fn announce_until_closed(hub: &Hub, session: &Arc<Link>, announced_count: &AtomicUsize) {
     let mut changes = hub.agents_changed.subscribe();
     let mut announced = announce::Announced::new();
     loop {
@@ -271,6 +282,7 @@ async fn announce_until_closed(hub: &Hub, session: &Arc<Link>) {
             session.update(|s, _| s.announce_agents(packet));
         }
         announced = now;
+        announced_count.store(announced.len(), Ordering::Relaxed);
         if session.inspect(|s| !s.is_open()) || changes.changed().await.is_err() {
             return;
         }

@@ -63,6 +63,7 @@ pub(crate) fn connections(report: &ConnectionsReport) -> String {
         "DESTINATION",
         "AGENT",
         "SERVER",
+        "HOP",
         "AGE",
         "RX",
         "TX",
@@ -79,6 +80,11 @@ pub(crate) fn connections(report: &ConnectionsReport) -> String {
             c.destination.clone(),
             c.agent_id.clone(),
             c.server_id.clone(),
+            match (&c.via_server, &c.from_server) {
+                (Some(via), _) => format!("via {via}"),
+                (None, Some(from)) => format!("from {from}"),
+                (None, None) => "-".into(),
+            },
             age(c.age_seconds),
             bytes(c.bytes_received),
             bytes(c.bytes_sent),
@@ -142,9 +148,10 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
     for s in &report.streams {
         table.push(vec![
             s.agent_id.clone(),
-            match &s.server_address {
-                Some(address) => format!("{}@{address}", s.server_id),
-                None => s.server_id.clone(),
+            match (&s.via_server, &s.server_address) {
+                (Some(via), _) => format!("{via} (peer)"),
+                (None, Some(address)) => format!("{}@{address}", s.server_id),
+                (None, None) => s.server_id.clone(),
             },
             s.stream_id.to_string(),
             if server {
@@ -167,6 +174,21 @@ pub(crate) fn agents(report: &AgentsReport) -> String {
         ]);
     }
     let mut out = heading + &table.render();
+    for p in &report.peers {
+        let what = match p.direction.as_str() {
+            "in" => "offers its agents to this server",
+            _ => "takes this server's agents",
+        };
+        out.push_str(&format!(
+            "peer {} at {} {what}: {}, {} pending, {} open, up {}\n",
+            p.peer_server_id,
+            p.address,
+            count(p.agents as usize, "agent"),
+            p.pending_dials,
+            p.connections,
+            age(p.age_seconds)
+        ));
+    }
     for s in &report.streams {
         if let Some(why) = &s.retiring {
             out.push_str(&format!(
@@ -392,6 +414,8 @@ mod tests {
             destination: "10.0.0.1:10250".into(),
             agent_id: "node-1".into(),
             server_id: "server-a".into(),
+            via_server: None,
+            from_server: None,
             age_seconds: 65.2,
             bytes_received: rx,
             bytes_sent: tx,
@@ -410,11 +434,68 @@ mod tests {
         let text = connections(&report);
         let expected = "\
 2 connections (1 of them pending) on this server
-STATE    CONN  DIAL  FRONTEND      CLIENT                         DESTINATION     AGENT   SERVER    AGE    RX      TX   CREDIT    QUEUED
-open     7     7     http-connect  certificate CN=kube-apiserver  10.0.0.1:10250  node-1  server-a  1m05s  1.5KiB  12B  256.0KiB  0B/1.0MiB
-pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250  node-1  server-a  1m05s  0B      0B   256.0KiB  0B/1.0MiB
+STATE    CONN  DIAL  FRONTEND      CLIENT                         DESTINATION     AGENT   SERVER    HOP  AGE    RX      TX   CREDIT    QUEUED
+open     7     7     http-connect  certificate CN=kube-apiserver  10.0.0.1:10250  node-1  server-a  -    1m05s  1.5KiB  12B  256.0KiB  0B/1.0MiB
+pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250  node-1  server-a  -    1m05s  0B      0B   256.0KiB  0B/1.0MiB
 ";
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn peering_shows_the_hop_of_each_connection_and_every_peer_link() {
+        let forwarded = ConnectionView {
+            via_server: Some("server-b".into()),
+            ..view(7, "open", 10, 10)
+        };
+        let carried = ConnectionView {
+            from_server: Some("server-a".into()),
+            ..view(8, "open", 10, 10)
+        };
+        let text = connections(&ConnectionsReport {
+            role: "server".into(),
+            connections: vec![forwarded, carried],
+        });
+        let hops: Vec<&str> = text
+            .lines()
+            .skip(2)
+            .map(|line| {
+                let cells: Vec<&str> = line.split("  ").filter(|c| !c.is_empty()).collect();
+                cells[8].trim()
+            })
+            .collect();
+        assert_eq!(hops, ["via server-b", "from server-a"], "{text}");
+        let report = AgentsReport {
+            role: "server".into(),
+            version: "0.1.0".into(),
+            server_id: "server-a".into(),
+            server_count: 3,
+            streams: vec![StreamView {
+                agent_id: "node-9".into(),
+                server_id: "server-a".into(),
+                via_server: Some("server-b".into()),
+                transport: "peer".into(),
+                ..Default::default()
+            }],
+            peers: vec![tether_observe::introspect::PeerView {
+                peer_server_id: "server-b".into(),
+                direction: "in".into(),
+                address: "10.0.0.8:8093".into(),
+                age_seconds: 61.0,
+                agents: 120,
+                pending_dials: 0,
+                connections: 3,
+            }],
+            ..Default::default()
+        };
+        let text = agents(&report);
+        let row: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(&row[..3], ["node-9", "server-b", "(peer)"], "{text}");
+        assert!(
+            text.contains(
+                "peer server-b at 10.0.0.8:8093 offers its agents to this server: 120 agents, 0 pending, 3 open, up 1m01s\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -429,6 +510,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 agent_id: "node-1".into(),
                 server_id: "server-a".into(),
                 server_address: None,
+                via_server: None,
                 stream_id: 1,
                 identifiers: "host=node-1&ipv4=10.0.0.1".into(),
                 agent_version: Some("0.1.0".into()),
@@ -443,6 +525,7 @@ pending  -     42    http-connect  certificate CN=kube-apiserver  10.0.0.1:10250
                 connections: 2,
                 queued_bytes: 0,
             }],
+            peers: Vec::new(),
             config_files: Vec::new(),
         };
         let text = agents(&report);
