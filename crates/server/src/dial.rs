@@ -97,7 +97,7 @@ impl Hub {
         }
     }
 
-    fn selection_metrics(&self) -> &SelectionMetrics {
+    pub(crate) fn selection_metrics(&self) -> &SelectionMetrics {
         &self.selection_metrics
     }
 

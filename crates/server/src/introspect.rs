@@ -18,7 +18,7 @@ use tether_reload::Reloader;
 use crate::backend::route::Route;
 use crate::backend::session::AgentSession;
 use crate::dial::Hub;
-use crate::request::Hop;
+use crate::request::{Hop, RequestContext, Requests};
 use crate::routing::RoutingConfig;
 
 /// Who this server is, for the reports.
@@ -96,25 +96,15 @@ pub(crate) fn connections(
         let now = Instant::now();
         // Called after the table's lock is released, so the two locks are never nested.
         let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
-            let request = session
-                .requests
-                .lock()
-                .get(&dial_id)
-                .map(|followed| followed.request.clone());
+            let request = requested(&session.requests, dial_id);
             let request = request.as_deref();
             ConnectionView {
-                dial_id: dial_id.0,
-                frontend: request.map(|r| r.frontend.as_str().to_owned()),
-                client: request.map(|r| r.peer.principal().to_string()),
-                destination: request.map_or(destination, |r| r.address.clone()),
                 agent_id: session.agent_id.clone(),
-                server_id: membership.server_id.clone(),
                 from_server: request.and_then(|r| match &r.hop {
                     Some(Hop::From(server)) => Some(server.to_string()),
                     _ => None,
                 }),
-                age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
-                ..Default::default()
+                ..row(request, dial_id, destination, membership, now, opened)
             }
         };
         out.extend(session.link.connection_views(base));
@@ -123,27 +113,23 @@ pub(crate) fn connections(
     for via in hub.peer_links.inbound() {
         let now = Instant::now();
         let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
-            let request = via
-                .requests
-                .lock()
-                .get(&dial_id)
-                .map(|followed| followed.request.clone());
+            let request = requested(&via.requests, dial_id);
             let agent_id = via
                 .routes()
                 .get(&dial_id)
                 .map(|entry| entry.agent.agent_id.clone())
                 .unwrap_or_default();
-            let request = request.as_deref();
             ConnectionView {
-                dial_id: dial_id.0,
-                frontend: request.map(|r| r.frontend.as_str().to_owned()),
-                client: request.map(|r| r.peer.principal().to_string()),
-                destination: request.map_or(destination, |r| r.address.clone()),
                 agent_id,
-                server_id: membership.server_id.clone(),
                 via_server: Some(via.server_id.to_string()),
-                age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
-                ..Default::default()
+                ..row(
+                    request.as_deref(),
+                    dial_id,
+                    destination,
+                    membership,
+                    now,
+                    opened,
+                )
             }
         };
         out.extend(
@@ -154,6 +140,35 @@ pub(crate) fn connections(
         );
     }
     ConnectionsReport::new("server", out, filter)
+}
+
+/// The request a dial recorded; `None` once its connection ended. Read after the table's
+/// lock is released, so the two locks are never nested.
+fn requested(requests: &Requests, dial_id: tether_proto::DialId) -> Option<Arc<RequestContext>> {
+    requests
+        .lock()
+        .get(&dial_id)
+        .map(|followed| followed.request.clone())
+}
+
+/// A connection's row from what its request recorded, its agent and hop left to the caller.
+fn row(
+    request: Option<&RequestContext>,
+    dial_id: tether_proto::DialId,
+    destination: String,
+    membership: &Membership,
+    now: Instant,
+    opened: Instant,
+) -> ConnectionView {
+    ConnectionView {
+        dial_id: dial_id.0,
+        frontend: request.map(|r| r.frontend.as_str().to_owned()),
+        client: request.map(|r| r.peer.principal().to_string()),
+        destination: request.map_or(destination, |r| r.address.clone()),
+        server_id: membership.server_id.clone(),
+        age_seconds: now.saturating_duration_since(opened).as_secs_f64(),
+        ..Default::default()
+    }
 }
 
 pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {

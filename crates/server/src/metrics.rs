@@ -289,6 +289,39 @@ impl ServerMetrics {
         self.dial_failures.with(&[reason.label()]).inc();
     }
 
+    /// Counts a dial the agent's answer (or its deadline) settled: its latency, and why it
+    /// failed, if it did.
+    pub(crate) fn dial_settled(
+        &self,
+        latency: Option<std::time::Duration>,
+        result: &Result<tether_proto::ConnectId, tether_tunnel::DialError>,
+    ) {
+        use tether_tunnel::DialError as E;
+        if let Some(latency) = latency {
+            self.dial_duration.observe(latency.as_secs_f64());
+        }
+        let failure = match result {
+            Ok(_) => return,
+            Err(E::Endpoint(_)) => DialFailure::ErrorResponse,
+            Err(E::Timeout) => DialFailure::BackendDialTimeout,
+            Err(E::ClosedByPeer | E::StreamLost(_)) => DialFailure::BackendClose,
+            // Refused before the dial request left; never settled through an event.
+            Err(E::Duplicate(_) | E::TooManyPending { .. }) => return,
+        };
+        self.dial_failure(failure);
+    }
+
+    /// Counts an established connection's end: the gauge, its duration and its reason.
+    pub(crate) fn connection_ended(&self, ended: &tether_tunnel::Ended) {
+        self.established.dec();
+        self.connection_duration
+            .observe(ended.duration().as_secs_f64());
+        self.connection_close_reason(&ended.outcome);
+        if let Some(tether_tunnel::CloseError::Overflow { .. }) = ended.outcome.error {
+            self.overflow_closes.inc();
+        }
+    }
+
     pub(crate) fn packet(&self, segment: Segment, packet: &Packet) {
         let index = packet.type_index();
         self.packet_counters[segment as usize][index]

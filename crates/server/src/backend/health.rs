@@ -88,6 +88,27 @@ impl Health {
             .store(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// What selection reads about a stream with these keys and this health now.
+    pub(crate) fn candidate<'a>(
+        &self,
+        agent_id: &'a str,
+        labels: &'a tether_proto::Labels,
+        cidrs: &'a [tether_policy::Cidr],
+        draining: bool,
+        now: Instant,
+    ) -> super::selection::Candidate<'a> {
+        super::selection::Candidate {
+            agent_id,
+            zone: labels.zone.as_deref(),
+            region: labels.region.as_deref(),
+            cidrs,
+            load: self.load(),
+            last_picked: self.last_picked(),
+            ejected: self.is_ejected(now),
+            draining,
+        }
+    }
+
     /// Dials in flight and open connections, for introspection.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (

@@ -159,16 +159,13 @@ impl Backend for Arc<RemoteAgent> {
         false
     }
     fn candidate(&self, now: Instant) -> Candidate<'_> {
-        Candidate {
-            agent_id: &self.agent_id,
-            zone: self.labels.zone.as_deref(),
-            region: self.labels.region.as_deref(),
-            cidrs: &self.cidrs,
-            load: self.health.load(),
-            last_picked: self.health.last_picked(),
-            ejected: self.health.is_ejected(now),
-            draining: self.is_draining(),
-        }
+        self.health.candidate(
+            &self.agent_id,
+            &self.labels,
+            &self.cidrs,
+            self.is_draining(),
+            now,
+        )
     }
     fn mark_picked(&self, seq: u64) {
         self.health.mark_picked(seq);

@@ -29,8 +29,9 @@ use crate::identity::AgentProof;
 use crate::limits::SlotAdmission;
 use crate::tenant::Side;
 
-/// How long, after a frontend closed a connection, the agent's CLOSE_RSP may take.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long, after a frontend closed a connection, the agent's (or, for a forwarded one,
+/// the peer server's) CLOSE_RSP may take.
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every agent stream of this server is told, and how it is flow-controlled.
 #[derive(Debug)]

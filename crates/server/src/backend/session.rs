@@ -8,9 +8,7 @@ use std::time::Instant;
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
 use tether_proto::{Identifiers, Labels, Packet};
-use tether_tunnel::{
-    CloseError, DialError, Direction, Ended, Event, Hooks, Initiator, Link, TransportError,
-};
+use tether_tunnel::{DialError, Direction, Ended, Event, Hooks, Initiator, Link, TransportError};
 
 use super::health::{Health, TenantLoad};
 use super::outlier::{EjectionConfig, Verdict};
@@ -99,16 +97,13 @@ impl Backend for Arc<AgentSession> {
         self.version.is_some()
     }
     fn candidate(&self, now: Instant) -> Candidate<'_> {
-        Candidate {
-            agent_id: &self.agent_id,
-            zone: self.labels.zone.as_deref(),
-            region: self.labels.region.as_deref(),
-            cidrs: &self.cidrs,
-            load: self.health.load(),
-            last_picked: self.health.last_picked(),
-            ejected: self.health.is_ejected(now),
-            draining: self.is_draining(),
-        }
+        self.health.candidate(
+            &self.agent_id,
+            &self.labels,
+            &self.cidrs,
+            self.is_draining(),
+            now,
+        )
     }
     fn mark_picked(&self, seq: u64) {
         self.health.mark_picked(seq);
@@ -297,24 +292,41 @@ impl ServerHooks {
         self.health.dial_finished();
     }
 
-    /// Feeds a settled dial to outlier ejection. The destination refusing, the agent not
-    /// answering in time, or the agent giving up all count against the agent.
     fn judge(&self, error: Option<&DialError>) {
-        let ok = match error {
-            None => true,
-            Some(DialError::Endpoint(_) | DialError::Timeout | DialError::ClosedByPeer) => false,
-            Some(_) => return,
-        };
-        match self.health.record(&self.watch.ejection, ok) {
-            Verdict::Unchanged => {}
-            Verdict::Ejected(length) => {
-                tracing::warn!(agent.id = %self.agent_id, ejected_for = ?length, "ejecting agent from selection after consecutive failed dials");
-                self.watch.metrics.ejections.inc();
-            }
-            Verdict::Recovered => {
-                tracing::info!(agent.id = %self.agent_id, "agent dials succeed again");
-                self.watch.metrics.recoveries.inc();
-            }
+        judge(
+            &self.health,
+            &self.watch.ejection,
+            &self.watch.metrics,
+            &self.agent_id,
+            error,
+        );
+    }
+}
+
+/// Feeds a settled dial to outlier ejection. The destination refusing, the agent not
+/// answering in time, or the agent giving up all count against the agent: one of this
+/// server's own, or one a peer holds (judged here by the dials this server sent it).
+pub(crate) fn judge(
+    health: &Health,
+    ejection: &EjectionConfig,
+    metrics: &SelectionMetrics,
+    agent_id: &str,
+    error: Option<&DialError>,
+) {
+    let ok = match error {
+        None => true,
+        Some(DialError::Endpoint(_) | DialError::Timeout | DialError::ClosedByPeer) => false,
+        Some(_) => return,
+    };
+    match health.record(ejection, ok) {
+        Verdict::Unchanged => {}
+        Verdict::Ejected(length) => {
+            tracing::warn!(agent.id = %agent_id, ejected_for = ?length, "ejecting agent from selection after consecutive failed dials");
+            metrics.ejections.inc();
+        }
+        Verdict::Recovered => {
+            tracing::info!(agent.id = %agent_id, "agent dials succeed again");
+            metrics.recoveries.inc();
         }
     }
 }
@@ -383,20 +395,7 @@ impl Hooks for ServerHooks {
                         }
                     }
                 }
-                if let Some(latency) = latency {
-                    m.dial_duration.observe(latency.as_secs_f64());
-                }
-                let failure = match result {
-                    Ok(_) => return,
-                    Err(DialError::Endpoint(_)) => DialFailure::ErrorResponse,
-                    Err(DialError::Timeout) => DialFailure::BackendDialTimeout,
-                    Err(DialError::ClosedByPeer | DialError::StreamLost(_)) => {
-                        DialFailure::BackendClose
-                    }
-                    // Refused before DIAL_REQ left; never settled through an event.
-                    Err(DialError::Duplicate(_) | DialError::TooManyPending { .. }) => return,
-                };
-                m.dial_failure(failure);
+                m.dial_settled(latency, &result);
             }
             Event::StrayDialResponse { random } => {
                 tracing::debug!(agent.id = %self.agent_id, dial.id = %random, "answer to a dial nobody waits for");
@@ -416,14 +415,8 @@ impl Hooks for ServerHooks {
                     }
                     audit.connection(&followed, &self.agent_id, &ended, self.cut_by(&ended));
                 }
-                m.established.dec();
+                m.connection_ended(&ended);
                 self.health.connection_ended();
-                m.connection_duration
-                    .observe(ended.duration().as_secs_f64());
-                m.connection_close_reason(&ended.outcome);
-                if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
-                    m.overflow_closes.inc();
-                }
                 tether_tunnel::log_ended(&ended, &self.agent_id, &self.server_id);
             }
             Event::PeerDraining => {

@@ -14,8 +14,7 @@ use tether_proto::link::{self, Hello};
 use tether_proto::metadata::{self, Metadata};
 use tether_proto::{PeerAgents, pb};
 use tether_tunnel::{
-    CloseError, DialError, Event, FlowConfig, Hooks, Limits, Link, Role, SessionConfig, Transport,
-    TransportEnd,
+    Event, FlowConfig, Hooks, Limits, Link, Role, SessionConfig, Transport, TransportEnd,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -23,14 +22,12 @@ use super::PEER_ALPN;
 use crate::backend::admission::{MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS};
 use crate::backend::remote::{REMOTE_STREAM_BASE, RemoteAgent, ViaPeer};
 use crate::backend::route::Route;
+use crate::backend::service::CLOSE_TIMEOUT;
 use crate::dial::Hub;
 use crate::limits::{LimitMetrics, SlotAdmission};
 use crate::metrics::DialFailure;
 use crate::net;
 use crate::request::Requests;
-
-/// How long, after this server closed a forwarded connection, the peer's CLOSE_RSP may take.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every inbound peer link shares.
 #[derive(Debug)]
@@ -371,6 +368,13 @@ impl Hooks for PeerHooks {
                     return;
                 };
                 remote.health.dial_finished();
+                crate::backend::session::judge(
+                    &remote.health,
+                    &state.hub.running().ejection,
+                    state.hub.selection_metrics(),
+                    &remote.agent_id,
+                    result.as_ref().err(),
+                );
                 match &result {
                     Ok(id) => {
                         remote.health.connection_opened();
@@ -388,29 +392,11 @@ impl Hooks for PeerHooks {
                         }
                     }
                 }
-                if let Some(latency) = latency {
-                    m.dial_duration.observe(latency.as_secs_f64());
-                }
-                let failure = match result {
-                    Ok(_) => return,
-                    Err(DialError::Endpoint(_)) => DialFailure::ErrorResponse,
-                    Err(DialError::Timeout) => DialFailure::BackendDialTimeout,
-                    Err(DialError::ClosedByPeer | DialError::StreamLost(_)) => {
-                        DialFailure::BackendClose
-                    }
-                    Err(DialError::Duplicate(_) | DialError::TooManyPending { .. }) => return,
-                };
-                m.dial_failure(failure);
+                m.dial_settled(latency, &result);
             }
             Event::Opened(_) => m.established.inc(),
             Event::Ended(ended) => {
-                m.established.dec();
-                m.connection_duration
-                    .observe(ended.duration().as_secs_f64());
-                m.connection_close_reason(&ended.outcome);
-                if let Some(CloseError::Overflow { .. }) = ended.outcome.error {
-                    m.overflow_closes.inc();
-                }
+                m.connection_ended(&ended);
                 let entry = via.routes().remove(&ended.dial_id);
                 let followed = via.requests.remove(ended.dial_id);
                 if let Some(entry) = entry {

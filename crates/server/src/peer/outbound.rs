@@ -35,8 +35,6 @@ const ANNOUNCE_GATHER: Duration = Duration::from_millis(50);
 /// Packets the announcer leaves unsent on a link at most: a peer that does not read holds
 /// back announcements, not memory.
 const ANNOUNCE_BACKLOG: usize = 64;
-/// The table's close deadline; unused on this side, which answers dials and dials none.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every outbound peer link shares.
 #[derive(Debug)]
@@ -217,7 +215,8 @@ impl Outbound {
                 role: Role::Agent,
                 flow: self.flow.negotiate(flow),
                 dial_timeout: self.dial_timeout,
-                close_timeout: CLOSE_TIMEOUT,
+                // This side answers dials and dials none: no close of its own to wait for.
+                close_timeout: crate::backend::service::CLOSE_TIMEOUT,
                 limits: Limits::default(),
                 resumable: false,
                 peering: true,
