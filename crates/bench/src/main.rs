@@ -500,6 +500,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
             }
         }
         if workloads.contains(&Workload::FanIn) {
+            // Not tether-peer: a lone server with fake agents has no peer hop to measure.
             for imp in [
                 Impl::Tether,
                 Impl::TetherH2,
@@ -1320,7 +1321,7 @@ fn check_binaries(b: &Binaries, systems: &[System]) -> anyhow::Result<()> {
     let mut need = Vec::new();
     for s in systems {
         match s {
-            System::Konn(Impl::Tether | Impl::TetherH2 | Impl::TetherWs, _) => {
+            System::Konn(Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherPeer, _) => {
                 need.push((&b.tether, "cargo build --release -p tether"))
             }
             System::Konn(Impl::TetherBefore, _) => match &b.tether_before {

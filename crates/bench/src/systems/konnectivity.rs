@@ -3,9 +3,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use tether_client::{GrpcClient, Transport};
 use tether_tls::TlsOptions;
 use tokio::process::Command;
@@ -13,7 +13,7 @@ use tokio::process::Command;
 use super::dialer::Dialer;
 use super::env::{Binaries, Env};
 use super::loopback::{free_port, wait_http_ok};
-use super::running::Running;
+use super::running::{Holder, Running};
 use super::system::{Frontend, Impl, System};
 use crate::procs::Proc;
 
@@ -23,7 +23,7 @@ impl Impl {
     /// the streams of a connection unlimited).
     pub fn has_caps(&self, bins: &Binaries) -> bool {
         match self {
-            Impl::Tether | Impl::TetherH2 | Impl::TetherWs => true,
+            Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherPeer => true,
             Impl::TetherBefore => bins.before_has_caps,
             Impl::Upstream => false,
         }
@@ -45,7 +45,7 @@ impl Frontend {
 
 fn command(env: &Env, imp: Impl, role: &str) -> Command {
     match imp {
-        Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherBefore => {
+        Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherPeer | Impl::TetherBefore => {
             let bin = match imp {
                 Impl::TetherBefore => env.bins.tether_before.as_ref(),
                 _ => None,
@@ -91,6 +91,12 @@ pub(super) async fn start(
     let system = System::Konn(imp, frontend);
     let dir = env.instance_dir(&system)?;
     let pki = &env.pki;
+    // With a peer hop: the peer ports of the client's server (A) and of the one holding the
+    // agents (B).
+    let peer_ports = match imp {
+        Impl::TetherPeer => Some([free_port()?, free_port()?]),
+        _ => None,
+    };
     let agent_port = free_port()?;
     let health_port = free_port()?;
     let admin_port = free_port()?;
@@ -138,6 +144,9 @@ pub(super) async fn start(
         // server) with its default flags.
         cmd.arg("--max-agent-connections-per-address=0");
     }
+    if let Some(ports) = peer_ports {
+        peer_flags(&mut cmd, env, "a", ports[0], ports);
+    }
     cmd
         // The same verbosity for both: upstream's default (-v=4) logs lines per connection.
         .arg("-v=0");
@@ -149,6 +158,14 @@ pub(super) async fn start(
         Duration::from_secs(30),
     )
     .await?;
+    // B after A, so that B's link to A, over which A learns B's agents, opens at its first
+    // attempt rather than after a back-off.
+    let mut holder = match peer_ports {
+        Some(ports) => Some(start_holder(env, &dir, frontend, ports).await?),
+        None => None,
+    };
+    // Where the agents connect: B behind a peer hop, else the server.
+    let agents_to = holder.as_ref().map_or(agent_port, |(_, port)| *port);
 
     let cut_relay = if agent == AgentLink::CutRelay {
         let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
@@ -159,7 +176,7 @@ pub(super) async fn start(
             "--cut-on-sigusr1",
             "--to",
         ])
-        .arg(format!("127.0.0.1:{agent_port}"));
+        .arg(format!("127.0.0.1:{agents_to}"));
         Some(Proc::spawn_listening("cut relay", cmd, &dir.join("cut-relay.log")).await?)
     } else {
         None
@@ -175,7 +192,7 @@ pub(super) async fn start(
         let a_admin = free_port()?;
         let server_port = cut_relay
             .as_ref()
-            .map_or(agent_port, |(_, addr)| addr.port());
+            .map_or(agents_to, |(_, addr)| addr.port());
         let id = if agent_count == 1 {
             "bench-agent".to_owned()
         } else {
@@ -203,7 +220,13 @@ pub(super) async fn start(
         agents.push(agent);
     }
     if agent_count > 0 {
-        wait_http_ok(&mut server, health_port, "/readyz", Duration::from_secs(30)).await?;
+        // The server holding the agents is ready once it has one; behind a peer hop, A learns
+        // of it over the peer link a moment later (waited for below).
+        let (holding, port) = match &mut holder {
+            Some((h, _)) => (&mut h.server, h.health),
+            None => (&mut server, health_port),
+        };
+        wait_http_ok(holding, port, "/readyz", Duration::from_secs(30)).await?;
     }
 
     let transport = match frontend_port {
@@ -227,15 +250,94 @@ pub(super) async fn start(
             Dialer::Grpc(client, target)
         }
     };
+    if holder.is_some() && agent_count > 0 {
+        wait_for_peer_route(&dialer, &system).await?;
+    }
     Ok(Running {
         system,
         dialer,
         server: Some(server),
         agents,
         server_health: Some(health_port),
-        agent_port: Some(agent_port),
+        agent_port: Some(agents_to),
         cut_relay: cut_relay.map(|(relay, _)| relay),
+        holder: holder.map(|(h, _)| h),
     })
+}
+
+/// Server peering's flags for tether server `name` (`a` or `b`), whose own peer port is
+/// `own`, both servers' in `ports` (its own among them, which it finds itself by its server
+/// ID): on loopback, with the run's peer certificate, which names `tether-peer`.
+fn peer_flags(cmd: &mut Command, env: &Env, name: &str, own: u16, ports: [u16; 2]) {
+    let pki = &env.pki;
+    cmd.arg(flag("server-id", format!("bench-server-{name}")))
+        .arg("--peer-bind-address=127.0.0.1")
+        .arg(flag("peer-port", own.to_string()))
+        .arg(flag("peer-cert-file", &pki.peer_cert))
+        .arg(flag("peer-key-file", &pki.peer_key))
+        .arg(flag("peer-ca-cert", &pki.ca_cert))
+        .arg(flag(
+            "peer-addresses",
+            format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]),
+        ));
+}
+
+/// The second tether server of a peer hop (B), peered with A, which its agents connect to:
+/// the same flags as A but for its frontend (a Unix socket nobody dials, in A's mode) and
+/// the connection caps (its dials come over the peer link). Returns it and its agent port.
+async fn start_holder(
+    env: &Env,
+    dir: &Path,
+    frontend: Frontend,
+    ports: [u16; 2],
+) -> anyhow::Result<(Holder, u16)> {
+    let pki = &env.pki;
+    let (agent_port, health, admin) = (free_port()?, free_port()?, free_port()?);
+    let mut cmd = command(env, Impl::TetherPeer, "server");
+    cmd.arg(flag("mode", frontend.mode()))
+        .arg(flag("uds-name", dir.join("holder.sock")))
+        .arg("--server-port=0")
+        .arg("--agent-bind-address=127.0.0.1")
+        .arg(flag("agent-port", agent_port.to_string()))
+        .arg("--health-bind-address=127.0.0.1")
+        .arg(flag("health-port", health.to_string()))
+        .arg("--admin-bind-address=127.0.0.1")
+        .arg(flag("admin-port", admin.to_string()))
+        .arg(flag("cluster-cert", &pki.server_cert))
+        .arg(flag("cluster-key", &pki.server_key))
+        .arg(flag("cluster-ca-cert", &pki.ca_cert))
+        .arg("--server-count=1");
+    peer_flags(&mut cmd, env, "b", ports[1], ports);
+    cmd.arg("-v=0");
+    let mut server = Proc::spawn("holding server", cmd, &dir.join("holder.log"))?;
+    wait_http_ok(&mut server, health, "/healthz", Duration::from_secs(30)).await?;
+    Ok((Holder { server, health }, agent_port))
+}
+
+/// Waits until the client's server of a peer hop reaches an agent: it learns the agents the
+/// other server holds over the peer link, about 100 ms after they connect, and answers "No
+/// agent available" until then. One dial and echo every 20 ms, for at most 15 s.
+async fn wait_for_peer_route(dialer: &Dialer, system: &System) -> anyhow::Result<()> {
+    const BOUND: Duration = Duration::from_secs(15);
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let attempt = async {
+            let mut s = dialer.dial_timeout(Duration::from_secs(5)).await?;
+            crate::target::echo_start(&mut s, b"hop?").await
+        };
+        let error = match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => "echo timed out".to_owned(),
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "{}: the client's server reached no agent over the peer link within {BOUND:?}: {error}",
+                system.name()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub fn client_tls(

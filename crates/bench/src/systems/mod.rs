@@ -39,6 +39,7 @@ impl Running {
                 server_health: None,
                 agent_port: None,
                 cut_relay: None,
+                holder: None,
             },
             System::RelayLimit { tls } => relay::start(env, system, tls).await?,
             System::Konn(i, f) => {

@@ -96,6 +96,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         server_health: None,
         agent_port: None,
         cut_relay: None,
+        holder: None,
     })
 }
 

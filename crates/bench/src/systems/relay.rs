@@ -54,5 +54,6 @@ pub(super) async fn start(env: &Env, system: System, tls: bool) -> anyhow::Resul
         server_health: None,
         agent_port: None,
         cut_relay: None,
+        holder: None,
     })
 }

@@ -28,6 +28,17 @@ pub struct Running {
     pub agent_port: Option<u16>,
     /// The relay between agent and server that [`cut`](Self::cut) cuts (resume workload).
     pub cut_relay: Option<Proc>,
+    /// With a peer hop (`tether-peer`): the second server, which holds the agents; `server`
+    /// is then the client's, which holds none. The server figures (RSS, CPU) are both
+    /// servers' together; the agents are counted on this one.
+    pub holder: Option<Holder>,
+}
+
+/// The server holding the agents behind a peer hop, and its health port.
+#[derive(Debug)]
+pub struct Holder {
+    pub server: Proc,
+    pub health: u16,
 }
 
 impl Running {
@@ -67,18 +78,34 @@ impl Running {
         if let Some(p) = &mut self.server {
             p.check_alive()?;
         }
+        if let Some(h) = &mut self.holder {
+            h.server.check_alive()?;
+        }
         for p in &mut self.agents {
             p.check_alive()?;
         }
         Ok(())
     }
 
-    pub fn server_rss(&self) -> Option<u64> {
-        self.server.as_ref().map(Proc::rss)
+    /// The server processes: the client's, and the one holding the agents behind a peer hop.
+    fn servers(&self) -> impl Iterator<Item = &Proc> {
+        self.server
+            .iter()
+            .chain(self.holder.as_ref().map(|h| &h.server))
     }
 
+    /// Of the server, or of both servers of a peer hop together.
+    pub fn server_rss(&self) -> Option<u64> {
+        self.server
+            .is_some()
+            .then(|| self.servers().map(Proc::rss).sum())
+    }
+
+    /// Of the server, or of both servers of a peer hop together.
     pub fn server_rss_anon(&self) -> Option<u64> {
-        self.server.as_ref().map(Proc::rss_anon)
+        self.server
+            .is_some()
+            .then(|| self.servers().map(Proc::rss_anon).sum())
     }
 
     /// Of every agent together.
@@ -91,25 +118,33 @@ impl Running {
         (!self.agents.is_empty()).then(|| self.agents.iter().map(Proc::rss).sum())
     }
 
-    /// CPU seconds of the server so far.
+    /// CPU seconds of the server (both servers of a peer hop) so far.
     pub fn server_cpu_seconds(&self) -> Option<f64> {
-        self.server.as_ref().map(Proc::cpu_seconds)
+        self.server
+            .is_some()
+            .then(|| self.servers().map(Proc::cpu_seconds).sum())
     }
 
-    /// CPU seconds of server + agents so far.
+    /// CPU seconds of server(s) + agents so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
         if self.server.is_none() && self.agents.is_empty() {
             return None;
         }
         Some(
-            self.server.as_ref().map_or(0.0, Proc::cpu_seconds)
+            self.servers().map(Proc::cpu_seconds).sum::<f64>()
                 + self.agents.iter().map(Proc::cpu_seconds).sum::<f64>(),
         )
     }
 
-    /// How many agents the Konnectivity server counts ready (its gauge), if it has metrics.
+    /// How many agents the Konnectivity server holding them counts ready (its gauge), if it
+    /// has metrics.
     pub async fn agents_counted(&self) -> Option<usize> {
-        self.server_metric(READY_BACKENDS).await.map(|c| c as usize)
+        let port = match &self.holder {
+            Some(h) => h.health,
+            None => self.server_health?,
+        };
+        let body = http_get(port, "/metrics").await.ok()?.1;
+        metric_sum(&body, READY_BACKENDS, "").map(|c| c as usize)
     }
 
     /// Waits until the server's count of ready agents satisfies `done` (`wanted` names it
@@ -133,8 +168,8 @@ impl Running {
         }
     }
 
-    /// Reads one gauge or counter from the server's Prometheus metrics (every series of it
-    /// added up).
+    /// Reads one gauge or counter from the (client's) server's Prometheus metrics (every
+    /// series of it added up).
     pub async fn server_metric(&self, name: &str) -> Option<f64> {
         self.server_metric_where(name, "").await
     }
@@ -153,6 +188,9 @@ impl Running {
         }
         if let Some(p) = self.cut_relay {
             p.stop().await;
+        }
+        if let Some(h) = self.holder {
+            h.server.stop().await;
         }
         if let Some(p) = self.server {
             p.stop().await;

@@ -86,6 +86,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         server_health: None,
         agent_port: None,
         cut_relay: None,
+        holder: None,
     };
     // The forward listens once the session is up.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -13,6 +13,10 @@ pub enum Impl {
     /// tether with its agent on the WebSocket link (`--transport=websocket`): measured, not
     /// held to the native link's goals.
     TetherWs,
+    /// tether on the native link with one peer hop: the client's server (A) holds no agent;
+    /// the one agent holds a second server (B), and A reaches it over the peer link (server
+    /// peering, `--peer-port`). Client → A → peer link → B → agent → target.
+    TetherPeer,
     /// An earlier tether build (`--before-tether-bin`), for before/after figures in one run.
     TetherBefore,
     Upstream,
@@ -24,6 +28,7 @@ impl Impl {
             Impl::Tether => "tether",
             Impl::TetherH2 => "tether-h2",
             Impl::TetherWs => "tether-ws",
+            Impl::TetherPeer => "tether-peer",
             Impl::TetherBefore => "tether-before",
             Impl::Upstream => "upstream",
         }
@@ -91,6 +96,7 @@ impl System {
             Impl::Tether,
             Impl::TetherH2,
             Impl::TetherWs,
+            Impl::TetherPeer,
             Impl::TetherBefore,
             Impl::Upstream,
         ] {
@@ -121,7 +127,8 @@ impl System {
         self.name().replace(" -", "-").replace([' ', '/'], "-")
     }
 
-    /// The same shape on upstream, for tether's ratios.
+    /// The same shape on upstream, for tether's ratios. None for `tether-peer`, whose extra
+    /// hop upstream has no counterpart of.
     pub fn upstream_peer(&self) -> Option<System> {
         match self {
             System::Konn(

@@ -41,7 +41,7 @@ impl Link {
     /// and for the earlier build (which may predate the native link).
     pub fn of(imp: Impl) -> Self {
         match imp {
-            Impl::Tether => Self::Native,
+            Impl::Tether | Impl::TetherPeer => Self::Native,
             Impl::TetherWs => Self::WebSocket,
             Impl::TetherH2 | Impl::TetherBefore | Impl::Upstream => Self::Grpc,
         }
