@@ -48,6 +48,8 @@ struct Args {
     #[arg(long, default_value = "results")]
     out: PathBuf,
     /// Only these systems (comma-separated names or ids, e.g. `direct,tether-grpc-uds`).
+    /// Default: every system, but `tether-peer` (one peer hop between two tether servers)
+    /// only in grpc/uds, and `tether-before` only with --before-tether-bin.
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
     /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, fairness, idle-conns,
@@ -350,6 +352,9 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         if bins.tether_before.is_none() {
             all.retain(|s| !matches!(s, System::Konn(Impl::TetherBefore, _)));
         }
+        // One peer hop in kube-apiserver's default shape only: the other shapes add rows to
+        // every table and minutes to the run; name them with --systems.
+        all.retain(|s| !matches!(s, System::Konn(Impl::TetherPeer, f) if *f != Frontend::GrpcUds));
         // CI's quick run does not build rathole; a full run, or one naming it, needs it.
         if args.quick && !bins.rathole.exists() {
             all.retain(|s| *s != System::Rathole);
