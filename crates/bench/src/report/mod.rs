@@ -238,6 +238,76 @@ fn before_and_after(s: &mut String, meta: &Meta, results: &Results, p: &Profile)
     s.push('\n');
 }
 
+/// With `tether-peer` systems in the run: each one's main figures beside `tether`'s in the
+/// same frontend shape, and the ratio, so that one peer hop's cost reads in one run.
+fn peer_hop(s: &mut String, meta: &Meta, results: &Results) {
+    let pairs: Vec<(System, System)> = meta
+        .systems
+        .iter()
+        .filter_map(|t| Some((*t, t.direct_dial()?)))
+        .filter(|(_, d)| meta.systems.contains(d))
+        .collect();
+    let figures = [
+        (Metric::BulkUp, "bulk upload"),
+        (Metric::BulkDown, "bulk download"),
+        (Metric::CpuUp, "CPU per GiB, upload"),
+        (Metric::CpuDown, "CPU per GiB, download"),
+        (Metric::PingP50, "ping-pong p50"),
+        (Metric::PingP99, "ping-pong p99"),
+        (Metric::Churn1Rate, "churn c=1"),
+        (Metric::Churn64Rate, "churn c=64"),
+    ];
+    let cell = |x: Summary| {
+        format!(
+            "{} ({}–{})",
+            fmt_num(x.median),
+            fmt_num(x.min),
+            fmt_num(x.max)
+        )
+    };
+    let mut rows = String::new();
+    for &(hop, direct) in &pairs {
+        let System::Konn(_, frontend) = hop else {
+            continue;
+        };
+        for (metric, name) in figures {
+            let (Some(h), Some(d)) = (
+                results.summary(hop, metric),
+                results.summary(direct, metric),
+            ) else {
+                continue;
+            };
+            let _ = writeln!(
+                rows,
+                "| {} | {name} ({}) | {} | {} | {} |",
+                frontend.name(),
+                metric.unit(),
+                cell(h),
+                cell(d),
+                fmt_ratio(ratio(Some(h), Some(d)))
+            );
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## One peer hop against a direct dial
+"
+    );
+    let _ = writeln!(
+        s,
+        "`tether-peer`: the client's tether server holds no agent; the agent holds a second tether server, peered with the first on loopback, so every connection runs client → server A → peer link → server B → agent → target. `tether`: the same client, server and agent with no hop. Medians (min–max); the ratio is peer hop ÷ direct (for CPU and latency lower is better). CPU is of every server and agent process; for `tether-peer` every server figure in this report (CPU, RSS) is A's and B's together.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| shape | figure | tether-peer | tether | peer hop ÷ direct |\n|---|---|---:|---:|---:|"
+    );
+    s.push_str(&rows);
+    s.push('\n');
+}
+
 /// The reusable-tunnel sweep: one row per system, stream cap and held streams, medians
 /// over the runs (failures added up over them).
 fn tunnel_table(s: &mut String, meta: &Meta, results: &Results, p: &Profile) {
@@ -473,6 +543,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
     }
 
     before_and_after(&mut s, meta, results, p);
+    peer_hop(&mut s, meta, results);
     tunnel_table(&mut s, meta, results, p);
 
     if !charts.is_empty() {
@@ -789,6 +860,51 @@ mod tests {
         ] {
             assert!(md.contains(row), "no row {row:?} in:\n{md}");
         }
+    }
+
+    #[test]
+    fn a_peer_hop_is_set_against_the_direct_dial_of_its_shape() {
+        let hop = System::Konn(Impl::TetherPeer, Frontend::GrpcUds);
+        let direct = System::Konn(Impl::Tether, Frontend::GrpcUds);
+        let lone = System::Konn(Impl::TetherPeer, Frontend::HttpConnectUds);
+        let upstream = System::Konn(Impl::Upstream, Frontend::GrpcUds);
+        let mut results = Results::default();
+        for (run, (h, d)) in [(900.0, 1000.0), (800.0, 1200.0), (1000.0, 1100.0)]
+            .into_iter()
+            .enumerate()
+        {
+            results.add(hop, Metric::BulkUp, run + 1, h);
+            results.add(direct, Metric::BulkUp, run + 1, d);
+            results.add(lone, Metric::BulkUp, run + 1, h);
+            results.add(upstream, Metric::BulkUp, run + 1, d);
+        }
+        results.add(hop, Metric::PingP50, 1, 60.0);
+        results.add(direct, Metric::PingP50, 1, 40.0);
+        // Only the hop has it: no row.
+        results.add(hop, Metric::PingP99, 1, 90.0);
+        let meta = Meta {
+            command: "tether-bench".into(),
+            date: String::new(),
+            machine: String::new(),
+            elapsed_secs: 1.0,
+            quick: true,
+            systems: vec![direct, hop, lone, upstream],
+            notes: Vec::new(),
+        };
+        let md = markdown(&results, &meta, &Profile::quick(), &[]);
+        for row in [
+            "## One peer hop against a direct dial",
+            "| shape | figure | tether-peer | tether | peer hop ÷ direct |",
+            "| grpc/uds | bulk upload (MiB/s) | 900 (800–1,000) | 1,100 (1,000–1,200) | 0.82× |",
+            "| grpc/uds | ping-pong p50 (µs) | 60.0 (60.0–60.0) | 40.0 (40.0–40.0) | 1.5× |",
+            // Not against upstream: its ×upstream cell stays empty.
+            "| tether-peer grpc/uds | 900 | 800–1,000 | 3 |  |",
+        ] {
+            assert!(md.contains(row), "no row {row:?} in:\n{md}");
+        }
+        assert!(!md.contains("| grpc/uds | ping-pong p99"), "{md}");
+        // tether-peer http-connect/uds has no direct dial in the run.
+        assert!(!md.contains("| http-connect/uds | bulk upload"), "{md}");
     }
 
     #[test]

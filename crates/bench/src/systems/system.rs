@@ -128,13 +128,22 @@ impl System {
     }
 
     /// The same shape on upstream, for tether's ratios. None for `tether-peer`, whose extra
-    /// hop upstream has no counterpart of.
+    /// hop upstream has no counterpart of: it is set against `tether` instead
+    /// ([`System::direct_dial`]).
     pub fn upstream_peer(&self) -> Option<System> {
         match self {
             System::Konn(
                 Impl::Tether | Impl::TetherH2 | Impl::TetherWs | Impl::TetherBefore,
                 f,
             ) => Some(System::Konn(Impl::Upstream, *f)),
+            _ => None,
+        }
+    }
+
+    /// The same shape dialed directly, for a peer hop's ratios: `tether` for `tether-peer`.
+    pub fn direct_dial(&self) -> Option<System> {
+        match self {
+            System::Konn(Impl::TetherPeer, f) => Some(System::Konn(Impl::Tether, *f)),
             _ => None,
         }
     }
