@@ -90,6 +90,11 @@ impl Hub {
         self.running.send_replace(next);
     }
 
+    /// Wakes on every generation put in force.
+    pub(crate) fn generations(&self) -> watch::Receiver<Arc<Running>> {
+        self.running.subscribe()
+    }
+
     /// Records a dial refused before any agent was asked; `tenant` once it was resolved.
     pub(crate) fn refused(&self, request: &RequestContext, tenant: Option<&Tenant>, reason: &str) {
         if let Some(audit) = &self.audit {

@@ -209,6 +209,13 @@ impl<B: Backend> Registry<B> {
         self.indexes.iter().map(|i| (i.strategy, i.keys.len()))
     }
 
+    /// Whether this stream of `agent_id` is in the registry.
+    pub(crate) fn has_stream(&self, agent_id: &str, stream_id: u64) -> bool {
+        self.agents
+            .get(agent_id)
+            .is_some_and(|streams| streams.iter().any(|b| b.stream_id() == stream_id))
+    }
+
     /// Whether any stream of `agent_id` is connected.
     pub(crate) fn contains(&self, agent_id: &str) -> bool {
         self.agents.contains_key(agent_id)

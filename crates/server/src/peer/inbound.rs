@@ -192,15 +192,21 @@ impl Inbound {
             }
         };
         let transport = Transport::native(opened.reader, opened.writer);
-        let end = match self.keepalive {
-            Some(keepalive) => {
-                let (end, ()) = tokio::join!(
-                    session.run_transport(transport, ended),
-                    opened.handle.keep_alive(keepalive)
-                );
-                end
+        let run = async {
+            match self.keepalive {
+                Some(keepalive) => {
+                    let (end, ()) = tokio::join!(
+                        session.run_transport(transport, ended),
+                        opened.handle.keep_alive(keepalive)
+                    );
+                    end
+                }
+                None => session.run_transport(transport, ended).await,
             }
-            None => session.run_transport(transport, ended).await,
+        };
+        let end = tokio::select! {
+            end = run => end,
+            () = state.follow_reloads() => TransportEnd::Final("server stopping".into()),
         };
         let reason = format!("the link to peer server {peer_id} ended: {}", end.reason());
         state.forget_all();
@@ -294,6 +300,25 @@ impl PeerState {
             listed.store(agents, Ordering::Relaxed);
         }
         self.hub.peer_links.refresh_remote_agents();
+    }
+
+    /// Puts the link's agents back into the registries of every later generation: a reload
+    /// that removed a tenant and added it again starts it with an empty registry. Returns
+    /// only when the server no longer publishes generations (it is going away).
+    async fn follow_reloads(&self) {
+        let mut generations = self.hub.generations();
+        while generations.changed().await.is_ok() {
+            let running = generations.borrow_and_update().clone();
+            for remote in self.remotes().values() {
+                let Some(tenant) = running.tenants.named(&remote.tenant) else {
+                    continue;
+                };
+                let mut registry = tenant.registry();
+                if !registry.has_stream(&remote.agent_id, remote.stream_id) {
+                    registry.add(Route::Remote(remote.clone()), &remote.identifiers);
+                }
+            }
+        }
     }
 
     /// Takes every agent of the link out of selection: the link ended.
