@@ -60,6 +60,7 @@ async fn held_by(fleet: &Fleet, host: u8) -> TestAgent {
         &fleet.pki,
         fleet.address(host),
         AgentOptions {
+            agent_id: format!("held-by-{host}"),
             discovery: tether_agent::Discovery::List([fleet.address(host)].into()),
             ..Default::default()
         },
@@ -384,7 +385,17 @@ async fn introspection_shows_peer_links_remote_agents_and_each_connection_s_hop(
             serde_json::from_str::<serde_json::Value>(&body).unwrap()
         }
     };
-    let agents = json(front, "/debug/agents").await;
+    // The links come up in both directions (a server that started before its peer links
+    // to it on a retry).
+    let started = Instant::now();
+    let agents = loop {
+        let agents = json(front, "/debug/agents").await;
+        if agents["peers"].as_array().is_some_and(|p| p.len() == 2) {
+            break agents;
+        }
+        assert!(started.elapsed() < STEP, "not two peer links: {agents}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let remote: Vec<&serde_json::Value> = agents["streams"]
         .as_array()
         .unwrap()
@@ -392,7 +403,7 @@ async fn introspection_shows_peer_links_remote_agents_and_each_connection_s_hop(
         .filter(|s| s["via_server"] == "server-3")
         .collect();
     assert_eq!(remote.len(), 1, "{agents}");
-    assert_eq!(remote[0]["agent_id"], "agent-3");
+    assert_eq!(remote[0]["agent_id"], "held-by-3");
     assert_eq!(remote[0]["connections"], 1, "{agents}");
     let directions: Vec<&str> = agents["peers"]
         .as_array()
@@ -409,7 +420,7 @@ async fn introspection_shows_peer_links_remote_agents_and_each_connection_s_hop(
     let at_front = json(front, "/debug/connections").await;
     let forwarded = &at_front["connections"][0];
     assert_eq!(forwarded["via_server"], "server-3", "{at_front}");
-    assert_eq!(forwarded["agent_id"], "agent-3");
+    assert_eq!(forwarded["agent_id"], "held-by-3");
     let at_holder = json(holder, "/debug/connections").await;
     let carried = &at_holder["connections"][0];
     assert_eq!(carried["from_server"], "server-2", "{at_holder}");

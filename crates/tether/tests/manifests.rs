@@ -144,6 +144,31 @@ const VARIANTS: &[Variant] = &[
         node: None,
     },
     Variant {
+        name: "hosted-peering",
+        helm: &[
+            "server.kind=deployment",
+            "server.count=3",
+            "leases.enabled=true",
+            "agent.serverDiscovery=leases",
+            "peering.enabled=true",
+            "agent.serverConnections=1",
+            "server.networkPolicy.enabled=true",
+        ],
+        overlay: None,
+        node: None,
+    },
+    Variant {
+        name: "static-pod-peering",
+        helm: &[
+            "leases.enabled=true",
+            "agent.serverDiscovery=leases",
+            "peering.enabled=true",
+            "agent.serverConnections=1",
+        ],
+        overlay: None,
+        node: None,
+    },
+    Variant {
         name: "static-pod-mtls-leases",
         helm: &[
             "auth.mode=mtls",

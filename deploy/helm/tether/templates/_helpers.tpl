@@ -56,6 +56,15 @@ cannot: there, it fails before anything is created.
 {{- if and (eq .Values.agent.serverDiscovery "dns") (ne .Values.server.kind "deployment") }}
 {{- fail (printf "agent.serverDiscovery=dns finds the server pods through a headless Service, which the chart makes for server.kind=deployment; with server.kind=%s use agent.serverDiscovery=leases (with leases.enabled=true)" .Values.server.kind) }}
 {{- end }}
+{{- if and .Values.peering.enabled (not .Values.leases.enabled) }}
+{{- fail "peering.enabled finds the peer servers in their Leases: set leases.enabled=true" }}
+{{- end }}
+{{- if and (gt (int .Values.agent.serverConnections) 0) (not .Values.peering.enabled) }}
+{{- fail "agent.serverConnections holds that many servers per agent: without peering.enabled the other servers' clients could not reach the agent. Set peering.enabled=true, or agent.serverConnections=0" }}
+{{- end }}
+{{- if and (gt (int .Values.agent.serverConnections) 0) (eq .Values.agent.serverDiscovery "balancer") }}
+{{- fail "agent.serverConnections chooses servers by their own addresses: use agent.serverDiscovery=leases (or dns)" }}
+{{- end }}
 {{- if and .Values.leases.enabled (eq .Values.leases.namespace "kube-system") (not .Values.leases.allowSharedNamespace) }}
 {{- fail "leases.namespace=kube-system would let the server delete every Lease there, kube-controller-manager's and kube-scheduler's leader Leases included: use a namespace of its own (the default, konnectivity-leases), or set leases.allowSharedNamespace=true" }}
 {{- end }}
@@ -131,6 +140,22 @@ cannot: there, it fails before anything is created.
 {{- if eq .Values.agent.serverDiscovery "leases" }}
 - --lease-agent-address=$(POD_IP)
 {{- end }}
+{{- if .Values.peering.enabled }}
+- --lease-peer-address=$(POD_IP)
+{{- end }}
+{{- end }}
+{{- if .Values.peering.enabled }}
+- --peer-port={{ .Values.peering.port }}
+- --peer-name={{ .Values.peering.name }}
+{{- if include "tether.onNode" . }}
+- --peer-cert-file={{ .Values.server.hostFiles.peerCert }}
+- --peer-key-file={{ .Values.server.hostFiles.peerKey }}
+- --peer-ca-cert={{ .Values.server.hostFiles.peerCaCert }}
+{{- else }}
+- --peer-cert-file=/etc/tether/peer/tls.crt
+- --peer-key-file=/etc/tether/peer/tls.key
+- --peer-ca-cert=/etc/tether/peer/ca.crt
+{{- end }}
 {{- end }}
 - --control-plane-endpoints={{ .Values.server.controlPlaneEndpoints }}
 {{- with include "tether.auditLogPath" . }}
@@ -155,8 +180,9 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.name
-  {{- if eq .Values.agent.serverDiscovery "leases" }}
-  # Published in the server's Lease (--lease-agent-address) for agents that find servers there.
+  {{- if or (eq .Values.agent.serverDiscovery "leases") .Values.peering.enabled }}
+  # Published in the server's Lease (--lease-agent-address, --lease-peer-address) for agents
+  # and peer servers that find servers there.
   - name: POD_IP
     valueFrom:
       fieldRef:
@@ -170,6 +196,10 @@ ports:
   {{- if not (include "tether.onNode" .) }}
   - name: frontend
     containerPort: {{ .Values.server.frontendPort }}
+  {{- end }}
+  {{- if .Values.peering.enabled }}
+  - name: peerport
+    containerPort: {{ .Values.peering.port }}
   {{- end }}
 livenessProbe:
   httpGet:
@@ -222,10 +252,22 @@ volumeMounts:
   - name: konnectivity-audit
     mountPath: {{ .Values.server.audit.hostDir }}
   {{- end }}
+  {{- if .Values.peering.enabled }}
+  {{- range $name, $path := dict "peer-cert" .Values.server.hostFiles.peerCert "peer-key" .Values.server.hostFiles.peerKey "peer-ca-cert" .Values.server.hostFiles.peerCaCert }}
+  - name: {{ $name }}
+    mountPath: {{ $path }}
+    readOnly: true
+  {{- end }}
+  {{- end }}
 {{- else }}
   - name: tls
     mountPath: /etc/tether/tls
     readOnly: true
+  {{- if .Values.peering.enabled }}
+  - name: peer-tls
+    mountPath: /etc/tether/peer
+    readOnly: true
+  {{- end }}
   {{- if and (include "tether.serverUsesApi" .) .Values.server.kubeconfigSecretName }}
   - name: kubeconfig
     mountPath: /etc/tether/kubeconfig
@@ -270,6 +312,14 @@ volumeMounts:
   hostPath:
     path: {{ .Values.server.audit.hostDir }}
     type: Directory
+{{- end }}
+{{- if .Values.peering.enabled }}
+{{- range $name, $path := dict "peer-cert" .Values.server.hostFiles.peerCert "peer-key" .Values.server.hostFiles.peerKey "peer-ca-cert" .Values.server.hostFiles.peerCaCert }}
+- name: {{ $name }}
+  hostPath:
+    path: {{ $path }}
+    type: File
+{{- end }}
 {{- end }}
 {{- end }}
 
