@@ -213,6 +213,59 @@ async fn servers_that_peer_by_lease_reach_an_agent_only_one_of_them_holds() -> a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peered_fleet_with_an_upstream_server_and_agent_keeps_working() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start().await?;
+    let routing = [
+        "--proxy-strategies=destHost,default",
+        "--agent-identity-binding=off",
+    ];
+    for id in ["srv-1", "srv-2"] {
+        let mut flags: Vec<String> = FAST_LEASES.iter().map(|s| (*s).to_owned()).collect();
+        flags.extend(routing.iter().map(|s| (*s).to_owned()));
+        flags.extend(fleet.peer_flags());
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        fleet.add_server(Kind::Tether, id, &flags).await?;
+    }
+    fleet.add_server(Kind::Upstream, "upstream-1", &[]).await?;
+    until("three Leases", || async {
+        fleet.lease_holders().await.len() == 3
+    })
+    .await;
+    // Upstream's agent holds every server, through the balancer, as always; tether's holds
+    // one of the two tether servers, found in their Leases, and advertises an address of
+    // its own (destHost).
+    let echo = EchoServer::start_at(([127, 0, 1, 9], 0).into()).await?;
+    let upstream_agent = fleet.agent(Kind::Upstream, &[]).await?;
+    let tether_agent = fleet
+        .agent(
+            Kind::Tether,
+            &[
+                "--server-discovery=leases",
+                "--proxy-server-host=localhost",
+                "--agent-server-connections=1",
+                "--agent-identifiers=ipv4=127.0.1.9",
+            ],
+        )
+        .await?;
+    converge(&[&upstream_agent], 3, "the upstream agent holds all three").await;
+    until("the tether agent holds one server", || async {
+        tether_agent.metric(OPEN).await == Some(1.0)
+    })
+    .await;
+    // Both tether servers reach the tether agent by its address, one of them through its
+    // peer; the upstream server carries dials as before (to the upstream agent it holds).
+    for id in ["srv-1", "srv-2", "upstream-1"] {
+        until(&format!("{id} carries a dial"), || async {
+            echo_through(&fleet, id, &echo).await.is_ok()
+        })
+        .await;
+    }
+    assert_eq!(ready(&tether_agent).await, 200);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_fleet_agrees_on_the_count() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let mut fleet = Fleet::start().await?;
