@@ -489,7 +489,13 @@ impl Server {
             let (Some(listener), Some(peering)) = (&peer, &config.peering) else {
                 return;
             };
-            peer::start(peering, &config, &hub, &agents, &stop);
+            peer::outbound::start(
+                peering,
+                (config.flow, config.agent_keepalive, config.dial_timeout),
+                &hub,
+                &agents,
+                &stop,
+            );
             let inbound = Arc::new(peer::inbound::Inbound::new(
                 hub.clone(),
                 peering.name.clone(),

@@ -48,31 +48,3 @@ pub struct PeerConfig {
     /// or what the fleet's Leases publish.
     pub addresses: watch::Receiver<BTreeSet<SocketAddr>>,
 }
-
-/// Starts the links to every peer (on `tasks`, until `stop`): the outbound side.
-pub(crate) fn start(
-    peering: &PeerConfig,
-    config: &crate::Config,
-    hub: &Arc<crate::dial::Hub>,
-    tasks: &tokio_util::task::TaskTracker,
-    stop: &tokio_util::sync::CancellationToken,
-) {
-    let name = match rustls::pki_types::ServerName::try_from(peering.name.clone()) {
-        Ok(name) => name,
-        // The binary checks --peer-name before the server is built.
-        Err(e) => {
-            tracing::error!(name = %peering.name, error = %e, "--peer-name is not a DNS name or IP address: no links to peers");
-            return;
-        }
-    };
-    let outbound = Arc::new(outbound::Outbound {
-        hub: hub.clone(),
-        tls: peering.client_tls.clone(),
-        name,
-        flow: config.flow,
-        keepalive: config.agent_keepalive,
-        dial_timeout: config.dial_timeout,
-        tasks: tokio_util::task::TaskTracker::new(),
-    });
-    tasks.spawn(outbound.run(peering.addresses.clone(), stop.clone()));
-}

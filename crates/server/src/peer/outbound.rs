@@ -51,6 +51,35 @@ pub(crate) struct Outbound {
     pub(crate) tasks: TaskTracker,
 }
 
+/// Starts the links to every peer of `peering` (on `tasks`, until `stop`), with the agent
+/// links' flow, keepalive and dial timeout.
+pub(crate) fn start(
+    peering: &super::PeerConfig,
+    (flow, keepalive, dial_timeout): (FlowConfig, Option<Keepalive>, Duration),
+    hub: &Arc<Hub>,
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+) {
+    let name = match ServerName::try_from(peering.name.clone()) {
+        Ok(name) => name,
+        // The binary checks --peer-name before the server is built.
+        Err(e) => {
+            tracing::error!(name = %peering.name, error = %e, "--peer-name is not a DNS name or IP address: no links to peers");
+            return;
+        }
+    };
+    let outbound = Arc::new(Outbound {
+        hub: hub.clone(),
+        tls: peering.client_tls.clone(),
+        name,
+        flow,
+        keepalive,
+        dial_timeout,
+        tasks: TaskTracker::new(),
+    });
+    tasks.spawn(outbound.run(peering.addresses.clone(), stop.clone()));
+}
+
 /// A link just opened: the peer's server ID, its flow-control answer, and the link.
 struct Opened {
     peer_id: String,
