@@ -27,8 +27,15 @@ pub async fn splice(mut answered: Tunnel, mut dialed: Tunnel) -> Spliced {
         let from_dialer = forward(&mut answered.down, &dialed.up);
         let from_answerer = forward(&mut dialed.down, &answered.up);
         tokio::select! {
-            closed = from_dialer => Spliced::Dialer(closed),
-            closed = from_answerer => Spliced::Answerer(closed),
+            moved = from_dialer => match moved {
+                Moved::FromClosed(closed) => Spliced::Dialer(closed),
+                // The dialed connection is closing: its answerer ended it.
+                Moved::ToClosed => Spliced::Answerer(None),
+            },
+            moved = from_answerer => match moved {
+                Moved::FromClosed(closed) => Spliced::Answerer(closed),
+                Moved::ToClosed => Spliced::Dialer(None),
+            },
         }
     };
     match &spliced {
@@ -40,18 +47,26 @@ pub async fn splice(mut answered: Tunnel, mut dialed: Tunnel) -> Spliced {
     spliced
 }
 
-/// Moves `from`'s data to `to` until `from` closes; returns how it closed.
-async fn forward(from: &mut TunnelDown, to: &TunnelUp) -> Option<CloseError> {
+/// How one direction of a splice ended.
+enum Moved {
+    /// The connection it reads closed (`None`: normally).
+    FromClosed(Option<CloseError>),
+    /// The connection it writes is closing and takes no more: the splice ends, whatever
+    /// the other direction is waiting for (it may be waiting on a window that never opens).
+    ToClosed,
+}
+
+/// Moves `from`'s data to `to` until either closes.
+async fn forward(from: &mut TunnelDown, to: &TunnelUp) -> Moved {
     loop {
         match from.recv().await {
             ConnEvent::Data(data) => {
                 if to.send(data).await.is_err() {
-                    // `to` is closing: the other direction hears its end and ends the splice.
-                    std::future::pending::<()>().await;
+                    return Moved::ToClosed;
                 }
                 from.consumed();
             }
-            ConnEvent::Closed(closed) => return closed,
+            ConnEvent::Closed(closed) => return Moved::FromClosed(closed),
         }
     }
 }

@@ -162,3 +162,47 @@ async fn a_stalled_reader_holds_back_only_its_own_connection() {
     }
     idle_and_shut((client_link, agent_link)).await;
 }
+
+#[tokio::test]
+async fn a_close_ends_the_splice_while_the_other_way_waits_for_credit() {
+    const LEN: usize = 4 * 1024 * 1024;
+    let (mut client_link, mut agent_link) = links().await;
+    let c = chain(&mut client_link, &mut agent_link).await;
+    let Chain {
+        client,
+        mut far,
+        middle,
+    } = c;
+    // The far end reads nothing: the upload fills its window and the middle waits for
+    // credit that never comes.
+    let uploading = tokio::spawn(async move {
+        let _ = client.up.send(payload(LEN, 9)).await;
+        client
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !uploading.is_finished(),
+        "the far end's window held the upload back"
+    );
+    // The upload gives up: its sender is dropped, which asks the middle to close; the
+    // far end still answers something, which the closing connection no longer takes.
+    uploading.abort();
+    let _ = uploading.await;
+    send(&far.up, b"late".to_vec()).await.unwrap();
+    let spliced = within("the splice's end", middle).await.unwrap();
+    assert!(
+        matches!(spliced, Spliced::Dialer(_)),
+        "the client's end ended it: {spliced:?}"
+    );
+    // The far end is asked to close, after whatever the middle had taken.
+    let started = std::time::Instant::now();
+    loop {
+        match within("the far end's close", far.down.recv()).await {
+            tether_tunnel::ConnEvent::Closed(_) => break,
+            tether_tunnel::ConnEvent::Data(_) => far.down.consumed(),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    }
+    far.finish(None);
+    idle_and_shut((client_link, agent_link)).await;
+}
