@@ -4,9 +4,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::collections::hash_map::Entry;
 use tether_observe::metrics::Gauge;
 use tether_proto::{DialId, Forward};
-use tether_tunnel::{Abandoned, Link, Tunnel};
+
+use tether_tunnel::{Abandoned, Link, PendingDial, Tunnel};
 use tokio::sync::watch;
 
 use crate::audit::Audit;
@@ -296,34 +298,14 @@ impl Hub {
         target.started();
         // Its audit records carry the generation that admitted it.
         let recorded = target.requests.insert(request, running.generation);
-        let sent = match &target.forward {
-            None => target
-                .link
-                .dial(random, request.protocol.clone(), request.address.clone()),
-            Some((forward, remote)) => {
-                remote.via.routes().insert(
-                    random,
-                    RouteEntry {
-                        agent: (*remote).clone(),
-                        opened: false,
-                    },
-                );
-                target.link.dial_forwarded(
-                    random,
-                    request.protocol.clone(),
-                    request.address.clone(),
-                    forward.clone(),
-                )
-            }
-        };
-        let mut pending = match sent {
+        let mut pending = match target.send(request) {
             Ok(pending) => pending,
             Err(e) => {
                 if recorded {
                     target.requests.remove(random);
                 }
                 self.metrics.pending_dials.dec();
-                target.finished(random);
+                target.unstarted();
                 if let tether_tunnel::DialError::StreamLost(_) = e {
                     self.metrics.dial_failure(DialFailure::SendRsp);
                 }
@@ -415,12 +397,40 @@ impl<'a> Target<'a> {
         self.health.dial_started();
     }
 
-    /// The dial ended before any answer could settle it.
-    fn finished(&self, random: DialId) {
+    /// Sends the dial request; through a peer, under a route entry of its own (a dial ID
+    /// already in flight on the link is refused, its entry left to its own dial).
+    fn send(&self, request: &RequestContext) -> Result<PendingDial, tether_tunnel::DialError> {
+        let (protocol, address) = (request.protocol.clone(), request.address.clone());
+        let random = request.dial_id;
+        let Some((forward, remote)) = &self.forward else {
+            return self.link.dial(random, protocol, address);
+        };
+        match remote.via.routes().entry(random) {
+            Entry::Occupied(_) => return Err(tether_tunnel::DialError::Duplicate(random)),
+            Entry::Vacant(slot) => {
+                slot.insert(RouteEntry::new((*remote).clone()));
+            }
+        }
+        let sent = self
+            .link
+            .dial_forwarded(random, protocol, address, forward.clone());
+        if sent.is_err() {
+            remote.via.routes().remove(&random);
+        }
+        sent
+    }
+
+    /// The dial was never sent: undoes [`started`](Self::started).
+    fn unstarted(&self) {
         if let Some(gauge) = self.pending_gauge {
             gauge.dec();
         }
         self.health.dial_finished();
+    }
+
+    /// The dial ended before any answer could settle it.
+    fn finished(&self, random: DialId) {
+        self.unstarted();
         if let Some((_, remote)) = &self.forward {
             remote.via.routes().remove(&random);
         }

@@ -489,20 +489,18 @@ impl Server {
             let (Some(listener), Some(peering)) = (&peer, &config.peering) else {
                 return;
             };
-            peer::outbound::start(
-                peering,
-                (config.flow, config.agent_keepalive, config.dial_timeout),
-                &hub,
-                &agents,
-                &stop,
-            );
+            let settings = peer::LinkSettings {
+                flow: config.flow,
+                keepalive: config.agent_keepalive,
+                dial_timeout: config.dial_timeout,
+            };
+            peer::outbound::start(peering, settings, &hub, &agents, &stop);
             let inbound = Arc::new(peer::inbound::Inbound::new(
                 hub.clone(),
                 peering.name.clone(),
-                config.flow,
-                config.agent_keepalive,
-                config.dial_timeout,
+                settings,
                 limit_metrics.clone(),
+                limits.max_agents,
                 stop.clone(),
             ));
             let gate = Gate::peers(limits, limit_metrics.clone());

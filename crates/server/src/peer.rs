@@ -25,11 +25,43 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+/// What peer links take from the agent streams' settings.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LinkSettings {
+    pub(crate) flow: tether_tunnel::FlowConfig,
+    /// `--keepalive-time` and the PING flags: a silent peer is given up as an agent is.
+    pub(crate) keepalive: Option<tether_conn::Keepalive>,
+    /// `--backend-dial-timeout`: how long a forwarded dial may take, each way.
+    pub(crate) dial_timeout: std::time::Duration,
+}
+
 /// The ALPN protocol id of a peer link, the only one the peer port accepts.
 pub const PEER_ALPN: &[u8] = b"tether-peer/1";
 
 /// How a server refuses a link from itself (its own address among its peers').
 const ITSELF: &str = "this is the server itself";
+
+/// How a server refuses a second link from a peer it is linked to (two addresses of one
+/// peer): the link it holds stays, rather than the two replacing each other.
+const ALREADY_LINKED: &str = "already linked to this peer server";
+
+/// How a forwarded dial's answer begins when the agent's server refused it itself (the
+/// client's tenant, destination policy or limits there, or an agent it no longer holds),
+/// so that the dialing server does not hold it against the agent.
+const REFUSED_BY_HOLDER: &str = "refused by the agent's server: ";
+
+/// A peer link's table bounds. Pending dials cover every agent of the peer, not one; the
+/// packets for unknown connections that races leave (a late answer, data after a close)
+/// add up over a link that lives for weeks and are no sign of attack from an authenticated
+/// member of the fleet, so they are not counted against it. The other bounds are an agent
+/// stream's.
+fn link_limits() -> tether_tunnel::Limits {
+    tether_tunnel::Limits {
+        max_pending_dials: 65_536,
+        max_unknown_packets: u64::MAX,
+        ..tether_tunnel::Limits::default()
+    }
+}
 
 /// Server peering's settings.
 #[derive(Clone, Debug)]

@@ -143,6 +143,55 @@ async fn the_holder_checks_its_own_destination_policy_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(error.contains("policy"), "{error}");
+    // The holder's refusals are its own: more of them than ejection takes (5 in a row)
+    // do not eject the agent on the client's server.
+    for _ in 0..6 {
+        let error = echo_through(&fleet.servers[0], &echo).await.unwrap_err();
+        assert!(error.contains("refused by the agent's server"), "{error}");
+    }
+    let ejections = metric(&fleet.servers[0], "tether_server_agent_ejections_total").await;
+    assert_eq!(
+        ejections, 0.0,
+        "a holder's refusal counted against its agent"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_reached_at_two_addresses_keeps_one_steady_link() {
+    tether_testkit::init_logging();
+    let mut fleet = Fleet::start_peered(2).await.unwrap();
+    let (peer_port, list) = fleet.peers.take().unwrap();
+    // The second server also answers at a relay's address (a second address of its pod).
+    let second = std::net::SocketAddr::from(([127, 0, 0, 3], peer_port));
+    let relay = tether_testkit::cut_relay::CuttingRelay::start(second)
+        .await
+        .unwrap();
+    list.send_modify(|peers| {
+        peers.insert(relay.addr);
+    });
+    let agent = held_by(&fleet, 3).await;
+    let echo = EchoServer::start().await.unwrap();
+    reachable(&fleet.servers[0], &echo, Duration::from_secs(5)).await;
+    // A forwarded connection stays up while the two addresses' keepers try for seconds.
+    let client = client_of(&fleet.servers[0]).await;
+    let mut open = client.dial(&echo.addr.to_string()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    open.write_all(b"still").await.unwrap();
+    let mut back = [0u8; 5];
+    tokio::time::timeout(STEP, open.read_exact(&mut back))
+        .await
+        .expect("the connection outlived the second address's attempts")
+        .unwrap();
+    assert_eq!(&back, b"still");
+    let links = metric(
+        &fleet.servers[1],
+        "tether_server_peer_links{direction=\"in\"}",
+    )
+    .await;
+    assert_eq!(links, 1.0, "one link from the first server, not two");
+    assert!(relay.forwarded() >= 1, "the second address was tried");
+    drop(open);
     agent.stop().await;
 }
 

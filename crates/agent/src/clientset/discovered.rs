@@ -124,9 +124,10 @@ impl ClientSet {
             match attempt {
                 Ok(connected) => {
                     self.passed_over().remove(&endpoint);
-                    // A duplicate is now an alias: nothing to retry.
-                    self.add(connected, Some(endpoint), &tasks, &stop);
-                    self.let_go_of_unwanted();
+                    // A duplicate is now an alias: nothing to retry, and nothing new held.
+                    if self.add(connected, Some(endpoint), &tasks, &stop) {
+                        self.let_go_of_unwanted();
+                    }
                     backoff = self.config.sync_interval;
                 }
                 Err(e) => {
@@ -207,9 +208,18 @@ impl ClientSet {
         if !self.every_endpoint_held_among(&sessions, wanted.iter().copied()) {
             return;
         }
-        for held in sessions.values() {
+        // A server a wanted address turned out to be (its other address) stays.
+        let aliased: Vec<String> = {
+            let aliases = self.aliases();
+            wanted
+                .iter()
+                .filter_map(|w| aliases.get(w).cloned())
+                .collect()
+        };
+        for (id, held) in sessions.iter() {
             if let Some(endpoint) = held.endpoint
                 && !wanted.contains(&endpoint)
+                && !aliased.contains(id)
                 && !held.dismiss.is_cancelled()
             {
                 tracing::info!(server.id = %held.session.server_id, server = %endpoint, "letting go of a server beyond --agent-server-connections: a better-ranked one is held");

@@ -109,6 +109,11 @@ impl Health {
         }
     }
 
+    /// Whether this record charges `load`: a tenant removed and added back has a new one.
+    pub(crate) fn charges(&self, load: &Arc<TenantLoad>) -> bool {
+        Arc::ptr_eq(&self.tenant, load)
+    }
+
     /// Dials in flight and open connections, for introspection.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (

@@ -108,12 +108,19 @@ impl<B: Backend> Registry<B> {
         Counted::of(streams).update(before, &mut self.local_agents, &mut self.tether_agents);
     }
 
-    /// Removes every stream of `agent_id` (its owner changed: they are ending).
+    /// Removes every stream this server holds of `agent_id` (its owner changed: they are
+    /// ending); routes through peers stay.
     pub(crate) fn remove_agent(&mut self, agent_id: &str) {
         let streams: Vec<u64> = self
             .agents
             .get(agent_id)
-            .map(|streams| streams.iter().map(Backend::stream_id).collect())
+            .map(|streams| {
+                streams
+                    .iter()
+                    .filter(|b| b.is_local())
+                    .map(Backend::stream_id)
+                    .collect()
+            })
             .unwrap_or_default();
         for stream_id in streams {
             self.remove(agent_id, stream_id);
@@ -217,6 +224,7 @@ impl<B: Backend> Registry<B> {
     }
 
     /// Whether any stream of `agent_id` is connected.
+    #[cfg(test)]
     pub(crate) fn contains(&self, agent_id: &str) -> bool {
         self.agents.contains_key(agent_id)
     }

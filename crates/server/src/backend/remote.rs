@@ -43,6 +43,19 @@ pub(crate) struct RouteEntry {
     pub(crate) agent: Arc<RemoteAgent>,
     /// Its connection opened, and counts in the agent's load until it ends.
     pub(crate) opened: bool,
+    /// Its connection's end was handled before its answer (another task delivered the
+    /// events): the answer then settles the dial without counting the connection.
+    pub(crate) ended: bool,
+}
+
+impl RouteEntry {
+    pub(crate) fn new(agent: Arc<RemoteAgent>) -> Self {
+        Self {
+            agent,
+            opened: false,
+            ended: false,
+        }
+    }
 }
 
 impl ViaPeer {

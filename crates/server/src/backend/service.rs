@@ -322,7 +322,7 @@ impl StreamOwner {
             let gone = {
                 let mut registry = self.tenant.registry();
                 registry.remove(&self.session.agent_id, self.session.stream_id);
-                !registry.contains(&self.session.agent_id)
+                registry.first_local(&self.session.agent_id).is_none()
             };
             hub.refresh_backend_gauges();
             let link = &self.session.link;

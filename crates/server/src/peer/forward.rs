@@ -7,8 +7,11 @@ use std::sync::Arc;
 use tether_proto::Forward;
 use tether_tunnel::{IncomingDial, Spliced, splice};
 
-use super::origin;
+use tether_conn::LogText;
+
+use super::{REFUSED_BY_HOLDER, origin};
 use crate::dial::Hub;
+use crate::error::DialError;
 
 /// Serves one PEER_DIAL_REQ.
 pub(crate) async fn serve(
@@ -21,8 +24,8 @@ pub(crate) async fn serve(
     let request = match origin::request(&forward.origin, protocol, address, incoming.random()) {
         Ok(request) => request,
         Err(why) => {
-            tracing::warn!(peer.server = %forward.origin.server_id, dial.id = %incoming.random(), "refusing a forwarded dial: {why}");
-            incoming.fail(why);
+            tracing::warn!(peer.server = %LogText(&forward.origin.server_id), dial.id = %incoming.random(), "refusing a forwarded dial: {}", LogText(&why));
+            incoming.fail(format!("{REFUSED_BY_HOLDER}{why}"));
             return;
         }
     };
@@ -32,7 +35,17 @@ pub(crate) async fn serve(
     let dialed = match dialed {
         Ok(dialed) => dialed,
         Err(error) => {
-            incoming.fail(error.to_string());
+            let refused = matches!(
+                error,
+                DialError::NoAgent
+                    | DialError::NoTenant(_)
+                    | DialError::TenantLimit(_)
+                    | DialError::Policy(_)
+            );
+            incoming.fail(match refused {
+                true => format!("{REFUSED_BY_HOLDER}{error}"),
+                false => error.to_string(),
+            });
             return;
         }
     };
@@ -43,6 +56,6 @@ pub(crate) async fn serve(
     if let Spliced::Answerer(Some(error)) | Spliced::Dialer(Some(error)) =
         splice(answered, dialed.tunnel).await
     {
-        tracing::debug!(peer.server = %forward.origin.server_id, agent.id = %forward.agent_id, %error, "forwarded connection ended with an error");
+        tracing::debug!(peer.server = %LogText(&forward.origin.server_id), agent.id = %LogText(&forward.agent_id), %error, "forwarded connection ended with an error");
     }
 }

@@ -6,20 +6,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
 
-use tether_conn::{Heard, Keepalive, LastPong, LogText};
+use tether_conn::{Heard, LastPong, LogText};
 use tether_grpc::Code;
 use tether_proto::link::{self, Hello};
 use tether_proto::metadata::{self, Metadata};
 use tether_proto::{PeerAgents, pb};
-use tether_tunnel::{
-    Event, FlowConfig, Hooks, Limits, Link, Role, SessionConfig, Transport, TransportEnd,
-};
+use tether_tunnel::{DialError, Event, Hooks, Link, Role, SessionConfig, Transport, TransportEnd};
 use tokio_util::sync::CancellationToken;
 
-use super::PEER_ALPN;
-use crate::backend::admission::{MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS};
+use super::{LinkSettings, PEER_ALPN};
+use crate::backend::admission::{MAX_AGENT_ID_BYTES, MAX_IDENTIFIERS, MAX_IDENTIFIERS_BYTES};
 use crate::backend::remote::{REMOTE_STREAM_BASE, RemoteAgent, ViaPeer};
 use crate::backend::route::Route;
 use crate::backend::service::CLOSE_TIMEOUT;
@@ -28,6 +25,8 @@ use crate::limits::{LimitMetrics, SlotAdmission};
 use crate::metrics::DialFailure;
 use crate::net;
 use crate::request::Requests;
+use crate::running::Running;
+use tether_proto::labels::MAX_LABEL_VALUE;
 
 /// What every inbound peer link shares.
 #[derive(Debug)]
@@ -35,17 +34,15 @@ pub(crate) struct Inbound {
     pub(crate) hub: Arc<Hub>,
     /// `--peer-name`: the name every peer's certificate must carry.
     pub(crate) name: String,
-    pub(crate) flow: FlowConfig,
-    pub(crate) keepalive: Option<Keepalive>,
-    /// `--backend-dial-timeout`: how long a forwarded dial waits for the peer's answer.
-    pub(crate) dial_timeout: Duration,
+    settings: LinkSettings,
     pub(crate) limit_metrics: LimitMetrics,
+    /// `--max-agents`: the most agents one peer may announce here.
+    max_agents: usize,
     /// Ends every link when the server stops.
     pub(crate) stop: CancellationToken,
-    /// The link each peer server holds now, by server ID (with a number of its own): a
-    /// newer one replaces it.
-    links: Mutex<HashMap<String, (u64, CancellationToken)>>,
-    /// Numbers links, and gives remote agents their stream IDs.
+    /// The peer servers linked now, by server ID.
+    links: Mutex<std::collections::HashSet<String>>,
+    /// Gives remote agents their stream IDs.
     next_id: Arc<AtomicU64>,
 }
 
@@ -53,26 +50,24 @@ impl Inbound {
     pub(crate) fn new(
         hub: Arc<Hub>,
         name: String,
-        flow: FlowConfig,
-        keepalive: Option<Keepalive>,
-        dial_timeout: Duration,
+        settings: LinkSettings,
         limit_metrics: LimitMetrics,
+        max_agents: usize,
         stop: CancellationToken,
     ) -> Self {
         Self {
             hub,
             name,
-            flow,
-            keepalive,
-            dial_timeout,
+            settings,
             limit_metrics,
+            max_agents,
             stop,
             links: Mutex::default(),
             next_id: Arc::new(AtomicU64::new(REMOTE_STREAM_BASE)),
         }
     }
 
-    fn links(&self) -> MutexGuard<'_, HashMap<String, (u64, CancellationToken)>> {
+    fn links(&self) -> MutexGuard<'_, std::collections::HashSet<String>> {
         self.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -91,12 +86,16 @@ impl Inbound {
             tracing::warn!(peer = %label, "closing a connection on the peer port that did not ask for ALPN tether-peer/1: only tether servers with --peer-port link here");
             return Ok(());
         }
-        if !peer
-            .certificate
-            .as_ref()
-            .is_some_and(|names| names.has_name(&self.name))
-        {
-            tracing::warn!(peer = %label, principal = %peer.principal(), "closing a peer link whose certificate does not name --peer-name {}: check the peer's --peer-cert-file", self.name);
+        // As the connecting side verifies the accepting one: a DNS SAN (or, for an address,
+        // an IP SAN), so one certificate serves both ends.
+        let named = peer.certificate.as_ref().is_some_and(|names| {
+            match self.name.parse::<std::net::IpAddr>() {
+                Ok(ip) => names.has_ip(ip),
+                Err(_) => names.dns.iter().any(|d| d.eq_ignore_ascii_case(&self.name)),
+            }
+        });
+        if !named {
+            tracing::warn!(peer = %label, principal = %peer.principal(), "closing a peer link whose certificate has no subjectAltName for --peer-name {}: check the peer's --peer-cert-file", self.name);
             return Ok(());
         }
         let liveness = Arc::new(LastPong::default());
@@ -123,14 +122,43 @@ impl Inbound {
                 .await;
             return Ok(());
         }
+        // One link per peer: a second one (the peer reached through two of this server's
+        // addresses, or its retry before this end saw a half-open link end at its
+        // keepalive timeout) is refused, and the link held stays.
+        if !self.links().insert(peer_id.clone()) {
+            pending
+                .refuse(Code::FAILED_PRECONDITION, super::ALREADY_LINKED)
+                .await;
+            return Ok(());
+        }
+        let served = self
+            .clone()
+            .serve_link(peer_id.clone(), label, hello, pending)
+            .await;
+        self.links().remove(&peer_id);
+        served
+    }
+
+    /// Answers a peer's HELLO and runs its link until it ends.
+    async fn serve_link<IO>(
+        self: Arc<Self>,
+        peer_id: String,
+        label: String,
+        hello: Hello,
+        pending: tether_link::PendingLink<IO>,
+    ) -> std::io::Result<()>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let flow = self
+            .settings
             .flow
             .negotiate(hello.metadata.get(metadata::TETHER_FLOW));
         let mut answer = Metadata::default();
         answer.push(metadata::SERVER_ID, self.hub.server_id.clone());
         answer.push(metadata::TETHER_VERSION, tether_observe::VERSION);
         if flow.is_credit() {
-            let (key, value) = self.flow.announce();
+            let (key, value) = self.settings.flow.announce();
             answer.push(key, value);
         }
         let answer = Hello {
@@ -142,29 +170,23 @@ impl Inbound {
             .accept(&answer, None)
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let replaced = self.stop.child_token();
-        let number = self.next_id.fetch_add(1, Ordering::Relaxed);
-        if let Some((_, older)) = self
-            .links()
-            .insert(peer_id.clone(), (number, replaced.clone()))
-        {
-            older.cancel();
-        }
         let state = Arc::new(PeerState {
             hub: self.hub.clone(),
             peer_id: peer_id.as_str().into(),
             via: OnceLock::new(),
             remotes: Mutex::default(),
             next_stream_id: self.next_id.clone(),
+            max_agents: self.max_agents,
+            capped: std::sync::atomic::AtomicBool::new(false),
             listed: OnceLock::new(),
         });
         let session = Link::new(
             SessionConfig {
                 role: Role::Server,
                 flow,
-                dial_timeout: self.dial_timeout,
+                dial_timeout: self.settings.dial_timeout,
                 close_timeout: CLOSE_TIMEOUT,
-                limits: Limits::default(),
+                limits: super::link_limits(),
                 resumable: false,
                 peering: true,
             },
@@ -186,14 +208,12 @@ impl Inbound {
         let _ = state.listed.set(listed.agents.clone());
         tracing::info!(peer.server = %LogText(&peer_id), peer = %label, "peer server linked: its agents can be dialed through it");
         let ended = async {
-            tokio::select! {
-                () = self.stop.cancelled() => TransportEnd::Final("server stopping".into()),
-                () = replaced.cancelled() => TransportEnd::Final("a newer link from the same peer server replaced it".into()),
-            }
+            self.stop.cancelled().await;
+            TransportEnd::Final("server stopping".into())
         };
         let transport = Transport::native(opened.reader, opened.writer);
         let run = async {
-            match self.keepalive {
+            match self.settings.keepalive {
                 Some(keepalive) => {
                     let (end, ()) = tokio::join!(
                         session.run_transport(transport, ended),
@@ -213,13 +233,7 @@ impl Inbound {
         drop(listed);
         session.close(&reason);
         via.routes().clear();
-        {
-            let mut links = self.links();
-            if links.get(&peer_id).is_some_and(|(n, _)| *n == number) {
-                links.remove(&peer_id);
-            }
-        }
-        tracing::info!(peer.server = %LogText(&peer_id), %reason, "peer server unlinked");
+        tracing::info!(peer.server = %LogText(&peer_id), reason = %LogText(&reason), "peer server unlinked");
         Ok(())
     }
 }
@@ -231,15 +245,28 @@ struct PeerState {
     peer_id: Arc<str>,
     /// The link as dials see it; weak, since the link holds these hooks.
     via: OnceLock<Weak<ViaPeer>>,
-    /// The agents the peer announced, by agent ID, as registered.
-    remotes: Mutex<HashMap<String, Arc<RemoteAgent>>>,
+    /// The agents the peer announced, by agent ID, and where each is placed.
+    remotes: Mutex<HashMap<String, Remote>>,
     next_stream_id: Arc<AtomicU64>,
+    /// `--max-agents`: the most agents one link may announce.
+    max_agents: usize,
+    /// Whether the cap was already logged on this link.
+    capped: std::sync::atomic::AtomicBool,
     /// The link's agent count in the server's list of peer links.
     listed: OnceLock<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
+/// An agent a peer announced, and where it is placed on this server now.
+#[derive(Debug)]
+struct Remote {
+    announced: pb::PeerAgent,
+    /// In its tenant's registry; `None` while this server's routing file lacks the tenant
+    /// (it is placed once a generation has it).
+    placed: Option<Arc<RemoteAgent>>,
+}
+
 impl PeerState {
-    fn remotes(&self) -> MutexGuard<'_, HashMap<String, Arc<RemoteAgent>>> {
+    fn remotes(&self) -> MutexGuard<'_, HashMap<String, Remote>> {
         self.remotes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -250,49 +277,70 @@ impl PeerState {
         let Some(via) = self.via.get().and_then(Weak::upgrade) else {
             return;
         };
-        let running = self.hub.running();
+        // Locked before the generation is read, as `follow_reloads` does: one of the two
+        // places each agent in the generation in force.
         let mut remotes = self.remotes();
+        let running = self.hub.running();
         for announced in update.up {
             if let Err(why) = check(&announced) {
                 tracing::warn!(peer.server = %LogText(&self.peer_id), agent.id = %LogText(&announced.agent_id), "ignoring an agent the peer announced: {why}");
                 continue;
             }
-            if let Some(known) = remotes.get(&announced.agent_id)
-                && *known.tenant == *announced.tenant
-                && known.same_keys(&announced)
-            {
-                known.set_draining(announced.draining);
+            if remotes.len() >= self.max_agents && !remotes.contains_key(&announced.agent_id) {
+                if !self.capped.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(peer.server = %LogText(&self.peer_id), max_agents = self.max_agents, "the peer announces more agents than --max-agents: the rest are not dialed from here");
+                }
                 continue;
             }
-            if let Some(old) = remotes.remove(&announced.agent_id) {
+            if let Some(known) = remotes.get_mut(&announced.agent_id)
+                && let Some(placed) = &known.placed
+                && *placed.tenant == *announced.tenant
+                && placed.same_keys(&announced)
+            {
+                placed.set_draining(announced.draining);
+                known.announced = announced;
+                continue;
+            }
+            if let Some(old) = remotes.remove(&announced.agent_id).and_then(|r| r.placed) {
                 forget(&running, &old);
             }
-            let Some(tenant) = running.tenants.named(&announced.tenant) else {
-                tracing::warn!(peer.server = %LogText(&self.peer_id), agent.id = %LogText(&announced.agent_id), tenant = %LogText(&announced.tenant), "the peer holds an agent of a tenant this server's routing file does not have: it is not dialed from here");
-                continue;
-            };
-            let remote = Arc::new(RemoteAgent::new(
-                &announced,
-                self.next_stream_id.fetch_add(1, Ordering::Relaxed),
-                tenant.name.clone(),
-                tenant.load.clone(),
-                via.clone(),
-                self.hub
-                    .audit
-                    .as_ref()
-                    .map(|a| Arc::new(a.for_tenant(&tenant.name))),
-            ));
-            tenant
-                .registry()
-                .add(Route::Remote(remote.clone()), &remote.identifiers);
-            remotes.insert(announced.agent_id, remote);
+            let placed = self.place(&running, &announced, &via);
+            remotes.insert(announced.agent_id.clone(), Remote { announced, placed });
         }
         for agent_id in update.down {
-            if let Some(old) = remotes.remove(&agent_id) {
+            if let Some(old) = remotes.remove(&agent_id).and_then(|r| r.placed) {
                 forget(&running, &old);
             }
         }
         self.count(remotes.len());
+    }
+
+    /// Puts `announced` in its tenant's registry, if this generation has the tenant.
+    fn place(
+        &self,
+        running: &Running,
+        announced: &pb::PeerAgent,
+        via: &Arc<ViaPeer>,
+    ) -> Option<Arc<RemoteAgent>> {
+        let Some(tenant) = running.tenants.named(&announced.tenant) else {
+            tracing::warn!(peer.server = %LogText(&self.peer_id), agent.id = %LogText(&announced.agent_id), tenant = %LogText(&announced.tenant), "the peer holds an agent of a tenant this server's routing file does not have: it is dialed from here once a reload adds the tenant");
+            return None;
+        };
+        let remote = Arc::new(RemoteAgent::new(
+            announced,
+            self.next_stream_id.fetch_add(1, Ordering::Relaxed),
+            tenant.name.clone(),
+            tenant.load.clone(),
+            via.clone(),
+            self.hub
+                .audit
+                .as_ref()
+                .map(|a| Arc::new(a.for_tenant(&tenant.name))),
+        ));
+        tenant
+            .registry()
+            .add(Route::Remote(remote.clone()), &remote.identifiers);
+        Some(remote)
     }
 
     fn count(&self, agents: usize) {
@@ -302,20 +350,33 @@ impl PeerState {
         self.hub.peer_links.refresh_remote_agents();
     }
 
-    /// Puts the link's agents back into the registries of every later generation: a reload
-    /// that removed a tenant and added it again starts it with an empty registry. Returns
-    /// only when the server no longer publishes generations (it is going away).
+    /// Places the link's agents in every later generation: in a tenant it added, and again
+    /// (with a new load record) in a tenant it removed and added back, whose registry starts
+    /// empty. Returns only when the server no longer publishes generations (it stops).
     async fn follow_reloads(&self) {
         let mut generations = self.hub.generations();
         while generations.changed().await.is_ok() {
+            let Some(via) = self.via.get().and_then(Weak::upgrade) else {
+                return;
+            };
+            let mut remotes = self.remotes();
             let running = generations.borrow_and_update().clone();
-            for remote in self.remotes().values() {
-                let Some(tenant) = running.tenants.named(&remote.tenant) else {
-                    continue;
-                };
-                let mut registry = tenant.registry();
-                if !registry.has_stream(&remote.agent_id, remote.stream_id) {
-                    registry.add(Route::Remote(remote.clone()), &remote.identifiers);
+            for remote in remotes.values_mut() {
+                let tenant = running.tenants.named(&remote.announced.tenant);
+                match (&remote.placed, tenant) {
+                    (Some(placed), Some(tenant)) if placed.health.charges(&tenant.load) => {
+                        let mut registry = tenant.registry();
+                        if !registry.has_stream(&placed.agent_id, placed.stream_id) {
+                            registry.add(Route::Remote(placed.clone()), &placed.identifiers);
+                        }
+                    }
+                    (None, None) => {}
+                    (placed, _) => {
+                        if let Some(old) = placed {
+                            forget(&running, old);
+                        }
+                        remote.placed = self.place(&running, &remote.announced, &via);
+                    }
                 }
             }
         }
@@ -325,16 +386,25 @@ impl PeerState {
     fn forget_all(&self) {
         let running = self.hub.running();
         for (_, remote) in self.remotes().drain() {
-            forget(&running, &remote);
+            if let Some(placed) = remote.placed {
+                forget(&running, &placed);
+            }
         }
         self.count(0);
     }
 }
 
-/// Takes `remote` out of its tenant's registry.
-fn forget(running: &crate::running::Running, remote: &RemoteAgent) {
-    if let Some(tenant) = running.tenants.named(&remote.tenant) {
-        tenant.registry().remove(&remote.agent_id, remote.stream_id);
+/// Takes `remote` out of its tenant's registry, wherever the tenant is now: in force, or
+/// leaving after a reload removed it.
+fn forget(running: &Running, remote: &RemoteAgent) {
+    let registries = running
+        .tenants
+        .all()
+        .map(|tenant| tenant.state())
+        .chain(&running.leaving)
+        .filter(|state| *state.name == *remote.tenant);
+    for state in registries {
+        state.registry().remove(&remote.agent_id, remote.stream_id);
     }
 }
 
@@ -346,14 +416,35 @@ fn check(agent: &pb::PeerAgent) -> Result<(), String> {
             agent.agent_id.len()
         ));
     }
-    let identifiers = agent.hosts.len() + agent.ipv4.len() + agent.ipv6.len() + agent.cidrs.len();
-    if identifiers > MAX_IDENTIFIERS {
+    let identifiers = [&agent.hosts, &agent.ipv4, &agent.ipv6, &agent.cidrs];
+    let count: usize = identifiers.iter().map(|values| values.len()).sum();
+    let bytes: usize = identifiers
+        .iter()
+        .flat_map(|v| v.iter())
+        .map(String::len)
+        .sum();
+    if count > MAX_IDENTIFIERS || bytes > MAX_IDENTIFIERS_BYTES {
         return Err(format!(
-            "{identifiers} identifiers (at most {MAX_IDENTIFIERS})"
+            "{count} identifiers of {bytes} bytes (at most {MAX_IDENTIFIERS} of {MAX_IDENTIFIERS_BYTES})"
         ));
+    }
+    for (what, value, max) in [
+        ("tenant", &agent.tenant, MAX_TENANT_BYTES),
+        ("zone", &agent.zone, MAX_LABEL_VALUE),
+        ("region", &agent.region, MAX_LABEL_VALUE),
+        ("version", &agent.version, MAX_VERSION_BYTES),
+    ] {
+        if value.len() > max {
+            return Err(format!("a {what} of {} bytes (at most {max})", value.len()));
+        }
     }
     Ok(())
 }
+
+/// Tenant names are 1 to 63 characters (the routing file's rule).
+const MAX_TENANT_BYTES: usize = 63;
+/// A tether release, as agents announce it.
+const MAX_VERSION_BYTES: usize = 64;
 
 /// The hooks of an inbound peer link: announcements, and the outcomes of the dials this
 /// server sent through it, charged to the agent each went to.
@@ -379,30 +470,42 @@ impl Hooks for PeerHooks {
                 result,
             } => {
                 m.pending_dials.dec();
+                // (the agent, whether its connection is open and counts in its load)
                 let entry = {
                     let mut routes = via.routes();
-                    match &result {
-                        Ok(_) => routes.get_mut(&random).map(|entry| {
+                    match (&result, routes.get(&random).map(|e| e.ended)) {
+                        (_, None) => None,
+                        // Its end came first: nothing to count open.
+                        (_, Some(true)) | (Err(_), _) => {
+                            routes.remove(&random).map(|entry| (entry.agent, false))
+                        }
+                        (Ok(_), Some(false)) => routes.get_mut(&random).map(|entry| {
                             entry.opened = true;
-                            entry.agent.clone()
+                            (entry.agent.clone(), true)
                         }),
-                        Err(_) => routes.remove(&random).map(|entry| entry.agent),
                     }
                 };
-                let Some(remote) = entry else {
+                let Some((remote, open)) = entry else {
                     return;
                 };
                 remote.health.dial_finished();
-                crate::backend::session::judge(
-                    &remote.health,
-                    &state.hub.running().ejection,
-                    state.hub.selection_metrics(),
-                    &remote.agent_id,
-                    result.as_ref().err(),
-                );
+                // The holder's own refusals (its tenant limits, policy, a route it no longer
+                // has) say nothing of the agent's health.
+                let refused = matches!(&result, Err(DialError::Endpoint(text)) if text.starts_with(super::REFUSED_BY_HOLDER));
+                if !refused {
+                    crate::backend::session::judge(
+                        &remote.health,
+                        &state.hub.running().ejection,
+                        state.hub.selection_metrics(),
+                        &remote.agent_id,
+                        result.as_ref().err(),
+                    );
+                }
                 match &result {
                     Ok(id) => {
-                        remote.health.connection_opened();
+                        if open {
+                            remote.health.connection_opened();
+                        }
                         if let Some(audit) = &remote.audit {
                             via.requests.answered(random, latency, |followed| {
                                 audit.opened(followed, &remote.agent_id, *id);
@@ -422,26 +525,68 @@ impl Hooks for PeerHooks {
             Event::Opened(_) => m.established.inc(),
             Event::Ended(ended) => {
                 m.connection_ended(&ended);
-                let entry = via.routes().remove(&ended.dial_id);
-                let followed = via.requests.remove(ended.dial_id);
-                if let Some(entry) = entry {
-                    if entry.opened {
-                        entry.agent.health.connection_ended();
-                    }
-                    if let (Some(audit), Some(followed)) = (&entry.agent.audit, followed) {
-                        if !followed.opened {
-                            audit.opened(&followed, &entry.agent.agent_id, ended.id);
+                let agent = {
+                    let mut routes = via.routes();
+                    match routes.get_mut(&ended.dial_id) {
+                        Some(entry) if entry.opened => {
+                            entry.agent.health.connection_ended();
+                            routes.remove(&ended.dial_id).map(|entry| entry.agent)
                         }
-                        audit.connection(&followed, &entry.agent.agent_id, &ended, None);
+                        // Before its answer was handled: the answer settles it.
+                        Some(entry) => {
+                            entry.ended = true;
+                            Some(entry.agent.clone())
+                        }
+                        None => None,
                     }
-                    tether_tunnel::log_ended(&ended, &entry.agent.agent_id, &state.hub.server_id);
+                };
+                let followed = via.requests.remove(ended.dial_id);
+                if let Some(agent) = agent {
+                    if let (Some(audit), Some(followed)) = (&agent.audit, followed) {
+                        if !followed.opened {
+                            audit.opened(&followed, &agent.agent_id, ended.id);
+                        }
+                        audit.connection(&followed, &agent.agent_id, &ended, None);
+                    }
+                    tether_tunnel::log_ended(&ended, &agent.agent_id, &state.hub.server_id);
                 }
             }
             Event::StrayDialResponse { random } => {
-                tracing::debug!(peer.server = %state.peer_id, dial.id = %random, "answer to a forwarded dial nobody waits for");
+                tracing::debug!(peer.server = %LogText(&state.peer_id), dial.id = %random, "answer to a forwarded dial nobody waits for");
                 m.dial_failure(DialFailure::UnrecognizedResponse);
             }
             _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_announces_within_an_agent_stream_s_bounds() {
+        let agent = |f: fn(&mut pb::PeerAgent)| {
+            let mut a = pb::PeerAgent {
+                agent_id: "node-1".into(),
+                tenant: "blue".into(),
+                ..Default::default()
+            };
+            f(&mut a);
+            a
+        };
+        assert!(check(&agent(|_| {})).is_ok());
+        for (bad, want) in [
+            (agent(|a| a.agent_id.clear()), "agent ID"),
+            (agent(|a| a.agent_id = "n".repeat(254)), "agent ID"),
+            (agent(|a| a.hosts = vec!["h".into(); 65]), "identifiers"),
+            (agent(|a| a.ipv4 = vec!["1".repeat(4097)]), "identifiers"),
+            (agent(|a| a.tenant = "t".repeat(64)), "tenant"),
+            (agent(|a| a.zone = "z".repeat(64)), "zone"),
+            (agent(|a| a.version = "v".repeat(65)), "version"),
+        ] {
+            let error = check(&bad).unwrap_err();
+            assert!(error.contains(want), "{error}");
         }
     }
 }

@@ -14,9 +14,7 @@ use rustls::pki_types::ServerName;
 use tether_conn::{Keepalive, LogText};
 use tether_proto::link::{self, Hello};
 use tether_proto::metadata::{self, Metadata};
-use tether_tunnel::{
-    Event, FlowConfig, Hooks, Limits, Link, Role, SessionConfig, Transport, TransportEnd,
-};
+use tether_tunnel::{Event, FlowConfig, Hooks, Link, Role, SessionConfig, Transport, TransportEnd};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,7 +53,7 @@ pub(crate) struct Outbound {
 /// links' flow, keepalive and dial timeout.
 pub(crate) fn start(
     peering: &super::PeerConfig,
-    (flow, keepalive, dial_timeout): (FlowConfig, Option<Keepalive>, Duration),
+    settings: super::LinkSettings,
     hub: &Arc<Hub>,
     tasks: &TaskTracker,
     stop: &CancellationToken,
@@ -72,9 +70,9 @@ pub(crate) fn start(
         hub: hub.clone(),
         tls: peering.client_tls.clone(),
         name,
-        flow,
-        keepalive,
-        dial_timeout,
+        flow: settings.flow,
+        keepalive: settings.keepalive,
+        dial_timeout: settings.dial_timeout,
         tasks: TaskTracker::new(),
     });
     tasks.spawn(outbound.run(peering.addresses.clone(), stop.clone()));
@@ -153,7 +151,12 @@ impl Outbound {
                     if keeper.is_cancelled() {
                         return;
                     }
-                    tracing::info!(peer.server = %LogText(&peer_id), peer = %address, %reason, "link to peer server ended; connecting again");
+                    tracing::info!(peer.server = %LogText(&peer_id), peer = %address, reason = %LogText(&reason), "link to peer server ended; connecting again");
+                }
+                Ok(Err(e)) if e == super::ALREADY_LINKED => {
+                    // This server is linked to that peer through another of its addresses
+                    // (or the peer has not yet seen an earlier link end): look again later.
+                    tracing::debug!(peer = %address, "already linked to this peer server");
                 }
                 failed => {
                     let error = match failed {
@@ -226,6 +229,11 @@ impl Outbound {
             Err(tether_link::LinkError::Closed { message, .. }) if message == super::ITSELF => {
                 Ok(None)
             }
+            Err(tether_link::LinkError::Closed { message, .. })
+                if message == super::ALREADY_LINKED =>
+            {
+                Err(message)
+            }
             Err(e) => Err(format!("opening the link: {e}")),
         }
     }
@@ -246,7 +254,7 @@ impl Outbound {
                 dial_timeout: self.dial_timeout,
                 // This side answers dials and dials none: no close of its own to wait for.
                 close_timeout: crate::backend::service::CLOSE_TIMEOUT,
-                limits: Limits::default(),
+                limits: super::link_limits(),
                 resumable: false,
                 peering: true,
             },

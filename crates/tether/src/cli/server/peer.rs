@@ -29,7 +29,8 @@ pub(crate) struct PeerArgs {
     peer_bind_address: String,
 
     /// This server's certificate (PEM) on peer links, shown on both sides of each: it
-    /// must name --peer-name and allow serverAuth and clientAuth.
+    /// must carry --peer-name as a DNS (or IP) subjectAltName and allow serverAuth and
+    /// clientAuth.
     #[arg(long, help_heading = HEADING, value_name = "PATH", default_value = "")]
     peer_cert_file: String,
 
@@ -42,8 +43,8 @@ pub(crate) struct PeerArgs {
     #[arg(long, help_heading = HEADING, value_name = "PATH", default_value = "")]
     peer_ca_cert: String,
 
-    /// The name every peer certificate carries (CN, DNS or URI SAN): what makes a server a
-    /// member of this fleet.
+    /// The name every peer certificate carries as a DNS (or IP) subjectAltName: what makes
+    /// a server a member of this fleet.
     #[arg(long, help_heading = HEADING, value_name = "NAME", default_value = "tether-peer")]
     peer_name: String,
 
