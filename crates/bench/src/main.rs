@@ -26,8 +26,8 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 use progress::Progress;
-use results::{Metric, Results, TunnelFigure, TunnelPoint};
-use systems::{Binaries, Env, Frontend, Impl, Running, System};
+use results::{FleetFigure, FleetMode, Metric, Results, TunnelFigure, TunnelPoint};
+use systems::{Binaries, Env, FLEET_SYSTEM, Frontend, Impl, Running, System};
 use workloads::{Profile, Workload, bulk::Direction};
 
 #[derive(Parser, Debug)]
@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
     /// Only these workloads: idle-rss, bulk, pingpong, churn, hol, fairness, idle-conns,
-    /// scale-conns, fanin, resume, tunnel.
+    /// scale-conns, fanin, resume, tunnel, fleet.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Idle connections to hold open (default 10000; 200 with --quick).
@@ -66,6 +66,11 @@ struct Args {
     /// The two fan-in sizes, small and large (default 1000,5000; 20,50 with --quick).
     #[arg(long, value_delimiter = ',')]
     fanin: Vec<usize>,
+    /// Fake agents of the fleet workload, on 3 peered tether servers: as a full mesh (a
+    /// stream to every server, 3 per agent) and with K=1 (one stream each, round-robin)
+    /// (default 10000; 60 with --quick; at least 3). The bench process holds every stream.
+    #[arg(long, value_name = "AGENTS")]
+    fleet: Option<usize>,
     /// The tunnel workload's sweep: streams held open on its one gRPC connection, one point
     /// each, while short dials run beside them (default 0,200,900,980; 0,40 with --quick).
     /// More held streams than the stream cap leave the rest waiting for a free stream until
@@ -140,6 +145,38 @@ enum Cmd {
         #[arg(long)]
         key: Option<PathBuf>,
     },
+    /// Internal: fake agents of the fleet workload, on the native link: connects them, prints
+    /// `progress N` lines, then `connected N`, then answers each `count` line on stdin
+    /// (keepalive frames, closed streams, answered dials) until stdin ends.
+    FleetAgents {
+        /// The fleet's agent addresses, in server order.
+        #[arg(long, value_delimiter = ',', required = true)]
+        servers: Vec<std::net::SocketAddr>,
+        /// mesh (every agent to every server) or k1 (each to one, round-robin).
+        #[arg(long)]
+        mode: String,
+        /// The first agent (by index in the fleet) this process holds.
+        #[arg(long)]
+        from: usize,
+        /// One past its last.
+        #[arg(long)]
+        to: usize,
+        /// Part of every agent's ID.
+        #[arg(long)]
+        run_id: String,
+        /// Connects at once at most.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// CA bundle that verifies the servers.
+        #[arg(long)]
+        ca: PathBuf,
+        /// The agents' certificate (PEM).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Its private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+    },
     /// Draws a Grafana dashboard's panels as SVG time-series charts: each panel's own queries,
     /// read from the dashboard JSON, over a range of a Prometheus server's data
     /// (scripts/dashboard-snapshot.sh).
@@ -190,6 +227,39 @@ fn main() -> ExitCode {
             Some(Cmd::Report { ref dir }) => rewrite_report(dir),
             Some(Cmd::Target { ref listen }) => {
                 target::serve(listen).await.map(|()| ExitCode::SUCCESS)
+            }
+            Some(Cmd::FleetAgents {
+                ref servers,
+                ref mode,
+                from,
+                to,
+                ref run_id,
+                concurrency,
+                ref ca,
+                ref cert,
+                ref key,
+            }) => {
+                tether_tls::install_default_provider();
+                let link = workloads::fanin::Link::Native;
+                let spec = async {
+                    anyhow::Ok(workloads::fleet::AgentsSpec {
+                        servers: servers.clone(),
+                        mode: FleetMode::ALL
+                            .into_iter()
+                            .find(|m| m.name() == mode)
+                            .with_context(|| format!("--mode: mesh or k1, not {mode:?}"))?,
+                        agents: from..to,
+                        run_id: run_id.clone(),
+                        concurrency,
+                        tls: systems::client_tls(ca, cert, key, link.alpn())?,
+                    })
+                };
+                match spec.await {
+                    Ok(spec) => workloads::fleet::serve_agents(spec)
+                        .await
+                        .map(|()| ExitCode::SUCCESS),
+                    Err(e) => Err(e),
+                }
             }
             Some(Cmd::Relay {
                 ref listen,
@@ -290,6 +360,8 @@ enum Task {
         system: System,
         cap: Option<u32>,
     },
+    /// A fresh fleet of peered tether servers with fake agents held in `mode`.
+    Fleet { run: usize, mode: FleetMode },
 }
 
 fn rewrite_report(dir: &Path) -> anyhow::Result<ExitCode> {
@@ -322,6 +394,9 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(n) = args.scale_conns {
         p.scale_conns = n.max(1);
+    }
+    if let Some(n) = args.fleet {
+        p.fleet = n.max(workloads::fleet::SERVERS);
     }
     match args.fanin[..] {
         [] => {}
@@ -392,9 +467,21 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
 
     // Our process holds the client side of every idle connection (or fake agent), the
     // target their far side; children inherit the limit. In the scale workload each agent
-    // and each target holds its share of the connections.
+    // and each target holds its share of the connections, and in the fleet each process of
+    // fake agents its share of the streams.
     let scale_share = p.scale_conns.div_ceil(p.scale_agents);
-    let want_fds = p.idle_conns.max(p.fanin[1]).max(scale_share) as u64 + 4096;
+    let fleet_streams = if workloads.contains(&Workload::Fleet) {
+        let per_process = workloads::fleet::agent_processes(p.fleet);
+        (workloads::fleet::SERVERS * p.fleet).div_ceil(per_process)
+    } else {
+        0
+    };
+    let want_fds = p
+        .idle_conns
+        .max(p.fanin[1])
+        .max(scale_share)
+        .max(fleet_streams) as u64
+        + 4096;
     let fds = procs::raise_fd_limit(want_fds);
     if fds < want_fds {
         eprintln!(
@@ -402,6 +489,11 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
+    // The fleet runs tether servers only: with a tether system in the run.
+    let fleet = workloads.contains(&Workload::Fleet)
+        && systems
+            .iter()
+            .any(|s| matches!(s, System::Konn(Impl::Tether | Impl::TetherPeer, _)));
     check_binaries(&bins, &systems)?;
     for note in &skipped {
         eprintln!("tether-bench: {note}");
@@ -504,6 +596,17 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        if fleet {
+            // Each run starts with the other mode than the last, so that neither always
+            // goes first.
+            let mut modes = FleetMode::ALL;
+            if run % 2 == 0 {
+                modes.reverse();
+            }
+            for mode in modes {
+                tasks.push(Task::Fleet { run, mode });
+            }
+        }
         if workloads.contains(&Workload::FanIn) {
             // Not tether-peer: a lone server with fake agents has no peer hop to measure.
             for imp in [
@@ -544,6 +647,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         Task::ScaleConns { .. } => 2.0 + Workload::ScaleConns.weight(&p),
         Task::Resume { .. } => 2.0 + Workload::Resume.weight(&p),
         Task::Tunnel { .. } => 2.0 + Workload::Tunnel.weight(&p),
+        Task::Fleet { mode, .. } => Workload::fleet_weight(&p, *mode),
         Task::FanIn { agents, large, .. } => {
             1.0 + *agents as f64 / 800.0
                 + 4.0 * p.settle.as_secs_f64()
@@ -692,6 +796,37 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
                         ));
                     }
                     Err(e) => fail(&progress, &mut results, *system, "resume", &e),
+                }
+            }
+            Task::Fleet { run, mode } => {
+                progress.begin(
+                    &format!(
+                        "run {run}/{} · fleet of {} tether servers · {} fake agents, {}",
+                        p.runs,
+                        workloads::fleet::SERVERS,
+                        p.fleet,
+                        match mode {
+                            FleetMode::Mesh => "each holding every server (full mesh)",
+                            FleetMode::K1 => "each holding one server (K=1, round-robin)",
+                        }
+                    ),
+                    weight(task),
+                );
+                let bound = Duration::from_secs(600);
+                let outcome = tokio::time::timeout(
+                    bound,
+                    workloads::fleet::run(&env, &p, *mode, p.fleet, &progress),
+                )
+                .await
+                .map_err(|_| anyhow::anyhow!("timed out after {bound:?}"))
+                .and_then(|x| x);
+                let workload = format!("fleet {}", mode.name());
+                match outcome {
+                    Ok(x) => {
+                        record_fleet(&mut results, *run, *mode, &x);
+                        progress.note(&x.line(*mode));
+                    }
+                    Err(e) => fail(&progress, &mut results, FLEET_SYSTEM, &workload, &e),
                 }
             }
             Task::Tunnel { run, system, cap } => {
@@ -937,6 +1072,34 @@ async fn tunnel(
     r.stop().await;
 }
 
+/// Files a fleet result under its mode's figures.
+fn record_fleet(
+    results: &mut Results,
+    run: usize,
+    mode: FleetMode,
+    x: &workloads::fleet::FleetResult,
+) {
+    let mut add =
+        |figure, value| results.add(FLEET_SYSTEM, Metric::Fleet(mode, figure), run, value);
+    add(FleetFigure::Streams, x.streams);
+    add(FleetFigure::StreamsPerAgent, x.streams_per_agent());
+    add(FleetFigure::PeerRoutes, x.remote_routes);
+    add(FleetFigure::ServersRss, x.rss_mib());
+    add(FleetFigure::KibPerAgent, x.kib_per_agent());
+    add(FleetFigure::ServerPings, x.server_pings());
+    add(FleetFigure::AgentPings, x.agent_pings());
+    add(FleetFigure::Pings, x.server_pings() + x.agent_pings());
+    add(FleetFigure::CpuPerAgent, x.cpu_ms_per_agent_min());
+    add(FleetFigure::CpuPct, x.cpu_pct());
+    add(FleetFigure::ConnectSecs, x.connect_secs);
+    add(FleetFigure::ConnectCpu, x.connect_cpu_secs);
+    add(FleetFigure::ConnectRetries, x.retries as f64);
+    if let Some(d) = &x.dial {
+        add(FleetFigure::HopDialP50, d.hop_p50_us);
+        add(FleetFigure::DirectDialP50, d.direct_p50_us);
+    }
+}
+
 /// Files an idle-connections result under `figures` (server, agents, both, RSS after).
 fn record_idle(
     progress: &Progress,
@@ -1156,7 +1319,8 @@ async fn run_instance(
                 | Workload::ScaleConns
                 | Workload::FanIn
                 | Workload::Resume
-                | Workload::Tunnel => {}
+                | Workload::Tunnel
+                | Workload::Fleet => {}
             }
             anyhow::Ok(())
         }
@@ -1253,6 +1417,13 @@ fn missing_figures(results: &Results, tasks: &[Task], p: &Profile) -> Vec<String
                     })
                     .collect(),
             ),
+            Task::Fleet { mode, .. } => {
+                let mut m = vec![Metric::Fleet(*mode, FleetFigure::Streams)];
+                if *mode == FleetMode::K1 {
+                    m.push(Metric::Fleet(*mode, FleetFigure::HopDialP50));
+                }
+                (FLEET_SYSTEM, m)
+            }
             Task::FanIn { imp, large, .. } => (
                 System::Konn(*imp, Frontend::HttpConnectUds),
                 if *large {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use rustix::process::{Pid, Resource, Rlimit, Signal};
 use tokio::io::AsyncBufReadExt as _;
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// A child process of ours. Dropping it kills it and every process it started (sshd forks
 /// one per connection), so no path leaves anything running.
@@ -53,13 +53,32 @@ impl Proc {
 
     /// Like [`Proc::spawn`] but with stdout piped to us.
     fn spawn_piped(role: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        cmd.stdin(Stdio::null());
+        Self::spawn_stdout_piped(role, cmd, log)
+    }
+
+    /// Like [`Proc::spawn`] but with stdin and stdout piped to us: a subcommand of ours
+    /// that takes requests on its stdin and answers on its stdout (stderr goes to `log`).
+    pub fn spawn_talking(
+        role: &str,
+        mut cmd: Command,
+        log: &Path,
+    ) -> anyhow::Result<(Self, ChildStdin, ChildStdout)> {
+        cmd.stdin(Stdio::piped());
+        let mut proc = Self::spawn_stdout_piped(role, cmd, log)?;
+        let stdin = proc.child.stdin.take().context("no stdin pipe")?;
+        let stdout = proc.child.stdout.take().context("no stdout pipe")?;
+        Ok((proc, stdin, stdout))
+    }
+
+    /// Starts `cmd` (its stdin already set) with stdout piped to us, stderr to `log`.
+    fn spawn_stdout_piped(role: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
         let err = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
+        cmd.stdout(Stdio::piped())
             .stderr(err)
             .kill_on_drop(true)
             .process_group(0);

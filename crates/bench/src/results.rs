@@ -53,6 +53,122 @@ pub enum Metric {
     /// A figure of one point of the reusable-tunnel sweep (its own table in the report; not
     /// in [`Metric::ALL`], since the points are the run's flags).
     Tunnel(TunnelPoint, TunnelFigure),
+    /// A figure of the fleet of peered servers in one of its modes (its own table in the
+    /// report; not in [`Metric::ALL`]).
+    Fleet(FleetMode, FleetFigure),
+}
+
+/// How the fleet workload's agents hold the servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FleetMode {
+    /// Every agent holds a stream to every server.
+    Mesh,
+    /// Every agent holds one stream, to one server (round-robin); the servers peer.
+    K1,
+}
+
+impl FleetMode {
+    pub const ALL: [FleetMode; 2] = [FleetMode::Mesh, FleetMode::K1];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            FleetMode::Mesh => "mesh",
+            FleetMode::K1 => "k1",
+        }
+    }
+}
+
+/// What the fleet workload measures in each mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FleetFigure {
+    /// Agent streams the servers count together.
+    Streams,
+    StreamsPerAgent,
+    /// Agents the servers heard of from their peers, added up over the servers.
+    PeerRoutes,
+    /// The servers' RSS together with every agent connected.
+    ServersRss,
+    /// The servers' RSS growth per agent.
+    KibPerAgent,
+    /// Keepalive PINGs per agent per second: the servers', the agents', both.
+    ServerPings,
+    AgentPings,
+    Pings,
+    /// The servers' CPU while the fleet idles: per agent per minute, and in % of a core.
+    CpuPerAgent,
+    CpuPct,
+    /// Seconds from the first connect until the servers counted every agent and route, the
+    /// servers' CPU seconds in that time, and the connects that failed and were retried.
+    ConnectSecs,
+    ConnectCpu,
+    ConnectRetries,
+    /// K=1: dial latency p50 to an agent server 3 holds, through server 1 (a peer hop)
+    /// and through server 3.
+    HopDialP50,
+    DirectDialP50,
+}
+
+impl FleetFigure {
+    pub const ALL: [FleetFigure; 15] = [
+        FleetFigure::Streams,
+        FleetFigure::StreamsPerAgent,
+        FleetFigure::PeerRoutes,
+        FleetFigure::ServersRss,
+        FleetFigure::KibPerAgent,
+        FleetFigure::ServerPings,
+        FleetFigure::AgentPings,
+        FleetFigure::Pings,
+        FleetFigure::CpuPerAgent,
+        FleetFigure::CpuPct,
+        FleetFigure::ConnectSecs,
+        FleetFigure::ConnectCpu,
+        FleetFigure::ConnectRetries,
+        FleetFigure::HopDialP50,
+        FleetFigure::DirectDialP50,
+    ];
+
+    fn key(&self) -> &'static str {
+        match self {
+            FleetFigure::Streams => "streams",
+            FleetFigure::StreamsPerAgent => "streams_per_agent",
+            FleetFigure::PeerRoutes => "peer_routes",
+            FleetFigure::ServersRss => "servers_rss_mib",
+            FleetFigure::KibPerAgent => "servers_kib_per_agent",
+            FleetFigure::ServerPings => "server_pings_per_agent_s",
+            FleetFigure::AgentPings => "agent_pings_per_agent_s",
+            FleetFigure::Pings => "pings_per_agent_s",
+            FleetFigure::CpuPerAgent => "servers_cpu_ms_per_agent_min",
+            FleetFigure::CpuPct => "servers_cpu_pct",
+            FleetFigure::ConnectSecs => "connect_s",
+            FleetFigure::ConnectCpu => "connect_servers_cpu_s",
+            FleetFigure::ConnectRetries => "connect_retries",
+            FleetFigure::HopDialP50 => "hop_dial_p50_us",
+            FleetFigure::DirectDialP50 => "direct_dial_p50_us",
+        }
+    }
+
+    /// The row of the fleet's table, with its unit.
+    pub fn title(&self) -> &'static str {
+        match self {
+            FleetFigure::Streams => "agent streams, all servers",
+            FleetFigure::StreamsPerAgent => "streams per agent",
+            FleetFigure::PeerRoutes => "agents heard of from peers, all servers",
+            FleetFigure::ServersRss => "servers' RSS together (MiB)",
+            FleetFigure::KibPerAgent => "servers' RSS per agent (KiB)",
+            FleetFigure::ServerPings => "keepalive PINGs per agent per s, servers → agent",
+            FleetFigure::AgentPings => "keepalive PINGs per agent per s, agent → servers",
+            FleetFigure::Pings => "keepalive PINGs per agent per s, both ways",
+            FleetFigure::CpuPerAgent => "servers' idle CPU per agent (ms per minute)",
+            FleetFigure::CpuPct => "servers' idle CPU together (% of a core)",
+            FleetFigure::ConnectSecs => "every agent connected and announced (s)",
+            FleetFigure::ConnectCpu => "servers' CPU meanwhile (CPU s)",
+            FleetFigure::ConnectRetries => "connects that failed and were retried",
+            FleetFigure::HopDialP50 => {
+                "dial p50 through server 1 to an agent only server 3 holds (µs)"
+            }
+            FleetFigure::DirectDialP50 => "the same dial through server 3 (µs)",
+        }
+    }
 }
 
 /// One point of the reusable-tunnel sweep: the server's stream cap per frontend connection
@@ -231,6 +347,9 @@ impl Metric {
             Metric::Tunnel(point, figure) => {
                 return Cow::Owned(format!("{}_{}", point.key(), figure.key()));
             }
+            Metric::Fleet(mode, figure) => {
+                return Cow::Owned(format!("fleet_{}_{}", mode.name(), figure.key()));
+            }
         })
     }
 
@@ -238,6 +357,12 @@ impl Metric {
     pub fn from_key(key: &str) -> Option<Metric> {
         if let Some((point, figure)) = TunnelPoint::parse(key) {
             return Some(Metric::Tunnel(point, figure));
+        }
+        if let Some(rest) = key.strip_prefix("fleet_") {
+            let (mode, figure) = rest.split_once('_')?;
+            let mode = FleetMode::ALL.into_iter().find(|m| m.name() == mode)?;
+            let figure = FleetFigure::ALL.into_iter().find(|f| f.key() == figure)?;
+            return Some(Metric::Fleet(mode, figure));
         }
         Metric::ALL.into_iter().find(|m| m.key() == key)
     }
@@ -357,6 +482,12 @@ impl Metric {
                     point.cap.map_or("none".to_owned(), |c| c.to_string())
                 )
             }
+            Metric::Fleet(mode, figure) => format!(
+                "Fleet of 3 servers, {} agents, {}: {}",
+                p.fleet,
+                mode.name(),
+                figure.title()
+            ),
         }
     }
 
@@ -390,6 +521,22 @@ impl Metric {
                 TunnelFigure::Cpu => "CPU µs/dial",
                 TunnelFigure::HeldFailed | TunnelFigure::Errors => "count",
                 TunnelFigure::PeakStreams => "streams",
+            },
+            Metric::Fleet(_, figure) => match figure {
+                FleetFigure::Streams | FleetFigure::StreamsPerAgent | FleetFigure::PeerRoutes => {
+                    "count"
+                }
+                FleetFigure::ServersRss => "MiB",
+                FleetFigure::KibPerAgent => "KiB",
+                FleetFigure::ServerPings | FleetFigure::AgentPings | FleetFigure::Pings => {
+                    "PINGs per agent per s"
+                }
+                FleetFigure::CpuPerAgent => "CPU ms per agent per minute",
+                FleetFigure::CpuPct => "% of a core",
+                FleetFigure::ConnectSecs => "s",
+                FleetFigure::ConnectCpu => "CPU s",
+                FleetFigure::ConnectRetries => "count",
+                FleetFigure::HopDialP50 | FleetFigure::DirectDialP50 => "µs",
             },
             Metric::IdleRssServer
             | Metric::IdleRssAgent
@@ -524,7 +671,19 @@ mod tests {
             .key(),
             "tunnel_capnone_held0_peak_proxy_streams"
         );
+        for mode in FleetMode::ALL {
+            for figure in FleetFigure::ALL {
+                let m = Metric::Fleet(mode, figure);
+                assert_eq!(Metric::from_key(&m.key()), Some(m), "{}", m.key());
+            }
+        }
+        assert_eq!(
+            Metric::Fleet(FleetMode::K1, FleetFigure::KibPerAgent).key(),
+            "fleet_k1_servers_kib_per_agent"
+        );
         for bad in [
+            "fleet_mesh_nope",
+            "fleet_k2_streams",
             "tunnel_cap_held9_dials_s",
             "tunnel_capx_held9_dials_s",
             "tunnel_cap1_held9_nope",

@@ -61,7 +61,7 @@ fn command(env: &Env, imp: Impl, role: &str) -> Command {
     }
 }
 
-fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
+pub(super) fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
     let mut s = std::ffi::OsString::from(format!("--{name}="));
     s.push(value);
     s

@@ -2,12 +2,14 @@
 //! workload dials through it, and which processes to sample.
 //!
 //! Each system's module (`konnectivity`, `relay`, `ssh`, `rathole`) starts it; this one
-//! dispatches to them. What they share sits in leaf modules below all of them: `system` (which
+//! dispatches to them. `fleet` starts several tether servers peered with each other, with
+//! no agent (the fleet workload's fake agents join them). What they share sits in leaf modules below all of them: `system` (which
 //! systems there are), `env` (what a run gives every system), `dialer`, `running` (a started
 //! system) and `loopback` (ports and readiness).
 
 mod dialer;
 mod env;
+mod fleet;
 mod konnectivity;
 mod loopback;
 mod rathole;
@@ -22,6 +24,7 @@ use anyhow::bail;
 
 pub use dialer::Dialer;
 pub use env::{Binaries, Env};
+pub use fleet::{FLEET_SYSTEM, Fleet};
 use konnectivity::AgentLink;
 pub use rathole::{INSTALL as RATHOLE_INSTALL, VERSION as RATHOLE_VERSION};
 pub use running::{GRPC_STREAMS, Running};
@@ -104,6 +107,8 @@ impl Running {
         Ok(running)
     }
 }
+
+pub use konnectivity::client_tls;
 
 /// Client TLS config with the agent's certificate, for fake agents, offering `alpn`.
 pub fn konnectivity_agent_tls(

@@ -199,14 +199,15 @@ impl Running {
 }
 
 /// The Konnectivity server's gauge of connected agents (upstream's name, which tether keeps).
-const READY_BACKENDS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+pub(super) const READY_BACKENDS: &str =
+    "konnectivity_network_proxy_server_ready_backend_connections";
 
 /// The Konnectivity server's gauge of open gRPC streams, by `service_method` (`Proxy` for
 /// the frontend's; upstream's name, which tether keeps).
 pub const GRPC_STREAMS: &str = "konnectivity_network_proxy_server_grpc_connections";
 
 /// The sum of `name`'s series in a Prometheus text exposition whose labels contain `label`.
-fn metric_sum(body: &str, name: &str, label: &str) -> Option<f64> {
+pub(super) fn metric_sum(body: &str, name: &str, label: &str) -> Option<f64> {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

@@ -10,6 +10,7 @@
 //! once every agent has left.
 
 mod fake_agent;
+mod frames;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +22,8 @@ use super::Profile;
 use super::churn::{self, ChurnResult};
 use crate::progress::{Progress, Ticker};
 use crate::systems::Running;
-use fake_agent::FakeAgent;
-pub use fake_agent::Link;
+pub use fake_agent::{FakeAgent, Link, Options};
+pub use frames::{PingCount, Pings};
 
 #[derive(Clone, Debug)]
 pub struct FanInResult {

@@ -5,6 +5,7 @@ pub mod bulk;
 pub mod churn;
 pub mod fairness;
 pub mod fanin;
+pub mod fleet;
 pub mod hol;
 pub mod idle;
 pub mod pingpong;
@@ -12,6 +13,8 @@ pub mod resume;
 pub mod tunnel;
 
 use std::time::Duration;
+
+use crate::results::FleetMode;
 
 /// How much of everything to do: the full benchmark, or `--quick` (proves that every system
 /// and workload runs; its numbers mean nothing).
@@ -57,6 +60,12 @@ pub struct Profile {
     /// tether's `--max-streams-per-frontend-connection` values: one instance each (upstream
     /// has no such flag and runs once).
     pub tunnel_caps: Vec<u32>,
+    /// Fake agents of the fleet workload (3 peered servers), in each mode.
+    pub fleet: usize,
+    /// How long the fleet idles while its keepalive frames and CPU are counted.
+    pub fleet_idle_secs: f64,
+    /// Dials each way of the fleet's K=1 peer-hop check.
+    pub fleet_dials: usize,
 }
 
 impl Profile {
@@ -90,6 +99,10 @@ impl Profile {
             // The default before the tunnel was measured (1,000, where dials queued), and the
             // default chosen from that measurement.
             tunnel_caps: vec![1_000, tether_grpc::DEFAULT_FRONTEND_STREAMS],
+            fleet: 10_000,
+            // Four keepalive intervals of 5 s.
+            fleet_idle_secs: 20.0,
+            fleet_dials: 50,
         }
     }
 
@@ -118,6 +131,10 @@ impl Profile {
             tunnel_held: vec![0, 40],
             tunnel_concurrency: 16,
             tunnel_caps: vec![50],
+            fleet: 60,
+            // One keepalive interval (5 s) and a little: every stream PINGs once each way.
+            fleet_idle_secs: 5.5,
+            fleet_dials: 5,
         }
     }
 }
@@ -143,10 +160,13 @@ pub enum Workload {
     /// One gRPC connection holding many streams while short dials run beside them (own
     /// instance per stream cap, gRPC over UDS only).
     Tunnel,
+    /// Fake agents on 3 peered tether servers, a full mesh against K=1 (own servers per
+    /// mode).
+    Fleet,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 11] = [
+    pub const ALL: [Workload; 12] = [
         Workload::IdleRss,
         Workload::Bulk,
         Workload::PingPong,
@@ -158,6 +178,7 @@ impl Workload {
         Workload::FanIn,
         Workload::Resume,
         Workload::Tunnel,
+        Workload::Fleet,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -173,6 +194,7 @@ impl Workload {
             Workload::FanIn => "fanin",
             Workload::Resume => "resume",
             Workload::Tunnel => "tunnel",
+            Workload::Fleet => "fleet",
         }
     }
 
@@ -209,6 +231,25 @@ impl Workload {
                 .iter()
                 .map(|&h| h as f64 / 600.0 + p.settle.as_secs_f64() + p.churn_secs + 1.0)
                 .sum(),
+            Workload::Fleet => FleetMode::ALL
+                .iter()
+                .map(|&mode| Self::fleet_weight(p, mode))
+                .sum(),
         }
+    }
+
+    /// Estimated seconds of one mode of the fleet workload.
+    pub fn fleet_weight(p: &Profile, mode: FleetMode) -> f64 {
+        let streams = match mode {
+            FleetMode::Mesh => 3 * p.fleet,
+            FleetMode::K1 => p.fleet,
+        };
+        2.0 + streams as f64 / 400.0
+            + 2.0 * p.settle.as_secs_f64()
+            + p.fleet_idle_secs
+            + match mode {
+                FleetMode::K1 => p.fleet_dials as f64 * 0.01,
+                FleetMode::Mesh => 0.0,
+            }
     }
 }

@@ -3,16 +3,21 @@
 //! (ALPN `tether/1`, then HELLO), either with an `agentid` and tether's flow control. It
 //! answers the dials the server sends it itself (one loop for both links) and otherwise
 //! idles. Thousands live in the bench process, so it keeps little: one task that reads and
-//! answers (and on gRPC the connection's driver, with small HTTP/2 windows).
+//! answers (and on gRPC the connection's driver, with small HTTP/2 windows). By default it
+//! sends no keepalive PING of its own (the fan-in measures the server); the fleet's
+//! ([`Options`]) PING their servers as a tether agent does, count the keepalive frames both
+//! ways, and one of them advertises an address to be dialed by (`destHost`).
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use rustls::pki_types::ServerName;
-use tether_grpc::H2Settings;
 use tether_grpc::client::Channel;
+use tether_grpc::{H2Settings, Keepalive};
 use tether_proto::link::{self, Hello};
 use tether_proto::{ConnectId, Packet};
 use tether_tunnel::Transport;
@@ -21,6 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+use super::frames::{Counted, PingCount};
 use crate::systems::Impl;
 use crate::target;
 
@@ -86,32 +92,82 @@ impl Drop for FakeAgent {
     }
 }
 
+/// What a fake agent does besides answering dials (nothing, by default).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// PINGs its server like a tether agent (`--server-ping-interval`,
+    /// `--server-ping-timeout`); the native link only.
+    pub keepalive: Option<Keepalive>,
+    /// Counts the keepalive frames of its stream, both ways; the native link only.
+    pub pings: Option<Arc<PingCount>>,
+    /// `agentidentifiers` (e.g. `ipv4=127.0.1.1`): an address the `destHost` strategy
+    /// routes to this agent.
+    pub identifiers: Option<String>,
+}
+
 impl FakeAgent {
-    /// Connects to the server's agent port `port` on `link` as agent `id`; `tls` offers
-    /// [`Link::alpn`].
+    /// Connects to the server's agent port `port` on 127.0.0.1, on `link`, as agent `id`;
+    /// `tls` offers [`Link::alpn`].
     pub async fn connect(
         link: Link,
         port: u16,
         tls: Arc<rustls::ClientConfig>,
         id: String,
     ) -> anyhow::Result<Self> {
-        let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+        let server = SocketAddr::from(([127, 0, 0, 1], port));
+        Self::connect_with(link, server, tls, id, &Options::default()).await
+    }
+
+    /// Connects to the agent port at `server` on `link` as agent `id`, doing what `options`
+    /// ask; `tls` offers [`Link::alpn`] and verifies the server's certificate as 127.0.0.1's.
+    pub async fn connect_with(
+        link: Link,
+        server: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+        id: String,
+        options: &Options,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            link == Link::Native || (options.keepalive.is_none() && options.pings.is_none()),
+            "a fake agent PINGs and counts PINGs on the native link only"
+        );
+        let tcp = TcpStream::connect(server).await?;
         tcp.set_nodelay(true)?;
         let name = ServerName::try_from("127.0.0.1").expect("valid name");
         let tls = TlsConnector::from(tls).connect(name, tcp).await?;
-        let metadata = [
+        let mut metadata = vec![
             (tether_proto::metadata::AGENT_ID, id),
             (tether_proto::metadata::TETHER_FLOW, "1048576".to_owned()),
         ];
-        let (transport, http2) = match link {
-            Link::Grpc => {
-                let (transport, http2) = open_grpc(tls, port, &metadata).await?;
-                (transport, Some(http2))
-            }
-            Link::Native | Link::WebSocket => (open_native(link, tls, &metadata).await?, None),
-        };
+        if let Some(ids) = &options.identifiers {
+            metadata.push((tether_proto::metadata::AGENT_IDENTIFIERS, ids.clone()));
+        }
         let dials = Arc::new(AtomicU64::new(0));
-        let answering = tokio::spawn(serve(transport, EchoService::new(dials.clone())));
+        let service = EchoService::new(dials.clone());
+        let (answering, http2) = match link {
+            Link::Grpc => {
+                let (transport, http2) = open_grpc(tls, server, &metadata).await?;
+                let answering = tokio::spawn(serve(transport, service, std::future::pending()));
+                (answering, Some(http2))
+            }
+            Link::Native | Link::WebSocket => {
+                let (transport, handle) = match &options.pings {
+                    Some(count) => {
+                        open_native(link, Counted::new(tls, count.clone()), &metadata).await?
+                    }
+                    None => open_native(link, tls, &metadata).await?,
+                };
+                let answering = match options.keepalive {
+                    // The keepalive runs in the answering task: no task more per agent. It
+                    // ends when a PING goes unanswered, and the stream with it.
+                    Some(keepalive) => {
+                        tokio::spawn(serve(transport, service, handle.keep_alive(keepalive)))
+                    }
+                    None => tokio::spawn(serve(transport, service, std::future::pending())),
+                };
+                (answering, None)
+            }
+        };
         Ok(Self {
             answering,
             http2,
@@ -148,10 +204,10 @@ fn settings() -> H2Settings {
 /// Opens `AgentService.Connect` with `metadata` on a new HTTP/2 connection over `tls`.
 async fn open_grpc(
     tls: TlsStream<TcpStream>,
-    port: u16,
+    server: SocketAddr,
     metadata: &[(&'static str, String)],
 ) -> anyhow::Result<(Transport, (Channel, JoinHandle<()>))> {
-    let addr = format!("127.0.0.1:{port}");
+    let addr = server.to_string();
     let (channel, driver) = Channel::handshake(tls, &settings(), &addr, true).await?;
     let driver = tokio::spawn(driver.run());
     let (sender, mut receiver) = channel.call(tether_proto::path::CONNECT, metadata).await?;
@@ -162,15 +218,33 @@ async fn open_grpc(
     Ok((Transport::grpc(sender, receiver), (channel, driver)))
 }
 
+/// A TLS stream, maybe inside a keepalive counter: what the native link runs on.
+trait TlsIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    fn alpn(&self) -> Option<&[u8]>;
+}
+
+impl TlsIo for TlsStream<TcpStream> {
+    fn alpn(&self) -> Option<&[u8]> {
+        self.get_ref().1.alpn_protocol()
+    }
+}
+
+impl TlsIo for Counted<TlsStream<TcpStream>> {
+    fn alpn(&self) -> Option<&[u8]> {
+        self.get_ref().alpn()
+    }
+}
+
 /// Opens the native link (`link`: directly, or in WebSocket messages) over `tls`, on which
 /// the server must have chosen it: HELLO (or the upgrade) with `metadata`, then its answer.
+/// Returns the stream and the link's handle (its keepalive).
 async fn open_native(
     link: Link,
-    tls: TlsStream<TcpStream>,
+    tls: impl TlsIo,
     metadata: &[(&'static str, String)],
-) -> anyhow::Result<Transport> {
+) -> anyhow::Result<(Transport, tether_link::LinkHandle)> {
     anyhow::ensure!(
-        tls.get_ref().1.alpn_protocol() == Some(link.alpn()),
+        tls.alpn() == Some(link.alpn()),
         "the server did not choose {}",
         link.name()
     );
@@ -193,20 +267,31 @@ async fn open_native(
         Link::Native | Link::Grpc => tether_link::connect(tls, &hello).await,
     };
     let (_accepted, opened) = opened.with_context(|| format!("{} handshake", link.name()))?;
-    Ok(Transport::native(opened.reader, opened.writer))
+    Ok((
+        Transport::native(opened.reader, opened.writer),
+        opened.handle,
+    ))
 }
 
-/// Answers the server's packets on `transport` with `service` until the stream ends.
-async fn serve(transport: Transport, mut service: EchoService) {
+/// Answers the server's packets on `transport` with `service` until the stream ends, or
+/// `keepalive` does (it gave the server up).
+async fn serve(
+    transport: Transport,
+    mut service: EchoService,
+    keepalive: impl Future<Output = ()>,
+) {
     let (mut reader, mut writer) = transport.into_split();
+    let mut keepalive = std::pin::pin!(keepalive);
     loop {
         let packet = tokio::select! {
+            () = &mut keepalive => return,
             packet = reader.next() => match packet {
                 Some(Ok(packet)) => packet,
                 _ => return,
             },
-            // The native link's PONG to the server's keepalive PING: the writer sends it, or
-            // the server gives the agent up (never on gRPC, whose driver answers PINGs).
+            // The native link's PONG to the server's keepalive PING, or the agent's own PING:
+            // the writer sends it, or the server gives the agent up (never on gRPC, whose
+            // driver answers PINGs).
             () = writer.wants_flush() => {
                 if writer.flush().await.is_err() {
                     return;
