@@ -11,9 +11,9 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use crate::results::{Better, Metric, Results, TunnelFigure};
+use crate::results::{Better, FleetFigure, FleetMode, Metric, Results, TunnelFigure};
 use crate::stats::Summary;
-use crate::systems::System;
+use crate::systems::{FLEET_SYSTEM, System};
 use crate::workloads::Profile;
 use crate::workloads::fanin;
 use svg::Chart;
@@ -386,6 +386,77 @@ fn tunnel_table(s: &mut String, meta: &Meta, results: &Results, p: &Profile) {
     );
 }
 
+/// The fleet of peered servers: one row per figure, the full mesh beside K=1, medians with
+/// min–max over the runs and k1 ÷ mesh; then the K=1 peer hop's sanity check.
+fn fleet_table(s: &mut String, results: &Results, p: &Profile) {
+    let summary = |mode, figure| results.summary(FLEET_SYSTEM, Metric::Fleet(mode, figure));
+    let measured = FleetMode::ALL
+        .iter()
+        .any(|&m| summary(m, FleetFigure::Streams).is_some());
+    if !measured {
+        return;
+    }
+    let _ = writeln!(s, "## Fleet of 3 servers: full mesh against K=1\n");
+    let _ = writeln!(
+        s,
+        "Three tether servers on 127.0.0.2–.4, peered with each other (server peering, `--peer-addresses` listing all three), and {} fake agents on the native link (in {} `tether-bench fleet-agents` process(es), each holding at most {} streams: a process may hold 20,000 files here), in two modes, each on fresh servers: **mesh**, every agent holds a stream to every server (3 per agent: what agents do without peering); **k1**, every agent holds one stream, to server (agent index mod 3) + 1 (round-robin), and the servers announce their agents to each other. Measured once every server counts its agents and has heard of every other server's: the three servers' RSS together, and its growth per agent over their RSS before any agent came (linked and idle); keepalive PINGs counted on the fake agents' streams over {} s of idling, per agent per second (each server PINGs each stream every 5 s, its `--agent-ping-interval`; each fake agent PINGs each of its streams every 5 s, a tether agent's `--server-ping-interval`); the servers' CPU over the same window. A fake agent's failed connect is tried again (twice at most, as a tether agent would), and counted. Medians (min–max) of the runs; the ratio is k1 ÷ mesh.\n",
+        fmt_count(p.fleet as f64),
+        crate::workloads::fleet::agent_processes(p.fleet),
+        fmt_count(crate::workloads::fleet::STREAMS_PER_PROCESS as f64),
+        p.fleet_idle_secs
+    );
+    let _ = writeln!(
+        s,
+        "| figure | mesh | k1 | k1 ÷ mesh |\n|---|---:|---:|---:|"
+    );
+    let cell = |x: Option<crate::stats::Summary>, fmt: fn(f64) -> String| {
+        x.map_or(String::new(), |x| {
+            if x.min == x.max {
+                fmt(x.median)
+            } else {
+                format!("{} ({}–{})", fmt(x.median), fmt(x.min), fmt(x.max))
+            }
+        })
+    };
+    for figure in FleetFigure::ALL {
+        if matches!(figure, FleetFigure::HopDialP50 | FleetFigure::DirectDialP50) {
+            continue;
+        }
+        let fmt: fn(f64) -> String = match figure {
+            FleetFigure::Streams | FleetFigure::PeerRoutes | FleetFigure::ConnectRetries => {
+                fmt_count
+            }
+            _ => fmt_num,
+        };
+        let (mesh, k1) = (
+            summary(FleetMode::Mesh, figure),
+            summary(FleetMode::K1, figure),
+        );
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |",
+            figure.title(),
+            cell(mesh, fmt),
+            cell(k1, fmt),
+            fmt_ratio(ratio(k1, mesh))
+        );
+    }
+    s.push('\n');
+    if let (Some(hop), Some(direct)) = (
+        summary(FleetMode::K1, FleetFigure::HopDialP50),
+        summary(FleetMode::K1, FleetFigure::DirectDialP50),
+    ) {
+        let _ = writeln!(
+            s,
+            "Peer hop, a sanity check (k1): {} dials (after a warm-up) through server 1 to the one agent that only server 3 holds (it advertises an address of its own, which the servers' `destHost` strategy routes), each answered by that agent and no other, and as many through server 3 itself, alternating: dial latency p50 {} µs through server 1, {} µs through server 3 ({}).\n",
+            p.fleet_dials,
+            cell(Some(hop), fmt_num),
+            cell(Some(direct), fmt_num),
+            fmt_ratio(ratio(Some(hop), Some(direct)))
+        );
+    }
+}
+
 /// Writes report.md, results.csv and the charts into `out`; returns the Markdown.
 pub fn write(out: &Path, results: &Results, meta: &Meta, p: &Profile) -> anyhow::Result<String> {
     fs::create_dir_all(out)?;
@@ -545,6 +616,7 @@ fn markdown(results: &Results, meta: &Meta, p: &Profile, charts: &[(String, Stri
     before_and_after(&mut s, meta, results, p);
     peer_hop(&mut s, meta, results);
     tunnel_table(&mut s, meta, results, p);
+    fleet_table(&mut s, results, p);
 
     if !charts.is_empty() {
         let _ = writeln!(s, "## Charts\n");
@@ -905,6 +977,80 @@ mod tests {
         assert!(!md.contains("| grpc/uds | ping-pong p99"), "{md}");
         // tether-peer http-connect/uds has no direct dial in the run.
         assert!(!md.contains("| http-connect/uds | bulk upload"), "{md}");
+    }
+
+    #[test]
+    fn the_fleet_table_sets_k1_against_the_mesh() {
+        let mut results = Results::default();
+        let fleet = |mode, figure| Metric::Fleet(mode, figure);
+        for (run, (mesh, k1)) in [(30_000.0, 10_000.0), (30_000.0, 10_000.0)]
+            .into_iter()
+            .enumerate()
+        {
+            results.add(
+                FLEET_SYSTEM,
+                fleet(FleetMode::Mesh, FleetFigure::Streams),
+                run + 1,
+                mesh,
+            );
+            results.add(
+                FLEET_SYSTEM,
+                fleet(FleetMode::K1, FleetFigure::Streams),
+                run + 1,
+                k1,
+            );
+        }
+        for (run, (mesh, k1)) in [(1.2, 0.4), (1.0, 0.5), (1.1, 0.3)].into_iter().enumerate() {
+            results.add(
+                FLEET_SYSTEM,
+                fleet(FleetMode::Mesh, FleetFigure::Pings),
+                run + 1,
+                mesh,
+            );
+            results.add(
+                FLEET_SYSTEM,
+                fleet(FleetMode::K1, FleetFigure::Pings),
+                run + 1,
+                k1,
+            );
+        }
+        results.add(
+            FLEET_SYSTEM,
+            fleet(FleetMode::K1, FleetFigure::HopDialP50),
+            1,
+            300.0,
+        );
+        results.add(
+            FLEET_SYSTEM,
+            fleet(FleetMode::K1, FleetFigure::DirectDialP50),
+            1,
+            200.0,
+        );
+        let meta = Meta {
+            command: "tether-bench --workloads fleet".into(),
+            date: String::new(),
+            machine: String::new(),
+            elapsed_secs: 1.0,
+            quick: true,
+            systems: vec![],
+            notes: Vec::new(),
+        };
+        let md = markdown(&results, &meta, &Profile::quick(), &[]);
+        for row in [
+            "## Fleet of 3 servers: full mesh against K=1",
+            "| figure | mesh | k1 | k1 ÷ mesh |",
+            "| agent streams, all servers | 30,000 | 10,000 | 0.33× |",
+            "| keepalive PINGs per agent per s, both ways | 1.10 (1.00–1.20) | 0.400 (0.300–0.500) | 0.36× |",
+            "dial latency p50 300 µs through server 1, 200 µs through server 3 (1.5×)",
+        ] {
+            assert!(md.contains(row), "no row {row:?} in:\n{md}");
+        }
+        // Figures not measured have empty cells, and the per-figure tables leave the fleet out.
+        assert!(
+            md.contains("| servers' RSS per agent (KiB) |  |  |  |"),
+            "{md}"
+        );
+        assert!(!md.contains("### Fleet"), "{md}");
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub fn run_file(results: &Results, meta: &Meta, p: &Profile) -> String {
     let _ = writeln!(s, "fanin {},{}", p.fanin[0], p.fanin[1]);
     let _ = writeln!(s, "scale {},{}", p.scale_conns, p.scale_agents);
     let _ = writeln!(s, "tunnel_concurrency {}", p.tunnel_concurrency);
+    let _ = writeln!(s, "fleet {}", p.fleet);
+    let _ = writeln!(s, "fleet_idle_secs {}", p.fleet_idle_secs);
+    let _ = writeln!(s, "fleet_dials {}", p.fleet_dials);
     for line in meta.machine.lines() {
         let _ = writeln!(s, "machine {}", escape(line));
     }
@@ -100,6 +103,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
     let mut results = Results::default();
     let (mut runs, mut idle_conns, mut fanin, mut scale) = (None, None, None, None);
     let mut tunnel_concurrency = None;
+    let (mut fleet, mut fleet_idle_secs, mut fleet_dials) = (None, None, None);
     for (n, line) in run.lines().enumerate() {
         let at = || format!("{}:{}", run_path.display(), n + 1);
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
@@ -121,6 +125,9 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
             "fanin" => fanin = Some(pair(value).with_context(at)?.into()),
             "scale" => scale = Some(pair(value).with_context(at)?),
             "tunnel_concurrency" => tunnel_concurrency = Some(value.parse().with_context(at)?),
+            "fleet" => fleet = Some(value.parse().with_context(at)?),
+            "fleet_idle_secs" => fleet_idle_secs = Some(value.parse().with_context(at)?),
+            "fleet_dials" => fleet_dials = Some(value.parse().with_context(at)?),
             "machine" => {
                 meta.machine.push_str(&unescape(value));
                 meta.machine.push('\n');
@@ -146,6 +153,9 @@ pub fn load(dir: &Path) -> anyhow::Result<(Results, Meta, Profile)> {
     p.fanin = fanin.unwrap_or(p.fanin);
     (p.scale_conns, p.scale_agents) = scale.unwrap_or((p.scale_conns, p.scale_agents));
     p.tunnel_concurrency = tunnel_concurrency.unwrap_or(p.tunnel_concurrency);
+    p.fleet = fleet.unwrap_or(p.fleet);
+    p.fleet_idle_secs = fleet_idle_secs.unwrap_or(p.fleet_idle_secs);
+    p.fleet_dials = fleet_dials.unwrap_or(p.fleet_dials);
 
     let csv_path = dir.join("results.csv");
     let csv =
@@ -193,12 +203,19 @@ mod tests {
         };
         let tunnel = Metric::Tunnel(point, crate::results::TunnelFigure::DialP99);
         results.add(System::RelayLimit { tls: true }, tunnel, 1, 22_400.5);
+        let fleet = Metric::Fleet(
+            crate::results::FleetMode::K1,
+            crate::results::FleetFigure::KibPerAgent,
+        );
+        results.add(System::Direct, fleet, 2, 31.25);
         results.error(System::Direct, "bulk", "broke\nhere".into());
         let mut p = Profile::full();
         p.runs = 2;
         p.idle_conns = 123;
         p.scale_conns = 4_567;
         p.tunnel_concurrency = 48;
+        p.fleet = 5_000;
+        p.fleet_idle_secs = 12.5;
         fs::write(dir.path().join(RUN_FILE), run_file(&results, &meta, &p)).unwrap();
         fs::write(dir.path().join("results.csv"), results.csv()).unwrap();
 
@@ -212,6 +229,10 @@ mod tests {
         assert_eq!((q.runs, q.idle_conns, q.fanin), (2, 123, p.fanin));
         assert_eq!((q.scale_conns, q.scale_agents), (4_567, p.scale_agents));
         assert_eq!(q.tunnel_concurrency, 48);
+        assert_eq!(
+            (q.fleet, q.fleet_idle_secs, q.fleet_dials),
+            (5_000, 12.5, p.fleet_dials)
+        );
         assert_eq!(r.csv(), results.csv());
         assert_eq!(r.errors, results.errors);
     }
