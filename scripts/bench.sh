@@ -3,7 +3,8 @@
 # starts every system on loopback, drives the same workloads through each and writes
 # results/report.md with SVG charts. Arguments go to tether-bench:
 #
-#   scripts/bench.sh                  full run, 3 runs per figure (~20 min on 2 cores)
+#   scripts/bench.sh                  full run, 3 runs per figure (~25 min on 2 cores, the fleet
+#                                     of 10,000 fake agents on 3 peered servers ~5 of them)
 #   scripts/bench.sh --quick          seconds: proves every system and workload runs (CI;
 #                                     rathole only if an earlier full run built it)
 #   scripts/bench.sh --help           every option (subsets of systems/workloads, --runs, --out)
