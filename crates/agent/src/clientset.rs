@@ -6,6 +6,7 @@ mod balancer;
 mod discovered;
 
 use tether_observe::audit::AuditLog;
+use tether_observe::time::monotonic_now;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -185,7 +186,7 @@ impl ClientSet {
             .uncounted
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .due(surplus, Instant::now());
+            .due(surplus, monotonic_now());
         for id in due {
             tracing::info!(server.id = %id, "letting go of a server whose Lease no longer counts");
             if let Some(held) = sessions.get(&id) {

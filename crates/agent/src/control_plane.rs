@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tether_observe::time::monotonic_now;
 
 use bytes::{Bytes, BytesMut};
 use tether_proto::DialId;
@@ -106,7 +107,7 @@ pub(crate) async fn serve(
                     // Dropping the socket closes it before anything is dialed.
                     metrics.control_plane_dial(ReverseDial::OverLimit);
                     if last_refusal_log.is_none_or(|at| at.elapsed() >= OVER_LIMIT_LOG_INTERVAL) {
-                        last_refusal_log = Some(Instant::now());
+                        last_refusal_log = Some(monotonic_now());
                         tracing::warn!(
                             max_connections,
                             "closing a control-plane connection: --control-plane-max-connections are open"
@@ -210,7 +211,7 @@ async fn open<S: AsyncRead + AsyncWrite + Unpin>(
         dialed: None,
         latency: None,
     };
-    let started = Instant::now();
+    let started = monotonic_now();
     let answered = match session.link.dial(random, "tcp".into(), endpoint) {
         Ok(mut pending) => pending.answer().await,
         Err(error) => Err(error),

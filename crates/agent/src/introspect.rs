@@ -3,7 +3,7 @@
 //!
 //! Built only on request, from one brief look at each stream's table.
 
-use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use tether_observe::http::{Request, Response};
 use tether_observe::introspect::{
@@ -28,7 +28,7 @@ fn connections(clientset: &ClientSet, filter: &Filter) -> ConnectionsReport {
     let agent_id = clientset.agent_id();
     let mut out = Vec::new();
     for (session, _) in clientset.session_list() {
-        let now = Instant::now();
+        let now = monotonic_now();
         out.extend(
             session
                 .link
@@ -46,7 +46,7 @@ fn connections(clientset: &ClientSet, filter: &Filter) -> ConnectionsReport {
 }
 
 fn agents(clientset: &ClientSet) -> AgentsReport {
-    let now = Instant::now();
+    let now = monotonic_now();
     let mut streams: Vec<StreamView> = clientset
         .session_list()
         .into_iter()

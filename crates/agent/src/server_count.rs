@@ -114,6 +114,7 @@ impl Uncounted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tether_observe::time::monotonic_now;
 
     fn leases(count: usize, holders: &[&str]) -> ServerLeases {
         ServerLeases {
@@ -161,7 +162,7 @@ mod tests {
 
     #[test]
     fn servers_are_let_go_of_only_after_the_grace() {
-        let t0 = Instant::now();
+        let t0 = monotonic_now();
         let mut u = Uncounted::default();
         assert!(u.due(vec!["c".into()], t0).is_empty());
         assert!(

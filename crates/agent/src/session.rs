@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tether_observe::time::monotonic_now;
 
 use tether_observe::audit::AuditLog;
 use tether_proto::Packet;
@@ -106,7 +107,7 @@ impl ServerSession {
         Self {
             server_id,
             link: Link::new(config, hooks),
-            connected_at: Instant::now(),
+            connected_at: monotonic_now(),
             keepalive: tether_grpc::CurrentPong::new(keepalive),
             resume_token,
             reverse,
@@ -237,7 +238,7 @@ async fn serve_connection(
     metrics: Arc<AgentMetrics>,
     audit: Option<Arc<StreamAudit>>,
 ) {
-    let started = Instant::now();
+    let started = monotonic_now();
     let mut facts = DialFacts {
         dial_id: incoming.random(),
         requested: address,

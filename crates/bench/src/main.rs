@@ -20,7 +20,8 @@ mod workloads;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};

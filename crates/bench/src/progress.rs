@@ -2,7 +2,8 @@
 //! logs: which step of how many, what is being measured, elapsed and estimated time left.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 #[derive(Debug)]
 pub struct Progress {

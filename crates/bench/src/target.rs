@@ -7,7 +7,8 @@
 //! - `R` source: an 8-byte length L follows; the target writes L bytes.
 //! - `E` echo: everything after the byte is echoed back until EOF.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -123,7 +124,7 @@ pub async fn upload(s: &mut BoxStream, len: u64, deadline: Instant) -> anyhow::R
         }
         anyhow::Ok(())
     };
-    match tokio::time::timeout_at(deadline.into(), work).await {
+    match tokio::time::timeout_at(deadline, work).await {
         Ok(r) => r.map(|()| start.elapsed()),
         Err(_) => bail!("upload of {len} bytes not done in time"),
     }
@@ -145,7 +146,7 @@ pub async fn download(
     let mut buf = vec![0u8; BULK_BUF];
     let mut got = 0u64;
     while got < len {
-        match tokio::time::timeout_at(deadline.into(), s.read(&mut buf)).await {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
             Ok(Ok(0)) => bail!("source: EOF after {got} of {len} bytes"),
             Ok(Ok(n)) => got += n as u64,
             Ok(Err(e)) => return Err(e).context(format!("source: after {got} of {len} bytes")),

@@ -40,7 +40,7 @@ impl Default for LastPong {
     fn default() -> Self {
         Self {
             pong: std::sync::Mutex::default(),
-            opened: std::time::Instant::now(),
+            opened: tokio::time::Instant::now().into_std(),
             heard_ms: std::sync::atomic::AtomicU64::new(0),
             quiet_ms: std::sync::atomic::AtomicU64::new(0),
             watched: std::sync::atomic::AtomicBool::new(false),
@@ -191,7 +191,7 @@ pub async fn keep_alive<P: Pinger>(
             }
         };
         match answered {
-            Some(Ok(())) => last_pong.set(std::time::Instant::now()),
+            Some(Ok(())) => last_pong.set(tokio::time::Instant::now().into_std()),
             Some(Err(e)) => return KeepaliveEnd::Failed(e),
             None => return KeepaliveEnd::Unanswered(keepalive.timeout),
         }

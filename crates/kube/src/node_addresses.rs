@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;

@@ -19,7 +19,8 @@ mod verdict;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
@@ -151,7 +152,11 @@ impl Inner {
         token: &str,
         gate: Option<AddressGate<'_>>,
     ) -> Result<TokenIdentity, TokenRefusal> {
-        if let Err(why) = jwt::precheck(token, &self.account.audience, SystemTime::now()) {
+        if let Err(why) = jwt::precheck(
+            token,
+            &self.account.audience,
+            tether_observe::time::wall_clock(),
+        ) {
             self.metrics.local.inc();
             return Err(TokenRefusal::Invalid(why));
         }
@@ -203,7 +208,7 @@ impl Inner {
     async fn review(&self, token: &str, key: TokenKey, gate: Option<AddressGate<'_>>) -> Answer {
         let answer = self.ask(token, gate).await;
         if let Answer::Judged(verdict) = &answer {
-            let lifetime = jwt::remaining_lifetime(token, SystemTime::now());
+            let lifetime = jwt::remaining_lifetime(token, tether_observe::time::wall_clock());
             self.cache
                 .insert(key, verdict.clone(), lifetime, Instant::now());
             self.metrics.cache_entries.set(self.cache.len() as i64);

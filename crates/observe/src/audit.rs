@@ -14,7 +14,8 @@ mod writer;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use serde::Serialize;
 
@@ -268,7 +269,7 @@ impl AuditLog {
     /// Stamps `record` with the current time (and tenant), bounds its text fields and queues
     /// it; drops and counts it when the writer is behind or gone.
     pub fn record(&self, mut record: AuditRecord) {
-        record.time = Civil::from_system_time(SystemTime::now()).rfc3339();
+        record.time = Civil::from_system_time(crate::time::wall_clock()).rfc3339();
         if record.tenant.is_none() {
             record.tenant = self.tenant.as_deref().map(str::to_owned);
         }

@@ -1,7 +1,21 @@
 //! Calendar time in UTC from a `SystemTime`, for the HTTP `Date` header and audit records,
-//! without a date-time dependency.
+//! without a date-time dependency; and [`wall_clock`], the one place that reads it.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// The calendar clock, for what must agree with other machines: certificate validity, Lease
+/// renewals, token expiry, audit and log timestamps. Durations and deadlines read tokio's
+/// monotonic clock instead (`clippy.toml` holds the rule), so paused-time tests control them.
+#[expect(clippy::disallowed_methods, reason = "the one read of calendar time")]
+pub fn wall_clock() -> SystemTime {
+    SystemTime::now()
+}
+
+/// Monotonic time from tokio's clock, as the `std` instant the session core takes: a test
+/// with paused time moves it (std's own clock it could not).
+pub fn monotonic_now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// A UTC instant broken into calendar fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

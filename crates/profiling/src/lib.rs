@@ -128,9 +128,9 @@ mod tests {
     }
 
     /// Busy work the profiler must see.
-    fn spin(until: std::time::Instant) -> u64 {
+    fn spin(until: tokio::time::Instant) -> u64 {
         let mut x = 1u64;
-        while std::time::Instant::now() < until {
+        while tokio::time::Instant::now() < until {
             for i in 0..10_000u64 {
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
             }
@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn a_profile_decodes_and_has_samples_with_names() {
-        let until = std::time::Instant::now() + Duration::from_millis(1500);
+        let until = tokio::time::Instant::now() + Duration::from_millis(1500);
         let worker = std::thread::spawn(move || spin(until));
         let cpu_before = cpu_seconds();
         let bytes = profile(Duration::from_secs(1)).expect("profile");

@@ -76,7 +76,7 @@ impl<T: Send + Sync + 'static> Reloader<T> {
         let loaded = Loaded {
             generation: 1,
             sha256: sha256_hex(&bytes),
-            applied_at: SystemTime::now(),
+            applied_at: tether_observe::time::wall_clock(),
             config: Arc::new(config),
         };
         metrics.applied(&path, &loaded, false);
@@ -155,7 +155,7 @@ impl<T: Send + Sync + 'static> Reloader<T> {
                 let loaded = Loaded {
                     generation,
                     sha256,
-                    applied_at: SystemTime::now(),
+                    applied_at: tether_observe::time::wall_clock(),
                     config: Arc::new(config),
                 };
                 self.metrics.applied(&self.path, &loaded, true);
@@ -188,7 +188,7 @@ impl<T: Send + Sync + 'static> Reloader<T> {
             .last_refusal
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Refusal {
-            at: SystemTime::now(),
+            at: tether_observe::time::wall_clock(),
             sha256,
             message: message.clone(),
         });

@@ -16,7 +16,8 @@
 //! and arithmetic on the instants it is given, tested without a clock.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_observe::metrics::Gauge;
 

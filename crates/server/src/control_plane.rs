@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use tether_grpc::LogText;
 use tether_tunnel::{DialFacts, IncomingDial, StreamAudit};
@@ -243,7 +243,7 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let started = Instant::now();
+    let started = monotonic_now();
     let dialed = tokio::select! {
         dialed = TcpStream::connect(target.as_str()) => dialed,
         // The agent gave up, the table's dial deadline passed, or the stream ended.

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use std::collections::hash_map::Entry;
 use tether_observe::metrics::Gauge;
@@ -170,7 +170,7 @@ impl Hub {
         // One generation for the whole decision.
         let running = self.running();
         let tenant = self.admit(&running, request)?;
-        let selected = tenant.registry().select(request, Instant::now());
+        let selected = tenant.registry().select(request, monotonic_now());
         let Some(selected) = selected else {
             tenant.load.release_pending();
             self.metrics.dial_failure(DialFailure::NoAgent);
@@ -274,9 +274,11 @@ impl Hub {
             .destinations
             .check(request)
             .map_err(|why| self.refuse(request, Some(tenant), DialError::Policy(why)))?;
-        tenant.reserve_dial(Instant::now()).map_err(|(_, text)| {
-            self.refuse(request, Some(tenant), DialError::TenantLimit(text))
-        })?;
+        tenant
+            .reserve_dial(tokio::time::Instant::now())
+            .map_err(|(_, text)| {
+                self.refuse(request, Some(tenant), DialError::TenantLimit(text))
+            })?;
         Ok(tenant)
     }
 

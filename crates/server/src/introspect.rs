@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use tether_observe::http::{Request, Response};
 use tether_observe::introspect::{
@@ -93,7 +94,7 @@ pub(crate) fn connections(
         {
             continue;
         }
-        let now = Instant::now();
+        let now = monotonic_now();
         // Called after the table's lock is released, so the two locks are never nested.
         let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
             let request = requested(&session.requests, dial_id);
@@ -111,7 +112,7 @@ pub(crate) fn connections(
     }
     // Server peering: the connections this server's clients have through a peer.
     for via in hub.peer_links.inbound() {
-        let now = Instant::now();
+        let now = monotonic_now();
         let base = |dial_id: tether_proto::DialId, destination: String, opened: Instant| {
             let request = requested(&via.requests, dial_id);
             let agent_id = via
@@ -172,7 +173,7 @@ fn row(
 }
 
 pub(crate) fn agents(hub: &Hub, membership: &Membership) -> AgentsReport {
-    let now = Instant::now();
+    let now = monotonic_now();
     let mut streams: Vec<StreamView> = streams(hub)
         .into_iter()
         .map(|session| {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use tether_observe::introspect::PeerView;
 use tether_observe::metrics::{Gauge, GaugeVec, Registry};
@@ -112,7 +113,7 @@ impl PeerLinks {
                 direction,
                 peer_id: peer_id.to_owned(),
                 address,
-                since: Instant::now(),
+                since: monotonic_now(),
                 link,
                 via,
                 agents: agents.clone(),
@@ -145,7 +146,7 @@ impl PeerLinks {
 
     /// The links now, for `/debug/agents`.
     pub(crate) fn views(&self) -> Vec<PeerView> {
-        let now = Instant::now();
+        let now = monotonic_now();
         let links: Vec<(Direction, String, String, Instant, Arc<Link>, usize)> = self
             .lock()
             .values()

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tether_grpc::{PeerIdentity, PeerTransport};
 use tether_observe::metrics::{Counter, CounterVec, GaugeVec, Registry as Metrics};

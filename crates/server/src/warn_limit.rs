@@ -1,7 +1,8 @@
 //! Rate limiting for warnings a peer can trigger at will.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Lets one warning through per `interval` and counts what it held back, so that a peer
 /// sending a stream of bad requests cannot flood the log.

@@ -202,7 +202,7 @@ fn cut(server: &mut End, agent: &mut End, to_agent: usize, to_server: usize, now
 }
 
 fn run(conns: usize, ops: Vec<Op>) {
-    let now = Instant::now();
+    let now = support::base_instant();
     let mut server = End::new(Role::Server, conns);
     let mut agent = End::new(Role::Agent, conns);
     let ids = open(&mut server, &mut agent, conns, now);
@@ -327,7 +327,7 @@ proptest! {
 
 #[test]
 fn a_cut_with_everything_in_flight_lost_replays_it() {
-    let now = Instant::now();
+    let now = support::base_instant();
     let mut server = End::new(Role::Server, 1);
     let mut agent = End::new(Role::Agent, 1);
     let ids = open(&mut server, &mut agent, 1, now);
@@ -353,7 +353,7 @@ fn a_cut_with_everything_in_flight_lost_replays_it() {
 
 #[test]
 fn a_resume_from_another_history_is_refused_and_the_window_ends_the_session() {
-    let mut now = Instant::now();
+    let mut now = support::base_instant();
     let mut server = End::new(Role::Server, 1);
     let mut agent = End::new(Role::Agent, 1);
     let ids = open(&mut server, &mut agent, 1, now);
@@ -397,7 +397,7 @@ fn a_resume_from_another_history_is_refused_and_the_window_ends_the_session() {
 
 #[test]
 fn an_acknowledgement_beyond_what_was_written_is_a_violation() {
-    let now = Instant::now();
+    let now = support::base_instant();
     let mut server = End::new(Role::Server, 1);
     let mut agent = End::new(Role::Agent, 1);
     open(&mut server, &mut agent, 1, now);
@@ -410,7 +410,7 @@ fn an_acknowledgement_beyond_what_was_written_is_a_violation() {
 
 #[test]
 fn a_session_whose_agent_is_going_away_is_not_suspended() {
-    let now = Instant::now();
+    let now = support::base_instant();
     let mut server = End::new(Role::Server, 0);
     let mut agent = End::new(Role::Agent, 0);
     agent.session.drain();

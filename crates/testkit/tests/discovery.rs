@@ -4,7 +4,8 @@
 //! new connection to the same server; one that dials that balancer stays at one, as
 //! upstream's. A server that goes away and comes back is held again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{GrpcClient, Transport};
 use tether_testkit::balancer::LoadBalancer;

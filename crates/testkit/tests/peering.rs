@@ -4,7 +4,8 @@
 //! and keeps each forwarded connection's flow its own. The holder's death ends its
 //! forwarded connections with an error.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{GrpcClient, Transport};
 use tether_observe::audit::AuditTarget;

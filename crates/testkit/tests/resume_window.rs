@@ -6,7 +6,8 @@
 #[allow(dead_code)] // each binary uses part of the shared setup
 mod setup;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use setup::*;
 use tether_observe::metrics::open_fds;

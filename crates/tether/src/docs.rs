@@ -6,7 +6,8 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use clap::CommandFactory as _;
 use tether_observe::metrics::{FamilyInfo, Registry};

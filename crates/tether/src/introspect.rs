@@ -6,7 +6,7 @@ mod render;
 
 use std::io::Write as _;
 use std::process::ExitCode;
-use std::time::{Instant, SystemTime};
+use tokio::time::Instant;
 
 use anyhow::Context as _;
 use tether_observe::introspect::{AgentsReport, ConnectionsReport, Filter};
@@ -74,7 +74,7 @@ pub(crate) async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
             Output::Table => {
                 let header = render::top_header(
                     &view.admin_address,
-                    SystemTime::now(),
+                    tether_observe::time::wall_clock(),
                     seconds,
                     view.interval,
                 );
@@ -153,8 +153,12 @@ impl<'a> Frames<'a> {
             Ok(text) => print_frame(view.watch, &text)?,
             Err(e) if last => return Err(e),
             Err(e) => {
-                let text =
-                    render::disconnected(&view.admin_address, SystemTime::now(), view.interval, &e);
+                let text = render::disconnected(
+                    &view.admin_address,
+                    tether_observe::time::wall_clock(),
+                    view.interval,
+                    &e,
+                );
                 print_frame(view.watch, &text)?;
             }
         }

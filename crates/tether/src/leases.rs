@@ -147,7 +147,7 @@ async fn follow_peers(
                 Ok(all) => {
                     failing = false;
                     let found: BTreeSet<SocketAddr> =
-                        count_valid(&all, std::time::SystemTime::now())
+                        count_valid(&all, tether_observe::time::wall_clock())
                             .peer_addresses
                             .into_values()
                             .collect();

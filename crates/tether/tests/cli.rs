@@ -5,7 +5,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tempfile::TempDir;
 use tether_tls::pki::{Pki, PkiFiles};
@@ -414,7 +415,7 @@ fn an_expired_certificate_stops_server_and_agent_naming_flag_file_and_time() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::generate().unwrap();
     let files = pki.write_to(dir.path()).unwrap();
-    let now = std::time::SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     let day = Duration::from_secs(86_400);
     let expired = |leaf, name: &str| {
         let issued = pki.reissue(leaf, now - 2 * day, now - day).unwrap();

@@ -216,9 +216,9 @@ fn wait_bounded(
     mut child: std::process::Child,
     limit: Duration,
 ) -> anyhow::Result<std::process::Output> {
-    let deadline = std::time::Instant::now() + limit;
+    let deadline = tokio::time::Instant::now() + limit;
     while child.try_wait()?.is_none() {
-        if std::time::Instant::now() > deadline {
+        if tokio::time::Instant::now() > deadline {
             child.kill()?;
             child.wait()?;
             bail!("still running after {limit:?}, killed");

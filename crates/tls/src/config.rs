@@ -2,7 +2,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{
@@ -212,7 +211,7 @@ fn build_client(
 /// Every certificate of the chain must be valid now ([`crate::validity`]): one that expired or
 /// is not valid yet would fail every handshake.
 fn certified_key(id: Identity, provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
-    let now = SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     if let Some((index, outside)) = first_outside(&id.chain, now) {
         return Err(TlsError::OutsideValidity {
             cert: id.cert_origin,

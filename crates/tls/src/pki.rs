@@ -325,7 +325,7 @@ fn issue_leaf(
 
 /// Valid from [`BACKDATE`] ago for [`VALIDITY`].
 fn default_validity() -> (SystemTime, SystemTime) {
-    let now = SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     (now - BACKDATE, now + VALIDITY)
 }
 

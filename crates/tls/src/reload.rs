@@ -85,7 +85,9 @@ impl<C> Reloading<C> {
     pub fn reload_if_changed(&self) -> ReloadOutcome {
         let now = fingerprint(&self.files);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let due = seen.retry_at.is_some_and(|at| SystemTime::now() >= at);
+        let due = seen
+            .retry_at
+            .is_some_and(|at| tether_observe::time::wall_clock() >= at);
         if seen.fingerprint == now && !due {
             return ReloadOutcome::Unchanged;
         }
@@ -178,18 +180,20 @@ mod tests {
         let file = dir.path().join("value");
         std::fs::write(&file, "1").unwrap();
         // Certificates state whole seconds: at least one second ahead once truncated.
-        let valid_from = crate::CertTime::from_system(SystemTime::now() + Duration::from_secs(2));
+        let valid_from = crate::CertTime::from_system(
+            tether_observe::time::wall_clock() + Duration::from_secs(2),
+        );
         let path = file.clone();
         let reloading = Reloading::new(vec![file.clone()], move || {
             let text = std::fs::read_to_string(&path).unwrap();
-            if text == "2" && SystemTime::now() < valid_from.to_system() {
+            if text == "2" && tether_observe::time::wall_clock() < valid_from.to_system() {
                 return Err(TlsError::OutsideValidity {
                     cert: crate::PemOrigin::File(path.clone()),
                     index: 0,
                     outside: crate::OutsideValidity::NotYetValid {
                         not_before: valid_from,
                     },
-                    now: crate::CertTime::from_system(SystemTime::now()),
+                    now: crate::CertTime::from_system(tether_observe::time::wall_clock()),
                 });
             }
             Ok(Arc::new(text))
@@ -205,7 +209,7 @@ mod tests {
             ReloadOutcome::Unchanged
         ));
         assert_eq!(*reloading.current(), "1");
-        while SystemTime::now() < valid_from.to_system() {
+        while tether_observe::time::wall_clock() < valid_from.to_system() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(matches!(

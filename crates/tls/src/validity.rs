@@ -238,7 +238,10 @@ mod tests {
         let (not_before, not_after) = period(&der).unwrap();
         let chain = [der];
         let at = |t: CertTime, offset: i64| CertTime(t.0 + offset).to_system();
-        assert_eq!(first_outside(&chain, SystemTime::now()), None);
+        assert_eq!(
+            first_outside(&chain, tether_observe::time::wall_clock()),
+            None
+        );
         assert_eq!(first_outside(&chain, at(not_after, 0)), None);
         assert_eq!(
             first_outside(&chain, at(not_after, 1)),
@@ -250,7 +253,10 @@ mod tests {
         );
         // Not a certificate: left to the peers.
         assert_eq!(
-            first_outside(&[CertificateDer::from(vec![0x30, 0])], SystemTime::now()),
+            first_outside(
+                &[CertificateDer::from(vec![0x30, 0])],
+                tether_observe::time::wall_clock()
+            ),
             None
         );
     }

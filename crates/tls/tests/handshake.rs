@@ -465,7 +465,7 @@ fn unsupported_cipher_suite_set_directly_is_rejected_by_config_builders() {
 #[tokio::test]
 async fn certificates_outside_their_validity_are_refused_naming_file_and_time() {
     let f = fixture();
-    let now = std::time::SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     let day = Duration::from_secs(86_400);
     let write = |name: &str, issued: &tether_tls::pki::IssuedClient| {
         let (cert, key) = (

@@ -210,7 +210,6 @@ impl StreamAudit {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
 
     use tether_observe::audit::AuditTarget;
     use tether_observe::metrics::Registry;
@@ -219,7 +218,7 @@ mod tests {
     use super::*;
 
     fn ended(id: ConnectId, dial_id: DialId) -> Ended {
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
         Ended {
             id,
             dial_id,

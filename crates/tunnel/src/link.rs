@@ -131,7 +131,8 @@ impl Link {
         self: &Arc<Self>,
         f: impl FnOnce(&mut Shared, Instant) -> R,
     ) -> R {
-        let now = Instant::now();
+        // tokio's clock, not the system's: a paused-time test moves the table's deadlines.
+        let now = tokio::time::Instant::now().into_std();
         let mut wake = Vec::new();
         let mut deliver = Vec::new();
         let (result, queued) = {

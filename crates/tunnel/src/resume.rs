@@ -135,14 +135,14 @@ impl Link {
         window: Duration,
         metrics: &ResumeMetrics,
     ) -> Option<Suspension> {
-        let (connections, replay_bytes) = self.update(|s, now| {
+        let (connections, replay_bytes, since) = self.update(|s, now| {
             s.suspend(now, window)
-                .then(|| (s.connection_count() as i64, s.replay_log().0 as i64))
+                .then(|| (s.connection_count() as i64, s.replay_log().0 as i64, now))
         })?;
         metrics.suspended_connections.add(connections);
         metrics.suspended_replay_bytes.add(replay_bytes);
         Some(Suspension {
-            since: Instant::now(),
+            since,
             connections,
             replay_bytes,
             connections_gauge: metrics.suspended_connections.clone(),

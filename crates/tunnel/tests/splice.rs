@@ -195,7 +195,7 @@ async fn a_close_ends_the_splice_while_the_other_way_waits_for_credit() {
         "the client's end ended it: {spliced:?}"
     );
     // The far end is asked to close, after whatever the middle had taken.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     loop {
         match within("the far end's close", far.down.recv()).await {
             tether_tunnel::ConnEvent::Closed(_) => break,

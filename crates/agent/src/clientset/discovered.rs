@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
+use tether_observe::time::monotonic_now;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -135,7 +136,7 @@ impl ClientSet {
                     if self.config.server_connections.is_some() {
                         // Another server takes its place among the K for a while.
                         self.passed_over()
-                            .insert(endpoint, Instant::now() + PASS_OVER);
+                            .insert(endpoint, monotonic_now() + PASS_OVER);
                         self.note_change();
                     }
                     tokio::select! {
@@ -173,7 +174,7 @@ impl ClientSet {
         let Some(k) = self.config.server_connections else {
             return endpoints;
         };
-        let now = Instant::now();
+        let now = monotonic_now();
         let passed_over = self.passed_over();
         crate::rendezvous::wanted(&self.config.agent_id, &endpoints, k.get(), |endpoint| {
             passed_over.get(endpoint).is_some_and(|until| *until > now)
@@ -189,7 +190,7 @@ impl ClientSet {
         self.passed_over()
             .get(&endpoint)
             .copied()
-            .filter(|until| *until > Instant::now())
+            .filter(|until| *until > monotonic_now())
     }
 
     fn passed_over(&self) -> MutexGuard<'_, HashMap<SocketAddr, Instant>> {

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 use tether_client::{GrpcClient, Transport};

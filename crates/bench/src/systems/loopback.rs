@@ -2,7 +2,8 @@
 //! it answers or listens. Shared by every system's module and by `running`, which reads the
 //! server's metrics.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -67,7 +68,7 @@ pub async fn wait_http_ok(
 
 /// Waits until 127.0.0.1:`port` accepts TCP connections, failing early if `proc` dies.
 pub async fn wait_port(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         proc.check_alive()?;
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -76,7 +77,7 @@ pub async fn wait_port(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
         {
             return Ok(());
         }
-        if std::time::Instant::now() > deadline {
+        if tokio::time::Instant::now() > deadline {
             bail!("{} did not listen on {port}", proc.role);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

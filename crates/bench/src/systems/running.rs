@@ -2,7 +2,8 @@
 //! each system stay in the parent module, which dispatches to the systems' modules; those
 //! build a `Running` from here without using the parent.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 

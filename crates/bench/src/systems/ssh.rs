@@ -89,7 +89,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         holder: None,
     };
     // The forward listens once the session is up.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         running.check_alive()?;
         if tokio::net::TcpStream::connect(("127.0.0.1", forward_port))
@@ -98,7 +98,7 @@ pub(super) async fn start(env: &Env, system: System) -> anyhow::Result<Running> 
         {
             break;
         }
-        if std::time::Instant::now() > deadline {
+        if tokio::time::Instant::now() > deadline {
             bail!("ssh forward on port {forward_port} did not come up");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,6 +1,7 @@
 //! Bulk throughput of one connection, each direction, and the CPU the system spends on it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::bail;
 

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::Profile;
 use crate::stats::{quantile, sorted};

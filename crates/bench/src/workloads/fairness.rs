@@ -2,7 +2,8 @@
 //! go through the same agent, against the ping-pong alone, and the downloads' aggregate
 //! throughput with and without the ping-pong.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::Profile;
 use super::pingpong::MSG;

@@ -2,7 +2,8 @@
 //! through the same agent has a reader that stopped reading, as a ratio to its throughput
 //! alone (1.0: perfectly isolated; 0: blocked).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::Profile;
 use crate::systems::Running;

@@ -1,6 +1,7 @@
 //! Request/response latency over an established connection: 64-byte ping-pong.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::Profile;
 use crate::stats::{quantile, sorted};

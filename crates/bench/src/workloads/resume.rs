@@ -2,7 +2,8 @@
 //! server through a relay that cuts every connection on demand. The round trip that spans
 //! a cut (the agent noticing, reconnecting, both ends replaying) is the pause a client sees.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::Profile;
 use super::pingpong::MSG;

@@ -15,7 +15,8 @@
 //! [`GrpcClient`]: tether_client::GrpcClient
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 use tokio::sync::Semaphore;

@@ -353,7 +353,7 @@ async fn a_proxy_that_stops_reading_blocks_writes_and_cannot_keep_the_task_alive
         // Neither the rest of the data nor CLOSE_REQ can get out; the close deadline (10 s)
         // ends the relay anyway. The stand-in's call lives on, deaf.
         drop(stream);
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         while metrics.num_alive_tasks() >= with_tunnel {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -3,7 +3,8 @@
 //! from the last written version; on failure, get (or create) and renew that; up to five
 //! renewals a round, fetching the current version after a conflict.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio_util::sync::CancellationToken;
@@ -86,7 +87,7 @@ async fn renew(
     let mut last = None;
     for _ in 0..MAX_UPDATE_RETRIES {
         match leases
-            .update(&identity.renewed(&base, SystemTime::now()))
+            .update(&identity.renewed(&base, tether_observe::time::wall_clock()))
             .await
         {
             Ok(lease) => return Ok(lease),
@@ -116,7 +117,7 @@ async fn ensure(
         let attempt = match leases.get(&identity.name).await {
             Ok(lease) => Ok((lease, false)),
             Err(e) if e.is_not_found() => leases
-                .create(&identity.fresh(SystemTime::now()))
+                .create(&identity.fresh(tether_observe::time::wall_clock()))
                 .await
                 .map(|lease| (lease, true)),
             Err(e) => Err(e),

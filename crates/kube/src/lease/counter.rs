@@ -3,7 +3,8 @@
 //! 10 s) and counts from its cache; a list served from the API server's watch cache
 //! (`resourceVersion=0`) gives the same count without holding a watch per agent.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +30,7 @@ pub async fn run(
             metrics.list(&listed, started.elapsed());
             match listed {
                 Ok(all) => {
-                    let count = count_valid(&all, SystemTime::now());
+                    let count = count_valid(&all, tether_observe::time::wall_clock());
                     if last.as_ref() != Some(&count) {
                         tracing::info!(count = count.count, holders = %count.holders.iter().map(String::as_str).collect::<Vec<_>>().join(","), "server Leases counted");
                     }

@@ -3,7 +3,8 @@
 //! condition that it is still the version that was read, so that a Lease renewed meanwhile
 //! survives.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +43,7 @@ async fn collect(leases: &Leases, selector: &str, metrics: &GcMetrics) {
             return;
         }
     };
-    let now = SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     for lease in all.iter().filter(|l| !is_valid(l, now)) {
         let Some(name) = lease.metadata.name.as_deref() else {
             continue;

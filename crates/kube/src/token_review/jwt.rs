@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn no_exp_or_not_a_jwt() {
-        let now = SystemTime::now();
+        let now = tether_observe::time::wall_clock();
         for token in [
             unsigned_token(r#"{"sub":"legacy"}"#),
             unsigned_token(r#"{"exp":"soon"}"#),

@@ -15,7 +15,8 @@
 //! writer's own thread.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::metrics::Counter;
 

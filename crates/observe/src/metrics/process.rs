@@ -230,7 +230,7 @@ mod tests {
         }
         let max_fds = snapshot.value(Metric::MaxFds).unwrap();
         assert!(max_fds >= snapshot.value(Metric::OpenFds).unwrap());
-        let now = std::time::SystemTime::now()
+        let now = crate::time::wall_clock()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use super::outlier::{EjectionConfig, Outlier, Verdict};
 
@@ -148,7 +149,7 @@ impl Health {
         self.outlier
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .record(config, Instant::now(), ok)
+            .record(config, monotonic_now(), ok)
     }
 }
 

@@ -13,6 +13,7 @@
 //! waits on it, and it costs no timer.
 
 use std::time::Duration;
+use tether_observe::time::monotonic_now;
 
 use tokio::time::Instant;
 
@@ -30,7 +31,7 @@ pub(crate) async fn silent_agent(session: &AgentSession, timeout: Option<Duratio
     loop {
         session.health.wait_busy().await;
         // Silence counts from the first dial, not from the last PING of an idle stream.
-        let busy_since = std::time::Instant::now();
+        let busy_since = monotonic_now();
         loop {
             session.keepalive.watch(true);
             tokio::time::sleep_until(Instant::now() + CHECK_EVERY).await;

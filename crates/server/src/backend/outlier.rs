@@ -80,6 +80,7 @@ impl Outlier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tether_observe::time::monotonic_now;
 
     #[test]
     fn ejects_after_consecutive_failures_longer_each_time_and_recovers() {
@@ -88,7 +89,7 @@ mod tests {
             base_ejection: Duration::from_secs(10),
             max_ejection: Duration::from_secs(25),
         };
-        let t0 = Instant::now();
+        let t0 = monotonic_now();
         let mut o = Outlier::default();
         assert_eq!(o.record(&config, t0, false), Verdict::Unchanged);
         assert_eq!(
@@ -133,7 +134,7 @@ mod tests {
             ..EjectionConfig::default()
         };
         let mut o = Outlier::default();
-        let now = Instant::now();
+        let now = monotonic_now();
         for _ in 0..100 {
             assert_eq!(o.record(&config, now, false), Verdict::Unchanged);
         }

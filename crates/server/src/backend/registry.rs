@@ -346,6 +346,7 @@ fn random_below(n: usize) -> usize {
 mod tests {
     use std::cell::Cell;
     use std::rc::Rc;
+    use tether_observe::time::monotonic_now;
 
     use super::*;
 
@@ -386,7 +387,7 @@ mod tests {
     }
 
     fn sel(r: &mut Registry<Fake>, address: &str) -> Option<Fake> {
-        r.select(&RequestContext::to(address), Instant::now())
+        r.select(&RequestContext::to(address), monotonic_now())
             .map(|s| s.backend)
     }
 

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use tether_policy::Cidr;
 use tether_proto::{DialId, Identifiers, Labels, pb};
@@ -134,7 +135,7 @@ impl RemoteAgent {
             health: Arc::new(Health::new(load)),
             via,
             audit,
-            since: Instant::now(),
+            since: monotonic_now(),
         }
     }
 

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+use tether_observe::time::monotonic_now;
 
 use tether_observe::metrics::Gauge;
 use tether_policy::Cidr;
@@ -206,7 +207,7 @@ impl AgentSession {
             draining,
             pending_gauge,
             requests,
-            connected_at: Instant::now(),
+            connected_at: monotonic_now(),
             keepalive: tether_grpc::CurrentPong::new(keepalive),
             transport: std::sync::Mutex::new(transport),
             audit,

@@ -2,7 +2,8 @@
 
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tether_observe::time::monotonic_now;
 
 use tether_grpc::server::IncomingCall;
 use tether_grpc::{Code, GrpcError, PacketReceiver, PacketSender, PeerIdentity, Status};
@@ -301,7 +302,7 @@ async fn agent_to_client(
                 ConnEvent::Closed(error) => closed = Some(error.map(|e| e.to_string())),
             }
         }
-        let started = Instant::now();
+        let started = monotonic_now();
         tx.flush().await?;
         hub.metrics
             .frontend_write_duration

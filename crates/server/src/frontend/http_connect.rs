@@ -83,7 +83,7 @@ async fn handle(
             let reply = format!(
                 "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nDate: {}\r\nContent-Length: {}\r\n\r\n{body}",
                 // An RFC 7231 IMF-fixdate, as Go's `http.TimeFormat`.
-                tether_observe::time::Civil::from_system_time(std::time::SystemTime::now())
+                tether_observe::time::Civil::from_system_time(tether_observe::time::wall_clock())
                     .http_date(),
                 body.len()
             );

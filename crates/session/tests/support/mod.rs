@@ -92,7 +92,7 @@ impl Pair {
         Self {
             server: Session::new(config(Role::Server, server_flow)),
             agent: Session::new(config(Role::Agent, agent_flow)),
-            now: Instant::now(),
+            now: base_instant(),
             server_log: Log::default(),
             agent_log: Log::default(),
             violation: None,
@@ -249,4 +249,11 @@ impl Pair {
             assert_eq!(opened, ended, "opened and ended differ");
         }
     }
+}
+
+/// The instant a test's clock starts at. The session core only compares instants it is
+/// given, so any will do; the test then moves time by hand.
+#[expect(clippy::disallowed_methods, reason = "a sans-IO test's base instant")]
+pub fn base_instant() -> Instant {
+    Instant::now()
 }

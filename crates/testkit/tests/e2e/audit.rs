@@ -62,7 +62,7 @@ pub(crate) fn assert_paired(records: &[Value]) -> usize {
 
 /// Polls `path` until it holds a record of `event` for `requested`, and returns it.
 async fn wait_for(path: &Path, event: &str, requested: &str) -> Value {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let found = text

@@ -261,7 +261,7 @@ async fn junk_before_the_dial_request_does_not_extend_its_deadline() {
         }
         100
     });
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let mut body = tokio::time::timeout(STEP, response)
         .await
         .unwrap()

@@ -1,6 +1,7 @@
 //! Dials that hang: cancelled by the client, failed when their agent goes, bounded by deadlines.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{DialError, GrpcClient, Transport};
 use tether_testkit::http::metric_value;

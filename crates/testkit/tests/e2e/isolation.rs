@@ -1,6 +1,7 @@
 //! No head-of-line blocking: a connection whose reader stalls costs the others nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_server::Mode;
 use tether_testkit::targets::SourceServer;

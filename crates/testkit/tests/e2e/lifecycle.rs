@@ -192,7 +192,7 @@ async fn a_stopping_agent_waits_for_its_tasks_and_they_end_promptly() {
         http_connect_uds(server.uds.as_ref().unwrap(), &echo.addr.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     agent.stop().await;
     let took = started.elapsed();
     assert!(

@@ -2,7 +2,8 @@
 //! connection setup deadline, header limits over TLS.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{DialError, GrpcClient, Transport};
 use tether_grpc::client::Channel;

@@ -499,7 +499,7 @@ async fn a_tenants_byte_rate_slows_only_its_own_transfers(mode: Mode) {
     let timed = |client: ClientTransport, seed: u64| {
         let target = target.clone();
         tokio::spawn(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let stream = dial(mode, &client, &target).await.unwrap();
             drop(echo_exact(stream, seed, LEN).await);
             started.elapsed()
@@ -556,7 +556,7 @@ async fn busy_tenants_split_the_bandwidth_by_weight_and_a_lone_one_gets_it_all()
         tokio::spawn(async move {
             let stream = dial(Mode::HttpConnect, &client, &target).await.unwrap();
             download_counted(stream, len, &received).await;
-            std::time::Instant::now()
+            tokio::time::Instant::now()
         })
     };
     let globex_received = Arc::new(AtomicU64::new(0));

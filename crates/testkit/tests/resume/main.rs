@@ -9,7 +9,8 @@ mod setup;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use setup::*;
 use tether_agent::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
@@ -44,7 +45,7 @@ async fn a_gib_each_way_stays_byte_exact_across_five_cuts() {
         .await;
         s.cut_and_wait().await;
     }
-    tokio::time::timeout_at(deadline.into(), transfer)
+    tokio::time::timeout_at(deadline, transfer)
         .await
         .expect("the transfer ends")
         .expect("byte-exact both ways");

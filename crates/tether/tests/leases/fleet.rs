@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_testkit::Pki;
 use tether_testkit::balancer::LoadBalancer;

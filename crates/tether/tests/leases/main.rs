@@ -390,7 +390,7 @@ async fn an_api_server_outage_costs_no_stream() -> anyhow::Result<()> {
         fleet.lease_holders().await == ["srv-1", "srv-2"]
     })
     .await;
-    let watched = std::time::Instant::now();
+    let watched = tokio::time::Instant::now();
     while watched.elapsed() < Duration::from_secs(5) {
         assert_eq!(agent.metric(OPEN).await, Some(2.0), "a stream was let go");
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -12,7 +12,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{GrpcClient, Transport};
 use tether_testkit::Pki;

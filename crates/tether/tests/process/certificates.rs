@@ -3,7 +3,7 @@
 //! agent, counted and logged as an error naming the file and its notAfter.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tether_testkit::Pki;
 use tether_testkit::http::metric_value;
@@ -30,7 +30,7 @@ fn reloads(text: &str, listener: &str, outcome: &str) -> f64 {
 
 /// A certificate of the PKI's CA for the server's names that expired yesterday.
 fn expired(pki: &Pki) -> IssuedClient {
-    let now = SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     pki.pem
         .reissue(Leaf::Server, now - 2 * DAY, now - DAY)
         .unwrap()
@@ -144,7 +144,7 @@ async fn a_server_keeps_its_certificate_when_the_rotation_brings_an_expired_one(
     );
 
     // A valid certificate after it is loaded as usual.
-    let now = SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     let fresh = pki.pem.reissue(Leaf::Server, now - DAY, now + DAY).unwrap();
     std::fs::write(&files.server_cert, &fresh.cert_pem).unwrap();
     std::fs::write(&files.server_key, &fresh.key_pem).unwrap();
@@ -185,7 +185,7 @@ async fn an_agent_keeps_its_certificate_when_the_rotation_brings_an_expired_one(
     // The agent's certificate is rotated to an expired one; then the server restarts, so the
     // agent's next connection reads its files again.
     let files = &pki.files;
-    let now = SystemTime::now();
+    let now = tether_observe::time::wall_clock();
     let stale = pki
         .pem
         .reissue(Leaf::Agent, now - 2 * DAY, now - DAY)

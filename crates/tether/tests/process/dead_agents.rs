@@ -8,7 +8,8 @@
 //! packet comes back, as when a node is gone, and nothing outside the namespace is touched.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{DialError, GrpcClient, Transport};
 use tether_testkit::Pki;

@@ -3,7 +3,8 @@
 //! says which, and that a second signal exits now.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_testkit::Pki;
 use tether_testkit::process::{Frontend, Process, ServerProcess, spawn_agent, spawn_server};

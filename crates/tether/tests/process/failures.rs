@@ -1,6 +1,7 @@
 //! Dead, frozen and departing peers.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tether_client::{GrpcClient, Transport};
 use tether_testkit::Pki;

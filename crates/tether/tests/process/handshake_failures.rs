@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tether_testkit::Pki;
 use tether_testkit::http::{get, metric_value};

@@ -315,9 +315,12 @@ async fn ids_on_every_line_of_a_connection(via: Via) {
             .collect::<Vec<_>>()
     };
     let wait_closed = || async {
-        let until = std::time::Instant::now() + STEP;
+        let until = tokio::time::Instant::now() + STEP;
         while !open_dial_ids().await.is_empty() {
-            assert!(std::time::Instant::now() < until, "connection still listed");
+            assert!(
+                tokio::time::Instant::now() < until,
+                "connection still listed"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };

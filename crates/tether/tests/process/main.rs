@@ -43,7 +43,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     while !check().await {
         assert!(started.elapsed() < STEP, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -379,10 +379,10 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     loop {
         agent.signal("HUP").await;
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         while sent.elapsed() < Duration::from_secs(2) {
             if check().await {
                 return;

@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tether_testkit::Pki;

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use base64::Engine as _;
 use tether_grpc::Code;
@@ -30,7 +30,7 @@ const OTHER_HOST: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// local check, and only a TokenReview can refuse it.
 fn forged_token(i: usize) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let now = SystemTime::now()
+    let now = tether_observe::time::wall_clock()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs();
@@ -95,7 +95,9 @@ async fn junk_is_refused_without_reviews_and_a_flood_does_not_lock_out_another_a
 
     // Not a JWT, the wrong audience, expired: refused at once, and the API never asked.
     let reviews = cluster.token_reviews().await?;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let now = tether_observe::time::wall_clock()
+        .duration_since(UNIX_EPOCH)?
+        .as_secs();
     let junk = [
         ("garbage".to_owned(), "not a JWT"),
         ("a.b.c".to_owned(), "not a JWT"),
