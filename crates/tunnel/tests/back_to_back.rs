@@ -301,40 +301,6 @@ async fn native_a_ping_is_answered_at_either_end() {
     }
 }
 
-/// A native link whose peer stops reading entirely (the byte stream stays open, nobody reads
-/// it) is given up by its keepalive after the timeout, at either end: `run_transport`
-/// returns `Broken` with the unanswered PING as the stream error.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_a_peer_that_stops_reading_is_given_up() {
-    const INTERVAL: Duration = Duration::from_millis(200);
-    const TIMEOUT: Duration = Duration::from_millis(300);
-    for role in [Role::Agent, Role::Server] {
-        let (transport, handle, silent_peer) = native_against_raw(role).await;
-        let mut side = Side::new(role, default_flow());
-        side.run(transport);
-        let started = tokio::time::Instant::now();
-        let pinger = tokio::spawn(handle.clone().keep_alive(Keepalive {
-            interval: INTERVAL,
-            timeout: TIMEOUT,
-        }));
-        let unresponsive = LinkError::Unresponsive(TIMEOUT).to_string();
-        assert_eq!(
-            side.ended().await,
-            TransportEnd::Broken(format!(
-                "{} stream failed: {unresponsive}",
-                name(peer_of(role))
-            ))
-        );
-        // The first PING goes after one interval; it is given up a timeout later.
-        let waited = started.elapsed();
-        assert!(waited >= INTERVAL + TIMEOUT, "given up after {waited:?}");
-        assert_eq!(side.rec.stream_errors(), [(Direction::In, unresponsive)]);
-        assert_eq!(handle.liveness().get(), None, "no PONG ever came");
-        within("the keepalive to end", pinger).await.unwrap();
-        drop(silent_peer);
-    }
-}
-
 /// On a native link, a PACKET frame that is not a packet (undecodable, or of an unknown
 /// packet type) and a DATA frame for connection 0 are each counted as one bad packet and
 /// dropped; the stream goes on, and the packet after them arrives.

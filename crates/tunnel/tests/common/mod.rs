@@ -65,6 +65,31 @@ macro_rules! on_both_transports {
     )+};
 }
 
+/// As [`on_both_transports`], on tokio's paused clock: a current-thread runtime whose time
+/// moves only when every task waits, straight to the next deadline. A test then takes no
+/// real time for its deadlines and can check the instant each thing happened.
+#[allow(unused_macros)]
+macro_rules! paused_on_both_transports {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[tokio::test(start_paused = true)]
+            async fn native() {
+                super::$name($crate::common::Kind::Native).await;
+            }
+
+            #[tokio::test(start_paused = true)]
+            async fn websocket() {
+                super::$name($crate::common::Kind::WebSocket).await;
+            }
+
+            #[tokio::test(start_paused = true)]
+            async fn grpc() {
+                super::$name($crate::common::Kind::Grpc).await;
+            }
+        }
+    )+};
+}
+
 /// `fut`'s output, or a panic naming `what` once [`LIMIT`] passed.
 pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
     match tokio::time::timeout(LIMIT, fut).await {
@@ -116,6 +141,20 @@ pub fn credit(window: u32) -> Flow {
         ..FlowConfig::default()
     }
     .negotiate(Some(&window.to_string()))
+}
+
+/// A table's settings for `role` with `flow`: deadlines far beyond any test's wait, not
+/// resumable, not a peer link.
+pub fn session_config(role: Role, flow: Flow) -> SessionConfig {
+    SessionConfig {
+        role,
+        flow,
+        dial_timeout: DEADLINE,
+        close_timeout: DEADLINE,
+        limits: Limits::default(),
+        resumable: false,
+        peering: false,
+    }
 }
 
 /// Credit flow with the default window.
@@ -239,20 +278,16 @@ pub struct Side {
 impl Side {
     /// A link of `role`, not yet running a transport.
     pub fn new(role: Role, flow: Flow) -> Self {
+        Self::with_config(session_config(role, flow))
+    }
+
+    /// A link with `config`, not yet running a transport.
+    pub fn with_config(config: SessionConfig) -> Self {
         let (dials_tx, dials) = mpsc::unbounded_channel();
         let rec = Arc::new(Recorder {
             dials: Mutex::new(Some(dials_tx)),
             ..Recorder::default()
         });
-        let config = SessionConfig {
-            role,
-            flow,
-            dial_timeout: DEADLINE,
-            close_timeout: DEADLINE,
-            limits: Limits::default(),
-            resumable: false,
-            peering: false,
-        };
         Self {
             link: Link::new(config, Recording(rec.clone())),
             rec,
@@ -526,13 +561,23 @@ impl Pair {
 
     /// Both ends running over `kind` with `flow`.
     pub async fn with_flow(kind: Kind, flow: Flow) -> Self {
+        Self::with_config(kind, flow, |_| {}).await
+    }
+
+    /// Both ends running over `kind` with `flow` and their table's settings changed by `set`.
+    pub async fn with_config(kind: Kind, flow: Flow, set: impl Fn(&mut SessionConfig)) -> Self {
         let Transports {
             server: server_transport,
             agent: agent_transport,
             wire,
         } = transports(kind).await;
-        let mut server = Side::new(Role::Server, flow);
-        let mut agent = Side::new(Role::Agent, flow);
+        let config = |role| {
+            let mut config = session_config(role, flow);
+            set(&mut config);
+            config
+        };
+        let mut server = Side::with_config(config(Role::Server));
+        let mut agent = Side::with_config(config(Role::Agent));
         server.run(server_transport);
         agent.run(agent_transport);
         Self {
