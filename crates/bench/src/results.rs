@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::stats::Summary;
 use crate::systems::System;
+use crate::workloads::FleetMode;
 use crate::workloads::Profile;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -56,26 +57,6 @@ pub enum Metric {
     /// A figure of the fleet of peered servers in one of its modes (its own table in the
     /// report; not in [`Metric::ALL`]).
     Fleet(FleetMode, FleetFigure),
-}
-
-/// How the fleet workload's agents hold the servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FleetMode {
-    /// Every agent holds a stream to every server.
-    Mesh,
-    /// Every agent holds one stream, to one server (round-robin); the servers peer.
-    K1,
-}
-
-impl FleetMode {
-    pub const ALL: [FleetMode; 2] = [FleetMode::Mesh, FleetMode::K1];
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            FleetMode::Mesh => "mesh",
-            FleetMode::K1 => "k1",
-        }
-    }
 }
 
 /// What the fleet workload measures in each mode.

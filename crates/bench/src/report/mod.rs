@@ -11,9 +11,10 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use crate::results::{Better, FleetFigure, FleetMode, Metric, Results, TunnelFigure};
+use crate::results::{Better, FleetFigure, Metric, Results, TunnelFigure};
 use crate::stats::Summary;
 use crate::systems::{FLEET_SYSTEM, System};
+use crate::workloads::FleetMode;
 use crate::workloads::Profile;
 use crate::workloads::fanin;
 use svg::Chart;

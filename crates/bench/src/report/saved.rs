@@ -204,7 +204,7 @@ mod tests {
         let tunnel = Metric::Tunnel(point, crate::results::TunnelFigure::DialP99);
         results.add(System::RelayLimit { tls: true }, tunnel, 1, 22_400.5);
         let fleet = Metric::Fleet(
-            crate::results::FleetMode::K1,
+            crate::workloads::FleetMode::K1,
             crate::results::FleetFigure::KibPerAgent,
         );
         results.add(System::Direct, fleet, 2, 31.25);

@@ -24,11 +24,10 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::Semaphore;
 
-use super::Profile;
 use super::fanin::{FakeAgent, Link, Options, PingCount, Pings};
+use super::{FleetMode, Profile};
 use crate::procs::Proc;
 use crate::progress::{Progress, Ticker};
-use crate::results::FleetMode;
 use crate::stats::{quantile, sorted};
 use crate::systems::{Env, Fleet};
 

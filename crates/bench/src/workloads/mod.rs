@@ -14,8 +14,6 @@ pub mod tunnel;
 
 use std::time::Duration;
 
-use crate::results::FleetMode;
-
 /// How much of everything to do: the full benchmark, or `--quick` (proves that every system
 /// and workload runs; its numbers mean nothing).
 #[derive(Clone, Debug)]
@@ -251,5 +249,25 @@ impl Workload {
                 FleetMode::K1 => p.fleet_dials as f64 * 0.01,
                 FleetMode::Mesh => 0.0,
             }
+    }
+}
+
+/// How the fleet workload's agents hold the servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FleetMode {
+    /// Every agent holds a stream to every server.
+    Mesh,
+    /// Every agent holds one stream, to one server (round-robin); the servers peer.
+    K1,
+}
+
+impl FleetMode {
+    pub const ALL: [FleetMode; 2] = [FleetMode::Mesh, FleetMode::K1];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            FleetMode::Mesh => "mesh",
+            FleetMode::K1 => "k1",
+        }
     }
 }
