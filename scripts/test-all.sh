@@ -74,6 +74,12 @@ step "the end-to-end suites again, their agents on the WebSocket link (the nativ
 TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether-testkit --test e2e --test resume
 TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether --test token_auth
 
+step "fuzz campaign: each of the 9 targets for 20 s on nightly (cargo-fuzz, installed if missing); a crash fails the build and is saved under fuzz/regressions"
+# The stable tests above only replay the saved inputs; this explores. The corpus and the
+# sanitizer builds are kept under ~/.cache/tether/fuzz, so each run goes on from the last.
+FUZZ_CORPUS="$HOME/.cache/tether/fuzz/corpus" FUZZ_TARGET_DIR="$HOME/.cache/tether/fuzz/target" \
+	fuzz/run.sh "${TETHER_FUZZ_SECONDS:-20}"
+
 step "the book (docs/): a pinned mdbook builds it, its internal links and anchors are checked"
 # mdbook is installed once into ~/.cache/tether (cold: 123 crates compiled, 28 min measured on
 # 2 cores busy with other builds; warm: nothing); the generated reference pages (flags,
