@@ -1,19 +1,19 @@
 //! Holding streams to every proxy server, through one address (`balancer`) or one to each
 //! discovered address (`discovered`); letting go of servers whose Lease expired; and each
-//! stream's life across the transports it is resumed on.
+//! stream's life across the transports it is resumed on. What is held and what to do about
+//! it is decided by `server_set`; this module connects, runs the streams' tasks and acts.
 
 mod balancer;
 mod discovered;
+mod server_set;
 
 use tether_observe::audit::AuditLog;
 use tether_observe::time::monotonic_now;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use std::time::Instant;
 
 use tether_tunnel::{ResumeFailure, TransportEnd};
 use tokio::sync::{mpsc, watch};
@@ -24,10 +24,11 @@ use tracing::Instrument;
 use crate::config::Config;
 use crate::connect::{ConnectError, Connected, ServerConn};
 use crate::destination::Destinations;
-use crate::discovery::{Discovery, Endpoints};
+use crate::discovery::Discovery;
 use crate::metrics::AgentMetrics;
-use crate::server_count::{self, ServerLeases, Uncounted};
+use crate::server_count::ServerLeases;
 use crate::session::ServerSession;
+use server_set::{Added, Gone, Opened, Rules, Serial, ServerSet};
 
 /// How long connecting to a server (TCP, TLS, HTTP/2, response headers) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,43 +49,34 @@ pub(crate) struct ClientSet {
     metrics: Arc<AgentMetrics>,
     destinations: Arc<Destinations>,
     audit: Option<AuditLog>,
-    sessions: Mutex<HashMap<String, Held>>,
-    /// The last `servercount` a server announced; 0 counts as 1, as upstream.
-    server_count: AtomicUsize,
-    draining: AtomicBool,
-    /// Connected servers beyond the count without a valid Lease, and since when.
-    uncounted: Mutex<Uncounted>,
+    servers: Mutex<Servers>,
     /// Bumped whenever a stream was added, broke or ended: wakes the sync loops.
     changes: watch::Sender<u64>,
-    /// The servers' addresses as discovery last found them (empty with a balancer).
-    endpoints: watch::Sender<Endpoints>,
-    /// Discovered addresses whose stream turned out to be a server already held through
-    /// another address (one server, two addresses: IPv4 and IPv6), and that server's ID.
-    aliases: Mutex<HashMap<SocketAddr, String>>,
-    /// With `--agent-server-connections`: addresses that could not be reached, passed
-    /// over until then.
-    passed_over: Mutex<HashMap<SocketAddr, Instant>>,
 }
 
-/// A server stream, and the token that lets go of it when its server's Lease expired.
+/// What is known of the servers and, per server ID the set holds a stream for, what reaches
+/// that stream and its task: under one lock, so that the two always agree.
 #[derive(Debug)]
-struct Held {
+struct Servers {
+    set: ServerSet,
+    streams: HashMap<String, Handles>,
+}
+
+/// A held stream's session, the token that lets go of it, and where a new transport for it
+/// goes (resumable streams only).
+#[derive(Debug)]
+struct Handles {
     session: Arc<ServerSession>,
     dismiss: CancellationToken,
-    /// Where a new transport for a resumable stream goes.
     handover: Option<mpsc::Sender<Resume>>,
-    /// The stream's transport broke; it waits to be resumed (not counted as connected).
-    suspended: bool,
-    /// A suspended stream was handed a resumed transport that its task has not taken yet.
-    resuming: bool,
-    /// The discovered address the stream was opened to; `None` through a balancer.
-    endpoint: Option<SocketAddr>,
 }
 
-impl Held {
-    /// Has a working transport, or is being handed one, and is not being let go of.
-    fn is_live(&self) -> bool {
-        !self.dismiss.is_cancelled() && (!self.suspended || self.resuming)
+impl Servers {
+    /// Tells the task of a stream the set let go of.
+    fn dismiss(&self, server_id: &str) {
+        if let Some(handles) = self.streams.get(server_id) {
+            handles.dismiss.cancel();
+        }
     }
 }
 
@@ -105,24 +97,27 @@ impl ClientSet {
         destinations: Arc<Destinations>,
         audit: Option<AuditLog>,
     ) -> Self {
+        let set = ServerSet::new(Rules {
+            agent_id: config.agent_id.clone(),
+            through_balancer: config.discovery == Discovery::Balancer,
+            server_connections: config.server_connections,
+            count_source: config.lease_counting.as_ref().map(|c| c.source),
+        });
         Self {
             config,
             metrics,
             destinations,
             audit,
-            sessions: Mutex::new(HashMap::new()),
-            server_count: AtomicUsize::new(1),
-            draining: AtomicBool::new(false),
-            uncounted: Mutex::new(Uncounted::default()),
+            servers: Mutex::new(Servers {
+                set,
+                streams: HashMap::new(),
+            }),
             changes: watch::Sender::new(0),
-            endpoints: watch::Sender::new(Endpoints::new()),
-            aliases: Mutex::new(HashMap::new()),
-            passed_over: Mutex::new(HashMap::new()),
         }
     }
 
-    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Held>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    fn servers(&self) -> MutexGuard<'_, Servers> {
+        self.servers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The latest Lease reading, when counting by Lease.
@@ -135,37 +130,17 @@ impl ClientSet {
 
     /// How many servers to hold streams to now.
     pub(crate) fn target(&self) -> usize {
-        if self.config.discovery != Discovery::Balancer {
-            return self.discovered_target();
-        }
-        let count = server_count::target(
-            self.config.lease_counting.as_ref().map(|c| c.source),
-            self.leases().as_ref(),
-            self.server_count.load(Ordering::Acquire),
-        );
-        // Through a balancer, K streams to whichever servers it picks.
-        self.config
-            .server_connections
-            .map_or(count, |k| count.min(k.get()))
+        let leases = self.leases();
+        self.servers().set.target(leases.as_ref(), monotonic_now())
     }
 
     /// Whether every counted server is connected (streams being let go of not included; a
     /// stream handed its resumed transport is).
     pub(crate) fn satisfied(&self) -> bool {
-        let target = self.target();
-        // With K servers only, no one server's Lease has to be among them.
-        let leases = self
-            .leases()
-            .filter(|_| self.config.server_connections.is_none());
-        let sessions = self.sessions();
-        if self.config.discovery != Discovery::Balancer && !self.every_endpoint_held(&sessions) {
-            return false;
-        }
-        let kept = sessions
-            .iter()
-            .filter(|(_, held)| held.is_live())
-            .map(|(id, _)| id.as_str());
-        server_count::satisfied(kept, target, leases.as_ref())
+        let leases = self.leases();
+        self.servers()
+            .set
+            .satisfied(leases.as_ref(), monotonic_now())
     }
 
     /// Lets go of servers whose Lease has not counted for a while as long as more streams
@@ -175,23 +150,10 @@ impl ClientSet {
         let Some(leases) = self.leases() else {
             return;
         };
-        let target = self.target();
-        let sessions = self.sessions();
-        let kept = sessions
-            .iter()
-            .filter(|(_, held)| !held.dismiss.is_cancelled())
-            .map(|(id, _)| id.as_str());
-        let surplus = server_count::surplus(kept, target, &leases);
-        let due = self
-            .uncounted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .due(surplus, monotonic_now());
-        for id in due {
+        let mut servers = self.servers();
+        for id in servers.set.dismiss_surplus(&leases, monotonic_now()) {
             tracing::info!(server.id = %id, "letting go of a server whose Lease no longer counts");
-            if let Some(held) = sessions.get(&id) {
-                held.dismiss.cancel();
-            }
+            servers.dismiss(&id);
         }
     }
 
@@ -206,29 +168,30 @@ impl ClientSet {
 
     /// Servers currently connected (suspended streams are not).
     pub(crate) fn connected(&self) -> usize {
-        self.sessions()
-            .values()
-            .filter(|held| !held.suspended)
-            .count()
+        self.servers().set.connected()
     }
 
     /// The current server sessions, each with the discovered address it was opened to, for
     /// introspection.
     pub(crate) fn session_list(&self) -> Vec<(Arc<ServerSession>, Option<SocketAddr>)> {
-        self.sessions()
-            .values()
-            .map(|held| (held.session.clone(), held.endpoint))
+        let servers = self.servers();
+        servers
+            .streams
+            .iter()
+            .map(|(id, handles)| (handles.session.clone(), servers.set.endpoint(id)))
             .collect()
     }
 
     /// The stream to carry a reverse dial on: among servers that accepted reverse dials and
     /// are not being let go of, the one with the fewest connections.
     pub(crate) fn reverse_session(&self) -> Option<Arc<ServerSession>> {
-        self.sessions()
-            .values()
-            .filter(|held| held.session.reverse && !held.dismiss.is_cancelled() && !held.suspended)
-            .min_by_key(|held| held.session.link.inspect(|s| s.connection_count()))
-            .map(|held| held.session.clone())
+        let servers = self.servers();
+        servers
+            .set
+            .reverse_candidates()
+            .filter_map(|id| servers.streams.get(id))
+            .min_by_key(|handles| handles.session.link.inspect(|s| s.connection_count()))
+            .map(|handles| handles.session.clone())
     }
 
     /// `--agent-identifiers`, as sent.
@@ -237,12 +200,12 @@ impl ClientSet {
     }
 
     pub(crate) fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
+        self.servers().set.is_draining()
     }
 
     /// The last server count a server announced.
     pub(crate) fn server_count(&self) -> usize {
-        self.server_count.load(Ordering::Acquire)
+        self.servers().set.server_count()
     }
 
     /// Holds streams to the servers until `stop`: through one address until enough are
@@ -263,9 +226,12 @@ impl ClientSet {
     }
 
     fn start_draining(&self) {
-        self.draining.store(true, Ordering::Release);
-        for held in self.sessions().values() {
-            held.session.drain();
+        {
+            let mut servers = self.servers();
+            servers.set.start_draining();
+            for handles in servers.streams.values() {
+                handles.session.drain();
+            }
         }
         let open = self.open_connections();
         tracing::info!(
@@ -278,10 +244,12 @@ impl ClientSet {
     /// Connections and pending dials on every server stream: what a draining agent waits
     /// for.
     pub(crate) fn open_connections(&self) -> usize {
-        self.sessions()
+        self.servers()
+            .streams
             .values()
-            .map(|held| {
-                held.session
+            .map(|handles| {
+                handles
+                    .session
                     .link
                     .inspect(|s| s.connection_count() + s.pending_dial_count())
             })
@@ -302,8 +270,7 @@ impl ClientSet {
         tasks: &TaskTracker,
         stop: &CancellationToken,
     ) -> bool {
-        self.server_count
-            .store(connected.answer.server_count.max(1), Ordering::Release);
+        self.servers().set.announced(connected.answer.server_count);
         self.metrics.known_server_count.set(self.target() as i64);
         let Some(connected) = self.resume_suspended(connected, endpoint) else {
             self.note_change();
@@ -325,44 +292,33 @@ impl ClientSet {
             connected.server.liveness(),
             connected.server.transport_name(),
             self.audit.clone(),
-            connected.answer.reverse,
             connected.answer.resume_token.clone().filter(|_| credit),
             connected.answer.server_version.clone(),
         ));
         let dismiss = CancellationToken::new();
         let (handover, resumes) = mpsc::channel(1);
-        {
-            let mut sessions = self.sessions();
-            if sessions.contains_key(&server_id) {
+        let (serial, draining) = {
+            let mut servers = self.servers();
+            let Added::Held(serial) = servers.set.add(&connected.answer, endpoint, credit) else {
+                drop(servers);
                 tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
-                drop(sessions);
-                if let Some(endpoint) = endpoint {
-                    self.aliases().insert(endpoint, server_id);
-                }
                 connected.transport.abort();
                 return false;
-            }
-            if let Some(endpoint) = endpoint {
-                // The address now holds a stream of its own: whatever server it stood for
-                // before (one that has since gone) no longer matters.
-                self.aliases().remove(&endpoint);
-            }
-            sessions.insert(
+            };
+            servers.streams.insert(
                 server_id.clone(),
-                Held {
+                Handles {
                     session: session.clone(),
                     dismiss: dismiss.clone(),
                     handover: session.resume_token.is_some().then_some(handover),
-                    suspended: false,
-                    resuming: false,
-                    endpoint,
                 },
             );
-        }
+            (serial, servers.set.is_draining())
+        };
         self.note_change();
         self.metrics.open_server_connections.inc();
         self.start_keepalive(&connected.server, credit);
-        if self.draining.load(Ordering::Acquire) {
+        if draining {
             session.drain();
         }
         tracing::info!(server.id = %server_id, server.count = connected.answer.server_count, transport = connected.server.transport_name(), credit, reverse = connected.answer.reverse, resumable = session.resume_token.is_some(), "connected to proxy server");
@@ -376,7 +332,7 @@ impl ClientSet {
         let span = tracing::info_span!("server", server.id = %server_id);
         tasks.spawn(
             self.clone()
-                .hold(session, connected, dismiss, resumes, stop.clone())
+                .hold(session, serial, connected, dismiss, resumes, stop.clone())
                 .instrument(span),
         );
         true
@@ -391,55 +347,47 @@ impl ClientSet {
         connected: Connected,
         endpoint: Option<SocketAddr>,
     ) -> Option<Connected> {
-        let mut sessions = self.sessions();
-        let suspended = |held: &Held| held.suspended && held.handover.is_some();
-        if let Some(held) = sessions
-            .get_mut(&connected.answer.server_id)
-            .filter(|held| suspended(held))
-        {
-            let handover = held.handover.clone()?;
-            let same = connected.answer.resume_token.is_some()
-                && connected.answer.resume_token == held.session.resume_token;
-            if connected.answer.resumed.is_none() || !same {
-                // Its task ends it; the new stream takes its place at once.
-                sessions.remove(&connected.answer.server_id);
-            } else {
-                // The next sync must not ask for it again before its task has taken this
-                // transport: that request would carry a count the stream is about to pass.
-                held.resuming = true;
-            }
-            drop(sessions);
-            return match connected.answer.resumed.filter(|_| same) {
-                Some(_) => {
-                    // A full or closed hand-over means the stream's task is ending; the
-                    // transport is dropped with the message and the next sync starts anew.
+        let mut servers = self.servers();
+        let gone = match servers.set.opened(&connected.answer, endpoint) {
+            Opened::Resumes => {
+                let handover = servers
+                    .streams
+                    .get(&connected.answer.server_id)
+                    .and_then(|handles| handles.handover.clone());
+                drop(servers);
+                // A full or closed hand-over means the stream's task is ending; the
+                // transport is dropped with the message and the next sync starts anew.
+                if let Some(handover) = handover {
                     let _ = handover.try_send(Resume::Transport(Box::new(connected)));
-                    None
                 }
-                None => {
-                    let _ = handover.try_send(Resume::Gone(
-                        "the proxy server no longer knows this stream (it restarted)".into(),
-                    ));
-                    Some(connected)
+                return None;
+            }
+            Opened::Own(gone) => gone,
+        };
+        for gone in gone {
+            let (handover, why) = match gone {
+                // Its task ends it; the new stream takes its place at once.
+                Gone::Restarted(id) => (
+                    servers.streams.remove(&id).and_then(|h| h.handover),
+                    "the proxy server no longer knows this stream (it restarted)".to_owned(),
+                ),
+                Gone::Replaced(id) => {
+                    let at = endpoint.map_or_else(
+                        || "the only proxy server".to_owned(),
+                        |e| format!("the proxy server at {e}"),
+                    );
+                    let why = format!(
+                        "{at} is now {} (server {id} is gone)",
+                        connected.answer.server_id
+                    );
+                    (
+                        servers.streams.get(&id).and_then(|h| h.handover.clone()),
+                        why,
+                    )
                 }
             };
-        }
-        // A server that answers where a suspended stream's server was, under another ID,
-        // replaced it: at its discovered address, or as the only server behind a balancer.
-        let replaced = |held: &Held| match endpoint {
-            Some(endpoint) => held.endpoint == Some(endpoint),
-            None => connected.answer.server_count <= 1,
-        };
-        for (id, held) in sessions.iter().filter(|(_, h)| suspended(h) && replaced(h)) {
-            if let Some(handover) = &held.handover {
-                let at = endpoint.map_or_else(
-                    || "the only proxy server".to_owned(),
-                    |e| format!("the proxy server at {e}"),
-                );
-                let _ = handover.try_send(Resume::Gone(format!(
-                    "{at} is now {} (server {id} is gone)",
-                    connected.answer.server_id
-                )));
+            if let Some(handover) = handover {
+                let _ = handover.try_send(Resume::Gone(why));
             }
         }
         Some(connected)
@@ -457,13 +405,10 @@ impl ClientSet {
     }
 
     /// Marks a stream suspended or not, if it is still this set's stream for its server.
-    fn set_suspended(&self, session: &Arc<ServerSession>, suspended: bool) {
-        if let Some(held) = self.sessions().get_mut(&session.server_id)
-            && Arc::ptr_eq(&held.session, session)
-        {
-            held.suspended = suspended;
-            held.resuming = false;
-        }
+    fn set_suspended(&self, server_id: &str, serial: Serial, suspended: bool) {
+        self.servers()
+            .set
+            .set_suspended(server_id, serial, suspended);
         self.note_change();
     }
 
@@ -472,14 +417,11 @@ impl ClientSet {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn aliases(&self) -> MutexGuard<'_, HashMap<SocketAddr, String>> {
-        self.aliases.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Owns one server stream across the transports it runs on, until it ends for good.
     async fn hold(
         self: Arc<Self>,
         session: Arc<ServerSession>,
+        serial: Serial,
         connected: Connected,
         dismiss: CancellationToken,
         mut resumes: mpsc::Receiver<Resume>,
@@ -520,7 +462,7 @@ impl ClientSet {
             let Some(suspension) = session.link.suspend(window, metrics) else {
                 break why;
             };
-            self.set_suspended(&session, true);
+            self.set_suspended(&session.server_id, serial, true);
             self.metrics.open_server_connections.dec();
             tracing::info!(%why, ?window, "server stream broke; reconnecting to resume it");
             let next = session
@@ -567,22 +509,21 @@ impl ClientSet {
             self.start_keepalive(&resumed.server, true);
             let resumed = *resumed;
             (server, transport) = (resumed.server, resumed.transport);
-            self.set_suspended(&session, false);
+            self.set_suspended(&session.server_id, serial, false);
             self.metrics.open_server_connections.inc();
             tracing::info!("server stream resumed");
         };
         session.close(&reason).await;
         tracing::info!(%reason, "disconnected from proxy server");
-        let mut sessions = self.sessions();
-        if let Some(held) = sessions.get(&session.server_id)
-            && Arc::ptr_eq(&held.session, &session)
         {
-            if !held.suspended {
-                self.metrics.open_server_connections.dec();
+            let mut servers = self.servers();
+            if let Some(ended) = servers.set.ended(&session.server_id, serial) {
+                servers.streams.remove(&session.server_id);
+                if !ended.is_suspended() {
+                    self.metrics.open_server_connections.dec();
+                }
             }
-            sessions.remove(&session.server_id);
         }
-        drop(sessions);
         self.note_change();
     }
 
@@ -595,15 +536,17 @@ impl ClientSet {
         endpoint: Option<SocketAddr>,
     ) -> Result<Connected, ConnectError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-        let resume_from: Vec<(String, u64)> = self
-            .sessions()
-            .values()
-            .filter(|held| held.suspended && !held.resuming && held.endpoint == endpoint)
-            .filter_map(|held| {
-                let token = held.session.resume_token.clone()?;
-                Some((token, held.session.link.resume_point()?))
-            })
-            .collect();
+        let resume_from: Vec<(String, u64)> = {
+            let servers = self.servers();
+            servers
+                .set
+                .resumable_at(endpoint)
+                .filter_map(|(id, token)| {
+                    let point = servers.streams.get(id)?.session.link.resume_point()?;
+                    Some((token.to_owned(), point))
+                })
+                .collect()
+        };
         let attempt =
             crate::connect::connect(&self.config, endpoint, &resume_from, tasks, deadline);
         tokio::time::timeout_at(deadline, attempt)

@@ -30,8 +30,6 @@ pub(crate) struct ServerSession {
     transport: std::sync::Mutex<&'static str>,
     /// The server's name for this stream when it is resumable (`tether-resume`).
     pub(crate) resume_token: Option<String>,
-    /// The server accepted reverse dials (`tether-reverse`) on this stream.
-    pub(crate) reverse: bool,
     /// The server's tether release (`tether-version`); `None` from an upstream server.
     pub(crate) server_version: Option<String>,
     /// The audit trail of reverse dials on this stream, when auditing.
@@ -65,7 +63,6 @@ impl ServerSession {
         keepalive: Arc<tether_grpc::LastPong>,
         transport: &'static str,
         audit: Option<AuditLog>,
-        reverse: bool,
         resume_token: Option<String>,
         server_version: Option<String>,
     ) -> Self {
@@ -110,7 +107,6 @@ impl ServerSession {
             connected_at: monotonic_now(),
             keepalive: tether_grpc::CurrentPong::new(keepalive),
             resume_token,
-            reverse,
             server_version,
             transport: std::sync::Mutex::new(transport),
             reverse_audit,

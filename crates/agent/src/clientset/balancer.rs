@@ -3,7 +3,6 @@
 //! their Leases count.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -41,7 +40,7 @@ impl ClientSet {
                 backoff = self.config.sync_interval;
             }
             let satisfied = self.satisfied();
-            let wait = if self.draining.load(Ordering::Acquire) {
+            let wait = if self.is_draining() {
                 Duration::MAX
             } else if !self.config.sync_forever && satisfied {
                 duplicates = 0;
@@ -74,7 +73,7 @@ impl ClientSet {
             };
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = drain.cancelled(), if !self.draining.load(Ordering::Acquire) => self.start_draining(),
+                () = drain.cancelled(), if !self.is_draining() => self.start_draining(),
                 changed = lease_changed(&mut lease_updates) => {
                     if changed.is_err() {
                         lease_updates = None;
