@@ -20,6 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::{STEP, bin};
 
 const OPEN_AT_AGENT: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
+/// Agents a server holds itself, and those its peers announced to it.
+const LOCAL_AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+const PEER_AGENTS: &str = "tether_server_peer_agents";
 
 struct Member {
     process: Process,
@@ -111,6 +114,25 @@ async fn open_at(agent: &Process) -> f64 {
     metric_value(&agent.metrics().await.unwrap_or_default(), OPEN_AT_AGENT).unwrap_or(0.0)
 }
 
+/// Waits until `member` knows `agents` agents, its own and its peers' together: before the
+/// announcements arrive, `default` would route a destHost dial to any agent it holds.
+async fn wait_for_agents(member: &Member, agents: f64) {
+    let started = Instant::now();
+    loop {
+        let text = member.process.metrics().await.unwrap_or_default();
+        let known = metric_value(&text, LOCAL_AGENTS).unwrap_or(0.0)
+            + metric_value(&text, PEER_AGENTS).unwrap_or(0.0);
+        if known == agents {
+            return;
+        }
+        assert!(
+            started.elapsed() < STEP,
+            "the first server knows {known} of {agents} agents"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A tunnel from `member` to `target`, retried until it opens (within the step bound).
 async fn dial_until_open(member: &Member, target: SocketAddr) -> tether_client::TunnelStream {
     let started = Instant::now();
@@ -172,6 +194,7 @@ async fn a_client_of_one_server_reaches_every_agent_through_the_server_that_hold
         echoes.push(echo);
     }
     let front = &members[0];
+    wait_for_agents(front, 3.0).await;
     // Every agent reached from the first server, by its own address (destHost): while the
     // connection is open, the agent that advertised it, and no other, carries it.
     for (n, echo) in echoes.iter().enumerate() {
