@@ -182,4 +182,25 @@ pub enum Cmd {
         #[arg(long = "svg")]
         svg: PathBuf,
     },
+    /// The chaos soak: peered tether servers and agents under client traffic while a seeded
+    /// schedule kills, freezes and cuts the agents; fails on any breach of its invariants
+    /// (a hang, bytes lost without an error, a leak, a panic). Report: OUT/soak.md, with the
+    /// global --out.
+    Soak {
+        /// The schedule's seed (default: from the clock; the report names it for a replay).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// How long the traffic and the faults run, in seconds.
+        #[arg(long, default_value_t = 120)]
+        duration: u64,
+        /// Tether servers, peered with each other.
+        #[arg(long, default_value_t = 3)]
+        servers: usize,
+        /// Tether agents, each holding every server through relays of its own.
+        #[arg(long, default_value_t = 10)]
+        agents: usize,
+        /// Clients dialing, echoing and closing in a loop.
+        #[arg(long, default_value_t = 8)]
+        churners: usize,
+    },
 }

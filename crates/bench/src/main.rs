@@ -16,6 +16,7 @@ mod progress;
 mod relay;
 mod report;
 mod results;
+mod soak;
 mod stats;
 mod steps;
 mod systems;
@@ -136,6 +137,35 @@ fn main() -> ExitCode {
             })
             .await
             .map(|()| ExitCode::SUCCESS),
+            Some(Cmd::Soak {
+                seed,
+                duration,
+                servers,
+                agents,
+                churners,
+            }) => {
+                // Any seed will do; the report names it for a replay.
+                let seed = seed.unwrap_or_else(|| {
+                    tether_observe::time::wall_clock()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                });
+                let options = soak::Options {
+                    seed,
+                    duration: Duration::from_secs(duration),
+                    servers,
+                    agents,
+                    churners,
+                    out: args.out.clone(),
+                };
+                tokio::select! {
+                    r = soak(&args, &options) => r,
+                    _ = tokio::signal::ctrl_c() => {
+                        eprintln!("tether-bench: interrupted; stopping everything");
+                        Ok(ExitCode::from(130))
+                    }
+                }
+            }
             None => {
                 tokio::select! {
                     r = bench(&args) => r,
@@ -168,6 +198,45 @@ fn rewrite_report(dir: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A run's scratch directory (removed at the end unless --keep-work), its certificates and
+/// its target process, for the systems it starts.
+async fn environment(
+    args: &Args,
+    bins: systems::Binaries,
+) -> anyhow::Result<(Env, procs::Proc, Cleanup)> {
+    let work = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let cleanup = Cleanup {
+        dir: work.clone(),
+        keep: args.keep_work,
+    };
+    let pki = tether_tls::pki::Pki::generate()?.write_to(&work.join("pki"))?;
+    let (target_proc, target) = steps::spawn_target(&work.join("target.log")).await?;
+    let env = Env {
+        dir: work,
+        pki,
+        bins,
+        target,
+        started: Default::default(),
+    };
+    Ok((env, target_proc, cleanup))
+}
+
+/// The chaos soak (`tether-bench soak`): tether servers and agents only.
+async fn soak(args: &Args, options: &soak::Options) -> anyhow::Result<ExitCode> {
+    tether_tls::install_default_provider();
+    let bins = binaries::binaries(args)?;
+    binaries::check_binaries(
+        &bins,
+        &[systems::System::Konn(
+            systems::Impl::Tether,
+            systems::Frontend::GrpcUds,
+        )],
+    )?;
+    let (env, _target, _cleanup) = environment(args, bins).await?;
+    soak::run(&env, options).await
+}
+
 /// A benchmark run: plans it from the flags, runs every step, writes the report, and fails
 /// when a step failed or a promised figure is missing.
 async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
@@ -190,21 +259,8 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let tasks = plan::tasks(&p, &systems, &workloads, &bins);
 
-    let work = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let _cleanup = Cleanup {
-        dir: work.clone(),
-        keep: args.keep_work,
-    };
-    let pki = tether_tls::pki::Pki::generate()?.write_to(&work.join("pki"))?;
-    let (mut target_proc, target) = steps::spawn_target(&work.join("target.log")).await?;
-    let env = Env {
-        dir: work.clone(),
-        pki,
-        bins,
-        target,
-        started: Default::default(),
-    };
+    let (env, mut target_proc, _cleanup) = environment(args, bins).await?;
+    let (work, target) = (env.dir.clone(), env.target);
 
     let total: f64 = tasks.iter().map(|t| plan::weight(t, &p)).sum();
     eprintln!(

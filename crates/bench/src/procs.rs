@@ -188,6 +188,13 @@ impl Drop for Proc {
     }
 }
 
+/// Open file descriptors of process `pid`; `None` once it is gone.
+pub fn fd_count(pid: u32) -> Option<usize> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(Iterator::count)
+}
+
 /// The last lines of a log file, for error messages.
 pub fn log_tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();

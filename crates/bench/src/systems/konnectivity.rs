@@ -62,7 +62,8 @@ fn command(env: &Env, imp: Impl, role: &str) -> Command {
     }
 }
 
-pub(super) fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
+/// `--name=value`, for a command line.
+pub fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
     let mut s = std::ffi::OsString::from(format!("--{name}="));
     s.push(value);
     s

@@ -208,7 +208,7 @@ pub(super) const READY_BACKENDS: &str =
 pub const GRPC_STREAMS: &str = "konnectivity_network_proxy_server_grpc_connections";
 
 /// The sum of `name`'s series in a Prometheus text exposition whose labels contain `label`.
-pub(super) fn metric_sum(body: &str, name: &str, label: &str) -> Option<f64> {
+pub fn metric_sum(body: &str, name: &str, label: &str) -> Option<f64> {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

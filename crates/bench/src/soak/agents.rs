@@ -1,0 +1,113 @@
+//! The soak's agents: real `tether agent` processes, each reaching every server of the fleet
+//! through relays of its own (one per server), so that a fault on one agent touches no
+//! other. Each can be killed and started again, frozen and thawed, and cut off.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rustix::process::{Pid, Signal};
+
+use super::relay::Relay;
+use crate::procs::{self, Proc};
+use crate::systems::{Env, Fleet, flag, free_port, wait_http_ok};
+
+/// How long an agent may take to be ready (every server held).
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One agent of the soak.
+#[derive(Debug)]
+pub struct Agent {
+    pub id: String,
+    /// `None` between a kill and its restart.
+    pub proc: Option<Proc>,
+    pub health: u16,
+    relays: Vec<Relay>,
+    tether: PathBuf,
+    args: Vec<OsString>,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts agent `n`, its relays in front of every server of `fleet`, and waits until it
+    /// holds them all.
+    pub async fn start(env: &Env, fleet: &Fleet, n: usize, dir: &Path) -> anyhow::Result<Agent> {
+        let mut relays = Vec::with_capacity(fleet.members.len());
+        for member in &fleet.members {
+            relays.push(Relay::start(member.agents).await?);
+        }
+        let addresses = relays
+            .iter()
+            .map(|r| r.addr.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let (health, admin) = (free_port()?, free_port()?);
+        let id = format!("soak-agent-{}", n + 1);
+        let pki = &env.pki;
+        let args = vec![
+            "agent".into(),
+            "--proxy-server-host=127.0.0.1".into(),
+            flag("proxy-server-addresses", &addresses),
+            flag("ca-cert", &pki.ca_cert),
+            flag("agent-cert", &pki.agent_cert),
+            flag("agent-key", &pki.agent_key),
+            "--health-server-host=127.0.0.1".into(),
+            flag("health-server-port", health.to_string()),
+            "--admin-bind-address=127.0.0.1".into(),
+            flag("admin-server-port", admin.to_string()),
+            flag("agent-id", &id),
+            "-v=0".into(),
+        ];
+        let mut agent = Agent {
+            log: dir.join(format!("{id}.log")),
+            id,
+            proc: None,
+            health,
+            relays,
+            tether: env.bins.tether.clone(),
+            args,
+        };
+        agent.launch().await?;
+        Ok(agent)
+    }
+
+    /// Starts the process (again) and waits until it holds every server.
+    pub async fn launch(&mut self) -> anyhow::Result<()> {
+        let mut cmd = tokio::process::Command::new(&self.tether);
+        cmd.args(&self.args);
+        let mut proc = Proc::spawn(&self.id, cmd, &self.log)?;
+        wait_http_ok(&mut proc, self.health, "/readyz", READY_TIMEOUT)
+            .await
+            .with_context(|| format!("{} not ready", self.id))?;
+        self.proc = Some(proc);
+        Ok(())
+    }
+
+    /// kill -9 (the process and anything it started), reaped.
+    pub async fn kill(&mut self) {
+        if let Some(proc) = self.proc.take() {
+            proc.stop().await;
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`).
+    pub fn freeze(&self, frozen: bool) {
+        if let Some(pid) = self.proc.as_ref().and_then(|p| Pid::from_raw(p.pid as i32)) {
+            let signal = if frozen { Signal::STOP } else { Signal::CONT };
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+
+    /// Resets every link to the servers now, and every new one for `hold`.
+    pub fn cut(&self, hold: Duration) {
+        for relay in &self.relays {
+            relay.cut(hold);
+        }
+    }
+
+    /// Open file descriptors of the process now.
+    pub fn fds(&self) -> Option<usize> {
+        self.proc.as_ref().and_then(|p| procs::fd_count(p.pid))
+    }
+}
