@@ -299,11 +299,20 @@ impl ClientSet {
         let (handover, resumes) = mpsc::channel(1);
         let (serial, draining) = {
             let mut servers = self.servers();
-            let Added::Held(serial) = servers.set.add(&connected.answer, endpoint, credit) else {
-                drop(servers);
-                tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
-                connected.transport.abort();
-                return false;
+            let serial = match servers.set.add(&connected.answer, endpoint, credit) {
+                Added::Held(serial) => serial,
+                Added::Duplicate => {
+                    drop(servers);
+                    tracing::debug!(server.id = %server_id, "already connected to this server; closing the duplicate");
+                    connected.transport.abort();
+                    return false;
+                }
+                Added::Undiscovered => {
+                    drop(servers);
+                    tracing::info!(server.id = %server_id, "discovery no longer finds the address this stream was opened to; closing it");
+                    connected.transport.abort();
+                    return false;
+                }
             };
             servers.streams.insert(
                 server_id.clone(),

@@ -100,6 +100,8 @@ pub(crate) enum Added {
     Held(Serial),
     /// Its server is already held: a duplicate, to close. Its address is now an alias.
     Duplicate,
+    /// Discovery dropped its address while it was connecting: not held, to close.
+    Undiscovered,
 }
 
 /// The server streams the agent holds and what it knows about the servers.
@@ -260,6 +262,11 @@ impl ServerSet {
         endpoint: Option<SocketAddr>,
         credit: bool,
     ) -> Added {
+        if endpoint.is_some_and(|e| !self.endpoints.contains(&e)) {
+            // Its keeper's connect finished after the address was let go of: held now, the
+            // stream would stay until it broke.
+            return Added::Undiscovered;
+        }
         if self.streams.contains_key(&answer.server_id) {
             if let Some(endpoint) = endpoint {
                 self.aliases.insert(endpoint, answer.server_id.clone());
@@ -774,6 +781,33 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_to_an_address_discovery_dropped_while_it_connected_is_not_held() {
+        let now = monotonic_now();
+        let mut set = ServerSet::new(discovering(None));
+        set.discovered([addr(1), addr(2)].into());
+        hold(&mut set, &answer("a"), Some(addr(1)));
+        assert!(set.should_connect(addr(2), now));
+        // The keeper of addr(2) is connecting when discovery drops it.
+        set.discovered([addr(1)].into());
+        assert!(set.let_go_of(addr(2)).is_empty(), "nothing held there yet");
+        assert_eq!(
+            set.add(&answer("b"), Some(addr(2)), true),
+            Added::Undiscovered
+        );
+        assert_eq!(set.connected(), 1);
+        assert!(set.aliases.is_empty());
+        // Through a balancer there is no address to check.
+        let mut balanced = ServerSet::new(Rules {
+            through_balancer: true,
+            ..discovering(None)
+        });
+        assert!(matches!(
+            balanced.add(&answer("b"), None, true),
+            Added::Held(_)
+        ));
+    }
+
+    #[test]
     fn letting_go_of_an_address_discovery_dropped_clears_its_alias() {
         let now = monotonic_now();
         let mut set = ServerSet::new(discovering(None));
@@ -1076,6 +1110,9 @@ mod tests {
                                 if let Some(endpoint) = endpoint {
                                     prop_assert_eq!(set.aliases.get(&endpoint), Some(id));
                                 }
+                            }
+                            Added::Undiscovered => {
+                                prop_assert!(endpoint.is_some_and(|e| !set.endpoints.contains(&e)));
                             }
                             Added::Held(serial) => {
                                 prop_assert!(!held);
