@@ -389,9 +389,18 @@ impl ServerSet {
     }
 
     /// Whether `endpoint`'s keeper should connect now: not draining, the address wanted
-    /// and holding no live stream.
+    /// and holding no live stream, nor one still being let go of (a stream opened now would
+    /// reach the same server and be closed as a duplicate, again at every sync, until the old
+    /// one ended).
     pub(crate) fn should_connect(&self, endpoint: SocketAddr, now: Instant) -> bool {
-        !self.draining && !self.holds_all([endpoint]) && self.wanted(now).contains(&endpoint)
+        let letting_go = self
+            .streams
+            .values()
+            .any(|s| s.dismissed && s.endpoint == Some(endpoint));
+        !self.draining
+            && !letting_go
+            && !self.holds_all([endpoint])
+            && self.wanted(now).contains(&endpoint)
     }
 
     /// `endpoint` could not be reached: with K, another server takes its place for a while.
@@ -760,6 +769,22 @@ mod tests {
         hold(&mut every, &answer("a"), Some(addr(1)));
         every.discovered(Endpoints::new());
         assert!(every.let_go_of_unwanted(t0).is_empty());
+    }
+
+    #[test]
+    fn an_address_wanted_again_waits_for_its_stream_being_let_go_of_to_end() {
+        let now = monotonic_now();
+        let mut set = ServerSet::new(discovering(None));
+        set.discovered([addr(1), addr(2)].into());
+        hold(&mut set, &answer("a"), Some(addr(1)));
+        let serial = hold(&mut set, &answer("b"), Some(addr(2)));
+        set.discovered([addr(1)].into());
+        assert_eq!(set.let_go_of(addr(2)), ["b"]);
+        // Back before the old stream (draining) ended: not a second stream to "b".
+        set.discovered([addr(1), addr(2)].into());
+        assert!(!set.should_connect(addr(2), now));
+        assert!(set.ended("b", serial).is_some());
+        assert!(set.should_connect(addr(2), now));
     }
 
     #[test]
