@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tether_observe::time::monotonic_now;
 
 use std::collections::hash_map::Entry;
@@ -55,6 +56,11 @@ pub(crate) struct Hub {
     /// The live peer links, for introspection and their gauges.
     pub(crate) peer_links: Arc<PeerLinks>,
 }
+
+/// Routes one dial may try when holders say they no longer hold the agent chosen.
+const ROUTE_ATTEMPTS: usize = 3;
+/// How long a dial waits for a refused route's bookkeeping before trying another.
+const SETTLED_WAIT: Duration = Duration::from_millis(100);
 
 impl Hub {
     pub(crate) fn new(
@@ -170,6 +176,39 @@ impl Hub {
         // One generation for the whole decision.
         let running = self.running();
         let tenant = self.admit(&running, request)?;
+        let mut frontend_gone = std::pin::pin!(frontend_gone);
+        let mut attempt = 1;
+        loop {
+            let (result, remote) = self
+                .dial_once(request, tenant, &running, frontend_gone.as_mut())
+                .await?;
+            // The holder no longer has the agent (its announcement that the agent left is
+            // on its way): the route is passed over and the dial tries another.
+            let Some(remote) = remote.filter(|_| {
+                attempt < ROUTE_ATTEMPTS
+                    && result.as_ref().is_err_and(crate::peer::holder_lacks_agent)
+            }) else {
+                return result;
+            };
+            remote.withdraw(monotonic_now());
+            if !remote.via.settled(request.dial_id, SETTLED_WAIT).await {
+                return result;
+            }
+            tracing::debug!(agent.id = %remote.agent_id, via = %remote.via.server_id, dial.id = %request.dial_id, "the agent's server no longer holds it; dialing another route");
+            tenant.load.reserve_again();
+            attempt += 1;
+        }
+    }
+
+    /// One route for `request`: selects a stream and dials through it. Returns the outcome,
+    /// and the remote agent when the route went through a peer; `Err` when no route is left.
+    async fn dial_once(
+        &self,
+        request: &RequestContext,
+        tenant: &Tenant,
+        running: &Running,
+        frontend_gone: impl Future<Output = ()>,
+    ) -> Result<(Result<Dialed, DialError>, Option<Arc<RemoteAgent>>), DialError> {
         let selected = tenant.registry().select(request, monotonic_now());
         let Some(selected) = selected else {
             tenant.load.release_pending();
@@ -200,8 +239,10 @@ impl Hub {
                 ..request.clone()
             },
         };
-        self.dial_on(target, &request, tenant, &running, frontend_gone)
-            .await
+        let result = self
+            .dial_on(target, &request, tenant, running, frontend_gone)
+            .await;
+        Ok((result, selected.backend.remote().cloned()))
     }
 
     /// Dials through `agent_id`, one of this server's own agents, for a client of the peer

@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use crate::error::DialError;
+
 /// What peer links take from the agent streams' settings.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LinkSettings {
@@ -49,6 +51,13 @@ const ALREADY_LINKED: &str = "already linked to this peer server";
 /// client's tenant, destination policy or limits there, or an agent it no longer holds),
 /// so that the dialing server does not hold it against the agent.
 const REFUSED_BY_HOLDER: &str = "refused by the agent's server: ";
+
+/// Whether a forwarded dial's answer says the holder no longer holds the agent: its
+/// announcement that the agent left is on its way, and another route may serve the dial.
+pub(crate) fn holder_lacks_agent(error: &DialError) -> bool {
+    matches!(error, DialError::Endpoint(text)
+        if text.strip_prefix(REFUSED_BY_HOLDER) == Some(DialError::NoAgent.to_string().as_str()))
+}
 
 /// A peer link's table bounds. Pending dials cover every agent of the peer, not one; the
 /// packets for unknown connections that races leave (a late answer, data after a close)

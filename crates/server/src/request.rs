@@ -146,6 +146,10 @@ impl Requests {
         }
     }
 
+    pub(crate) fn contains(&self, dial_id: DialId) -> bool {
+        self.lock().contains_key(&dial_id)
+    }
+
     pub(crate) fn remove(&self, dial_id: DialId) -> Option<Followed> {
         self.lock().remove(&dial_id)
     }

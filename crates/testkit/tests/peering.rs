@@ -495,3 +495,50 @@ async fn introspection_shows_peer_links_remote_agents_and_each_connection_s_hop(
     drop(open);
     agent.stop().await;
 }
+
+const PEER_AGENTS: &str = "tether_server_peer_agents";
+
+/// A dial a server sends through a peer for an agent the peer has just lost, before the
+/// peer's announcement that it left arrives (announcements gather for 50 ms), goes to
+/// another agent instead of failing with the peer's "No agent available": the refusal
+/// withdraws that route and the dial takes the next. Found by the soak (session 26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_the_holder_refuses_for_an_agent_it_lost_goes_to_another_agent() {
+    tether_testkit::init_logging();
+    let fleet = Fleet::start_peered(2).await.unwrap();
+    let (front, holder) = (&fleet.servers[0], &fleet.servers[1]);
+    let own = held_by(&fleet, 2).await;
+    let lost = held_by(&fleet, 3).await;
+    let echo = EchoServer::start().await.unwrap();
+    let started = Instant::now();
+    while metric(front, PEER_AGENTS).await != 1.0 || metric(front, READY_AGENTS).await != 1.0 {
+        assert!(started.elapsed() < STEP, "the front never knew both agents");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The agent goes away abruptly; its server drops it at once, and tells its peer later.
+    drop(lost);
+    while metric(holder, READY_AGENTS).await != 0.0 {
+        assert!(started.elapsed() < STEP, "the holder kept the lost agent");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let client = client_of(front).await;
+    let mut dials = 0;
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_millis(300) {
+        let mut tunnel = tokio::time::timeout(STEP, client.dial(&echo.addr.to_string()))
+            .await
+            .expect("the dial ends")
+            .unwrap_or_else(|e| panic!("dial {dials} failed: {e}"));
+        tunnel.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        tunnel.read_exact(&mut back).await.unwrap();
+        dials += 1;
+    }
+    assert!(dials >= 10, "only {dials} dials");
+    assert_eq!(
+        metric(front, PEER_AGENTS).await,
+        0.0,
+        "the peer's announcement came"
+    );
+    own.stop().await;
+}

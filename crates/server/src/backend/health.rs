@@ -161,6 +161,12 @@ pub(crate) struct TenantLoad {
 }
 
 impl TenantLoad {
+    /// A dial tried again on another route takes back the pending place its first attempt
+    /// gave up when it settled (the tenant's caps admitted the dial once).
+    pub(crate) fn reserve_again(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn release_pending(&self) {
         let _ = self
             .pending

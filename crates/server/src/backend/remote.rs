@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tether_observe::time::monotonic_now;
 
 use tether_policy::Cidr;
@@ -20,6 +20,12 @@ use super::registry::Backend;
 use super::selection::Candidate;
 use crate::audit::Audit;
 use crate::request::Requests;
+
+/// How long selection passes a route over once its holder said it no longer holds the
+/// agent: well beyond the holder's announcement that it left (gathered for 50 ms), short
+/// enough that a route whose leaving and return the holder announced as no change at all
+/// comes back on its own.
+const WITHDRAWN_FOR: Duration = Duration::from_secs(1);
 
 /// Remote agents' stream IDs start here, above any this server gives its own streams, so an
 /// agent that also holds a stream to this server is dialed locally first.
@@ -72,6 +78,20 @@ impl ViaPeer {
     pub(crate) fn routes(&self) -> MutexGuard<'_, HashMap<DialId, RouteEntry>> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Waits, at most `bound`, until the link's hooks are done with `dial_id`: a settled
+    /// dial reaches its caller before they run, and its ID may only be sent again after.
+    /// Whether they were done.
+    pub(crate) async fn settled(&self, dial_id: DialId, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        while self.routes().contains_key(&dial_id) || self.requests.contains(dial_id) {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
 }
 
 /// An agent held by a peer server, reached over the peer link.
@@ -86,6 +106,9 @@ pub(crate) struct RemoteAgent {
     cidrs: Vec<Cidr>,
     pub(crate) version: Option<String>,
     draining: AtomicBool,
+    /// Until when selection passes it over: its holder refused a dial for it as an agent it
+    /// no longer holds.
+    withdrawn_until: Mutex<Option<Instant>>,
     /// Its load and dial record as this server sees it: the dials it sent through the peer.
     pub(crate) health: Arc<Health>,
     pub(crate) via: Arc<ViaPeer>,
@@ -132,6 +155,7 @@ impl RemoteAgent {
             cidrs,
             version: label(&announced.version),
             draining: AtomicBool::new(announced.draining),
+            withdrawn_until: Mutex::new(None),
             health: Arc::new(Health::new(load)),
             via,
             audit,
@@ -151,8 +175,27 @@ impl RemoteAgent {
             && self.version.as_deref().unwrap_or("") == announced.version
     }
 
-    pub(crate) fn set_draining(&self, draining: bool) {
+    /// The holder announced the agent again, unchanged but for `draining`: a withdrawal
+    /// ends with it.
+    pub(crate) fn announced_again(&self, draining: bool) {
         self.draining.store(draining, Ordering::Release);
+        *self.withdrawn() = None;
+    }
+
+    /// The holder refused a dial as for an agent it no longer holds: selection passes the
+    /// route over for [`WITHDRAWN_FOR`], or until the holder announces the agent again.
+    pub(crate) fn withdraw(&self, now: Instant) {
+        *self.withdrawn() = Some(now + WITHDRAWN_FOR);
+    }
+
+    fn is_withdrawn(&self, now: Instant) -> bool {
+        self.withdrawn().is_some_and(|until| now < until)
+    }
+
+    fn withdrawn(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.withdrawn_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -173,15 +216,77 @@ impl Backend for Arc<RemoteAgent> {
         false
     }
     fn candidate(&self, now: Instant) -> Candidate<'_> {
-        self.health.candidate(
+        let mut candidate = self.health.candidate(
             &self.agent_id,
             &self.labels,
             &self.cidrs,
             self.is_draining(),
             now,
-        )
+        );
+        // Passed over like an ejected agent: still chosen when nothing better is left.
+        candidate.ejected |= self.is_withdrawn(now);
+        candidate
     }
     fn mark_picked(&self, seq: u64) {
         self.health.mark_picked(seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tether_tunnel::{Event, FlowConfig, Hooks, Limits, Role, SessionConfig};
+
+    use super::*;
+
+    struct Quiet;
+
+    impl Hooks for Quiet {
+        fn on_event(&self, _: &Arc<Link>, _: Event) {}
+    }
+
+    fn remote() -> RemoteAgent {
+        let link = Link::new(
+            SessionConfig {
+                role: Role::Server,
+                flow: FlowConfig::default().negotiate(None),
+                dial_timeout: Duration::from_secs(30),
+                close_timeout: Duration::from_secs(30),
+                limits: Limits::default(),
+                resumable: false,
+                peering: true,
+            },
+            Quiet,
+        );
+        let via = Arc::new(ViaPeer::new("peer".into(), link, Arc::default()));
+        let announced = pb::PeerAgent {
+            agent_id: "node-1".into(),
+            tenant: "default".into(),
+            ..Default::default()
+        };
+        RemoteAgent::new(
+            &announced,
+            REMOTE_STREAM_BASE,
+            "default".into(),
+            Arc::default(),
+            via,
+            None,
+        )
+    }
+
+    #[test]
+    fn a_withdrawn_route_is_passed_over_until_announced_again_or_for_a_second() {
+        let agent = Arc::new(remote());
+        let now = monotonic_now();
+        assert!(!agent.candidate(now).ejected);
+        agent.withdraw(now);
+        assert!(agent.candidate(now).ejected);
+        assert!(agent.candidate(now + WITHDRAWN_FOR / 2).ejected);
+        assert!(
+            !agent.candidate(now + WITHDRAWN_FOR).ejected,
+            "its time is up"
+        );
+        agent.withdraw(now);
+        agent.announced_again(false);
+        assert!(!agent.candidate(now).ejected, "announced again");
     }
 }

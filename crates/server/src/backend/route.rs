@@ -23,6 +23,14 @@ impl Route {
             Self::Remote(_) => None,
         }
     }
+
+    /// The agent, when a peer server holds it.
+    pub(crate) fn remote(&self) -> Option<&Arc<RemoteAgent>> {
+        match self {
+            Self::Local(_) => None,
+            Self::Remote(remote) => Some(remote),
+        }
+    }
 }
 
 impl Backend for Route {

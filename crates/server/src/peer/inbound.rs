@@ -297,7 +297,7 @@ impl PeerState {
                 && *placed.tenant == *announced.tenant
                 && placed.same_keys(&announced)
             {
-                placed.set_draining(announced.draining);
+                placed.announced_again(announced.draining);
                 known.announced = announced;
                 continue;
             }
