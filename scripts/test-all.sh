@@ -107,5 +107,10 @@ step "benchmark smoke: scripts/bench.sh --quick (every system and workload runs;
 # Debug builds (already compiled above) and ~40 s of running: about 1.5 min in all.
 BENCH_PROFILE=debug scripts/bench.sh --quick --out target/bench-quick
 
+step "soak, quick: 3 peered tether servers and 10 agents under churn and long-lived streams for 60 s while agents are killed, frozen and cut (seed 2); fails on a hang, lost bytes, a leak or a panic"
+# The debug builds the benchmark smoke just used. The report (seed, every fault's time) is
+# in target/soak-quick/soak.md; `--seed` replays a schedule.
+"${CARGO_TARGET_DIR:-target}/debug/tether-bench" --out target/soak-quick soak --seed 2 --duration 60 --agents 10
+
 echo
 echo "all checks passed in $((SECONDS - started)) s"
