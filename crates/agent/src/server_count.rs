@@ -32,6 +32,18 @@ pub struct ServerLeases {
     pub without_address: std::collections::BTreeMap<String, Option<String>>,
 }
 
+#[cfg(test)]
+impl ServerLeases {
+    /// A reading of `count` valid Leases held by `holders`, for tests.
+    pub(crate) fn of(count: usize, holders: &[&str]) -> Self {
+        Self {
+            count,
+            holders: holders.iter().map(|h| (*h).to_owned()).collect(),
+            ..Self::default()
+        }
+    }
+}
+
 /// Counting servers by Lease: the source setting and the latest reading, `None` until the
 /// first list succeeded (until then the announced count is used, so an agent that cannot
 /// reach the Kubernetes API still connects, rather than waiting as upstream's does).
@@ -117,11 +129,7 @@ mod tests {
     use tether_observe::time::monotonic_now;
 
     fn leases(count: usize, holders: &[&str]) -> ServerLeases {
-        ServerLeases {
-            count,
-            holders: holders.iter().map(|h| (*h).to_owned()).collect(),
-            ..ServerLeases::default()
-        }
+        ServerLeases::of(count, holders)
     }
 
     #[test]

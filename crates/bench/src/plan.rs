@@ -176,17 +176,10 @@ pub fn tasks(
     // The plan: every run visits every system (interleaved, so drift hits all alike), each
     // run starting one system further on: whichever system goes first in a run is measured
     // slower (seen with tether against tether-before swapped), so no system always does.
-    let per_instance: Vec<Workload> = [
-        Workload::IdleRss,
-        Workload::Bulk,
-        Workload::PingPong,
-        Workload::Churn,
-        Workload::Hol,
-        Workload::Fairness,
-    ]
-    .into_iter()
-    .filter(|w| workloads.contains(w))
-    .collect();
+    let per_instance: Vec<Workload> = Workload::PER_INSTANCE
+        .into_iter()
+        .filter(|w| workloads.contains(w))
+        .collect();
     let mut tasks = Vec::new();
     for run in 1..=p.runs {
         if !per_instance.is_empty() {

@@ -570,11 +570,7 @@ mod tests {
     }
 
     fn leases(count: usize, holders: &[&str]) -> ServerLeases {
-        ServerLeases {
-            count,
-            holders: holders.iter().map(|h| (*h).to_owned()).collect(),
-            ..ServerLeases::default()
-        }
+        ServerLeases::of(count, holders)
     }
 
     #[test]

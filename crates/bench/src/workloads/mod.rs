@@ -164,6 +164,16 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// The workloads a run measures on one started instance of a system, in turn.
+    pub const PER_INSTANCE: [Workload; 6] = [
+        Workload::IdleRss,
+        Workload::Bulk,
+        Workload::PingPong,
+        Workload::Churn,
+        Workload::Hol,
+        Workload::Fairness,
+    ];
+
     pub const ALL: [Workload; 12] = [
         Workload::IdleRss,
         Workload::Bulk,
