@@ -78,7 +78,10 @@ fn kind(e: &anyhow::Error) -> String {
             out.push(c);
         }
     }
-    out.truncate(160);
+    // At most 160 characters (a byte count could cut one in two).
+    if let Some((at, _)) = out.char_indices().nth(160) {
+        out.truncate(at);
+    }
     out
 }
 
@@ -213,4 +216,17 @@ pub fn start(
         tasks.spawn(long_lived(dialer.clone(), id, ledger.clone(), stop.clone()));
     }
     tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_s_kind_drops_its_numbers_and_keeps_whole_characters() {
+        let e = anyhow::anyhow!("dial 10.0.0.7:8131 failed after 3 tries");
+        assert_eq!(kind(&e), "dial #.#.#.#:# failed after # tries");
+        let long = anyhow::anyhow!("{}", "é".repeat(200));
+        assert_eq!(kind(&long).chars().count(), 160);
+    }
 }
