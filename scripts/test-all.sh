@@ -76,9 +76,10 @@ TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether --
 
 step "fuzz campaign: each of the 9 targets for 20 s on nightly (cargo-fuzz, installed if missing); a crash fails the build and is saved under fuzz/regressions"
 # The stable tests above only replay the saved inputs; this explores. The corpus and the
-# sanitizer builds are kept under ~/.cache/tether/fuzz, so each run goes on from the last.
-FUZZ_CORPUS="$HOME/.cache/tether/fuzz/corpus" FUZZ_TARGET_DIR="$HOME/.cache/tether/fuzz/target" \
-	fuzz/run.sh "${TETHER_FUZZ_SECONDS:-20}"
+# sanitizer builds are kept under ${TETHER_CACHE_DIR:-~/.cache/tether}/fuzz, so each run goes
+# on from the last.
+fuzz_cache=${TETHER_CACHE_DIR:-$HOME/.cache/tether}/fuzz
+FUZZ_CORPUS="$fuzz_cache/corpus" FUZZ_TARGET_DIR="$fuzz_cache/target" fuzz/run.sh "${TETHER_FUZZ_SECONDS:-20}"
 
 step "the book (docs/): a pinned mdbook builds it, its internal links and anchors are checked"
 # mdbook is installed once into ~/.cache/tether (cold: 123 crates compiled, 28 min measured on
