@@ -131,12 +131,10 @@ impl Inbound {
                 .await;
             return Ok(());
         }
-        let served = self
-            .clone()
-            .serve_link(peer_id.clone(), label, hello, pending)
-            .await;
-        self.links().remove(&peer_id);
-        served
+        let _linked = Linked(&self, peer_id.clone());
+        self.clone()
+            .serve_link(peer_id, label, hello, pending)
+            .await
     }
 
     /// Answers a peer's HELLO and runs its link until it ends.
@@ -235,6 +233,16 @@ impl Inbound {
         via.routes().clear();
         tracing::info!(peer.server = %LogText(&peer_id), reason = %LogText(&reason), "peer server unlinked");
         Ok(())
+    }
+}
+
+/// A peer's place in the links held, given back however the link's serving ends (an error,
+/// a panic, the server stopping): a place left behind would refuse the peer for good.
+struct Linked<'a>(&'a Inbound, String);
+
+impl Drop for Linked<'_> {
+    fn drop(&mut self) {
+        self.0.links().remove(&self.1);
     }
 }
 
