@@ -6,7 +6,7 @@
 //! the peer, as it does for its own agents.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tether_observe::time::monotonic_now;
@@ -106,9 +106,10 @@ pub(crate) struct RemoteAgent {
     cidrs: Vec<Cidr>,
     pub(crate) version: Option<String>,
     draining: AtomicBool,
-    /// Until when selection passes it over: its holder refused a dial for it as an agent it
-    /// no longer holds.
-    withdrawn_until: Mutex<Option<Instant>>,
+    /// Until when selection passes it over, in nanoseconds after `since` (0: it is not):
+    /// its holder refused a dial for it as an agent it no longer holds. An atomic, since
+    /// selection reads it for every candidate of every dial.
+    withdrawn_until: AtomicU64,
     /// Its load and dial record as this server sees it: the dials it sent through the peer.
     pub(crate) health: Arc<Health>,
     pub(crate) via: Arc<ViaPeer>,
@@ -155,7 +156,7 @@ impl RemoteAgent {
             cidrs,
             version: label(&announced.version),
             draining: AtomicBool::new(announced.draining),
-            withdrawn_until: Mutex::new(None),
+            withdrawn_until: AtomicU64::new(0),
             health: Arc::new(Health::new(load)),
             via,
             audit,
@@ -179,23 +180,23 @@ impl RemoteAgent {
     /// ends with it.
     pub(crate) fn announced_again(&self, draining: bool) {
         self.draining.store(draining, Ordering::Release);
-        *self.withdrawn() = None;
+        self.withdrawn_until.store(0, Ordering::Relaxed);
     }
 
     /// The holder refused a dial as for an agent it no longer holds: selection passes the
     /// route over for [`WITHDRAWN_FOR`], or until the holder announces the agent again.
     pub(crate) fn withdraw(&self, now: Instant) {
-        *self.withdrawn() = Some(now + WITHDRAWN_FOR);
+        let until = self.nanos_since_announced(now + WITHDRAWN_FOR);
+        self.withdrawn_until.store(until, Ordering::Relaxed);
     }
 
     fn is_withdrawn(&self, now: Instant) -> bool {
-        self.withdrawn().is_some_and(|until| now < until)
+        let until = self.withdrawn_until.load(Ordering::Relaxed);
+        until != 0 && self.nanos_since_announced(now) < until
     }
 
-    fn withdrawn(&self) -> MutexGuard<'_, Option<Instant>> {
-        self.withdrawn_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    fn nanos_since_announced(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.since).as_nanos()).unwrap_or(u64::MAX)
     }
 }
 
