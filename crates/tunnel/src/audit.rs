@@ -218,7 +218,7 @@ mod tests {
     use super::*;
 
     fn ended(id: ConnectId, dial_id: DialId) -> Ended {
-        let now = tokio::time::Instant::now().into_std();
+        let now = tether_observe::time::monotonic_now();
         Ended {
             id,
             dial_id,

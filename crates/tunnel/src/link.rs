@@ -132,7 +132,7 @@ impl Link {
         f: impl FnOnce(&mut Shared, Instant) -> R,
     ) -> R {
         // tokio's clock, not the system's: a paused-time test moves the table's deadlines.
-        let now = tokio::time::Instant::now().into_std();
+        let now = tether_observe::time::monotonic_now();
         let mut wake = Vec::new();
         let mut deliver = Vec::new();
         let (result, queued) = {
