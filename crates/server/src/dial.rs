@@ -181,7 +181,7 @@ impl Hub {
         loop {
             let (result, remote) = self
                 .dial_once(request, tenant, &running, frontend_gone.as_mut())
-                .await?;
+                .await;
             // The holder no longer has the agent (its announcement that the agent left is
             // on its way): the route is passed over and the dial tries another.
             let Some(remote) = remote.filter(|_| {
@@ -201,19 +201,22 @@ impl Hub {
     }
 
     /// One route for `request`: selects a stream and dials through it. Returns the outcome,
-    /// and the remote agent when the route went through a peer; `Err` when no route is left.
+    /// and the remote agent when the route went through a peer.
     async fn dial_once(
         &self,
         request: &RequestContext,
         tenant: &Tenant,
         running: &Running,
         frontend_gone: impl Future<Output = ()>,
-    ) -> Result<(Result<Dialed, DialError>, Option<Arc<RemoteAgent>>), DialError> {
+    ) -> (Result<Dialed, DialError>, Option<Arc<RemoteAgent>>) {
         let selected = tenant.registry().select(request, monotonic_now());
         let Some(selected) = selected else {
             tenant.load.release_pending();
             self.metrics.dial_failure(DialFailure::NoAgent);
-            return Err(self.refuse(request, Some(tenant), DialError::NoAgent));
+            return (
+                Err(self.refuse(request, Some(tenant), DialError::NoAgent)),
+                None,
+            );
         };
         self.selection_metrics()
             .selected(selected.strategy, selected.candidates);
@@ -242,7 +245,7 @@ impl Hub {
         let result = self
             .dial_on(target, &request, tenant, running, frontend_gone)
             .await;
-        Ok((result, selected.backend.remote().cloned()))
+        (result, selected.backend.remote().cloned())
     }
 
     /// Dials through `agent_id`, one of this server's own agents, for a client of the peer
