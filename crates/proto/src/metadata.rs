@@ -19,7 +19,7 @@ pub const TETHER_FLOW: &str = "tether-flow";
 /// not send it as upstream's; upstream peers ignore it, as every unknown key.
 pub const TETHER_VERSION: &str = "tether-version";
 /// The longest [`TETHER_VERSION`] value taken as one.
-const MAX_VERSION_BYTES: usize = 64;
+pub const MAX_VERSION_BYTES: usize = 64;
 
 /// Whether a [`TETHER_VERSION`] value looks like a release (`0.1.0-rc.1+abc`): short, of
 /// version characters only. It is shown in reports and logs, so nothing else is.

@@ -265,10 +265,13 @@ impl RoutingConfig {
     }
 }
 
+/// The longest tenant (or other) name the routing file takes: it is a metric label.
+pub(crate) const MAX_NAME_BYTES: usize = 63;
+
 /// A name fit for a metric label: 1 to 63 letters, digits, `-`, `_` or `.`.
 fn label_safe(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 63
+        && name.len() <= MAX_NAME_BYTES
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))

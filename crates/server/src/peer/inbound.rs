@@ -437,10 +437,10 @@ fn check(agent: &pb::PeerAgent) -> Result<(), String> {
         ));
     }
     for (what, value, max) in [
-        ("tenant", &agent.tenant, MAX_TENANT_BYTES),
+        ("tenant", &agent.tenant, crate::routing::MAX_NAME_BYTES),
         ("zone", &agent.zone, MAX_LABEL_VALUE),
         ("region", &agent.region, MAX_LABEL_VALUE),
-        ("version", &agent.version, MAX_VERSION_BYTES),
+        ("version", &agent.version, metadata::MAX_VERSION_BYTES),
     ] {
         if value.len() > max {
             return Err(format!("a {what} of {} bytes (at most {max})", value.len()));
@@ -448,11 +448,6 @@ fn check(agent: &pb::PeerAgent) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// Tenant names are 1 to 63 characters (the routing file's rule).
-const MAX_TENANT_BYTES: usize = 63;
-/// A tether release, as agents announce it.
-const MAX_VERSION_BYTES: usize = 64;
 
 /// The hooks of an inbound peer link: announcements, and the outcomes of the dials this
 /// server sent through it, charged to the agent each went to.
