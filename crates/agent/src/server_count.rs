@@ -128,44 +128,57 @@ mod tests {
     use super::*;
     use tether_observe::time::monotonic_now;
 
-    fn leases(count: usize, holders: &[&str]) -> ServerLeases {
-        ServerLeases::of(count, holders)
-    }
-
     #[test]
     fn announced_count_without_leases_or_before_the_first_list() {
         assert_eq!(target(None, None, 3), 3);
-        assert_eq!(target(None, Some(&leases(5, &[])), 3), 3);
+        assert_eq!(target(None, Some(&ServerLeases::of(5, &[])), 3), 3);
         assert_eq!(target(Some(CountSource::Default), None, 2), 2);
         assert_eq!(target(None, None, 0), 1, "0 counts as 1, as upstream");
     }
 
     #[test]
     fn lease_count_replaces_or_raises_the_announced_one() {
-        let four = leases(4, &[]);
+        let four = ServerLeases::of(4, &[]);
         assert_eq!(target(Some(CountSource::Default), Some(&four), 1), 4);
         assert_eq!(
-            target(Some(CountSource::Default), Some(&leases(2, &[])), 3),
+            target(
+                Some(CountSource::Default),
+                Some(&ServerLeases::of(2, &[])),
+                3
+            ),
             2
         );
-        assert_eq!(target(Some(CountSource::Max), Some(&leases(2, &[])), 3), 3);
+        assert_eq!(
+            target(Some(CountSource::Max), Some(&ServerLeases::of(2, &[])), 3),
+            3
+        );
         assert_eq!(target(Some(CountSource::Max), Some(&four), 3), 4);
         assert_eq!(
-            target(Some(CountSource::Default), Some(&leases(0, &[])), 3),
+            target(
+                Some(CountSource::Default),
+                Some(&ServerLeases::of(0, &[])),
+                3
+            ),
             1
         );
     }
 
     #[test]
     fn lets_go_only_of_servers_without_a_valid_lease() {
-        let l = leases(2, &["a", "b"]);
+        let l = ServerLeases::of(2, &["a", "b"]);
         assert_eq!(surplus(["a", "b", "c"], 2, &l), ["c"]);
         assert!(surplus(["a", "b"], 2, &l).is_empty());
         // More streams than the count, but every one has a valid Lease: keep them all.
         assert!(surplus(["a", "b"], 1, &l).is_empty());
         // Two gone at once; only as many as the excess are dropped.
-        assert_eq!(surplus(["a", "c", "d"], 2, &leases(2, &["a", "b"])), ["c"]);
-        assert_eq!(surplus(["c", "d", "a"], 1, &leases(1, &["a"])), ["c", "d"]);
+        assert_eq!(
+            surplus(["a", "c", "d"], 2, &ServerLeases::of(2, &["a", "b"])),
+            ["c"]
+        );
+        assert_eq!(
+            surplus(["c", "d", "a"], 1, &ServerLeases::of(1, &["a"])),
+            ["c", "d"]
+        );
     }
 
     #[test]
@@ -194,7 +207,7 @@ mod tests {
     fn satisfied_means_every_counted_server() {
         assert!(satisfied(["a", "b"], 2, None));
         assert!(!satisfied(["a"], 2, None));
-        let l = leases(2, &["a", "b"]);
+        let l = ServerLeases::of(2, &["a", "b"]);
         assert!(satisfied(["a", "b"], 2, Some(&l)));
         // Two streams, but one to a server whose Lease expired and none to "b".
         assert!(!satisfied(["a", "c"], 2, Some(&l)));

@@ -161,11 +161,16 @@ impl ServerSet {
     /// How many servers to hold streams to now, given the latest Lease reading (`None`
     /// when not counting by Lease, or before the first listing).
     pub(crate) fn target(&self, leases: Option<&ServerLeases>, now: Instant) -> usize {
-        if !self.rules.through_balancer {
-            return self.discovered_target(now);
+        if self.rules.through_balancer {
+            self.balanced_target(leases)
+        } else {
+            self.discovered_target(&self.wanted(now))
         }
+    }
+
+    /// Through a balancer: as many servers as are counted, or K of them.
+    fn balanced_target(&self, leases: Option<&ServerLeases>) -> usize {
         let count = server_count::target(self.rules.count_source, leases, self.server_count);
-        // Through a balancer, K streams to whichever servers it picks.
         self.rules
             .server_connections
             .map_or(count, |k| count.min(k.get()))
@@ -174,12 +179,18 @@ impl ServerSet {
     /// Whether every counted server is connected (streams being let go of not included; a
     /// stream handed its resumed transport is).
     pub(crate) fn satisfied(&self, leases: Option<&ServerLeases>, now: Instant) -> bool {
-        let target = self.target(leases, now);
+        let target = if self.rules.through_balancer {
+            self.balanced_target(leases)
+        } else {
+            // Ranked once: every wanted address held, and the servers they make.
+            let wanted = self.wanted(now);
+            if wanted.is_empty() || !self.holds_all(wanted.iter().copied()) {
+                return false;
+            }
+            self.discovered_target(&wanted)
+        };
         // With K servers only, no one server's Lease has to be among them.
         let leases = leases.filter(|_| self.rules.server_connections.is_none());
-        if !self.rules.through_balancer && !self.every_endpoint_held(now) {
-            return false;
-        }
         let kept = self
             .streams
             .iter()
@@ -409,6 +420,9 @@ impl ServerSet {
         if self.rules.server_connections.is_none() {
             return false;
         }
+        // Entries of addresses passed over before (since gone from discovery, or reached
+        // elsewhere) would otherwise stay for good.
+        self.passed_over.retain(|_, until| *until > now);
         self.passed_over.insert(endpoint, now + PASS_OVER);
         true
     }
@@ -439,11 +453,6 @@ impl ServerSet {
 
     /// Whether every wanted address holds a live stream, its own or (an alias) that of the
     /// server it turned out to be.
-    fn every_endpoint_held(&self, now: Instant) -> bool {
-        let wanted = self.wanted(now);
-        !wanted.is_empty() && self.holds_all(wanted)
-    }
-
     /// An alias counts as held while its server's stream is suspended too: only the
     /// stream's own address resumes it, and a fresh stream through the alias would end it.
     fn holds_all(&self, endpoints: impl IntoIterator<Item = SocketAddr>) -> bool {
@@ -461,8 +470,8 @@ impl ServerSet {
 
     /// The servers to hold streams to: one per wanted address, less the addresses that
     /// turned out to be another's server.
-    fn discovered_target(&self, now: Instant) -> usize {
-        self.wanted(now)
+    fn discovered_target(&self, wanted: &Endpoints) -> usize {
+        wanted
             .iter()
             .filter(|endpoint| {
                 self.aliases
@@ -567,10 +576,6 @@ mod tests {
         let serial = hold(set, &resumable(server_id, token), endpoint);
         set.set_suspended(server_id, serial, true);
         serial
-    }
-
-    fn leases(count: usize, holders: &[&str]) -> ServerLeases {
-        ServerLeases::of(count, holders)
     }
 
     #[test]
@@ -863,7 +868,7 @@ mod tests {
         // Counting by Lease: one to every server holding one.
         let mut set = ServerSet::new(balancer(None, Some(CountSource::Default)));
         set.announced(3);
-        let two = leases(2, &["a", "b"]);
+        let two = ServerLeases::of(2, &["a", "b"]);
         assert_eq!(set.target(Some(&two), now), 2);
         hold(&mut set, &answer("a"), None);
         hold(&mut set, &answer("c"), None);
@@ -871,11 +876,11 @@ mod tests {
         hold(&mut set, &answer("b"), None);
         assert!(set.satisfied(Some(&two), now));
         let set = ServerSet::new(balancer(None, Some(CountSource::Max)));
-        assert_eq!(set.target(Some(&leases(4, &[])), now), 4);
+        assert_eq!(set.target(Some(&ServerLeases::of(4, &[])), now), 4);
 
         // With K, no one server's Lease has to be among them.
         let mut set = ServerSet::new(balancer(Some(2), Some(CountSource::Default)));
-        let three = leases(3, &["a", "b", "c"]);
+        let three = ServerLeases::of(3, &["a", "b", "c"]);
         assert_eq!(set.target(Some(&three), now), 2);
         hold(&mut set, &answer("a"), None);
         hold(&mut set, &answer("x"), None);
@@ -910,7 +915,7 @@ mod tests {
         for id in ["a", "b", "c"] {
             hold(&mut set, &answer(id), None);
         }
-        let two = leases(2, &["a", "b"]);
+        let two = ServerLeases::of(2, &["a", "b"]);
         assert!(set.dismiss_surplus(&two, t0).is_empty());
         let grace = t0 + server_count::UNCOUNTED_GRACE;
         assert_eq!(set.dismiss_surplus(&two, grace), ["c"]);
