@@ -77,11 +77,8 @@ impl ClientSet {
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = drain.cancelled(), if !self.is_draining() => self.start_draining(),
-                changed = found.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                }
+                // Its sender lives in this function: it never closes.
+                _ = found.changed() => {}
             }
         }
         discovery.abort();
@@ -125,11 +122,20 @@ impl ClientSet {
             match attempt {
                 Ok(connected) => {
                     self.servers().set.reached(endpoint);
-                    // A duplicate is now an alias: nothing to retry, and nothing new held.
+                    backoff = self.config.sync_interval;
                     if self.add(connected, Some(endpoint), &tasks, &stop) {
                         self.let_go_of_unwanted();
+                        continue;
                     }
-                    backoff = self.config.sync_interval;
+                    // A duplicate is now an alias: nothing new held. Its server may be one
+                    // being let go of (through another address), which the alias does not
+                    // hold: wait for a change before dialing it again, not at once.
+                    changes.mark_unchanged();
+                    tokio::select! {
+                        () = keeper.cancelled() => return,
+                        _ = changes.changed() => {}
+                        () = tokio::time::sleep(jitter(backoff)) => {}
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, server = %endpoint, "cannot connect to proxy server");
