@@ -85,7 +85,8 @@ async fn forward(mut client: TcpStream, to: SocketAddr, mut cuts: watch::Receive
         tether_tunnel::reset_on_close(&client);
         return;
     };
-    cuts.mark_unchanged();
+    // Subscribed at accept: a cut seen now, even one made while connecting, is this
+    // connection's.
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
         _ = cuts.changed() => {
