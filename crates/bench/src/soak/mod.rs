@@ -89,13 +89,14 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let stop = CancellationToken::new();
     let started = Instant::now();
     let mut clients = traffic::start(&dialers, o.churners, &ledger, &stop);
-    let rss = sample_rss(&fleet, stop.clone());
 
     let faults = schedule::draw(o.seed, o.agents, FAULT_GAP, o.duration);
     let mut log = String::new();
     let mut breaches = Vec::new();
-    inject(&faults, &mut agents, started, &mut log, &mut breaches).await;
-    tokio::time::sleep_until(started + o.duration).await;
+    let (rss, ()) = tokio::join!(sample_rss(&fleet, started + o.duration), async {
+        inject(&faults, &mut agents, started, &mut log, &mut breaches).await;
+        tokio::time::sleep_until(started + o.duration).await;
+    });
 
     stop.cancel();
     let stopped = tokio::time::timeout(traffic::OP_DEADLINE + Duration::from_secs(5), async {
@@ -104,9 +105,10 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     .await;
     if stopped.is_err() {
         breaches.push("the clients did not stop within their deadline".to_owned());
+        // Stragglers would hold tunnels open and fail the checks below as well.
+        clients.abort_all();
     }
     drop(dialers);
-    let rss = rss.await.unwrap_or_default();
     let elapsed = started.elapsed();
 
     // Healed: every fault has ended; the fleet must return to its baseline.
@@ -184,24 +186,20 @@ async fn inject(
     }
 }
 
-/// The servers' RSS together, every [`RSS_EVERY`] until `stop`: (seconds, MiB).
-fn sample_rss(fleet: &Fleet, stop: CancellationToken) -> tokio::task::JoinHandle<Vec<(f64, f64)>> {
-    let pids: Vec<u32> = fleet.members.iter().map(|m| m.proc.pid).collect();
-    tokio::spawn(async move {
-        let started = Instant::now();
-        let mut samples = Vec::new();
-        loop {
-            let rss: u64 = pids.iter().filter_map(|p| procs::rss_bytes(*p)).sum();
-            samples.push((
-                started.elapsed().as_secs_f64(),
-                rss as f64 / (1 << 20) as f64,
-            ));
-            tokio::select! {
-                () = stop.cancelled() => return samples,
-                () = tokio::time::sleep(RSS_EVERY) => {}
-            }
+/// The servers' RSS together, every [`RSS_EVERY`] until `until`: (seconds, MiB).
+async fn sample_rss(fleet: &Fleet, until: Instant) -> Vec<(f64, f64)> {
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    loop {
+        samples.push((
+            started.elapsed().as_secs_f64(),
+            fleet.rss() as f64 / (1 << 20) as f64,
+        ));
+        if Instant::now() + RSS_EVERY > until {
+            return samples;
         }
-    })
+        tokio::time::sleep(RSS_EVERY).await;
+    }
 }
 
 /// Waits until every server and agent is back at its baseline (no pending dial, no
@@ -305,7 +303,7 @@ fn report(
     let _ = writeln!(r, "# Soak: seed {}\n", o.seed);
     let _ = writeln!(
         r,
-        "{} tether servers (peered), {} agents (each through relays of its own), {} churn clients and one long-lived stream per server, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {}`.\n",
+        "{} tether servers (peered), {} agents (each through relays of its own), {} churn clients and one long-lived stream per server, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}`.\n",
         o.servers,
         o.agents,
         o.churners,
@@ -313,7 +311,8 @@ fn report(
         o.seed,
         o.duration.as_secs(),
         o.agents,
-        o.servers
+        o.servers,
+        o.churners
     );
     let _ = writeln!(
         r,
