@@ -233,8 +233,11 @@ async fn soak(args: &Args, options: &soak::Options) -> anyhow::Result<ExitCode> 
             systems::Frontend::GrpcUds,
         )],
     )?;
-    let (env, _target, _cleanup) = environment(args, bins).await?;
-    soak::run(&env, options).await
+    let (env, _target, mut cleanup) = environment(args, bins).await?;
+    let result = soak::run(&env, options).await;
+    // The report names the logs of a failed run: they stay.
+    cleanup.keep |= !matches!(result, Ok(code) if code == ExitCode::SUCCESS);
+    result
 }
 
 /// A benchmark run: plans it from the flags, runs every step, writes the report, and fails
