@@ -305,7 +305,6 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         ));
     }
 
-    let machine = machine;
     let meta = report::Meta {
         command: machine::command_line(),
         date: machine::run_cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
@@ -318,8 +317,7 @@ async fn bench(args: &Args) -> anyhow::Result<ExitCode> {
         systems: systems.clone(),
         notes,
     };
-    let md = report::write(&args.out, &results, &meta, &p)?;
-    let _ = md;
+    report::write(&args.out, &results, &meta, &p)?;
     eprintln!(
         "tether-bench: done in {}; report {}",
         progress::clock(started.elapsed().as_secs_f64()),
