@@ -123,6 +123,12 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     }
     let ledger = std::mem::take(&mut *ledger.lock().unwrap_or_else(|e| e.into_inner()));
     breaches.extend(ledger.breaches.iter().cloned());
+    if ledger.unlisted_breaches > 0 {
+        breaches.push(format!(
+            "{} more breaches by the clients, not listed",
+            ledger.unlisted_breaches
+        ));
+    }
 
     let report = report(o, elapsed, &faults, &log, &ledger, &rss, &breaches);
     std::fs::create_dir_all(&o.out)?;

@@ -18,6 +18,9 @@ use crate::target::{BoxStream, ECHO};
 
 /// The deadline of every client operation: a dial, or one echo round.
 pub const OP_DEADLINE: Duration = Duration::from_secs(30);
+/// Breaches the ledger lists; beyond them it only counts (a server that ends every stream
+/// early would otherwise add one line per operation).
+const LISTED_BREACHES: usize = 100;
 /// A long-lived stream's pause between rounds.
 const STREAM_PERIOD: Duration = Duration::from_millis(100);
 
@@ -30,8 +33,11 @@ pub struct Ledger {
     pub errors: BTreeMap<String, u64>,
     /// The longest an operation took to end with an error.
     pub worst_error: Duration,
-    /// Breaches: hangs, clean ends of cut-short data, wrong bytes.
+    /// Breaches: hangs, clean ends of cut-short data, wrong bytes; the first
+    /// [`LISTED_BREACHES`] of them.
     pub breaches: Vec<String>,
+    /// Breaches beyond those listed.
+    pub unlisted_breaches: u64,
 }
 
 impl Ledger {
@@ -51,7 +57,10 @@ fn record(ledger: &Shared, started: Instant, outcome: Result<(), Failure>) {
             *ledger.errors.entry(what).or_default() += 1;
             ledger.worst_error = ledger.worst_error.max(started.elapsed());
         }
-        Err(Failure::Breach(what)) => ledger.breaches.push(what),
+        Err(Failure::Breach(what)) if ledger.breaches.len() < LISTED_BREACHES => {
+            ledger.breaches.push(what);
+        }
+        Err(Failure::Breach(_)) => ledger.unlisted_breaches += 1,
     }
 }
 
