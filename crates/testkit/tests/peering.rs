@@ -531,7 +531,10 @@ async fn a_dial_the_holder_refuses_for_an_agent_it_lost_goes_to_another_agent() 
             .unwrap_or_else(|e| panic!("dial {dials} failed: {e}"));
         tunnel.write_all(b"ping").await.unwrap();
         let mut back = [0u8; 4];
-        tunnel.read_exact(&mut back).await.unwrap();
+        tokio::time::timeout(STEP, tunnel.read_exact(&mut back))
+            .await
+            .expect("the echo comes back")
+            .unwrap();
         dials += 1;
     }
     assert!(dials >= 10, "only {dials} dials");
