@@ -160,7 +160,7 @@ impl Fleet {
     }
 
     /// Polls every server's counts until `done(n, counts)` holds for each (`wanted` names it
-    /// for the error), failing early if a server died.
+    /// for the error), at most `timeout`.
     pub async fn wait_until(
         &self,
         timeout: Duration,

@@ -249,7 +249,7 @@ impl Workload {
     /// Estimated seconds of one mode of the fleet workload.
     pub fn fleet_weight(p: &Profile, mode: FleetMode) -> f64 {
         let streams = match mode {
-            FleetMode::Mesh => 3 * p.fleet,
+            FleetMode::Mesh => fleet::SERVERS * p.fleet,
             FleetMode::K1 => p.fleet,
         };
         2.0 + streams as f64 / 400.0
