@@ -27,9 +27,6 @@ use agents::Agent;
 use schedule::{Fault, FaultKind};
 
 /// Agent streams and connections a server holds: back to the baseline once healed.
-const PENDING_DIALS: &str = "konnectivity_network_proxy_server_pending_backend_dials";
-const ESTABLISHED: &str = "konnectivity_network_proxy_server_established_connections";
-const READY_AGENTS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
 const AGENT_OPEN: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
 /// File descriptors a process may hold beyond its baseline once the fleet is healed (log
 /// files reopened, a timer's descriptor): more is a leak.
@@ -222,23 +219,19 @@ async fn settle(
     loop {
         let mut off = Vec::new();
         for (n, member) in fleet.members.iter().enumerate() {
-            let body = http_get(member.health, "/metrics")
-                .await
-                .map(|r| r.1)
-                .unwrap_or_default();
-            let gauge = |name| metric_sum(&body, name, "").unwrap_or(-1.0);
-            for (name, want) in [
-                (PENDING_DIALS, 0.0),
-                (ESTABLISHED, 0.0),
-                (READY_AGENTS, agents.len() as f64),
-            ] {
-                if gauge(name) != want {
-                    off.push(format!(
-                        "server {}: {name} is {}, not {want}",
-                        n + 1,
-                        gauge(name)
-                    ));
+            match fleet.counts(n).await {
+                Ok(c) => {
+                    for (what, is, want) in [
+                        ("pending dials", c.pending_dials, 0.0),
+                        ("established connections", c.established, 0.0),
+                        ("agents held", c.agents, agents.len() as f64),
+                    ] {
+                        if is != want {
+                            off.push(format!("server {}: {what} {is}, not {want}", n + 1));
+                        }
+                    }
                 }
+                Err(e) => off.push(format!("server {}: no metrics: {e:#}", n + 1)),
             }
             let fds = procs::fd_count(member.proc.pid).unwrap_or(usize::MAX);
             if fds > server_fds[n] + FD_SLACK {

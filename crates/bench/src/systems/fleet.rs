@@ -22,6 +22,9 @@ use crate::procs::Proc;
 /// Peer links each way, by direction (`in`: the peer offers its agents; `out`: this server
 /// offers its own).
 const PEER_LINKS: &str = "tether_server_peer_links";
+/// A server's dials waiting for an answer, and its connections open end to end.
+const PENDING_DIALS: &str = "konnectivity_network_proxy_server_pending_backend_dials";
+const ESTABLISHED: &str = "konnectivity_network_proxy_server_established_connections";
 /// Agents the peers hold and announced to this server.
 const PEER_AGENTS: &str = "tether_server_peer_agents";
 
@@ -48,6 +51,9 @@ pub struct Counts {
     pub remote: f64,
     pub links_in: f64,
     pub links_out: f64,
+    /// Dials waiting for an agent's answer, and connections open end to end.
+    pub pending_dials: f64,
+    pub established: f64,
 }
 
 /// The servers of a fleet, started and linked.
@@ -147,6 +153,8 @@ impl Fleet {
             remote: get(PEER_AGENTS, ""),
             links_in: get(PEER_LINKS, r#"direction="in""#),
             links_out: get(PEER_LINKS, r#"direction="out""#),
+            pending_dials: get(PENDING_DIALS, ""),
+            established: get(ESTABLISHED, ""),
         })
     }
 
