@@ -11,7 +11,7 @@ use rustix::process::{Pid, Signal};
 
 use super::relay::Relay;
 use crate::procs::{self, Proc};
-use crate::systems::{Env, Fleet, flag, free_port, wait_http_ok};
+use crate::systems::{Env, Fleet, agent_flags, flag, free_port, wait_http_ok};
 
 /// How long an agent may take to be ready (every server held).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,21 +44,12 @@ impl Agent {
             .join(",");
         let (health, admin) = (free_port()?, free_port()?);
         let id = format!("soak-agent-{}", n + 1);
-        let pki = &env.pki;
-        let args = vec![
+        let mut args: Vec<OsString> = vec![
             "agent".into(),
             "--proxy-server-host=127.0.0.1".into(),
             flag("proxy-server-addresses", &addresses),
-            flag("ca-cert", &pki.ca_cert),
-            flag("agent-cert", &pki.agent_cert),
-            flag("agent-key", &pki.agent_key),
-            "--health-server-host=127.0.0.1".into(),
-            flag("health-server-port", health.to_string()),
-            "--admin-bind-address=127.0.0.1".into(),
-            flag("admin-server-port", admin.to_string()),
-            flag("agent-id", &id),
-            "-v=0".into(),
         ];
+        args.extend(agent_flags(&env.pki, health, admin, &id));
         let mut agent = Agent {
             log: dir.join(format!("{id}.log")),
             id,

@@ -13,7 +13,7 @@ use tether_client::{GrpcClient, Transport};
 
 use super::dialer::Dialer;
 use super::env::Env;
-use super::konnectivity::flag;
+use super::konnectivity::{flag, server_flags};
 use super::loopback::{free_port, http_get, wait_http_ok};
 use super::running::{GRPC_STREAMS, READY_BACKENDS, metric_sum};
 use super::system::{Frontend, Impl, System};
@@ -100,15 +100,7 @@ impl Fleet {
                 .arg("--mode=grpc")
                 .arg(flag("uds-name", &uds))
                 .arg("--server-port=0")
-                .arg(flag("agent-bind-address", ip.to_string()))
-                .arg(flag("agent-port", agent_port.to_string()))
-                .arg("--health-bind-address=127.0.0.1")
-                .arg(flag("health-port", health.to_string()))
-                .arg("--admin-bind-address=127.0.0.1")
-                .arg(flag("admin-port", admin.to_string()))
-                .arg(flag("cluster-cert", &pki.server_cert))
-                .arg(flag("cluster-key", &pki.server_key))
-                .arg(flag("cluster-ca-cert", &pki.ca_cert))
+                .args(server_flags(pki, ip, agent_port, health, admin))
                 .arg(flag("server-count", size.to_string()))
                 .arg(flag("server-id", format!("fleet-{}", n + 1)))
                 .arg("--proxy-strategies=destHost,default")

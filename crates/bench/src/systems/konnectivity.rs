@@ -9,7 +9,11 @@ use tokio::time::Instant;
 use anyhow::{Context as _, bail};
 use tether_client::{GrpcClient, Transport};
 use tether_tls::TlsOptions;
+use tether_tls::pki::PkiFiles;
 use tokio::process::Command;
+
+/// Where the bench's servers listen for agents, unless a fleet gives each its own address.
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 use super::dialer::Dialer;
 use super::env::{Binaries, Env};
@@ -60,6 +64,44 @@ fn command(env: &Env, imp: Impl, role: &str) -> Command {
             _ => &env.bins.upstream_agent,
         }),
     }
+}
+
+/// A tether or upstream server's agent listener on `agent_ip`, its health and admin ports on
+/// 127.0.0.1, and the run's cluster certificate: the flags every server the bench starts has.
+pub fn server_flags(
+    pki: &PkiFiles,
+    agent_ip: std::net::IpAddr,
+    agent_port: u16,
+    health: u16,
+    admin: u16,
+) -> Vec<std::ffi::OsString> {
+    vec![
+        flag("agent-bind-address", agent_ip.to_string()),
+        flag("agent-port", agent_port.to_string()),
+        "--health-bind-address=127.0.0.1".into(),
+        flag("health-port", health.to_string()),
+        "--admin-bind-address=127.0.0.1".into(),
+        flag("admin-port", admin.to_string()),
+        flag("cluster-cert", &pki.server_cert),
+        flag("cluster-key", &pki.server_key),
+        flag("cluster-ca-cert", &pki.ca_cert),
+    ]
+}
+
+/// An agent `id` with the run's agent certificate, its health and admin ports on
+/// 127.0.0.1: every flag but where its servers are.
+pub fn agent_flags(pki: &PkiFiles, health: u16, admin: u16, id: &str) -> Vec<std::ffi::OsString> {
+    vec![
+        flag("ca-cert", &pki.ca_cert),
+        flag("agent-cert", &pki.agent_cert),
+        flag("agent-key", &pki.agent_key),
+        "--health-server-host=127.0.0.1".into(),
+        flag("health-server-port", health.to_string()),
+        "--admin-bind-address=127.0.0.1".into(),
+        flag("admin-server-port", admin.to_string()),
+        flag("agent-id", id),
+        "-v=0".into(),
+    ]
 }
 
 /// `--name=value`, for a command line.
@@ -118,16 +160,14 @@ pub(super) async fn start(
             .arg(flag("server-ca-cert", &pki.ca_cert));
         Some(port)
     };
-    cmd.arg("--agent-bind-address=127.0.0.1")
-        .arg(flag("agent-port", agent_port.to_string()))
-        .arg("--health-bind-address=127.0.0.1")
-        .arg(flag("health-port", health_port.to_string()))
-        .arg("--admin-bind-address=127.0.0.1")
-        .arg(flag("admin-port", admin_port.to_string()))
-        .arg(flag("cluster-cert", &pki.server_cert))
-        .arg(flag("cluster-key", &pki.server_key))
-        .arg(flag("cluster-ca-cert", &pki.ca_cert))
-        .arg("--server-count=1");
+    cmd.args(server_flags(
+        pki,
+        LOOPBACK,
+        agent_port,
+        health_port,
+        admin_port,
+    ))
+    .arg("--server-count=1");
     let has_caps = imp.has_caps(&env.bins);
     match frontend_streams {
         Some(cap) if has_caps => {
@@ -203,15 +243,7 @@ pub(super) async fn start(
         let mut cmd = command(env, imp, "agent");
         cmd.arg("--proxy-server-host=127.0.0.1")
             .arg(flag("proxy-server-port", server_port.to_string()))
-            .arg(flag("ca-cert", &pki.ca_cert))
-            .arg(flag("agent-cert", &pki.agent_cert))
-            .arg(flag("agent-key", &pki.agent_key))
-            .arg("--health-server-host=127.0.0.1")
-            .arg(flag("health-server-port", a_health.to_string()))
-            .arg("--admin-bind-address=127.0.0.1")
-            .arg(flag("admin-server-port", a_admin.to_string()))
-            .arg(flag("agent-id", &id))
-            .arg("-v=0");
+            .args(agent_flags(pki, a_health, a_admin, &id));
         match imp {
             Impl::TetherH2 => drop(cmd.arg("--transport=grpc")),
             Impl::TetherWs => drop(cmd.arg("--transport=websocket")),
@@ -299,15 +331,7 @@ async fn start_holder(
     cmd.arg(flag("mode", frontend.mode()))
         .arg(flag("uds-name", dir.join("holder.sock")))
         .arg("--server-port=0")
-        .arg("--agent-bind-address=127.0.0.1")
-        .arg(flag("agent-port", agent_port.to_string()))
-        .arg("--health-bind-address=127.0.0.1")
-        .arg(flag("health-port", health.to_string()))
-        .arg("--admin-bind-address=127.0.0.1")
-        .arg(flag("admin-port", admin.to_string()))
-        .arg(flag("cluster-cert", &pki.server_cert))
-        .arg(flag("cluster-key", &pki.server_key))
-        .arg(flag("cluster-ca-cert", &pki.ca_cert))
+        .args(server_flags(pki, LOOPBACK, agent_port, health, admin))
         .arg("--server-count=1");
     peer_flags(&mut cmd, env, "b", ports[1], ports);
     cmd.arg("-v=0");

@@ -26,7 +26,7 @@ pub use dialer::Dialer;
 pub use env::{Binaries, Env};
 pub use fleet::{FLEET_SYSTEM, Fleet};
 use konnectivity::AgentLink;
-pub use konnectivity::flag;
+pub use konnectivity::{agent_flags, flag};
 pub use loopback::{free_port, http_get, wait_http_ok};
 pub use rathole::{INSTALL as RATHOLE_INSTALL, VERSION as RATHOLE_VERSION};
 pub use running::{GRPC_STREAMS, Running, metric_sum};
