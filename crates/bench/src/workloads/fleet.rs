@@ -394,22 +394,19 @@ struct AgentCounts {
 impl AgentCounts {
     /// Every process's counts added up.
     async fn of(procs: &mut [AgentsProc]) -> anyhow::Result<AgentCounts> {
-        let mut sum = AgentCounts::default();
+        let mut sum = [0u64; 8];
         for a in procs {
-            let c = a.counts().await?;
-            sum.pings = sum.pings + c.pings;
-            sum.gone += c.gone;
-            sum.dials += c.dials;
-            sum.probe_dials += c.probe_dials;
-            sum.retries += c.retries;
+            for (total, n) in sum.iter_mut().zip(a.counts().await?.fields()) {
+                *total += n;
+            }
         }
-        Ok(sum)
+        Ok(Self::from_fields(sum))
     }
 
-    fn line(&self) -> String {
+    /// The counts in the order a `count` line carries them.
+    fn fields(&self) -> [u64; 8] {
         let p = &self.pings;
-        format!(
-            "count {} {} {} {} {} {} {} {}",
+        [
             p.from_servers,
             p.from_agents,
             p.pongs_from_servers,
@@ -417,16 +414,11 @@ impl AgentCounts {
             self.gone,
             self.dials,
             self.probe_dials,
-            self.retries
-        )
+            self.retries,
+        ]
     }
 
-    fn parse(line: &str) -> anyhow::Result<AgentCounts> {
-        let rest = line.strip_prefix("count ").context("not a count")?;
-        let v = rest
-            .split(' ')
-            .map(str::parse)
-            .collect::<Result<Vec<u64>, _>>()?;
+    fn from_fields(fields: [u64; 8]) -> Self {
         let [
             from_servers,
             from_agents,
@@ -436,11 +428,8 @@ impl AgentCounts {
             dials,
             probe_dials,
             retries,
-        ] = v[..]
-        else {
-            bail!("8 counts expected");
-        };
-        Ok(AgentCounts {
+        ] = fields;
+        AgentCounts {
             pings: Pings {
                 from_servers,
                 from_agents,
@@ -451,7 +440,22 @@ impl AgentCounts {
             dials,
             probe_dials,
             retries,
-        })
+        }
+    }
+
+    fn line(&self) -> String {
+        let fields: Vec<String> = self.fields().iter().map(u64::to_string).collect();
+        format!("count {}", fields.join(" "))
+    }
+
+    fn parse(line: &str) -> anyhow::Result<AgentCounts> {
+        let rest = line.strip_prefix("count ").context("not a count")?;
+        let v = rest
+            .split(' ')
+            .map(str::parse)
+            .collect::<Result<Vec<u64>, _>>()?;
+        let fields: [u64; 8] = v[..].try_into().context("8 counts expected")?;
+        Ok(Self::from_fields(fields))
     }
 }
 

@@ -45,19 +45,6 @@ impl PingCount {
     }
 }
 
-impl std::ops::Add for Pings {
-    type Output = Pings;
-
-    fn add(self, other: Pings) -> Pings {
-        Pings {
-            from_servers: self.from_servers + other.from_servers,
-            from_agents: self.from_agents + other.from_agents,
-            pongs_from_servers: self.pongs_from_servers + other.pongs_from_servers,
-            pongs_from_agents: self.pongs_from_agents + other.pongs_from_agents,
-        }
-    }
-}
-
 impl std::ops::Sub for Pings {
     type Output = Pings;
 
