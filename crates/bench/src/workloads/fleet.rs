@@ -31,8 +31,7 @@ use crate::progress::{Progress, Ticker};
 use crate::stats::{quantile, sorted};
 use crate::systems::{Env, Fleet};
 
-/// Servers in the fleet.
-pub const SERVERS: usize = 3;
+pub use super::FLEET_SERVERS as SERVERS;
 
 /// A tether agent's keepalive towards tether servers by default (`--server-ping-interval`,
 /// `--server-ping-timeout`).

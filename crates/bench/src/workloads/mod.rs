@@ -249,7 +249,7 @@ impl Workload {
     /// Estimated seconds of one mode of the fleet workload.
     pub fn fleet_weight(p: &Profile, mode: FleetMode) -> f64 {
         let streams = match mode {
-            FleetMode::Mesh => fleet::SERVERS * p.fleet,
+            FleetMode::Mesh => FLEET_SERVERS * p.fleet,
             FleetMode::K1 => p.fleet,
         };
         2.0 + streams as f64 / 400.0
@@ -261,6 +261,10 @@ impl Workload {
             }
     }
 }
+
+/// Servers in the fleet workload's fleet (here, beside [`FleetMode`], so that the weights
+/// above need nothing of the workload's module).
+pub const FLEET_SERVERS: usize = 3;
 
 /// How the fleet workload's agents hold the servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
