@@ -56,6 +56,10 @@ pub struct Reloader<T> {
     parse: Parse<T>,
     current: watch::Sender<Arc<Loaded<T>>>,
     last_refusal: Mutex<Option<Refusal>>,
+    /// The refused content the file still holds, so the same bytes are not refused (and
+    /// logged) at every check; forgotten once the file reads otherwise, so that the same
+    /// mistake made again after a revert is refused again.
+    refused_in_place: Mutex<Option<String>>,
     metrics: ReloadMetrics,
 }
 
@@ -86,6 +90,7 @@ impl<T: Send + Sync + 'static> Reloader<T> {
             parse,
             current,
             last_refusal: Mutex::new(None),
+            refused_in_place: Mutex::new(None),
             metrics,
         })
     }
@@ -139,13 +144,21 @@ impl<T: Send + Sync + 'static> Reloader<T> {
             Err(message) => return self.refuse(String::new(), message),
         };
         let sha256 = sha256_hex(&bytes);
+        let refused_already = {
+            let mut in_place = self
+                .refused_in_place
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let same = in_place.as_ref() == Some(&sha256);
+            if !same {
+                *in_place = None;
+            }
+            same
+        };
         if sha256 == self.current.borrow().sha256 {
             return Outcome::Unchanged;
         }
-        if self
-            .last_refusal()
-            .is_some_and(|refused| refused.sha256 == sha256)
-        {
+        if refused_already {
             // Refused already, and logged: the same bytes again are no news.
             return Outcome::Unchanged;
         }
@@ -189,9 +202,15 @@ impl<T: Send + Sync + 'static> Reloader<T> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Refusal {
             at: tether_observe::time::wall_clock(),
-            sha256,
+            sha256: sha256.clone(),
             message: message.clone(),
         });
+        if !sha256.is_empty() {
+            *self
+                .refused_in_place
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(sha256);
+        }
         Outcome::Refused { message }
     }
 

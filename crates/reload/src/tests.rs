@@ -85,12 +85,20 @@ fn a_bad_file_changes_nothing_and_is_counted_once() {
     let refusal = r.last_refusal().expect("the refusal is kept for the views");
     assert_eq!(refusal.sha256, sha256_hex(b"a=1\nbroken\n"));
 
+    // Reverted to the content in force, then the same mistake again: refused again (the
+    // soak found this one counted and logged nothing the second time).
+    std::fs::write(&path, "a=1\n").unwrap();
+    assert_eq!(r.check(), Outcome::Unchanged);
+    std::fs::write(&path, "a=1\nbroken\n").unwrap();
+    assert!(matches!(r.check(), Outcome::Refused { .. }));
+    assert_eq!(r.check(), Outcome::Unchanged);
+
     std::fs::remove_file(&path).unwrap();
     assert!(matches!(r.check(), Outcome::Refused { message } if message.contains("cannot read")));
     let text = metrics_text(&registry);
     assert!(
         text.contains(&format!(
-            "test_config_reloads_total{{file=\"{}\",result=\"refused\"}} 2",
+            "test_config_reloads_total{{file=\"{}\",result=\"refused\"}} 3",
             path.display()
         )),
         "{text}"
