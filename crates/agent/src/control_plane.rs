@@ -35,6 +35,17 @@ enum Local {
     Unix(UnixStream),
 }
 
+impl Local {
+    /// Closes a connection that is not carried: a TCP client sees a reset, so that it can
+    /// tell the refusal from an endpoint that answered and closed (a Unix socket has no
+    /// reset; its client reads an end of stream).
+    fn refuse(self) {
+        if let Local::Tcp(stream) = &self {
+            tether_tunnel::reset_on_close(stream);
+        }
+    }
+}
+
 impl Listener {
     /// Binds now, so that a bad address is a start-up error. A socket file left by an
     /// earlier run is replaced; any other file at the path is an error.
@@ -104,7 +115,8 @@ pub(crate) async fn serve(
         match accepted {
             Ok(local) => {
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    // Dropping the socket closes it before anything is dialed.
+                    // Closed before anything is dialed.
+                    local.refuse();
                     metrics.control_plane_dial(ReverseDial::OverLimit);
                     if last_refusal_log.is_none_or(|at| at.elapsed() >= OVER_LIMIT_LOG_INTERVAL) {
                         last_refusal_log = Some(monotonic_now());
@@ -135,7 +147,8 @@ pub(crate) async fn serve(
 }
 
 /// Carries one local connection: a reverse dial, then the relay until either side ends.
-/// A TCP client sees a reset, not a clean end, when the connection ended abnormally.
+/// A TCP client sees a reset, not a clean end, when the connection ended abnormally or its
+/// reverse dial failed.
 async fn carry(
     local: Local,
     endpoint: String,
@@ -175,7 +188,8 @@ async fn carry(
 /// Reads the client's request (for HTTP CONNECT), dials the endpoint through a server that
 /// accepts reverse dials and answers the client: the tunnel and the bytes the client sent
 /// behind its request head, or `None` when the client was answered and the connection is
-/// over. `Err` when the client left before the answer.
+/// over. `Err` when it ends abnormally: the client left before the answer, or the dial
+/// failed on a raw TCP listener, which has no answer to give but a reset.
 async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     endpoint: String,
@@ -198,10 +212,11 @@ async fn open<S: AsyncRead + AsyncWrite + Unpin>(
             "closing a control-plane connection: no connected proxy server accepts reverse dials"
         );
         metrics.control_plane_dial(ReverseDial::Unavailable);
-        if protocol == ControlPlaneProtocol::HttpConnect {
-            let reply = http_error(503, "no connected proxy server accepts reverse dials");
-            answer(stream, &reply).await;
+        let reason = "no connected proxy server accepts reverse dials";
+        if protocol == ControlPlaneProtocol::Tcp {
+            return Err(CloseError::Local(reason.into()));
         }
+        answer(stream, &http_error(503, reason)).await;
         return Ok(None);
     };
     let random = DialId::random();
@@ -237,14 +252,15 @@ async fn open<S: AsyncRead + AsyncWrite + Unpin>(
             if let Some(audit) = &session.reverse_audit {
                 audit.dial_ended(&facts, result == ReverseDial::Refused, &reason);
             }
-            if protocol == ControlPlaneProtocol::HttpConnect {
-                let status = match result {
-                    ReverseDial::Refused => 403,
-                    ReverseDial::Timeout => 504,
-                    _ => 502,
-                };
-                answer(stream, &http_error(status, &reason)).await;
+            if protocol == ControlPlaneProtocol::Tcp {
+                return Err(CloseError::Local(reason));
             }
+            let status = match result {
+                ReverseDial::Refused => 403,
+                ReverseDial::Timeout => 504,
+                _ => 502,
+            };
+            answer(stream, &http_error(status, &reason)).await;
             return Ok(None);
         }
     };

@@ -30,10 +30,21 @@ async fn start(
     protocol: ControlPlaneProtocol,
     max_connections: usize,
 ) -> (TestServer, TestAgent) {
+    let endpoints = ControlPlaneEndpoints::new(vec![endpoint.addr.to_string()]);
+    start_with(pki, endpoints, protocol, max_connections).await
+}
+
+/// The same with the server's `endpoints` (none: it takes no reverse dial).
+async fn start_with(
+    pki: &Pki,
+    endpoints: Option<ControlPlaneEndpoints>,
+    protocol: ControlPlaneProtocol,
+    max_connections: usize,
+) -> (TestServer, TestAgent) {
     let server = TestServer::start(
         pki,
         ServerOptions {
-            control_plane: ControlPlaneEndpoints::new(vec![endpoint.addr.to_string()]),
+            control_plane: endpoints,
             ..Default::default()
         },
     )
@@ -58,6 +69,44 @@ async fn start(
     (server, agent)
 }
 
+/// Reads from `stream` (having sent nothing: the close of a socket with unread bytes is a
+/// reset anyway): the connection must be reset within 10 s, not closed cleanly, which a
+/// client would take for the endpoint's own close.
+async fn assert_reset(mut stream: TcpStream, what: &str) {
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("{what} is not closed within 10 s"));
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{what} got {read:?}, not a reset"
+    );
+}
+
+/// Found by the soak: a reverse dial that could not be made was closed like a connection
+/// the endpoint ended, so a client could not tell it lost the bytes it had sent.
+#[tokio::test]
+async fn a_reverse_dial_that_fails_resets_the_tcp_client() {
+    let pki = Pki::generate().unwrap();
+    // A server that takes no reverse dial: the agent has no stream to dial through.
+    let (_server, agent) = start_with(&pki, None, ControlPlaneProtocol::Tcp, 8).await;
+    let listen = agent.control_plane_addr.clone().unwrap();
+    assert_reset(TcpStream::connect(&listen).await.unwrap(), "no server").await;
+
+    // A server whose endpoint refuses the connection: the dial fails.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let endpoints = ControlPlaneEndpoints::new(vec![endpoint]);
+    let (_server, agent) = start_with(&pki, endpoints, ControlPlaneProtocol::Tcp, 8).await;
+    let listen = agent.control_plane_addr.clone().unwrap();
+    assert_reset(
+        TcpStream::connect(&listen).await.unwrap(),
+        "a refused endpoint",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
     let pki = Pki::generate().unwrap();
@@ -67,16 +116,9 @@ async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
     // Two connections are carried to the echo server and stay open.
     let first = echo_exact(TcpStream::connect(&listen).await.unwrap(), 1, 4096).await;
     let second = echo_exact(TcpStream::connect(&listen).await.unwrap(), 2, 4096).await;
-    // A third is closed at once, before anything is dialed.
-    let mut third = TcpStream::connect(&listen).await.unwrap();
-    let mut buf = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf))
-        .await
-        .expect("the refused connection is closed within 10 s");
-    assert!(
-        matches!(read, Ok(0) | Err(_)),
-        "the third connection got {read:?}"
-    );
+    // A third is reset at once, before anything is dialed.
+    let third = TcpStream::connect(&listen).await.unwrap();
+    assert_reset(third, "the third connection").await;
     assert_eq!(over_limit(&agent).await, 1.0);
     // Once one ends, its slot is free again.
     drop(first);
