@@ -86,7 +86,10 @@ pub(crate) struct ServerMetrics {
     /// tether: connected agent IDs by implementation, to follow a migration.
     connected_agents: Arc<GaugeVec>,
     pub(crate) pending_dials: Arc<Gauge>,
-    pub(crate) established: Arc<Gauge>,
+    established: Arc<Gauge>,
+    /// tether: connections established since start, so that opened = closed + open can be
+    /// checked per process (closed: `connection_duration`'s count).
+    connections_opened: Arc<Counter>,
     dial_failures: Arc<CounterVec>,
     stream_packets: Arc<CounterVec>,
     /// `stream_packets` children by segment and packet type, looked up once: counting a
@@ -208,6 +211,10 @@ impl ServerMetrics {
                 "Number of established end-to-end connections (post-dial) that were closed, by reason for the close.",
                 &["reason"],
             ),
+            connections_opened: registry.counter(
+                "tether_server_connections_opened_total",
+                "Tunnelled connections established (post-dial) since start; with connection_duration_seconds_count (closed) and established_connections (open): opened = closed + open",
+            ),
             connection_closes: registry.counter_vec(
                 "tether_server_connection_closes_total",
                 "Tunnelled connections that ended, by who ended them (client, agent) and how (normal, error)",
@@ -309,6 +316,12 @@ impl ServerMetrics {
             Err(E::Duplicate(_) | E::TooManyPending { .. }) => return,
         };
         self.dial_failure(failure);
+    }
+
+    /// Counts a connection established end to end.
+    pub(crate) fn connection_opened(&self) {
+        self.established.inc();
+        self.connections_opened.inc();
     }
 
     /// Counts an established connection's end: the gauge, its duration and its reason.

@@ -403,7 +403,7 @@ impl Hooks for ServerHooks {
                 m.dial_failure(DialFailure::UnrecognizedResponse);
             }
             Event::Opened(_) => {
-                m.established.inc();
+                m.connection_opened();
                 self.health.connection_opened();
             }
             Event::Ended(ended) => {

@@ -525,7 +525,7 @@ impl Hooks for PeerHooks {
                 }
                 m.dial_settled(latency, &result);
             }
-            Event::Opened(_) => m.established.inc(),
+            Event::Opened(_) => m.connection_opened(),
             Event::Ended(ended) => {
                 m.connection_ended(&ended);
                 let agent = {
