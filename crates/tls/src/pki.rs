@@ -96,6 +96,24 @@ pub struct PkiFiles {
     pub peer_key: PathBuf,
 }
 
+impl PkiFiles {
+    /// The paths [`Pki::write_to`] writes in `dir` (whether written yet or not).
+    pub fn in_dir(dir: &Path) -> PkiFiles {
+        PkiFiles {
+            dir: dir.to_owned(),
+            ca_cert: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            agent_cert: dir.join("agent.crt"),
+            agent_key: dir.join("agent.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+            peer_cert: dir.join("peer.crt"),
+            peer_key: dir.join("peer.key"),
+        }
+    }
+}
+
 /// The name the generated peer certificate carries (`--peer-name`).
 pub const PEER_NAME: &str = "tether-peer";
 
@@ -257,18 +275,7 @@ impl Pki {
             path: dir.to_owned(),
             error,
         })?;
-        let files = PkiFiles {
-            dir: dir.to_owned(),
-            ca_cert: dir.join("ca.crt"),
-            server_cert: dir.join("server.crt"),
-            server_key: dir.join("server.key"),
-            agent_cert: dir.join("agent.crt"),
-            agent_key: dir.join("agent.key"),
-            client_cert: dir.join("client.crt"),
-            client_key: dir.join("client.key"),
-            peer_cert: dir.join("peer.crt"),
-            peer_key: dir.join("peer.key"),
-        };
+        let files = PkiFiles::in_dir(dir);
         write_file(&files.ca_cert, &self.ca_cert_pem, false)?;
         write_file(&files.server_cert, &self.server_cert_pem, false)?;
         write_file(&files.server_key, &self.server_key_pem, true)?;

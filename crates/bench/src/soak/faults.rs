@@ -1,0 +1,214 @@
+//! Striking the running fleet with the soak's faults and healing them, and checking that a
+//! fault on the configuration did what it says: a changed routing file in force on every
+//! server, a broken one refused with the one before kept, rotated certificates loaded.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::process::Signal;
+use tokio::time::Instant;
+
+use super::agents::{Agent, DRAIN_TIMEOUT};
+use super::files::{Files, ROUTING_BROKEN, ROUTING_CHANGED, ROUTING_FIRST};
+use super::schedule::{Fault, FaultKind, Target};
+use crate::systems::{Fleet, http_get, metric_sum};
+
+/// The routing file in force, labelled with its SHA-256.
+pub const CONFIG_INFO: &str = "tether_server_config_info";
+const CONFIG_RELOADS: &str = "tether_server_config_reloads_total";
+const TLS_RELOADS: &str = "tether_server_tls_reloads_total";
+/// How long a server may take to act on a changed file, beyond its watcher's period.
+const FILE_SEEN_WITHIN: Duration = Duration::from_secs(3);
+
+/// What the faults strike.
+pub struct Chaos<'a> {
+    pub tether: &'a Path,
+    pub fleet: &'a mut Fleet,
+    pub agents: &'a mut [Agent],
+    pub files: &'a mut Files,
+    /// Each server's count of refused reloads, or of certificate reloads, when a broken
+    /// file or a rotation was put in place.
+    counts_before: Vec<f64>,
+}
+
+impl<'a> Chaos<'a> {
+    pub fn new(
+        tether: &'a Path,
+        fleet: &'a mut Fleet,
+        agents: &'a mut [Agent],
+        files: &'a mut Files,
+    ) -> Chaos<'a> {
+        Chaos {
+            tether,
+            fleet,
+            agents,
+            files,
+            counts_before: Vec::new(),
+        }
+    }
+
+    /// What `target` is, for the report.
+    pub fn name(&self, target: Target) -> String {
+        match target {
+            Target::Agent(n) => self.agents[n].id.clone(),
+            Target::Server(n) => format!("server {}", n + 1),
+            Target::Fleet => "every server".to_owned(),
+        }
+    }
+
+    /// Applies `fault`; an `Err` is a breach.
+    pub async fn strike(&mut self, fault: &Fault) -> Result<(), String> {
+        match (fault.kind, fault.target) {
+            (FaultKind::Kill, Target::Agent(n)) => self.agents[n].kill().await,
+            (FaultKind::Freeze, Target::Agent(n)) => self.agents[n].freeze(true),
+            (FaultKind::Cut, Target::Agent(n)) => self.agents[n].cut(fault.hold),
+            (FaultKind::Drain, Target::Agent(n)) => self.agents[n].drain(),
+            (FaultKind::ServerKill, Target::Server(n)) => self.fleet.members[n].kill().await,
+            (FaultKind::ServerFreeze, Target::Server(n)) => self.signal_server(n, Signal::STOP),
+            (FaultKind::Reload, Target::Fleet) => self.put_routing(ROUTING_CHANGED)?,
+            (FaultKind::BadReload, Target::Fleet) => {
+                self.counts_before = self.each_server(CONFIG_RELOADS, "refused").await?;
+                self.put_routing(ROUTING_BROKEN)?;
+            }
+            (FaultKind::Rotate, Target::Fleet) => {
+                self.counts_before = self.each_server(TLS_RELOADS, "reloaded").await?;
+                self.files
+                    .rotate()
+                    .map_err(|e| format!("rotating the certificates: {e:#}"))?;
+            }
+            other => return Err(format!("no such fault: {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// Ends `fault`; an `Err` is a breach.
+    pub async fn heal(&mut self, fault: &Fault) -> Result<(), String> {
+        match (fault.kind, fault.target) {
+            (FaultKind::Kill, Target::Agent(n)) => self.launch_agent(n).await?,
+            (FaultKind::Freeze, Target::Agent(n)) => self.agents[n].freeze(false),
+            (FaultKind::Cut, Target::Agent(_)) => {}
+            (FaultKind::Drain, Target::Agent(n)) => {
+                let within = DRAIN_TIMEOUT + Duration::from_secs(5);
+                let exited = self.agents[n].drained_within(within).await;
+                // Started again either way, so that one breach does not become many.
+                self.launch_agent(n).await?;
+                if !exited {
+                    return Err(format!(
+                        "{} did not exit within {within:?} of its drain (--drain-timeout={}s)",
+                        self.agents[n].id,
+                        DRAIN_TIMEOUT.as_secs()
+                    ));
+                }
+            }
+            (FaultKind::ServerKill, Target::Server(n)) => {
+                self.fleet.members[n]
+                    .launch(self.tether)
+                    .await
+                    .map_err(|e| format!("server {} did not come back: {e:#}", n + 1))?;
+            }
+            (FaultKind::ServerFreeze, Target::Server(n)) => self.signal_server(n, Signal::CONT),
+            (FaultKind::Reload, Target::Fleet) => {
+                let in_force = self.wait_in_force(ROUTING_CHANGED).await;
+                self.put_routing(ROUTING_FIRST)?;
+                in_force?;
+            }
+            (FaultKind::BadReload, Target::Fleet) => {
+                let refused = self.wait_counted(CONFIG_RELOADS, "refused").await;
+                let kept = self.wait_in_force(ROUTING_FIRST).await;
+                self.put_routing(ROUTING_FIRST)?;
+                refused.map_err(|e| format!("the broken routing file: {e}"))?;
+                kept.map_err(|e| format!("after the broken routing file: {e}"))?;
+            }
+            (FaultKind::Rotate, Target::Fleet) => self
+                .wait_counted(TLS_RELOADS, "reloaded")
+                .await
+                .map_err(|e| format!("the rotated certificates: {e}"))?,
+            other => return Err(format!("no such fault: {other:?}")),
+        }
+        Ok(())
+    }
+
+    async fn launch_agent(&mut self, n: usize) -> Result<(), String> {
+        let agent = &mut self.agents[n];
+        agent
+            .launch()
+            .await
+            .map_err(|e| format!("{} did not come back: {e:#}", agent.id))
+    }
+
+    fn signal_server(&self, n: usize, signal: Signal) {
+        if let Some(proc) = &self.fleet.members[n].proc {
+            proc.signal(signal);
+        }
+    }
+
+    fn put_routing(&mut self, text: &'static str) -> Result<(), String> {
+        self.files
+            .set_routing(text)
+            .map_err(|e| format!("writing the routing file: {e:#}"))
+    }
+
+    /// Each server's sum of `name` over the series labelled `result` or `outcome` `value`.
+    async fn each_server(&self, name: &str, value: &str) -> Result<Vec<f64>, String> {
+        let mut counts = Vec::with_capacity(self.fleet.members.len());
+        for member in &self.fleet.members {
+            let body = http_get(member.health, "/metrics")
+                .await
+                .map_err(|e| format!("reading {name}: {e:#}"))?
+                .1;
+            let result = metric_sum(&body, name, &format!("result=\"{value}\""));
+            let outcome = metric_sum(&body, name, &format!("outcome=\"{value}\""));
+            counts.push(result.or(outcome).unwrap_or(0.0));
+        }
+        Ok(counts)
+    }
+
+    /// Waits until every server counts more of `name` `value` than when the fault began.
+    async fn wait_counted(&self, name: &str, value: &str) -> Result<(), String> {
+        let deadline = Instant::now() + FILE_SEEN_WITHIN;
+        loop {
+            let now = self.each_server(name, value).await?;
+            let behind: Vec<usize> = (0..now.len())
+                .filter(|n| now[*n] <= self.counts_before.get(*n).copied().unwrap_or(0.0))
+                .map(|n| n + 1)
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "servers {behind:?} did not count a {value} {name} within {FILE_SEEN_WITHIN:?} more"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until every server has `text` in force as its routing file.
+    async fn wait_in_force(&self, text: &str) -> Result<(), String> {
+        let label = format!("sha256=\"{}\"", tether_reload::sha256_hex(text.as_bytes()));
+        let deadline = Instant::now() + FILE_SEEN_WITHIN;
+        loop {
+            let mut behind = Vec::new();
+            for (n, member) in self.fleet.members.iter().enumerate() {
+                let body = http_get(member.health, "/metrics")
+                    .await
+                    .map(|r| r.1)
+                    .unwrap_or_default();
+                if metric_sum(&body, CONFIG_INFO, &label) != Some(1.0) {
+                    behind.push(n + 1);
+                }
+            }
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let first = text.lines().next().unwrap_or_default();
+                return Err(format!(
+                    "servers {behind:?} did not have the routing file `{first}` in force"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
