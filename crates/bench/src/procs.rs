@@ -161,6 +161,26 @@ impl Proc {
         ticks as f64 / clock_ticks() as f64
     }
 
+    /// Sends `signal` to the process (SIGSTOP, SIGCONT, SIGTERM…); one already gone is
+    /// left alone.
+    pub fn signal(&self, signal: Signal) {
+        if let Some(pid) = Pid::from_raw(self.pid as i32) {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+
+    /// Waits at most `within` for the process to exit by itself (after a SIGTERM, say);
+    /// whether it did. One that did not is killed and reaped.
+    pub async fn exited_within(mut self, within: Duration) -> bool {
+        let exited = tokio::time::timeout(within, self.child.wait())
+            .await
+            .is_ok_and(|status| status.is_ok());
+        if !exited {
+            self.stop().await;
+        }
+        exited
+    }
+
     /// Kills it and its descendants and reaps it. With `TETHER_BENCH_STOP_GRACE_MS` set
     /// (for profiling: massif writes its file on exit) it gets SIGTERM and that long first.
     pub async fn stop(mut self) {

@@ -1,13 +1,14 @@
 //! The soak's agents: real `tether agent` processes, each reaching every server of the fleet
 //! through relays of its own (one per server), so that a fault on one agent touches no
-//! other. Each can be killed and started again, frozen and thawed, and cut off.
+//! other. Each can be killed and started again, frozen and thawed, drained, and cut off.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rustix::process::{Pid, Signal};
+use rustix::process::Signal;
+use tether_tls::pki::PkiFiles;
 
 use super::relay::Relay;
 use crate::procs::{self, Proc};
@@ -15,6 +16,9 @@ use crate::systems::{Env, Fleet, agent_flags, flag, free_port, wait_http_ok};
 
 /// How long an agent may take to be ready (every server held).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a drained agent keeps its proxied connections before it exits
+/// (`--drain-timeout`).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One agent of the soak.
 #[derive(Debug)]
@@ -23,6 +27,8 @@ pub struct Agent {
     /// `None` between a kill and its restart.
     pub proc: Option<Proc>,
     pub health: u16,
+    /// Its control-plane listener on 127.0.0.1: connections to it are reverse dials.
+    pub control_plane: u16,
     relays: Vec<Relay>,
     tether: PathBuf,
     args: Vec<OsString>,
@@ -30,9 +36,15 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts agent `n`, its relays in front of every server of `fleet`, and waits until it
-    /// holds them all.
-    pub async fn start(env: &Env, fleet: &Fleet, n: usize, dir: &Path) -> anyhow::Result<Agent> {
+    /// Starts agent `n` with the credentials of `pki`, its relays in front of every server of
+    /// `fleet`, and waits until it holds them all.
+    pub async fn start(
+        env: &Env,
+        pki: &PkiFiles,
+        fleet: &Fleet,
+        n: usize,
+        dir: &Path,
+    ) -> anyhow::Result<Agent> {
         let mut relays = Vec::with_capacity(fleet.members.len());
         for member in &fleet.members {
             relays.push(Relay::start(member.agents).await?);
@@ -42,19 +54,22 @@ impl Agent {
             .map(|r| r.addr.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let (health, admin) = (free_port()?, free_port()?);
+        let (health, admin, control_plane) = (free_port()?, free_port()?, free_port()?);
         let id = format!("soak-agent-{}", n + 1);
         let mut args: Vec<OsString> = vec![
             "agent".into(),
             "--proxy-server-host=127.0.0.1".into(),
             flag("proxy-server-addresses", &addresses),
+            flag("drain-timeout", format!("{}s", DRAIN_TIMEOUT.as_secs())),
+            flag("control-plane-listen", format!("127.0.0.1:{control_plane}")),
         ];
-        args.extend(agent_flags(&env.pki, health, admin, &id));
+        args.extend(agent_flags(pki, health, admin, &id));
         let mut agent = Agent {
             log: dir.join(format!("{id}.log")),
             id,
             proc: None,
             health,
+            control_plane,
             relays,
             tether: env.bins.tether.clone(),
             args,
@@ -84,9 +99,24 @@ impl Agent {
 
     /// SIGSTOP (`true`) or SIGCONT (`false`).
     pub fn freeze(&self, frozen: bool) {
-        if let Some(pid) = self.proc.as_ref().and_then(|p| Pid::from_raw(p.pid as i32)) {
-            let signal = if frozen { Signal::STOP } else { Signal::CONT };
-            let _ = rustix::process::kill_process(pid, signal);
+        if let Some(proc) = &self.proc {
+            proc.signal(if frozen { Signal::STOP } else { Signal::CONT });
+        }
+    }
+
+    /// SIGTERM: the agent drains and exits within [`DRAIN_TIMEOUT`].
+    pub fn drain(&self) {
+        if let Some(proc) = &self.proc {
+            proc.signal(Signal::TERM);
+        }
+    }
+
+    /// Waits for a drained agent to exit by itself: whether it did within `within` (one that
+    /// did not is killed).
+    pub async fn drained_within(&mut self, within: Duration) -> bool {
+        match self.proc.take() {
+            Some(proc) => proc.exited_within(within).await,
+            None => true,
         }
     }
 

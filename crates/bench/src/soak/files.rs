@@ -72,18 +72,7 @@ impl Files {
             pki: Pki::generate()?,
             routing: ROUTING_FIRST,
             version: 0,
-            paths: PkiFiles {
-                dir: dir.to_owned(),
-                ca_cert: dir.join("ca.crt"),
-                server_cert: dir.join("server.crt"),
-                server_key: dir.join("server.key"),
-                agent_cert: dir.join("agent.crt"),
-                agent_key: dir.join("agent.key"),
-                client_cert: dir.join("client.crt"),
-                client_key: dir.join("client.key"),
-                peer_cert: dir.join("peer.crt"),
-                peer_key: dir.join("peer.key"),
-            },
+            paths: PkiFiles::in_dir(dir),
             routing_path: dir.join("routing.yaml"),
         };
         files.publish()?;

@@ -1,13 +1,18 @@
-//! `tether-bench soak`: a fleet of tether servers (peered) and agents under client traffic
-//! while a seeded schedule of faults kills, freezes and cuts the agents; afterwards every
-//! fault is healed and the fleet must come back to where it started. The run fails on any
-//! breach: a client operation that hung or lost bytes without an error, a gauge or file
-//! descriptor count that does not return to its baseline, a panic in any log.
+//! `tether-bench soak`: a fleet of tether servers (peered; gRPC and HTTP CONNECT frontends)
+//! and agents under client traffic while a seeded schedule of faults kills, freezes, drains
+//! and cuts the agents, kills and freezes the servers, changes and breaks their routing file
+//! and rotates the certificates; afterwards every fault is healed and the fleet must come
+//! back to where it started. The run fails on any breach: a client operation that hung or
+//! lost bytes without an error, a gauge, counter or file descriptor count that does not
+//! return to its baseline, a panic or an unexplained error in any log.
 //!
 //! The seed, the schedule and each fault's time are in the report, so a failure can be
 //! replayed with `--seed`.
 
 mod agents;
+mod checks;
+mod faults;
+mod files;
 mod relay;
 mod schedule;
 mod traffic;
@@ -21,18 +26,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::procs;
-use crate::systems::{Env, Fleet, http_get, metric_sum};
+use crate::systems::{Env, Fleet, Frontend, Setup, flag};
 use agents::Agent;
+use checks::Baseline;
+use faults::Chaos;
+use files::Files;
 use schedule::{Fault, FaultKind};
 
-/// Agent streams and connections a server holds: back to the baseline once healed.
-const AGENT_OPEN: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
-/// File descriptors a process may hold beyond its baseline once the fleet is healed (log
-/// files reopened, a timer's descriptor): more is a leak.
-const FD_SLACK: usize = 8;
-/// How long the healed fleet may take to return to its baseline.
-const SETTLE: Duration = Duration::from_secs(30);
 /// The average gap between faults.
 const FAULT_GAP: Duration = Duration::from_secs(3);
 /// How often the servers' memory is sampled.
@@ -56,44 +56,68 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         "at least one server and one agent"
     );
     let dir = env.dir.join("soak");
-    std::fs::create_dir_all(&dir)?;
-    let fleet = Fleet::start(env, o.servers).await?;
+    let mut files = Files::create(&dir.join("files"))?;
+    let setup = Setup {
+        // Every second server serves HTTP CONNECT, the others gRPC. HTTP CONNECT over TCP
+        // and mutual TLS: over a Unix socket, a tunnel cut short reads as a clean end (no
+        // reset on a Unix socket), so no client could tell lost bytes from a close.
+        frontends: (0..o.servers)
+            .map(|n| match n % 2 {
+                0 => Frontend::GrpcUds,
+                _ => Frontend::HttpConnectTls,
+            })
+            .collect(),
+        extra_flags: vec![
+            flag("routing-config", &files.routing_path),
+            "--tls-reload-interval=1s".into(),
+            // The agents' reverse dials reach the echo target as a control-plane endpoint.
+            flag("control-plane-endpoints", env.target.to_string()),
+        ],
+        pki: files.paths.clone(),
+    };
+    let mut fleet = Fleet::start(env, &setup).await?;
     let mut agents = Vec::with_capacity(o.agents);
     for n in 0..o.agents {
-        agents.push(Agent::start(env, &fleet, n, &dir).await?);
+        agents.push(Agent::start(env, &files.paths, &fleet, n, &dir).await?);
     }
     let all = o.agents as f64;
     fleet
-        .wait_until(SETTLE, "every agent held", |_, c| c.agents == all)
+        .wait_until(checks::SETTLE, "every agent held", |_, c| c.agents == all)
         .await?;
-    let server_fds: Vec<usize> = fleet
-        .members
-        .iter()
-        .map(|m| procs::fd_count(m.proc.pid).unwrap_or(0))
-        .collect();
-    let agent_fds = agents.iter().filter_map(Agent::fds).max().unwrap_or(0);
+    let baseline = Baseline::take(&fleet, &agents);
     eprintln!(
-        "tether-bench soak: seed {}, {} servers, {} agents, {:?}; baseline fds: servers {server_fds:?}, agents ≤ {agent_fds}",
-        o.seed, o.servers, o.agents, o.duration
+        "tether-bench soak: seed {}, {} servers, {} agents, {:?}; baseline fds: servers {:?}, agents ≤ {}",
+        o.seed, o.servers, o.agents, o.duration, baseline.servers, baseline.agents
     );
 
     let target = env.target.to_string();
-    let mut dialers = Vec::with_capacity(o.servers);
-    for n in 0..o.servers {
-        dialers.push(fleet.dialer(n, &target).await?);
-    }
-    let ledger: traffic::Shared = Arc::default();
+    let entries: Vec<Arc<traffic::Entry>> = fleet
+        .members
+        .iter()
+        .map(|m| Arc::new(traffic::Entry::new(m, &target)))
+        .collect();
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let mut clients = traffic::start(&dialers, o.churners, &ledger, &stop);
+    let ledger = traffic::Shared::new(started);
+    let control_planes: Vec<u16> = agents.iter().map(|a| a.control_plane).collect();
+    let mut clients = traffic::start(&entries, &control_planes, o.churners, &ledger, &stop);
 
-    let faults = schedule::draw(o.seed, o.agents, FAULT_GAP, o.duration);
+    let faults = schedule::draw(o.seed, o.agents, o.servers, FAULT_GAP, o.duration);
     let mut log = String::new();
     let mut breaches = Vec::new();
-    let (rss, ()) = tokio::join!(sample_rss(&fleet, started + o.duration), async {
-        inject(&faults, &mut agents, started, &mut log, &mut breaches).await;
-        tokio::time::sleep_until(started + o.duration).await;
-    });
+    let rss_before = fleet.rss();
+    let mut memory = Memory::default();
+    let mut chaos = Chaos::new(&env.bins.tether, &mut fleet, &mut agents, &mut files);
+    inject(
+        &faults,
+        &mut chaos,
+        started,
+        o.duration,
+        &mut log,
+        &mut breaches,
+        &mut memory,
+    )
+    .await;
 
     stop.cancel();
     let stopped = tokio::time::timeout(traffic::OP_DEADLINE + Duration::from_secs(5), async {
@@ -105,20 +129,21 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         // Stragglers would hold tunnels open and fail the checks below as well.
         clients.abort_all();
     }
-    drop(dialers);
+    drop(entries);
     let elapsed = started.elapsed();
 
     // Healed: every fault has ended; the fleet must return to its baseline.
-    settle(&fleet, &agents, &server_fds, agent_fds, &mut breaches).await;
-    for entry in std::fs::read_dir(&dir)?.chain(std::fs::read_dir(&fleet.dir)?) {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "log")
-            && std::fs::read_to_string(&path).is_ok_and(|t| t.contains("panicked at"))
-        {
-            breaches.push(format!("a panic in {}", path.display()));
-        }
-    }
-    let ledger = std::mem::take(&mut *ledger.lock().unwrap_or_else(|e| e.into_inner()));
+    checks::settle(
+        &fleet,
+        &agents,
+        &baseline,
+        &files.routing_sha256(),
+        &mut breaches,
+    )
+    .await;
+    checks::scan_logs(&[&dir, &fleet.dir], &faults, &mut breaches);
+    let rss = (rss_before, fleet.rss(), memory);
+    let ledger = ledger.take();
     breaches.extend(ledger.breaches.iter().cloned());
     if ledger.unlisted_breaches > 0 {
         breaches.push(format!(
@@ -136,6 +161,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     for agent in &mut agents {
         agent.kill().await;
     }
+    fleet.stop().await;
     Ok(if breaches.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -143,14 +169,18 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Applies every fault at its time and heals it `hold` later, in time order; each line of
-/// `log` says when it was due and how long it took (a restart: until the agent is ready). An agent that does not come back is a breach.
+/// Strikes every fault at its time and heals it `hold` later, in time order, until `until`
+/// after `started`, sampling the servers' memory every [`RSS_EVERY`] meanwhile; each line of
+/// `log` says when a fault was due and how long it took (a restart: until the process is
+/// ready). What a fault's strike or heal reports is a breach.
 async fn inject(
     faults: &[Fault],
-    agents: &mut [Agent],
+    chaos: &mut Chaos<'_>,
     started: Instant,
+    until: Duration,
     log: &mut String,
     breaches: &mut Vec<String>,
+    memory: &mut Memory,
 ) {
     // (when, the fault, whether this is its healing)
     let mut events: Vec<(Duration, &Fault, bool)> = faults
@@ -158,118 +188,81 @@ async fn inject(
         .flat_map(|f| [(f.at, f, false), (f.at + f.hold, f, true)])
         .collect();
     events.sort_by_key(|(at, _, heal)| (*at, !*heal));
-    for (at, fault, heal) in events {
+    let mut events = events.into_iter().peekable();
+    let mut next_sample = Duration::ZERO;
+    loop {
+        let sample_first =
+            next_sample < until && events.peek().is_none_or(|(at, _, _)| next_sample < *at);
+        if sample_first {
+            tokio::time::sleep_until(started + next_sample).await;
+            memory.sample(chaos.fleet, next_sample);
+            next_sample += RSS_EVERY;
+            continue;
+        }
+        let Some((at, fault, heal)) = events.next() else {
+            break;
+        };
         tokio::time::sleep_until(started + at).await;
-        let agent = &mut agents[fault.agent];
-        match (fault.kind, heal) {
-            (FaultKind::Kill, false) => agent.kill().await,
-            (FaultKind::Kill, true) => {
-                if let Err(e) = agent.launch().await {
-                    breaches.push(format!("{} did not come back: {e:#}", agent.id));
-                }
-            }
-            (FaultKind::Freeze, frozen) => agent.freeze(!frozen),
-            (FaultKind::Cut, false) => agent.cut(fault.hold),
-            (FaultKind::Cut, true) => {}
+        let done = if heal {
+            chaos.heal(fault).await
+        } else {
+            chaos.strike(fault).await
+        };
+        let target = chaos.name(fault.target);
+        if let Err(breach) = done {
+            breaches.push(format!(
+                "{:.1} s, {}: {breach}",
+                at.as_secs_f64(),
+                fault.kind.name()
+            ));
         }
         let _ = writeln!(
             log,
-            "| {:.1} | {} | {} | {} | {:.1} |",
+            "| {:.1} | {} | {target} | {} | {:.1} |",
             at.as_secs_f64(),
             if heal { "healed" } else { fault.kind.name() },
-            agent.id,
             if heal {
                 String::new()
             } else {
                 format!("{:.1} s", fault.hold.as_secs_f64())
             },
-            // A restart waits until the agent holds every server again.
+            // A restart waits until the process is ready again.
             started.elapsed().saturating_sub(at).as_secs_f64()
         );
     }
+    tokio::time::sleep_until(started + until).await;
 }
 
-/// The servers' RSS together, every [`RSS_EVERY`] until `until`: (seconds, MiB).
-async fn sample_rss(fleet: &Fleet, until: Instant) -> Vec<(f64, f64)> {
-    let started = Instant::now();
-    let mut samples = Vec::new();
-    loop {
-        samples.push((
-            started.elapsed().as_secs_f64(),
-            fleet.rss() as f64 / (1 << 20) as f64,
-        ));
-        if Instant::now() + RSS_EVERY > until {
-            return samples;
-        }
-        tokio::time::sleep(RSS_EVERY).await;
-    }
+/// The servers' memory over the run: each server process's RSS samples, as (seconds, MiB),
+/// so that a restart starts a series of its own rather than a dip in one.
+#[derive(Debug, Default)]
+struct Memory {
+    /// (server, pid) → samples.
+    series: std::collections::BTreeMap<(usize, u32), Vec<(f64, f64)>>,
 }
 
-/// Waits until every server and agent is back at its baseline (no pending dial, no
-/// connection, every agent held, file descriptors within [`FD_SLACK`]); what is not by
-/// [`SETTLE`] is a breach.
-async fn settle(
-    fleet: &Fleet,
-    agents: &[Agent],
-    server_fds: &[usize],
-    agent_fds: usize,
-    breaches: &mut Vec<String>,
-) {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let mut off = Vec::new();
+impl Memory {
+    fn sample(&mut self, fleet: &Fleet, at: Duration) {
         for (n, member) in fleet.members.iter().enumerate() {
-            match fleet.counts(n).await {
-                Ok(c) => {
-                    for (what, is, want) in [
-                        ("pending dials", c.pending_dials, 0.0),
-                        ("established connections", c.established, 0.0),
-                        ("agents held", c.agents, agents.len() as f64),
-                    ] {
-                        if is != want {
-                            off.push(format!("server {}: {what} {is}, not {want}", n + 1));
-                        }
-                    }
-                }
-                Err(e) => off.push(format!("server {}: no metrics: {e:#}", n + 1)),
-            }
-            let fds = procs::fd_count(member.proc.pid).unwrap_or(usize::MAX);
-            if fds > server_fds[n] + FD_SLACK {
-                off.push(format!(
-                    "server {}: {fds} fds, {} at the start",
-                    n + 1,
-                    server_fds[n]
-                ));
+            if let Some(proc) = &member.proc {
+                self.series
+                    .entry((n, proc.pid))
+                    .or_default()
+                    .push((at.as_secs_f64(), proc.rss() as f64 / (1 << 20) as f64));
             }
         }
-        for agent in agents {
-            let body = http_get(agent.health, "/metrics")
-                .await
-                .map(|r| r.1)
-                .unwrap_or_default();
-            let open = metric_sum(&body, AGENT_OPEN, "").unwrap_or(-1.0);
-            if open != 0.0 {
-                off.push(format!("{}: {AGENT_OPEN} is {open}", agent.id));
-            }
-            let fds = agent.fds().unwrap_or(usize::MAX);
-            if fds > agent_fds + FD_SLACK {
-                off.push(format!(
-                    "{}: {fds} fds, agents had ≤ {agent_fds} at the start",
-                    agent.id
-                ));
-            }
-        }
-        if off.is_empty() {
-            return;
-        }
-        if Instant::now() > deadline {
-            breaches.extend(
-                off.into_iter()
-                    .map(|o| format!("not back after {SETTLE:?}: {o}")),
-            );
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    /// The steepest slope among the series of at least a minute: (server, MiB per minute,
+    /// over how many seconds).
+    fn steepest(&self) -> Option<(usize, f64, f64)> {
+        self.series
+            .iter()
+            .filter_map(|((n, _), samples)| {
+                let span = samples.last()?.0 - samples.first()?.0;
+                (span >= 60.0).then_some((*n, slope(samples)?, span))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 }
 
@@ -295,14 +288,14 @@ fn report(
     faults: &[Fault],
     log: &str,
     ledger: &traffic::Ledger,
-    rss: &[(f64, f64)],
+    (rss_before, rss_after, memory): &(u64, u64, Memory),
     breaches: &[String],
 ) -> String {
     let mut r = String::new();
     let _ = writeln!(r, "# Soak: seed {}\n", o.seed);
     let _ = writeln!(
         r,
-        "{} tether servers (peered), {} agents (each through relays of its own), {} churn clients and one long-lived stream per server, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}`.\n",
+        "{} tether servers (peered; gRPC and HTTP CONNECT frontends in turn), {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers and stalled readers, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}`.\n",
         o.servers,
         o.agents,
         o.churners,
@@ -338,8 +331,13 @@ fn report(
         "- the longest an operation took to end with an error: {:.2} s",
         ledger.worst_error.as_secs_f64()
     );
-    for (what, n) in &ledger.errors {
-        let _ = writeln!(r, "  - {n}× {what}");
+    for (what, e) in &ledger.errors {
+        let when = if e.count == 1 {
+            format!("at {:.1} s", e.first.as_secs_f64())
+        } else {
+            format!("{:.1}–{:.1} s", e.first.as_secs_f64(), e.last.as_secs_f64())
+        };
+        let _ = writeln!(r, "  - {}× ({when}) {what}", e.count);
     }
     let _ = writeln!(r, "\n## Faults\n");
     for kind in FaultKind::ALL {
@@ -350,17 +348,22 @@ fn report(
             faults.iter().filter(|f| f.kind == kind).count()
         );
     }
+    let mib = |b: &u64| *b as f64 / (1 << 20) as f64;
     let _ = writeln!(
         r,
-        "- servers' RSS: {} samples, {:.1} → {:.1} MiB, slope {}",
-        rss.len(),
-        rss.first().map_or(0.0, |s| s.1),
-        rss.last().map_or(0.0, |s| s.1),
-        slope(rss).map_or("–".to_owned(), |s| format!("{s:+.2} MiB/min"))
+        "- servers' RSS together: {:.1} MiB at the start, {:.1} MiB after the run; the steepest trend of one server process over a minute or more: {}",
+        mib(rss_before),
+        mib(rss_after),
+        memory.steepest().map_or(
+            "– (no process lived a minute)".to_owned(),
+            |(n, slope, span)| {
+                format!("{slope:+.2} MiB/min (server {}, over {span:.0} s)", n + 1)
+            }
+        )
     );
     let _ = writeln!(
         r,
-        "\n| t (s) | fault | agent | hold | done after (s) |\n|---:|---|---|---|---:|"
+        "\n| t (s) | fault | target | hold | done after (s) |\n|---:|---|---|---|---:|"
     );
     r.push_str(log);
     r

@@ -3,78 +3,183 @@
 
 use std::time::Duration;
 
-/// What a fault does to one agent.
+/// What a fault does, and to what (see [`FaultKind::aim`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultKind {
-    /// kill -9, and a new process after `hold`.
+    /// An agent: kill -9, and a new process after `hold`.
     Kill,
-    /// SIGSTOP, and SIGCONT after `hold`.
+    /// An agent: SIGSTOP, and SIGCONT after `hold`.
     Freeze,
-    /// Every connection of its links to the servers reset, and new ones refused for `hold`:
-    /// shorter or longer than the resume window.
+    /// An agent: every connection of its links to the servers reset, and new ones refused
+    /// for `hold`: shorter or longer than the resume window.
     Cut,
+    /// An agent: SIGTERM, which drains it (DRAIN to every server, then it exits within its
+    /// `--drain-timeout`); a new process after `hold`.
+    Drain,
+    /// A server: kill -9, and a new process on the same ports after `hold`.
+    ServerKill,
+    /// A server: SIGSTOP, and SIGCONT after `hold`.
+    ServerFreeze,
+    /// Every server: a changed routing file, and the first one back after `hold`.
+    Reload,
+    /// Every server: a routing file that does not parse (refused; the one in force stays),
+    /// and the first one back after `hold`.
+    BadReload,
+    /// Every server and agent: new certificates from the same CA written over the files
+    /// they read; `hold` is how long the servers have to load them.
+    Rotate,
+}
+
+/// What a fault kind strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aim {
+    Agent,
+    Server,
+    /// Every server (files they all read).
+    Fleet,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 3] = [FaultKind::Kill, FaultKind::Freeze, FaultKind::Cut];
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::Kill,
+        FaultKind::Freeze,
+        FaultKind::Cut,
+        FaultKind::Drain,
+        FaultKind::ServerKill,
+        FaultKind::ServerFreeze,
+        FaultKind::Reload,
+        FaultKind::BadReload,
+        FaultKind::Rotate,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
-            FaultKind::Kill => "kill -9 and restart",
-            FaultKind::Freeze => "SIGSTOP, then SIGCONT",
-            FaultKind::Cut => "links cut",
+            FaultKind::Kill => "agent kill -9 and restart",
+            FaultKind::Freeze => "agent SIGSTOP, then SIGCONT",
+            FaultKind::Cut => "agent links cut",
+            FaultKind::Drain => "agent drained (SIGTERM) and restarted",
+            FaultKind::ServerKill => "server kill -9 and restart",
+            FaultKind::ServerFreeze => "server SIGSTOP, then SIGCONT",
+            FaultKind::Reload => "routing file changed, then back",
+            FaultKind::BadReload => "routing file broken, then back",
+            FaultKind::Rotate => "certificates rotated",
         }
     }
 
-    /// How long the fault lasts before it heals, at most.
-    fn max_hold(self) -> Duration {
+    pub fn aim(self) -> Aim {
         match self {
-            FaultKind::Kill => Duration::from_secs(3),
-            FaultKind::Freeze => Duration::from_secs(4),
+            FaultKind::Kill | FaultKind::Freeze | FaultKind::Cut | FaultKind::Drain => Aim::Agent,
+            FaultKind::ServerKill | FaultKind::ServerFreeze => Aim::Server,
+            FaultKind::Reload | FaultKind::BadReload | FaultKind::Rotate => Aim::Fleet,
+        }
+    }
+
+    /// How long the fault lasts before it heals: from, to.
+    fn holds(self) -> (Duration, Duration) {
+        let ms = Duration::from_millis;
+        match self {
+            FaultKind::Kill | FaultKind::ServerKill => (ms(200), ms(3_000)),
+            FaultKind::Freeze | FaultKind::ServerFreeze => (ms(200), ms(4_000)),
             // Up to twice the default 4 s resume window: some streams resume, some end.
-            FaultKind::Cut => Duration::from_secs(8),
+            FaultKind::Cut => (ms(200), ms(8_000)),
+            FaultKind::Drain => (ms(200), ms(5_000)),
+            FaultKind::Reload => (ms(1_000), ms(8_000)),
+            FaultKind::BadReload => (ms(1_000), ms(4_000)),
+            // Servers look at their certificate files every second (`--tls-reload-interval`).
+            FaultKind::Rotate => (ms(3_000), ms(3_000)),
+        }
+    }
+
+    /// How often it is drawn, against the others: agents' faults most, as a fleet has more
+    /// agents than servers.
+    fn weight(self) -> u32 {
+        match self {
+            FaultKind::Kill | FaultKind::Cut => 3,
+            FaultKind::Freeze | FaultKind::Drain => 2,
+            _ => 1,
         }
     }
 }
 
-/// One fault: at `at` after the start, `kind` on agent `agent`, healed `hold` later.
+/// What a fault strikes: an agent or a server by index, or the whole fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Agent(usize),
+    Server(usize),
+    Fleet,
+}
+
+impl Target {
+    /// Faults in one lane never overlap: an agent's own, and one lane for every server and
+    /// the fleet (a server started while a broken routing file is in place would refuse it
+    /// and stop, and two servers down at once would leave a three-server fleet one).
+    fn lane(self) -> Option<usize> {
+        match self {
+            Target::Agent(n) => Some(n),
+            Target::Server(_) | Target::Fleet => None,
+        }
+    }
+}
+
+/// One fault: at `at` after the start, `kind` on `target`, healed `hold` later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
     pub at: Duration,
     pub kind: FaultKind,
-    pub agent: usize,
+    pub target: Target,
     pub hold: Duration,
 }
 
 /// Draws the faults of a run: one every `gap` (jittered by half either way) until `until`,
-/// each of a random kind on a random agent that has no fault still unhealed, so every
-/// fault heals on its own and no agent takes two at once.
-pub fn draw(seed: u64, agents: usize, gap: Duration, until: Duration) -> Vec<Fault> {
+/// each of a random kind (by [`FaultKind::weight`]) on a random target whose lane has no
+/// fault still unhealed, so every fault heals on its own and no lane takes two at once.
+pub fn draw(
+    seed: u64,
+    agents: usize,
+    servers: usize,
+    gap: Duration,
+    until: Duration,
+) -> Vec<Fault> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut faults: Vec<Fault> = Vec::new();
     let mut at = Duration::ZERO;
     let millis = |d: Duration| d.as_millis() as u64;
+    let total: u32 = FaultKind::ALL.iter().map(|k| k.weight()).sum();
     loop {
         at += Duration::from_millis(rng.u64(millis(gap) / 2..=millis(gap) * 3 / 2));
-        let kind = FaultKind::ALL[rng.usize(..FaultKind::ALL.len())];
-        let hold = Duration::from_millis(rng.u64(200..=millis(kind.max_hold())));
+        let mut pick = rng.u32(..total);
+        let kind = *FaultKind::ALL
+            .iter()
+            .find(|k| {
+                let hit = pick < k.weight();
+                pick = pick.saturating_sub(k.weight());
+                hit
+            })
+            .unwrap_or(&FaultKind::Kill);
+        let (shortest, longest) = kind.holds();
+        let hold = Duration::from_millis(rng.u64(millis(shortest)..=millis(longest)));
         if at + hold >= until {
             break;
         }
-        let busy = |agent: usize| {
+        let busy = |lane: Option<usize>| {
             faults
                 .iter()
-                .any(|f| f.agent == agent && f.at + f.hold + Duration::from_secs(1) > at)
+                .any(|f| f.target.lane() == lane && f.at + f.hold + Duration::from_secs(1) > at)
         };
-        let free: Vec<usize> = (0..agents).filter(|a| !busy(*a)).collect();
+        let targets: Vec<Target> = match kind.aim() {
+            Aim::Agent => (0..agents).map(Target::Agent).collect(),
+            Aim::Server => (0..servers).map(Target::Server).collect(),
+            Aim::Fleet => vec![Target::Fleet],
+        };
+        let free: Vec<Target> = targets.into_iter().filter(|t| !busy(t.lane())).collect();
         if free.is_empty() {
             continue;
         }
-        let agent = free[rng.usize(..free.len())];
+        let target = free[rng.usize(..free.len())];
         faults.push(Fault {
             at,
             kind,
-            agent,
+            target,
             hold,
         });
     }
@@ -90,22 +195,28 @@ mod tests {
 
     #[test]
     fn a_seed_draws_the_same_schedule_and_another_seed_another() {
-        assert_eq!(draw(7, 10, GAP, UNTIL), draw(7, 10, GAP, UNTIL));
-        assert_ne!(draw(7, 10, GAP, UNTIL), draw(8, 10, GAP, UNTIL));
+        assert_eq!(draw(7, 10, 3, GAP, UNTIL), draw(7, 10, 3, GAP, UNTIL));
+        assert_ne!(draw(7, 10, 3, GAP, UNTIL), draw(8, 10, 3, GAP, UNTIL));
     }
 
     #[test]
-    fn every_fault_heals_before_the_end_and_no_agent_takes_two_at_once() {
+    fn every_fault_heals_before_the_end_and_no_lane_takes_two_at_once() {
         for seed in 0..50 {
-            let faults = draw(seed, 4, GAP, UNTIL);
+            let faults = draw(seed, 4, 3, GAP, UNTIL);
             assert!(faults.len() > 100, "seed {seed}: {} faults", faults.len());
             for (i, f) in faults.iter().enumerate() {
                 assert!(f.at + f.hold < UNTIL);
-                assert!(f.agent < 4);
-                assert!(f.hold <= f.kind.max_hold());
+                let (shortest, longest) = f.kind.holds();
+                assert!((shortest..=longest).contains(&f.hold), "{f:?}");
+                match (f.kind.aim(), f.target) {
+                    (Aim::Agent, Target::Agent(n)) => assert!(n < 4),
+                    (Aim::Server, Target::Server(n)) => assert!(n < 3),
+                    (Aim::Fleet, Target::Fleet) => {}
+                    other => panic!("seed {seed}: {other:?}"),
+                }
                 for g in &faults[..i] {
                     assert!(
-                        g.agent != f.agent || g.at + g.hold < f.at,
+                        g.target.lane() != f.target.lane() || g.at + g.hold < f.at,
                         "seed {seed}: {g:?} overlaps {f:?}"
                     );
                 }

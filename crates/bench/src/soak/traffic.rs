@@ -1,19 +1,21 @@
-//! The soak's clients and their ledger. Dial churn (dial, echo, close) and long-lived
-//! streams checked byte for byte run through every server's gRPC frontend while the faults
-//! land. Every operation ends with success or an explicit error within its deadline; a hang,
-//! a clean end of stream before the bytes owed, or a wrong byte is a breach of the
-//! invariants, not an error.
+//! The soak's clients and their ledger. Dial churn (dial, echo, close), long-lived streams
+//! checked byte for byte, bulk transfers and stalled readers run through every server's
+//! frontend (gRPC or HTTP CONNECT) while the faults land. Every operation ends with success
+//! or an explicit error within its deadline; a hang, a clean end of stream before the bytes
+//! owed, or a wrong byte is a breach of the invariants, not an error.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use anyhow::Context as _;
+use tether_client::{GrpcClient, Transport};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::systems::Dialer;
+use crate::systems::{Dialer, Frontend, Member};
 use crate::target::{BoxStream, ECHO};
 
 /// The deadline of every client operation: a dial, or one echo round.
@@ -23,6 +25,57 @@ pub const OP_DEADLINE: Duration = Duration::from_secs(30);
 const LISTED_BREACHES: usize = 100;
 /// A long-lived stream's pause between rounds.
 const STREAM_PERIOD: Duration = Duration::from_millis(100);
+/// A bulk transfer's bytes, each way.
+const BULK_BYTES: u64 = 1 << 20;
+/// What a stalled reader sends before it reads, and how long it does not read.
+const STALLED_BYTES: u64 = 256 << 10;
+const STALL: Duration = Duration::from_secs(3);
+/// Bulk, stalled-reader and reverse-dial clients, each.
+const BULK_CLIENTS: usize = 2;
+const STALLED_CLIENTS: usize = 2;
+const REVERSE_CLIENTS: usize = 2;
+
+/// How the clients reach one server's frontend. A gRPC connection that ended (the server
+/// was killed) is made again by the next dial.
+#[derive(Debug)]
+pub struct Entry {
+    frontend: Frontend,
+    transport: Transport,
+    target: String,
+    grpc: tokio::sync::Mutex<Option<GrpcClient>>,
+}
+
+impl Entry {
+    pub fn new(member: &Member, target: &str) -> Entry {
+        Entry {
+            frontend: member.frontend,
+            transport: member.transport().clone(),
+            target: target.to_owned(),
+            grpc: tokio::sync::Mutex::default(),
+        }
+    }
+
+    async fn dial(&self) -> anyhow::Result<BoxStream> {
+        let transport = self.transport.clone();
+        let dialer = if self.frontend.is_grpc() {
+            let mut held = self.grpc.lock().await;
+            let client = match held.as_ref() {
+                Some(client) if !client.is_closed() => client.clone(),
+                _ => {
+                    let connect = GrpcClient::connect(&transport);
+                    let client = tokio::time::timeout(Duration::from_secs(10), connect)
+                        .await
+                        .context("gRPC frontend connect timed out")??;
+                    held.insert(client).clone()
+                }
+            };
+            Dialer::Grpc(client, self.target.clone())
+        } else {
+            Dialer::HttpConnect(transport, self.target.clone())
+        };
+        dialer.dial().await
+    }
+}
 
 /// What the clients did, and every breach of an invariant.
 #[derive(Debug, Default)]
@@ -30,7 +83,7 @@ pub struct Ledger {
     /// Operations that succeeded: churn dials carried to the end, long-lived rounds.
     pub ok: u64,
     /// Explicit errors, by what they said.
-    pub errors: BTreeMap<String, u64>,
+    pub errors: BTreeMap<String, Errors>,
     /// The longest an operation took to end with an error.
     pub worst_error: Duration,
     /// Breaches: hangs, clean ends of cut-short data, wrong bytes; the first
@@ -40,21 +93,55 @@ pub struct Ledger {
     pub unlisted_breaches: u64,
 }
 
+/// Errors of one kind: how many, and when the first and the last ended, after the run's
+/// start (to hold beside the faults' times).
+#[derive(Clone, Copy, Debug)]
+pub struct Errors {
+    pub count: u64,
+    pub first: Duration,
+    pub last: Duration,
+}
+
 impl Ledger {
     pub fn operations(&self) -> u64 {
-        self.ok + self.errors.values().sum::<u64>()
+        self.ok + self.errors.values().map(|e| e.count).sum::<u64>()
     }
 }
 
-/// The ledger the client tasks share.
-pub type Shared = Arc<Mutex<Ledger>>;
+/// The ledger the client tasks share, and when the run started.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    ledger: Arc<Mutex<Ledger>>,
+    run_started: Instant,
+}
 
-fn record(ledger: &Shared, started: Instant, outcome: Result<(), Failure>) {
-    let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
+impl Shared {
+    pub fn new(run_started: Instant) -> Shared {
+        Shared {
+            ledger: Arc::default(),
+            run_started,
+        }
+    }
+
+    /// The ledger, taken out.
+    pub fn take(&self) -> Ledger {
+        std::mem::take(&mut *self.ledger.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+fn record(shared: &Shared, started: Instant, outcome: Result<(), Failure>) {
+    let mut ledger = shared.ledger.lock().unwrap_or_else(|e| e.into_inner());
     match outcome {
         Ok(()) => ledger.ok += 1,
         Err(Failure::Error(what)) => {
-            *ledger.errors.entry(what).or_default() += 1;
+            let now = shared.run_started.elapsed();
+            let errors = ledger.errors.entry(what).or_insert(Errors {
+                count: 0,
+                first: now,
+                last: now,
+            });
+            errors.count += 1;
+            errors.last = now;
             ledger.worst_error = ledger.worst_error.max(started.elapsed());
         }
         Err(Failure::Breach(what)) if ledger.breaches.len() < LISTED_BREACHES => {
@@ -110,7 +197,11 @@ async fn bounded<T>(
 
 /// Reads exactly `want.len()` bytes and checks them: a clean end of stream before them, or
 /// other bytes, is a breach.
-async fn expect_back(s: &mut BoxStream, want: &[u8], what: &str) -> Result<(), Failure> {
+async fn expect_back(
+    s: &mut (impl AsyncRead + Unpin),
+    want: &[u8],
+    what: &str,
+) -> Result<(), Failure> {
     let mut got = vec![0u8; want.len()];
     let mut filled = 0;
     while filled < got.len() {
@@ -129,7 +220,7 @@ async fn expect_back(s: &mut BoxStream, want: &[u8], what: &str) -> Result<(), F
     Ok(())
 }
 
-async fn send(s: &mut BoxStream, bytes: &[u8], what: &str) -> Result<(), Failure> {
+async fn send(s: &mut (impl AsyncWrite + Unpin), bytes: &[u8], what: &str) -> Result<(), Failure> {
     bounded(what, async {
         s.write_all(bytes).await?;
         Ok(s.flush().await?)
@@ -138,8 +229,8 @@ async fn send(s: &mut BoxStream, bytes: &[u8], what: &str) -> Result<(), Failure
 }
 
 /// One churn operation: dial, switch to echo, one round trip of `msg`, close.
-async fn churn_once(dialer: &Dialer, msg: &[u8]) -> Result<(), Failure> {
-    let mut s = bounded("dial", dialer.dial()).await?;
+async fn churn_once(entry: &Entry, msg: &[u8]) -> Result<(), Failure> {
+    let mut s = bounded("dial", entry.dial()).await?;
     let mut first = Vec::with_capacity(msg.len() + 1);
     first.push(ECHO);
     first.extend_from_slice(msg);
@@ -147,26 +238,157 @@ async fn churn_once(dialer: &Dialer, msg: &[u8]) -> Result<(), Failure> {
     expect_back(&mut s, msg, "churn").await
 }
 
-/// Dial churn until `stop`, through the dialers in turn.
-pub async fn churn(dialers: Vec<Dialer>, worker: usize, ledger: Shared, stop: CancellationToken) {
+/// The bytes at `offset..` of the pattern `seed` names: what a bulk transfer or a stalled
+/// reader sends, and checks when it comes back, without keeping a copy.
+fn pattern(seed: u64, offset: u64, out: &mut [u8]) {
+    for (i, byte) in out.iter_mut().enumerate() {
+        let at = offset + i as u64;
+        let word = (seed ^ (at / 8)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        *byte = (word >> ((at % 8) * 8)) as u8;
+    }
+}
+
+/// Sends `len` bytes of pattern `seed`, after the echo mode byte.
+async fn send_pattern(
+    w: &mut (impl AsyncWrite + Unpin),
+    seed: u64,
+    len: u64,
+    what: &str,
+) -> Result<(), Failure> {
+    send(w, &[ECHO], what).await?;
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut sent = 0;
+    while sent < len {
+        let n = chunk.len().min((len - sent) as usize);
+        pattern(seed, sent, &mut chunk[..n]);
+        send(w, &chunk[..n], what).await?;
+        sent += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes and checks them against pattern `seed`: a clean end of stream before
+/// them, or another byte, is a breach.
+async fn expect_pattern(
+    r: &mut (impl AsyncRead + Unpin),
+    seed: u64,
+    len: u64,
+    what: &str,
+) -> Result<(), Failure> {
+    let (mut got, mut want) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    let mut filled = 0;
+    while filled < len {
+        let room = got.len().min((len - filled) as usize);
+        let n = bounded(what, async { Ok(r.read(&mut got[..room]).await?) }).await?;
+        if n == 0 {
+            return Err(Failure::Breach(format!(
+                "{what}: clean end of stream after {filled} of {len} bytes owed"
+            )));
+        }
+        pattern(seed, filled, &mut want[..n]);
+        if got[..n] != want[..n] {
+            return Err(Failure::Breach(format!(
+                "{what}: a wrong byte within {filled}..{}",
+                filled + n as u64
+            )));
+        }
+        filled += n as u64;
+    }
+    Ok(())
+}
+
+/// One transfer of `len` bytes through the echo: sent whole while it comes back, the reading
+/// begun only after `stall` (a stalled reader, whose connection must hold back no other).
+async fn transfer_once(
+    entry: &Entry,
+    seed: u64,
+    len: u64,
+    stall: Duration,
+    what: &str,
+) -> Result<(), Failure> {
+    let s = bounded("dial", entry.dial()).await?;
+    let (mut r, mut w) = tokio::io::split(s);
+    let reading = async {
+        tokio::time::sleep(stall).await;
+        expect_pattern(&mut r, seed, len, what).await
+    };
+    tokio::try_join!(send_pattern(&mut w, seed, len, what), reading)?;
+    Ok(())
+}
+
+/// Dial churn until `stop`, through the entries in turn.
+pub async fn churn(
+    entries: Vec<Arc<Entry>>,
+    worker: usize,
+    ledger: Shared,
+    stop: CancellationToken,
+) {
     let mut n = 0u64;
     while !stop.is_cancelled() {
-        let dialer = &dialers[(worker + n as usize) % dialers.len()];
+        let entry = &entries[(worker + n as usize) % entries.len()];
         let msg = format!("churn {worker} {n}").into_bytes();
         let started = Instant::now();
-        record(&ledger, started, churn_once(dialer, &msg).await);
+        record(&ledger, started, churn_once(entry, &msg).await);
+        n += 1;
+    }
+}
+
+/// Reverse dials until `stop`: connections to the agents' control-plane listeners in turn,
+/// which the agents carry through the tunnel to a server and the server to the echo target,
+/// each one round trip of a message and a close.
+async fn reverse(control_planes: Vec<u16>, worker: usize, ledger: Shared, stop: CancellationToken) {
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        let port = control_planes[(worker + n as usize) % control_planes.len()];
+        let msg = format!("reverse {worker} {n}").into_bytes();
+        let started = Instant::now();
+        let outcome = async {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let mut s = bounded("reverse dial", async {
+                Ok(tokio::net::TcpStream::connect(addr).await?)
+            })
+            .await?;
+            let mut first = vec![ECHO];
+            first.extend_from_slice(&msg);
+            send(&mut s, &first, "reverse").await?;
+            expect_back(&mut s, &msg, "reverse").await
+        }
+        .await;
+        record(&ledger, started, outcome);
+        n += 1;
+    }
+}
+
+/// Transfers of `len` bytes, read after `stall`, until `stop`, through the entries in turn.
+async fn transfers(
+    entries: Vec<Arc<Entry>>,
+    worker: usize,
+    (len, stall, what): (u64, Duration, &'static str),
+    ledger: Shared,
+    stop: CancellationToken,
+) {
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        let entry = &entries[(worker + n as usize) % entries.len()];
+        let seed = (worker as u64) << 32 | n;
+        let started = Instant::now();
+        record(
+            &ledger,
+            started,
+            transfer_once(entry, seed, len, stall, what).await,
+        );
         n += 1;
     }
 }
 
 /// A long-lived stream (as `kubectl logs -f` holds one): rounds of numbered messages, each
 /// checked byte for byte, until `stop`; a stream that ends with an error is opened again.
-pub async fn long_lived(dialer: Dialer, id: usize, ledger: Shared, stop: CancellationToken) {
+pub async fn long_lived(entry: Arc<Entry>, id: usize, ledger: Shared, stop: CancellationToken) {
     let mut round = 0u64;
     while !stop.is_cancelled() {
         let started = Instant::now();
         let opened = async {
-            let mut s = bounded("stream dial", dialer.dial()).await?;
+            let mut s = bounded("stream dial", entry.dial()).await?;
             send(&mut s, &[ECHO], "stream").await?;
             Ok::<_, Failure>(s)
         }
@@ -205,9 +427,11 @@ pub async fn long_lived(dialer: Dialer, id: usize, ledger: Shared, stop: Cancell
     }
 }
 
-/// Starts `churners` churn workers over `dialers` and one long-lived stream per dialer.
+/// Starts `churners` churn workers over `entries`, one long-lived stream per entry, the
+/// bulk and stalled-reader clients, and reverse dials through the agents' `control_planes`.
 pub fn start(
-    dialers: &[Dialer],
+    entries: &[Arc<Entry>],
+    control_planes: &[u16],
     churners: usize,
     ledger: &Shared,
     stop: &CancellationToken,
@@ -215,14 +439,39 @@ pub fn start(
     let mut tasks = JoinSet::new();
     for worker in 0..churners {
         tasks.spawn(churn(
-            dialers.to_vec(),
+            entries.to_vec(),
             worker,
             ledger.clone(),
             stop.clone(),
         ));
     }
-    for (id, dialer) in dialers.iter().enumerate() {
-        tasks.spawn(long_lived(dialer.clone(), id, ledger.clone(), stop.clone()));
+    for (id, entry) in entries.iter().enumerate() {
+        tasks.spawn(long_lived(entry.clone(), id, ledger.clone(), stop.clone()));
+    }
+    let kinds = [
+        (BULK_CLIENTS, (BULK_BYTES, Duration::ZERO, "bulk")),
+        (STALLED_CLIENTS, (STALLED_BYTES, STALL, "stalled reader")),
+    ];
+    let mut worker = 0;
+    for (clients, kind) in kinds {
+        for _ in 0..clients {
+            tasks.spawn(transfers(
+                entries.to_vec(),
+                worker,
+                kind,
+                ledger.clone(),
+                stop.clone(),
+            ));
+            worker += 1;
+        }
+    }
+    for worker in 0..REVERSE_CLIENTS {
+        tasks.spawn(reverse(
+            control_planes.to_vec(),
+            worker,
+            ledger.clone(),
+            stop.clone(),
+        ));
     }
     tasks
 }
@@ -230,6 +479,21 @@ pub fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_read_in_any_pieces_is_the_same_bytes() {
+        let mut whole = vec![0u8; 1000];
+        pattern(42, 0, &mut whole);
+        let mut pieces = vec![0u8; 1000];
+        for (from, to) in [(0, 3), (3, 11), (11, 500), (500, 1000)] {
+            pattern(42, from as u64, &mut pieces[from..to]);
+        }
+        assert_eq!(whole, pieces);
+        let mut other = vec![0u8; 1000];
+        pattern(43, 0, &mut other);
+        assert_ne!(whole, other);
+        assert!(whole.iter().any(|b| *b != whole[0]));
+    }
 
     #[test]
     fn an_error_s_kind_drops_its_numbers_and_keeps_whole_characters() {

@@ -1,19 +1,23 @@
 //! A fleet of tether servers peered with each other on loopback (server peering), with no
-//! agent of their own: the fleet workload connects fake agents to them. Server `n` (1, 2,
-//! 3…) listens for agents and peers on 127.0.0.`n+1` and serves gRPC clients on a Unix
-//! socket of its own; every server lists every peer address, its own among them.
+//! agent of their own: the fleet workload connects fake agents to them, the soak real ones.
+//! Server `n` (1, 2, 3…) listens for agents and peers on 127.0.0.`n+1` and serves its
+//! clients (gRPC or HTTP CONNECT) on a Unix socket of its own; every server lists every peer
+//! address, its own among them. A member can be killed, frozen and started again on the
+//! same ports.
 
+use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::{Context as _, bail};
 use tether_client::{GrpcClient, Transport};
+use tether_tls::pki::PkiFiles;
 
 use super::dialer::Dialer;
 use super::env::Env;
-use super::konnectivity::{flag, server_flags};
+use super::konnectivity::{client_tls, flag, server_flags};
 use super::loopback::{free_port, http_get, wait_http_ok};
 use super::running::{GRPC_STREAMS, READY_BACKENDS, metric_sum};
 use super::system::{Frontend, Impl, System};
@@ -31,13 +35,43 @@ const PEER_AGENTS: &str = "tether_server_peer_agents";
 /// One server of the fleet.
 #[derive(Debug)]
 pub struct Member {
-    pub proc: Proc,
+    /// `None` between a kill and its restart.
+    pub proc: Option<Proc>,
     /// Its health port on 127.0.0.1 (metrics).
     pub health: u16,
     /// Where agents connect.
     pub agents: SocketAddr,
-    /// Its gRPC frontend.
-    pub uds: PathBuf,
+    /// Its frontend, and how its clients reach it.
+    pub frontend: Frontend,
+    transport: Transport,
+    /// Its command line, to start it again.
+    args: Vec<OsString>,
+    role: String,
+    log: PathBuf,
+}
+
+/// How the fleet's servers are started, beyond what every one has.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// Each server's frontend, in order; their number is the fleet's size. A TCP one listens
+    /// on 127.0.0.1 with mutual TLS.
+    pub frontends: Vec<Frontend>,
+    /// Flags every server gets besides the fleet's own (a routing file, a reload interval).
+    pub extra_flags: Vec<OsString>,
+    /// The certificates the servers present and trust.
+    pub pki: PkiFiles,
+}
+
+impl Setup {
+    /// `size` gRPC servers with the run's certificates and nothing else: the fleet
+    /// workload's.
+    pub fn grpc(env: &Env, size: usize) -> Setup {
+        Setup {
+            frontends: vec![Frontend::GrpcUds; size],
+            extra_flags: Vec::new(),
+            pki: env.pki.clone(),
+        }
+    }
 }
 
 /// What one server counts.
@@ -73,14 +107,15 @@ fn address(n: usize) -> IpAddr {
 }
 
 impl Fleet {
-    /// Starts `size` tether servers peered with each other and waits until each has its
+    /// Starts the servers of `setup` peered with each other and waits until each has its
     /// links to every other, both ways. Every server runs the `destHost,default` strategies
     /// (so that an agent advertising an address is dialed by it) and
     /// `--agent-identity-binding=off` (the run's one agent certificate proves no address).
-    pub async fn start(env: &Env, size: usize) -> anyhow::Result<Fleet> {
+    pub async fn start(env: &Env, setup: &Setup) -> anyhow::Result<Fleet> {
+        let size = setup.frontends.len();
         anyhow::ensure!((1..=250).contains(&size), "a fleet of 1 to 250 servers");
         let dir = env.instance_dir(&FLEET_SYSTEM)?;
-        let pki = &env.pki;
+        let pki = &setup.pki;
         let peer_ports = (0..size)
             .map(|_| free_port())
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -91,37 +126,56 @@ impl Fleet {
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Vec::with_capacity(size);
-        for (n, peer_port) in peer_ports.iter().enumerate() {
+        for (n, (peer_port, frontend)) in peer_ports.iter().zip(&setup.frontends).enumerate() {
             let (agent_port, health, admin) = (free_port()?, free_port()?, free_port()?);
             let ip = address(n);
             let uds = dir.join(format!("server-{}.sock", n + 1));
-            let mut cmd = tokio::process::Command::new(&env.bins.tether);
-            cmd.arg("server")
-                .arg("--mode=grpc")
-                .arg(flag("uds-name", &uds))
-                .arg("--server-port=0")
-                .args(server_flags(pki, ip, agent_port, health, admin))
-                .arg(flag("server-count", size.to_string()))
-                .arg(flag("server-id", format!("fleet-{}", n + 1)))
-                .arg("--proxy-strategies=destHost,default")
-                .arg("--agent-identity-binding=off")
-                .arg(flag("peer-bind-address", ip.to_string()))
-                .arg(flag("peer-port", peer_port.to_string()))
-                .arg(flag("peer-cert-file", &pki.peer_cert))
-                .arg(flag("peer-key-file", &pki.peer_key))
-                .arg(flag("peer-ca-cert", &pki.ca_cert))
-                .arg(flag("peer-addresses", &peers))
-                .arg("-v=0");
-            let role = format!("fleet server {}", n + 1);
-            let log = dir.join(format!("server-{}.log", n + 1));
-            let mut proc = Proc::spawn(&role, cmd, &log)?;
-            wait_http_ok(&mut proc, health, "/healthz", Duration::from_secs(30)).await?;
-            members.push(Member {
-                proc,
+            let mut args: Vec<OsString> = vec!["server".into(), flag("mode", frontend.mode())];
+            let transport = if frontend.is_uds() {
+                args.extend([flag("uds-name", &uds), "--server-port=0".into()]);
+                Transport::Unix(uds)
+            } else {
+                let port = free_port()?;
+                args.extend([
+                    "--server-bind-address=127.0.0.1".into(),
+                    flag("server-port", port.to_string()),
+                    flag("server-cert", &pki.server_cert),
+                    flag("server-key", &pki.server_key),
+                    flag("server-ca-cert", &pki.ca_cert),
+                ]);
+                Transport::Tls {
+                    addr: format!("127.0.0.1:{port}"),
+                    server_name: "127.0.0.1".into(),
+                    tls: client_tls(&pki.ca_cert, &pki.client_cert, &pki.client_key, b"h2")?,
+                }
+            };
+            args.extend(server_flags(pki, ip, agent_port, health, admin));
+            args.extend([
+                flag("server-count", size.to_string()),
+                flag("server-id", format!("fleet-{}", n + 1)),
+                "--proxy-strategies=destHost,default".into(),
+                "--agent-identity-binding=off".into(),
+                flag("peer-bind-address", ip.to_string()),
+                flag("peer-port", peer_port.to_string()),
+                flag("peer-cert-file", &pki.peer_cert),
+                flag("peer-key-file", &pki.peer_key),
+                flag("peer-ca-cert", &pki.ca_cert),
+                flag("peer-addresses", &peers),
+                "-v=0".into(),
+            ]);
+            args.extend(setup.extra_flags.iter().cloned());
+            let mut member = Member {
+                proc: None,
                 health,
                 agents: SocketAddr::new(ip, agent_port),
-                uds,
-            });
+                frontend: *frontend,
+                transport,
+                args,
+                role: format!("fleet server {}", n + 1),
+                log: dir.join(format!("server-{}.log", n + 1)),
+            };
+            member.launch(&env.bins.tether).await?;
+            members.push(member);
         }
         let fleet = Fleet { members, dir };
         let others = (size - 1) as f64;
@@ -182,9 +236,14 @@ impl Fleet {
         }
     }
 
-    /// A gRPC client of server `n`'s frontend, dialing `target`.
+    /// A client of server `n`'s frontend, dialing `target`: one gRPC connection, or a
+    /// connection per dial for HTTP CONNECT.
     pub async fn dialer(&self, n: usize, target: &str) -> anyhow::Result<Dialer> {
-        let transport = Transport::Unix(self.members[n].uds.clone());
+        let member = &self.members[n];
+        let transport = member.transport.clone();
+        if !member.frontend.is_grpc() {
+            return Ok(Dialer::HttpConnect(transport, target.to_owned()));
+        }
         let client = tokio::time::timeout(Duration::from_secs(10), GrpcClient::connect(&transport))
             .await
             .context("gRPC frontend connect timed out")??;
@@ -193,25 +252,60 @@ impl Fleet {
 
     /// Every server's RSS together.
     pub fn rss(&self) -> u64 {
-        self.members.iter().map(|m| m.proc.rss()).sum()
+        self.procs().map(Proc::rss).sum()
     }
 
     /// Every server's CPU seconds so far together.
     pub fn cpu_seconds(&self) -> f64 {
-        self.members.iter().map(|m| m.proc.cpu_seconds()).sum()
+        self.procs().map(Proc::cpu_seconds).sum()
     }
 
     /// Fails if a server has died.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         for m in &mut self.members {
-            m.proc.check_alive()?;
+            if let Some(proc) = &mut m.proc {
+                proc.check_alive()?;
+            }
         }
         Ok(())
     }
 
     pub async fn stop(self) {
-        for m in self.members {
-            m.proc.stop().await;
+        for mut m in self.members {
+            m.kill().await;
         }
+    }
+
+    fn procs(&self) -> impl Iterator<Item = &Proc> {
+        self.members.iter().filter_map(|m| m.proc.as_ref())
+    }
+}
+
+impl Member {
+    /// Starts the server (again, on the same ports) and waits until it is healthy.
+    pub async fn launch(&mut self, tether: &Path) -> anyhow::Result<()> {
+        let mut cmd = tokio::process::Command::new(tether);
+        cmd.args(&self.args);
+        let mut proc = Proc::spawn(&self.role, cmd, &self.log)?;
+        wait_http_ok(&mut proc, self.health, "/healthz", Duration::from_secs(30)).await?;
+        self.proc = Some(proc);
+        Ok(())
+    }
+
+    /// kill -9, reaped.
+    pub async fn kill(&mut self) {
+        if let Some(proc) = self.proc.take() {
+            proc.stop().await;
+        }
+    }
+
+    /// How a client reaches its frontend.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    /// The process now, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(|p| p.pid)
     }
 }

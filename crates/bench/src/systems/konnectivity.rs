@@ -36,14 +36,15 @@ impl Impl {
 }
 
 impl Frontend {
-    fn mode(&self) -> &'static str {
+    /// Its `--mode`.
+    pub(super) fn mode(&self) -> &'static str {
         match self {
             Frontend::HttpConnectUds | Frontend::HttpConnectTls => "http-connect",
             Frontend::GrpcUds | Frontend::GrpcTls => "grpc",
         }
     }
 
-    fn is_uds(&self) -> bool {
+    pub(super) fn is_uds(&self) -> bool {
         matches!(self, Frontend::HttpConnectUds | Frontend::GrpcUds)
     }
 }

@@ -64,6 +64,11 @@ impl Frontend {
             Frontend::GrpcTls => "grpc/mtls",
         }
     }
+
+    /// gRPC (one connection, many streams), not HTTP CONNECT (a connection per dial).
+    pub fn is_grpc(&self) -> bool {
+        matches!(self, Frontend::GrpcUds | Frontend::GrpcTls)
+    }
 }
 
 /// One system under test.

@@ -29,7 +29,7 @@ use super::{FleetMode, Profile};
 use crate::procs::Proc;
 use crate::progress::{Progress, Ticker};
 use crate::stats::{quantile, sorted};
-use crate::systems::{Env, Fleet};
+use crate::systems::{Env, Fleet, Setup};
 
 pub use super::FLEET_SERVERS as SERVERS;
 
@@ -195,7 +195,7 @@ pub async fn run(
     progress: &Progress,
 ) -> anyhow::Result<FleetResult> {
     anyhow::ensure!(agents >= SERVERS, "a fleet needs at least {SERVERS} agents");
-    let mut fleet = Fleet::start(env, SERVERS).await?;
+    let mut fleet = Fleet::start(env, &Setup::grpc(env, SERVERS)).await?;
     let mut procs = Vec::new();
     let measured = measure(&mut fleet, &mut procs, env, p, mode, agents, progress).await;
     for a in procs {
