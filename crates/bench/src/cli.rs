@@ -183,9 +183,10 @@ pub enum Cmd {
         svg: PathBuf,
     },
     /// The chaos soak: peered tether servers and agents under client traffic while a seeded
-    /// schedule kills, freezes and cuts the agents; fails on any breach of its invariants
-    /// (a hang, bytes lost without an error, a leak, a panic). Report: OUT/soak.md, with the
-    /// global --out.
+    /// schedule kills, freezes, drains and cuts agents, kills and freezes servers, changes
+    /// and breaks their routing file and rotates certificates; fails on any breach of its
+    /// invariants (a hang, bytes lost without an error, a leak, a panic, an unexplained
+    /// error). Report: OUT/soak.md, with the global --out.
     Soak {
         /// The schedule's seed (default: from the clock; the report names it for a replay).
         #[arg(long)]
@@ -202,5 +203,11 @@ pub enum Cmd {
         /// Clients dialing, echoing and closing in a loop.
         #[arg(long, default_value_t = 8)]
         churners: usize,
+        /// Run the same schedule against upstream's proxy-server and proxy-agent (from
+        /// interop/build.sh), for reference: not peered, each agent reaching the servers in
+        /// turn through one address; the faults on tether's routing file and certificate
+        /// reloads do not apply.
+        #[arg(long)]
+        upstream: bool,
     },
 }

@@ -143,6 +143,7 @@ fn main() -> ExitCode {
                 servers,
                 agents,
                 churners,
+                upstream,
             }) => {
                 // Any seed will do; the report names it for a replay.
                 let seed = seed.unwrap_or_else(|| {
@@ -156,6 +157,7 @@ fn main() -> ExitCode {
                     servers,
                     agents,
                     churners,
+                    upstream,
                     out: args.out.clone(),
                 };
                 tokio::select! {
@@ -226,12 +228,14 @@ async fn environment(
 async fn soak(args: &Args, options: &soak::Options) -> anyhow::Result<ExitCode> {
     tether_tls::install_default_provider();
     let bins = binaries::binaries(args)?;
+    let imp = if options.upstream {
+        systems::Impl::Upstream
+    } else {
+        systems::Impl::Tether
+    };
     binaries::check_binaries(
         &bins,
-        &[systems::System::Konn(
-            systems::Impl::Tether,
-            systems::Frontend::GrpcUds,
-        )],
+        &[systems::System::Konn(imp, systems::Frontend::GrpcUds)],
     )?;
     let (env, _target, mut cleanup) = environment(args, bins).await?;
     let result = soak::run(&env, options).await;

@@ -1,6 +1,8 @@
 //! The soak's agents: real `tether agent` processes, each reaching every server of the fleet
 //! through relays of its own (one per server), so that a fault on one agent touches no
-//! other. Each can be killed and started again, frozen and thawed, drained, and cut off.
+//! other; or upstream's `proxy-agent`, which takes one address, through one relay that
+//! hands its connections to the servers in turn. Each can be killed and started again,
+//! frozen and thawed, drained, and cut off.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -27,42 +29,55 @@ pub struct Agent {
     /// `None` between a kill and its restart.
     pub proc: Option<Proc>,
     pub health: u16,
-    /// Its control-plane listener on 127.0.0.1: connections to it are reverse dials.
-    pub control_plane: u16,
+    /// Its control-plane listener on 127.0.0.1, whose connections are reverse dials (none on
+    /// upstream's agent).
+    pub control_plane: Option<u16>,
     relays: Vec<Relay>,
-    tether: PathBuf,
+    program: PathBuf,
     args: Vec<OsString>,
     log: PathBuf,
 }
 
 impl Agent {
-    /// Starts agent `n` with the credentials of `pki`, its relays in front of every server of
-    /// `fleet`, and waits until it holds them all.
+    /// Starts agent `n` (upstream's, if `upstream`) with the credentials of `pki`, its relays
+    /// in front of the servers of `fleet`, and waits until it is ready.
     pub async fn start(
         env: &Env,
         pki: &PkiFiles,
         fleet: &Fleet,
-        n: usize,
+        (n, upstream): (usize, bool),
         dir: &Path,
     ) -> anyhow::Result<Agent> {
-        let mut relays = Vec::with_capacity(fleet.members.len());
-        for member in &fleet.members {
-            relays.push(Relay::start(member.agents).await?);
-        }
-        let addresses = relays
-            .iter()
-            .map(|r| r.addr.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let (health, admin, control_plane) = (free_port()?, free_port()?, free_port()?);
+        let servers: Vec<_> = fleet.members.iter().map(|m| m.agents).collect();
+        let (health, admin) = (free_port()?, free_port()?);
         let id = format!("soak-agent-{}", n + 1);
-        let mut args: Vec<OsString> = vec![
-            "agent".into(),
-            "--proxy-server-host=127.0.0.1".into(),
-            flag("proxy-server-addresses", &addresses),
-            flag("drain-timeout", format!("{}s", DRAIN_TIMEOUT.as_secs())),
-            flag("control-plane-listen", format!("127.0.0.1:{control_plane}")),
-        ];
+        let mut relays = Vec::with_capacity(servers.len());
+        let (program, mut args, control_plane): (PathBuf, Vec<OsString>, _) = if upstream {
+            relays.push(Relay::start(servers).await?);
+            let args = vec![
+                "--proxy-server-host=127.0.0.1".into(),
+                flag("proxy-server-port", relays[0].addr.port().to_string()),
+            ];
+            (env.bins.upstream_agent.clone(), args, None)
+        } else {
+            for server in servers {
+                relays.push(Relay::start(vec![server]).await?);
+            }
+            let addresses = relays
+                .iter()
+                .map(|r| r.addr.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            let control_plane = free_port()?;
+            let args = vec![
+                "agent".into(),
+                "--proxy-server-host=127.0.0.1".into(),
+                flag("proxy-server-addresses", &addresses),
+                flag("drain-timeout", format!("{}s", DRAIN_TIMEOUT.as_secs())),
+                flag("control-plane-listen", format!("127.0.0.1:{control_plane}")),
+            ];
+            (env.bins.tether.clone(), args, Some(control_plane))
+        };
         args.extend(agent_flags(pki, health, admin, &id));
         let mut agent = Agent {
             log: dir.join(format!("{id}.log")),
@@ -71,7 +86,7 @@ impl Agent {
             health,
             control_plane,
             relays,
-            tether: env.bins.tether.clone(),
+            program,
             args,
         };
         agent.launch().await?;
@@ -80,7 +95,7 @@ impl Agent {
 
     /// Starts the process (again) and waits until it holds every server.
     pub async fn launch(&mut self) -> anyhow::Result<()> {
-        let mut cmd = tokio::process::Command::new(&self.tether);
+        let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args);
         let mut proc = Proc::spawn(&self.id, cmd, &self.log)?;
         wait_http_ok(&mut proc, self.health, "/readyz", READY_TIMEOUT)

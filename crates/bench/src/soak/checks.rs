@@ -57,12 +57,14 @@ impl Baseline {
 
 /// Waits until every server and agent is back at its baseline (no pending dial, no
 /// connection, every agent held, file descriptors within [`FD_SLACK`], counters that agree,
-/// `routing_sha256` in force); what is not by [`SETTLE`] is a breach.
+/// `routing_sha256` in force); what is not by [`SETTLE`] is a breach. Upstream's servers
+/// have neither a routing file nor a count of connections opened: for them `routing_sha256`
+/// is `None` and only the rest is checked.
 pub async fn settle(
     fleet: &Fleet,
     agents: &[Agent],
     baseline: &Baseline,
-    routing_sha256: &str,
+    routing_sha256: Option<&str>,
     breaches: &mut Vec<String>,
 ) {
     let deadline = Instant::now() + SETTLE;
@@ -80,7 +82,7 @@ pub async fn settle(
             }
         }
         for agent in agents {
-            off.extend(agent_off(agent).await);
+            off.extend(agent_off(agent, routing_sha256.is_some()).await);
             let fds = agent.fds().unwrap_or(usize::MAX);
             if fds > baseline.agents + FD_SLACK {
                 off.push(format!(
@@ -103,8 +105,13 @@ pub async fn settle(
     }
 }
 
-/// What is off on server `n`.
-async fn server_off(fleet: &Fleet, n: usize, agents: usize, routing_sha256: &str) -> Vec<String> {
+/// What is off on server `n` (tether's own checks only with `routing_sha256`).
+async fn server_off(
+    fleet: &Fleet,
+    n: usize,
+    agents: usize,
+    routing_sha256: Option<&str>,
+) -> Vec<String> {
     let c = match fleet.counts(n).await {
         Ok(c) => c,
         Err(e) => return vec![format!("server {}: no metrics: {e:#}", n + 1)],
@@ -119,6 +126,9 @@ async fn server_off(fleet: &Fleet, n: usize, agents: usize, routing_sha256: &str
             off.push(format!("server {}: {what} {is}, not {want}", n + 1));
         }
     }
+    let Some(routing_sha256) = routing_sha256 else {
+        return off;
+    };
     let body = http_get(fleet.members[n].health, "/metrics")
         .await
         .map(|r| r.1)
@@ -142,8 +152,9 @@ async fn server_off(fleet: &Fleet, n: usize, agents: usize, routing_sha256: &str
     off
 }
 
-/// What is off on `agent`.
-async fn agent_off(agent: &Agent) -> Vec<String> {
+/// What is off on `agent`; its counters only if it is `tether`'s (upstream's agent counts
+/// no closed connections).
+async fn agent_off(agent: &Agent, tether: bool) -> Vec<String> {
     let body = http_get(agent.health, "/metrics")
         .await
         .map(|r| r.1)
@@ -154,7 +165,7 @@ async fn agent_off(agent: &Agent) -> Vec<String> {
     if open != 0.0 {
         off.push(format!("{}: {AGENT_OPEN} is {open}", agent.id));
     }
-    if opened != closed + open {
+    if tether && opened != closed + open {
         off.push(format!(
             "{}: {opened} connections opened, {closed} closed and {open} open",
             agent.id
@@ -182,7 +193,8 @@ pub fn scan_logs(dirs: &[&Path], faults: &[Fault], breaches: &mut Vec<String>) {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text.contains("panicked at") {
+            // Rust's panic message, and Go's.
+            if text.contains("panicked at") || text.lines().any(|l| l.starts_with("panic: ")) {
                 breaches.push(format!("a panic in {}", path.display()));
             }
             for line in text.lines().filter(|l| is_error(l)) {

@@ -2,7 +2,6 @@
 //! fault on the configuration did what it says: a changed routing file in force on every
 //! server, a broken one refused with the one before kept, rotated certificates loaded.
 
-use std::path::Path;
 use std::time::Duration;
 
 use rustix::process::Signal;
@@ -10,7 +9,7 @@ use tokio::time::Instant;
 
 use super::agents::{Agent, DRAIN_TIMEOUT};
 use super::files::{Files, ROUTING_BROKEN, ROUTING_CHANGED, ROUTING_FIRST};
-use super::schedule::{Fault, FaultKind, Target};
+use super::schedule::{Aim, Fault, FaultKind, Target};
 use crate::systems::{Fleet, http_get, metric_sum};
 
 /// The routing file in force, labelled with its SHA-256.
@@ -22,7 +21,9 @@ const FILE_SEEN_WITHIN: Duration = Duration::from_secs(3);
 
 /// What the faults strike.
 pub struct Chaos<'a> {
-    pub tether: &'a Path,
+    /// Upstream's servers and agents, which have neither a routing file nor certificate
+    /// reloads: the fleet's faults do not apply to them.
+    pub upstream: bool,
     pub fleet: &'a mut Fleet,
     pub agents: &'a mut [Agent],
     pub files: &'a mut Files,
@@ -33,18 +34,23 @@ pub struct Chaos<'a> {
 
 impl<'a> Chaos<'a> {
     pub fn new(
-        tether: &'a Path,
+        upstream: bool,
         fleet: &'a mut Fleet,
         agents: &'a mut [Agent],
         files: &'a mut Files,
     ) -> Chaos<'a> {
         Chaos {
-            tether,
+            upstream,
             fleet,
             agents,
             files,
             counts_before: Vec::new(),
         }
+    }
+
+    /// Whether `kind` applies to this fleet.
+    pub fn applies(&self, kind: FaultKind) -> bool {
+        !(self.upstream && kind.aim() == Aim::Fleet)
     }
 
     /// What `target` is, for the report.
@@ -92,7 +98,9 @@ impl<'a> Chaos<'a> {
                 let exited = self.agents[n].drained_within(within).await;
                 // Started again either way, so that one breach does not become many.
                 self.launch_agent(n).await?;
-                if !exited {
+                // Upstream's agent has no --drain-timeout: a drained one serves on until
+                // killed, by design.
+                if !exited && !self.upstream {
                     return Err(format!(
                         "{} did not exit within {within:?} of its drain (--drain-timeout={}s)",
                         self.agents[n].id,
@@ -102,7 +110,7 @@ impl<'a> Chaos<'a> {
             }
             (FaultKind::ServerKill, Target::Server(n)) => {
                 self.fleet.members[n]
-                    .launch(self.tether)
+                    .launch()
                     .await
                     .map_err(|e| format!("server {} did not come back: {e:#}", n + 1))?;
             }

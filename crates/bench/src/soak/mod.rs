@@ -46,6 +46,8 @@ pub struct Options {
     pub servers: usize,
     pub agents: usize,
     pub churners: usize,
+    /// The same schedule against upstream's proxy-server and proxy-agent, for reference.
+    pub upstream: bool,
     pub out: PathBuf,
 }
 
@@ -67,18 +69,23 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
                 _ => Frontend::HttpConnectTls,
             })
             .collect(),
-        extra_flags: vec![
-            flag("routing-config", &files.routing_path),
-            "--tls-reload-interval=1s".into(),
-            // The agents' reverse dials reach the echo target as a control-plane endpoint.
-            flag("control-plane-endpoints", env.target.to_string()),
-        ],
+        extra_flags: if o.upstream {
+            Vec::new()
+        } else {
+            vec![
+                flag("routing-config", &files.routing_path),
+                "--tls-reload-interval=1s".into(),
+                // The agents' reverse dials reach the echo target as a control-plane endpoint.
+                flag("control-plane-endpoints", env.target.to_string()),
+            ]
+        },
         pki: files.paths.clone(),
+        upstream: o.upstream,
     };
     let mut fleet = Fleet::start(env, &setup).await?;
     let mut agents = Vec::with_capacity(o.agents);
     for n in 0..o.agents {
-        agents.push(Agent::start(env, &files.paths, &fleet, n, &dir).await?);
+        agents.push(Agent::start(env, &files.paths, &fleet, (n, o.upstream), &dir).await?);
     }
     let all = o.agents as f64;
     fleet
@@ -99,7 +106,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let stop = CancellationToken::new();
     let started = Instant::now();
     let ledger = traffic::Shared::new(started);
-    let control_planes: Vec<u16> = agents.iter().map(|a| a.control_plane).collect();
+    let control_planes: Vec<u16> = agents.iter().filter_map(|a| a.control_plane).collect();
     let mut clients = traffic::start(&entries, &control_planes, o.churners, &ledger, &stop);
 
     let faults = schedule::draw(o.seed, o.agents, o.servers, FAULT_GAP, o.duration);
@@ -107,7 +114,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let mut breaches = Vec::new();
     let rss_before = fleet.rss();
     let mut memory = Memory::default();
-    let mut chaos = Chaos::new(&env.bins.tether, &mut fleet, &mut agents, &mut files);
+    let mut chaos = Chaos::new(o.upstream, &mut fleet, &mut agents, &mut files);
     inject(
         &faults,
         &mut chaos,
@@ -137,7 +144,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         &fleet,
         &agents,
         &baseline,
-        &files.routing_sha256(),
+        (!o.upstream).then(|| files.routing_sha256()).as_deref(),
         &mut breaches,
     )
     .await;
@@ -203,12 +210,23 @@ async fn inject(
             break;
         };
         tokio::time::sleep_until(started + at).await;
+        let target = chaos.name(fault.target);
+        if !chaos.applies(fault.kind) {
+            if !heal {
+                let _ = writeln!(
+                    log,
+                    "| {:.1} | {} | {target} | – | not applicable |",
+                    at.as_secs_f64(),
+                    fault.kind.name()
+                );
+            }
+            continue;
+        }
         let done = if heal {
             chaos.heal(fault).await
         } else {
             chaos.strike(fault).await
         };
-        let target = chaos.name(fault.target);
         if let Err(breach) = done {
             breaches.push(format!(
                 "{:.1} s, {}: {breach}",
@@ -292,10 +310,19 @@ fn report(
     breaches: &[String],
 ) -> String {
     let mut r = String::new();
-    let _ = writeln!(r, "# Soak: seed {}\n", o.seed);
+    let (system, fleet, reverse) = if o.upstream {
+        (
+            "upstream",
+            "upstream proxy-servers (not peered",
+            "; no reverse dials (upstream has none)",
+        )
+    } else {
+        ("tether", "tether servers (peered", ", reverse dials")
+    };
+    let _ = writeln!(r, "# Soak of {system}: seed {}\n", o.seed);
     let _ = writeln!(
         r,
-        "{} tether servers (peered; gRPC and HTTP CONNECT frontends in turn), {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers and stalled readers, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}`.\n",
+        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn), {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}{}`.\n",
         o.servers,
         o.agents,
         o.churners,
@@ -304,7 +331,8 @@ fn report(
         o.duration.as_secs(),
         o.agents,
         o.servers,
-        o.churners
+        o.churners,
+        if o.upstream { " --upstream" } else { "" }
     );
     let _ = writeln!(
         r,

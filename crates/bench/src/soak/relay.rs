@@ -1,6 +1,7 @@
-//! A TCP relay in front of one server, for one agent: the soak cuts an agent's links here.
-//! A cut resets every connection through it at once (the agent sees its stream broken, not
-//! ended) and resets new ones until it heals.
+//! A TCP relay in front of one server, or of several in turn (a round-robin balancer, for
+//! an agent that reaches every server through one address), for one agent: the soak cuts
+//! an agent's links here. A cut resets every connection through it at once (the agent sees
+//! its stream broken, not ended) and resets new ones until it heals.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,9 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub async fn start(to: SocketAddr) -> anyhow::Result<Relay> {
+    /// A relay to `to`, each new connection to the next of them.
+    pub async fn start(to: Vec<SocketAddr>) -> anyhow::Result<Relay> {
+        anyhow::ensure!(!to.is_empty(), "a relay to nowhere");
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let cuts = watch::Sender::new(0u64);
@@ -50,11 +53,12 @@ impl Drop for Relay {
 
 async fn accept(
     listener: TcpListener,
-    to: SocketAddr,
+    to: Vec<SocketAddr>,
     cuts: watch::Sender<u64>,
     refuse_until: Arc<Mutex<Option<Instant>>>,
 ) {
     let mut pairs = JoinSet::new();
+    let mut next = 0;
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -70,7 +74,8 @@ async fn accept(
                     tether_tunnel::reset_on_close(&client);
                     continue;
                 }
-                pairs.spawn(forward(client, to, cuts.subscribe()));
+                pairs.spawn(forward(client, to[next % to.len()], cuts.subscribe()));
+                next += 1;
             }
             // Reaps finished pairs, so the set stays as large as the open connections.
             Some(_) = pairs.join_next(), if !pairs.is_empty() => {}

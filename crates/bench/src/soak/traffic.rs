@@ -465,7 +465,13 @@ pub fn start(
             worker += 1;
         }
     }
-    for worker in 0..REVERSE_CLIENTS {
+    // Upstream's agents have no control-plane listener.
+    let reverse_clients = if control_planes.is_empty() {
+        0
+    } else {
+        REVERSE_CLIENTS
+    };
+    for worker in 0..reverse_clients {
         tasks.spawn(reverse(
             control_planes.to_vec(),
             worker,

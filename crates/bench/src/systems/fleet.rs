@@ -7,7 +7,7 @@
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -45,6 +45,7 @@ pub struct Member {
     pub frontend: Frontend,
     transport: Transport,
     /// Its command line, to start it again.
+    program: PathBuf,
     args: Vec<OsString>,
     role: String,
     log: PathBuf,
@@ -60,6 +61,9 @@ pub struct Setup {
     pub extra_flags: Vec<OsString>,
     /// The certificates the servers present and trust.
     pub pki: PkiFiles,
+    /// Upstream's proxy-server in place of tether's: no peering (its agents must reach
+    /// every server themselves), and none of tether's own flags.
+    pub upstream: bool,
 }
 
 impl Setup {
@@ -70,6 +74,7 @@ impl Setup {
             frontends: vec![Frontend::GrpcUds; size],
             extra_flags: Vec::new(),
             pki: env.pki.clone(),
+            upstream: false,
         }
     }
 }
@@ -108,9 +113,10 @@ fn address(n: usize) -> IpAddr {
 
 impl Fleet {
     /// Starts the servers of `setup` peered with each other and waits until each has its
-    /// links to every other, both ways. Every server runs the `destHost,default` strategies
-    /// (so that an agent advertising an address is dialed by it) and
-    /// `--agent-identity-binding=off` (the run's one agent certificate proves no address).
+    /// links to every other, both ways (upstream's: not peered). Every server runs the
+    /// `destHost,default` strategies (so that an agent advertising an address is dialed by
+    /// it) and tether's `--agent-identity-binding=off` (the run's one agent certificate
+    /// proves no address).
     pub async fn start(env: &Env, setup: &Setup) -> anyhow::Result<Fleet> {
         let size = setup.frontends.len();
         anyhow::ensure!((1..=250).contains(&size), "a fleet of 1 to 250 servers");
@@ -130,7 +136,12 @@ impl Fleet {
             let (agent_port, health, admin) = (free_port()?, free_port()?, free_port()?);
             let ip = address(n);
             let uds = dir.join(format!("server-{}.sock", n + 1));
-            let mut args: Vec<OsString> = vec!["server".into(), flag("mode", frontend.mode())];
+            let (program, mut args): (PathBuf, Vec<OsString>) = if setup.upstream {
+                (env.bins.upstream_server.clone(), Vec::new())
+            } else {
+                (env.bins.tether.clone(), vec!["server".into()])
+            };
+            args.push(flag("mode", frontend.mode()));
             let transport = if frontend.is_uds() {
                 args.extend([flag("uds-name", &uds), "--server-port=0".into()]);
                 Transport::Unix(uds)
@@ -154,15 +165,19 @@ impl Fleet {
                 flag("server-count", size.to_string()),
                 flag("server-id", format!("fleet-{}", n + 1)),
                 "--proxy-strategies=destHost,default".into(),
-                "--agent-identity-binding=off".into(),
-                flag("peer-bind-address", ip.to_string()),
-                flag("peer-port", peer_port.to_string()),
-                flag("peer-cert-file", &pki.peer_cert),
-                flag("peer-key-file", &pki.peer_key),
-                flag("peer-ca-cert", &pki.ca_cert),
-                flag("peer-addresses", &peers),
                 "-v=0".into(),
             ]);
+            if !setup.upstream {
+                args.extend([
+                    "--agent-identity-binding=off".into(),
+                    flag("peer-bind-address", ip.to_string()),
+                    flag("peer-port", peer_port.to_string()),
+                    flag("peer-cert-file", &pki.peer_cert),
+                    flag("peer-key-file", &pki.peer_key),
+                    flag("peer-ca-cert", &pki.ca_cert),
+                    flag("peer-addresses", &peers),
+                ]);
+            }
             args.extend(setup.extra_flags.iter().cloned());
             let mut member = Member {
                 proc: None,
@@ -170,14 +185,18 @@ impl Fleet {
                 agents: SocketAddr::new(ip, agent_port),
                 frontend: *frontend,
                 transport,
+                program,
                 args,
                 role: format!("fleet server {}", n + 1),
                 log: dir.join(format!("server-{}.log", n + 1)),
             };
-            member.launch(&env.bins.tether).await?;
+            member.launch().await?;
             members.push(member);
         }
         let fleet = Fleet { members, dir };
+        if setup.upstream {
+            return Ok(fleet);
+        }
         let others = (size - 1) as f64;
         fleet
             .wait_until(
@@ -283,8 +302,8 @@ impl Fleet {
 
 impl Member {
     /// Starts the server (again, on the same ports) and waits until it is healthy.
-    pub async fn launch(&mut self, tether: &Path) -> anyhow::Result<()> {
-        let mut cmd = tokio::process::Command::new(tether);
+    pub async fn launch(&mut self) -> anyhow::Result<()> {
+        let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args);
         let mut proc = Proc::spawn(&self.role, cmd, &self.log)?;
         wait_http_ok(&mut proc, self.health, "/healthz", Duration::from_secs(30)).await?;
