@@ -209,5 +209,9 @@ pub enum Cmd {
         /// reloads do not apply.
         #[arg(long)]
         upstream: bool,
+        /// A mixed fleet: this many of tether's servers' agents are upstream's proxy-agent,
+        /// each reaching the servers in turn through one address.
+        #[arg(long, default_value_t = 0, conflicts_with = "upstream")]
+        upstream_agents: usize,
     },
 }

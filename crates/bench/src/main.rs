@@ -144,6 +144,7 @@ fn main() -> ExitCode {
                 agents,
                 churners,
                 upstream,
+                upstream_agents,
             }) => {
                 // Any seed will do; the report names it for a replay.
                 let seed = seed.unwrap_or_else(|| {
@@ -158,6 +159,7 @@ fn main() -> ExitCode {
                     agents,
                     churners,
                     upstream,
+                    upstream_agents,
                     out: args.out.clone(),
                 };
                 tokio::select! {
@@ -228,15 +230,15 @@ async fn environment(
 async fn soak(args: &Args, options: &soak::Options) -> anyhow::Result<ExitCode> {
     tether_tls::install_default_provider();
     let bins = binaries::binaries(args)?;
-    let imp = if options.upstream {
-        systems::Impl::Upstream
-    } else {
-        systems::Impl::Tether
-    };
-    binaries::check_binaries(
-        &bins,
-        &[systems::System::Konn(imp, systems::Frontend::GrpcUds)],
-    )?;
+    let mut imps = vec![systems::Impl::Tether];
+    if options.upstream || options.upstream_agents > 0 {
+        imps.push(systems::Impl::Upstream);
+    }
+    let needed: Vec<_> = imps
+        .into_iter()
+        .map(|imp| systems::System::Konn(imp, systems::Frontend::GrpcUds))
+        .collect();
+    binaries::check_binaries(&bins, &needed)?;
     let (env, _target, mut cleanup) = environment(args, bins).await?;
     let result = soak::run(&env, options).await;
     // The report names the logs of a failed run: they stay.

@@ -26,6 +26,8 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 pub struct Agent {
     pub id: String,
+    /// Upstream's proxy-agent, not tether's.
+    pub upstream: bool,
     /// `None` between a kill and its restart.
     pub proc: Option<Proc>,
     pub health: u16,
@@ -82,6 +84,7 @@ impl Agent {
         let mut agent = Agent {
             log: dir.join(format!("{id}.log")),
             id,
+            upstream,
             proc: None,
             health,
             control_plane,
@@ -140,6 +143,11 @@ impl Agent {
         for relay in &self.relays {
             relay.cut(hold);
         }
+    }
+
+    /// Where its output goes.
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// Open file descriptors of the process now.

@@ -82,7 +82,7 @@ pub async fn settle(
             }
         }
         for agent in agents {
-            off.extend(agent_off(agent, routing_sha256.is_some()).await);
+            off.extend(agent_off(agent).await);
             let fds = agent.fds().unwrap_or(usize::MAX);
             if fds > baseline.agents + FD_SLACK {
                 off.push(format!(
@@ -152,9 +152,9 @@ async fn server_off(
     off
 }
 
-/// What is off on `agent`; its counters only if it is `tether`'s (upstream's agent counts
-/// no closed connections).
-async fn agent_off(agent: &Agent, tether: bool) -> Vec<String> {
+/// What is off on `agent`; its counters only if it is tether's (upstream's agent counts no
+/// closed connections).
+async fn agent_off(agent: &Agent) -> Vec<String> {
     let body = http_get(agent.health, "/metrics")
         .await
         .map(|r| r.1)
@@ -165,7 +165,7 @@ async fn agent_off(agent: &Agent, tether: bool) -> Vec<String> {
     if open != 0.0 {
         off.push(format!("{}: {AGENT_OPEN} is {open}", agent.id));
     }
-    if tether && opened != closed + open {
+    if !agent.upstream && opened != closed + open {
         off.push(format!(
             "{}: {opened} connections opened, {closed} closed and {open} open",
             agent.id
@@ -175,14 +175,21 @@ async fn agent_off(agent: &Agent, tether: bool) -> Vec<String> {
 }
 
 /// Every log in `dirs` read for a panic, and for an error-level line (klog's `E`) that no
-/// fault of `faults` explains: each is a breach.
-pub fn scan_logs(dirs: &[&Path], faults: &[Fault], breaches: &mut Vec<String>) {
+/// fault of `faults` explains: each is a breach. Upstream's processes (their logs are
+/// `upstream`) log an error for every stream that breaks: their error lines are counted,
+/// and the count returned, but not held to this.
+pub fn scan_logs(
+    dirs: &[&Path],
+    faults: &[Fault],
+    upstream: &[&Path],
+    breaches: &mut Vec<String>,
+) -> usize {
     let explained: Vec<&str> = EXPLAINED_ERRORS
         .iter()
         .filter(|(kind, _)| faults.iter().any(|f| f.kind == *kind))
         .map(|(_, text)| *text)
         .collect();
-    let mut unexplained = 0usize;
+    let (mut unexplained, mut upstream_errors) = (0usize, 0usize);
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             breaches.push(format!("the logs in {} could not be read", dir.display()));
@@ -196,6 +203,10 @@ pub fn scan_logs(dirs: &[&Path], faults: &[Fault], breaches: &mut Vec<String>) {
             // Rust's panic message, and Go's.
             if text.contains("panicked at") || text.lines().any(|l| l.starts_with("panic: ")) {
                 breaches.push(format!("a panic in {}", path.display()));
+            }
+            if upstream.contains(&path.as_path()) {
+                upstream_errors += text.lines().filter(|l| is_error(l)).count();
+                continue;
             }
             for line in text.lines().filter(|l| is_error(l)) {
                 if explained.iter().any(|e| line.contains(e)) {
@@ -217,6 +228,7 @@ pub fn scan_logs(dirs: &[&Path], faults: &[Fault], breaches: &mut Vec<String>) {
             unexplained - LISTED_ERRORS
         ));
     }
+    upstream_errors
 }
 
 /// A klog error line: `E` and the date (`E1206 07:56:23.570107 …`).

@@ -21,8 +21,8 @@ const FILE_SEEN_WITHIN: Duration = Duration::from_secs(3);
 
 /// What the faults strike.
 pub struct Chaos<'a> {
-    /// Upstream's servers and agents, which have neither a routing file nor certificate
-    /// reloads: the fleet's faults do not apply to them.
+    /// Upstream's servers, which have neither a routing file nor certificate reloads: the
+    /// fleet's faults do not apply to them.
     pub upstream: bool,
     pub fleet: &'a mut Fleet,
     pub agents: &'a mut [Agent],
@@ -100,7 +100,7 @@ impl<'a> Chaos<'a> {
                 self.launch_agent(n).await?;
                 // Upstream's agent has no --drain-timeout: a drained one serves on until
                 // killed, by design.
-                if !exited && !self.upstream {
+                if !exited && !self.agents[n].upstream {
                     return Err(format!(
                         "{} did not exit within {within:?} of its drain (--drain-timeout={}s)",
                         self.agents[n].id,

@@ -48,6 +48,8 @@ pub struct Options {
     pub churners: usize,
     /// The same schedule against upstream's proxy-server and proxy-agent, for reference.
     pub upstream: bool,
+    /// Of tether's servers' agents, how many are upstream's proxy-agent (a mixed fleet).
+    pub upstream_agents: usize,
     pub out: PathBuf,
 }
 
@@ -85,7 +87,9 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let mut fleet = Fleet::start(env, &setup).await?;
     let mut agents = Vec::with_capacity(o.agents);
     for n in 0..o.agents {
-        agents.push(Agent::start(env, &files.paths, &fleet, (n, o.upstream), &dir).await?);
+        // A mixed fleet's upstream agents are its last ones.
+        let upstream = o.upstream || n >= o.agents - o.upstream_agents.min(o.agents);
+        agents.push(Agent::start(env, &files.paths, &fleet, (n, upstream), &dir).await?);
     }
     let all = o.agents as f64;
     fleet
@@ -148,7 +152,16 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         &mut breaches,
     )
     .await;
-    checks::scan_logs(&[&dir, &fleet.dir], &faults, &mut breaches);
+    let mut upstream_logs: Vec<&std::path::Path> = agents
+        .iter()
+        .filter(|a| a.upstream)
+        .map(Agent::log)
+        .collect();
+    if o.upstream {
+        upstream_logs.extend(fleet.members.iter().map(|m| m.log()));
+    }
+    let upstream_errors =
+        checks::scan_logs(&[&dir, &fleet.dir], &faults, &upstream_logs, &mut breaches);
     let rss = (rss_before, fleet.rss(), memory);
     let ledger = ledger.take();
     breaches.extend(ledger.breaches.iter().cloned());
@@ -159,7 +172,15 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         ));
     }
 
-    let report = report(o, elapsed, &faults, &log, &ledger, &rss, &breaches);
+    let report = report(
+        o,
+        elapsed,
+        &faults,
+        &log,
+        &ledger,
+        &rss,
+        (&breaches, upstream_errors),
+    );
     std::fs::create_dir_all(&o.out)?;
     let path = o.out.join("soak.md");
     std::fs::write(&path, &report)?;
@@ -307,22 +328,32 @@ fn report(
     log: &str,
     ledger: &traffic::Ledger,
     (rss_before, rss_after, memory): &(u64, u64, Memory),
-    breaches: &[String],
+    (breaches, upstream_errors): (&[String], usize),
 ) -> String {
     let mut r = String::new();
     let (system, fleet, reverse) = if o.upstream {
         (
-            "upstream",
+            "upstream".to_owned(),
             "upstream proxy-servers (not peered",
             "; no reverse dials (upstream has none)",
         )
+    } else if o.upstream_agents > 0 {
+        (
+            format!("tether, {} of its agents upstream's", o.upstream_agents),
+            "tether servers (peered",
+            ", reverse dials through tether's agents",
+        )
     } else {
-        ("tether", "tether servers (peered", ", reverse dials")
+        (
+            "tether".to_owned(),
+            "tether servers (peered",
+            ", reverse dials",
+        )
     };
     let _ = writeln!(r, "# Soak of {system}: seed {}\n", o.seed);
     let _ = writeln!(
         r,
-        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn), {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}{}`.\n",
+        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn), {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}{}{}`.\n",
         o.servers,
         o.agents,
         o.churners,
@@ -332,7 +363,12 @@ fn report(
         o.agents,
         o.servers,
         o.churners,
-        if o.upstream { " --upstream" } else { "" }
+        if o.upstream { " --upstream" } else { "" },
+        if o.upstream_agents > 0 {
+            format!(" --upstream-agents {}", o.upstream_agents)
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         r,
@@ -345,6 +381,12 @@ fn report(
     );
     for b in breaches {
         let _ = writeln!(r, "- {b}");
+    }
+    if upstream_errors > 0 {
+        let _ = writeln!(
+            r,
+            "\nUpstream's processes logged {upstream_errors} error lines (not held to the error-line invariant: upstream logs one for every stream that breaks)."
+        );
     }
     let _ = writeln!(r, "\n## Client operations\n");
     let _ = writeln!(

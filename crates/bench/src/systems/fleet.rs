@@ -318,6 +318,11 @@ impl Member {
         }
     }
 
+    /// Where its output goes.
+    pub fn log(&self) -> &std::path::Path {
+        &self.log
+    }
+
     /// How a client reaches its frontend.
     pub fn transport(&self) -> &Transport {
         &self.transport
