@@ -184,7 +184,7 @@ impl ClientSet {
 
     /// The stream to carry a reverse dial on: among servers that accepted reverse dials and
     /// are not being let go of, the one with the fewest connections.
-    pub(crate) fn reverse_session(&self) -> Option<Arc<ServerSession>> {
+    fn reverse_session(&self) -> Option<Arc<ServerSession>> {
         let servers = self.servers();
         servers
             .set
@@ -192,6 +192,27 @@ impl ClientSet {
             .filter_map(|id| servers.streams.get(id))
             .min_by_key(|handles| handles.session.link.inspect(|s| s.connection_count()))
             .map(|handles| handles.session.clone())
+    }
+
+    /// A stream to carry a reverse dial on, waiting for one at most `--resume-window` while
+    /// one may come ([`ServerSet::reverse_may_come`]: a resume under way, the first
+    /// connection), so that a connection made during a brief break is carried, not refused.
+    pub(crate) async fn wait_for_reverse_session(&self) -> Option<Arc<ServerSession>> {
+        let deadline = tokio::time::Instant::now() + self.config.resume_window;
+        // Subscribed before looking, so that no change between the two is missed.
+        let mut changes = self.changes.subscribe();
+        loop {
+            if let Some(session) = self.reverse_session() {
+                return Some(session);
+            }
+            if !self.servers().set.reverse_may_come() {
+                return None;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
+        }
     }
 
     /// `--agent-identifiers`, as sent.

@@ -207,7 +207,7 @@ async fn open<S: AsyncRead + AsyncWrite + Unpin>(
             }
         },
     };
-    let Some(session) = clientset.reverse_session() else {
+    let Some(session) = clientset.wait_for_reverse_session().await else {
         tracing::info!(
             "closing a control-plane connection: no connected proxy server accepts reverse dials"
         );

@@ -218,6 +218,15 @@ impl ServerSet {
             .map(|(id, _)| id.as_str())
     }
 
+    /// Whether a reverse dial that finds no candidate now may find one soon: a stream that
+    /// accepted reverse dials is suspended (its resume is under way), or no stream is held
+    /// yet (the agent is connecting). Not while draining, nor when every stream held
+    /// refuses reverse dials: waiting would not help.
+    pub(crate) fn reverse_may_come(&self) -> bool {
+        let held = || self.streams.values().filter(|s| !s.dismissed);
+        !self.draining && (held().next().is_none() || held().any(|s| s.reverse && s.suspended))
+    }
+
     /// The suspended streams a new stream opened to `endpoint` asks to resume (server ID,
     /// resume token): not those already handed a transport.
     pub(crate) fn resumable_at(
@@ -939,6 +948,28 @@ mod tests {
         assert_eq!(candidates, ["a", "c"]);
         set.set_suspended("c", serial, true);
         assert_eq!(set.reverse_candidates().collect::<Vec<_>>(), ["a"]);
+    }
+
+    #[test]
+    fn a_reverse_dial_waits_for_a_resume_or_a_first_stream_but_not_for_refusers() {
+        let reverse = |a: Answer| Answer { reverse: true, ..a };
+        let mut set = ServerSet::new(balancer(None, None));
+        assert!(set.reverse_may_come(), "no stream yet: connecting");
+        hold(&mut set, &answer("a"), None);
+        assert!(
+            !set.reverse_may_come(),
+            "the one server refuses reverse dials"
+        );
+        let serial = hold(&mut set, &reverse(resumable("b", "t")), None);
+        assert_eq!(set.reverse_candidates().collect::<Vec<_>>(), ["b"]);
+        set.set_suspended("b", serial, true);
+        assert_eq!(set.reverse_candidates().count(), 0);
+        assert!(set.reverse_may_come(), "b's resume is under way");
+        set.start_draining();
+        assert!(
+            !set.reverse_may_come(),
+            "a draining agent waits for nothing"
+        );
     }
 
     #[test]

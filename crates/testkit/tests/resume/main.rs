@@ -284,6 +284,50 @@ async fn a_control_plane_connection_from_the_node_survives_a_cut() {
         .expect("byte-exact both ways");
 }
 
+/// Found by the soak: a node's connection made while the agent's only stream was suspended
+/// was refused at once (reset), though the stream came back within the resume window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_connection_made_during_a_cut_waits_for_the_resume() {
+    let _serial = SERIAL.lock().await;
+    let endpoint = EchoServer::start().await.unwrap();
+    let s = Setup::start_with(
+        ServerOptions {
+            control_plane: ControlPlaneEndpoints::new(vec![endpoint.addr.to_string()]),
+            ..Default::default()
+        },
+        AgentOptions {
+            control_plane: Some(ControlPlaneConfig {
+                listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+                endpoint: String::new(),
+                max_connections: 10,
+                protocol: ControlPlaneProtocol::Tcp,
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let listen = s.agent.control_plane_addr.clone().unwrap();
+    // Cut, and keep the link down for a second: the agent's stream stays suspended.
+    s.relay.set_refusing(true);
+    s.relay.cut().await;
+    eventually("the server saw the stream break", || async {
+        s.server_metric("konnectivity_network_proxy_server_ready_backend_connections")
+            .await
+            == 0.0
+    })
+    .await;
+    let stream = TcpStream::connect(&listen).await.unwrap();
+    let progress = Arc::new(AtomicU64::new(0));
+    let transfer = tokio::spawn(echo_pattern(stream, 64 << 10, progress));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.relay.set_refusing(false);
+    tokio::time::timeout(Duration::from_secs(30), transfer)
+        .await
+        .expect("the transfer ends")
+        .expect("carried once the stream resumed, byte-exact");
+    s.cut_settled().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dials_racing_a_cut_all_succeed() {
     let _serial = SERIAL.lock().await;
