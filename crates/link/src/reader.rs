@@ -1,17 +1,25 @@
 //! A link's receiving half: frames off the byte stream, packets out.
+//!
+//! An idle link holds no read buffer: once a read finds nothing and no part of a frame is
+//! buffered, the buffer is given back and the reader waits for bytes with none (as the
+//! relays do for idle sockets). A busy link keeps its buffer from one read to the next.
 
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
 use tether_conn::{Draw, PartialMessageBudget, WATCHED_READ_POLL};
 use tether_proto::Packet;
 use tether_proto::link::{self, Frame};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::control::Control;
 use crate::error::LinkError;
 
-/// Room a read is given while the link is quiet: an idle link holds no more.
+/// Room a read is given while the link is quiet, and the first read after it idled.
 const QUIET_READ: usize = 4 * 1024;
 /// Room a read is given while the link is busy: several full DATA frames per read.
 const BUSY_READ: usize = 160 * 1024;
@@ -26,7 +34,7 @@ pub struct LinkReader {
     control: Arc<Control>,
     /// What an incomplete frame beyond its free share holds of the listener's budget.
     draw: Option<Draw>,
-    /// The last read filled most of its room: give the next one more.
+    /// The last read filled a quiet link's room: give the next one more.
     busy: bool,
     /// The peer ended the stream, or the link failed: nothing more is read.
     done: bool,
@@ -117,17 +125,14 @@ impl LinkReader {
         }
         let want =
             link::frame_len(&self.buf).map_or(0, |len| (len - self.buf.len()).min(EAGER_RESERVE));
-        let room = want.max(if self.busy { BUSY_READ } else { QUIET_READ });
-        self.buf.reserve(room);
-        // A burst's room is kept for as long as reads find bytes; a link that falls quiet
-        // waits with a quiet link's.
-        let mut shrink = self.buf.is_empty() && self.buf.capacity() > QUIET_READ;
         loop {
             let watched = self.control.life.is_watched();
             tokio::select! {
                 biased;
                 () = self.control.ended.cancelled() => return Err(self.control.end_error()),
-                read = self.io.read_buf(&mut self.buf) => {
+                read = poll_fn(|cx| {
+                    poll_read_more(&mut self.io, &mut self.buf, &mut self.busy, want, cx)
+                }) => {
                     let n = read?;
                     if n == 0 {
                         return Err(if self.buf.is_empty() {
@@ -136,14 +141,7 @@ impl LinkReader {
                             LinkError::Frame(link::LinkError::Truncated)
                         });
                     }
-                    self.busy = n >= QUIET_READ;
                     return Ok(());
-                }
-                // Reached only when the read above found nothing at once.
-                () = std::future::ready(()), if shrink => {
-                    shrink = false;
-                    self.buf = BytesMut::new();
-                    self.buf.reserve(QUIET_READ);
                 }
                 () = tokio::time::sleep(WATCHED_READ_POLL), if watched => {}
             }
@@ -156,6 +154,43 @@ impl LinkReader {
         self.buf = BytesMut::new();
         self.draw = None;
         error
+    }
+}
+
+/// Reads more of `io` into `buf`, with room for `want` bytes (the rest of a frame begun) or
+/// more as `busy` says, which the read updates. A read that finds nothing while `buf` holds no
+/// part of a frame gives the buffer back; the next waits for bytes with no room first, which
+/// a TLS stream (tokio-rustls) or a duplex resolves only once bytes (or the end) are there.
+/// A plain socket resolves it at once, and its read then waits as before.
+fn poll_read_more(
+    io: &mut (dyn AsyncRead + Send + Unpin),
+    buf: &mut BytesMut,
+    busy: &mut bool,
+    want: usize,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() == 0 {
+        let waited = Pin::new(&mut *io).poll_read(cx, &mut ReadBuf::new(&mut []));
+        if waited.is_pending() {
+            // Also lets go of the allocation an exactly filled read left this view of.
+            *buf = BytesMut::new();
+        }
+        ready!(waited)?;
+    }
+    buf.reserve(want.max(if *busy { BUSY_READ } else { QUIET_READ }));
+    match tokio_util::io::poll_read_buf(Pin::new(io), cx, buf) {
+        Poll::Pending => {
+            if buf.is_empty() {
+                *buf = BytesMut::new();
+                *busy = false;
+            }
+            Poll::Pending
+        }
+        Poll::Ready(read) => {
+            // A read that filled a quiet link's room: give the next one more.
+            *busy = matches!(read, Ok(n) if n >= QUIET_READ);
+            Poll::Ready(read)
+        }
     }
 }
 
@@ -173,6 +208,34 @@ mod tests {
     use tokio::io::AsyncWriteExt;
 
     use super::*;
+
+    /// A link that waits for its peer holds no read buffer, and reads on as before once bytes
+    /// come: a small frame, then frames larger than a quiet link's room.
+    #[tokio::test]
+    async fn an_idle_link_holds_no_read_buffer() {
+        let (near, mut far) = tokio::io::duplex(1 << 20);
+        let control = Control::new(Arc::new(LastPong::default()));
+        let mut reader = LinkReader::new(Box::new(near), BytesMut::new(), control, None);
+        let data = |len: usize| Packet::Data {
+            connect_id: ConnectId(1),
+            data: Bytes::from(vec![3u8; len]),
+        };
+        let mut frames = BytesMut::new();
+        link::encode_packet(&data(100), &mut frames);
+        far.write_all(&frames.split()).await.unwrap();
+        assert_eq!(reader.next().await.unwrap().unwrap(), data(100));
+        let idle = tokio::time::timeout(std::time::Duration::from_millis(50), reader.next());
+        assert!(idle.await.is_err(), "nothing more was sent");
+        assert_eq!(reader.buf.capacity(), 0, "the idle link gave its buffer");
+
+        for _ in 0..3 {
+            link::encode_packet(&data(60_000), &mut frames);
+        }
+        far.write_all(&frames).await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(reader.next().await.unwrap().unwrap(), data(60_000));
+        }
+    }
 
     /// A large frame draws on the budget while it is incomplete, and gives it all back once
     /// it was taken out; one the budget cannot hold ends the link with RESOURCE_EXHAUSTED.
