@@ -213,5 +213,10 @@ pub enum Cmd {
         /// each reaching the servers in turn through one address.
         #[arg(long, default_value_t = 0, conflicts_with = "upstream")]
         upstream_agents: usize,
+        /// Start etcd and kube-apiserver ($TETHER_K8S_BIN, or interop/k8s/build.sh); the
+        /// servers publish Leases and tether's agents count them, and the schedule adds
+        /// Lease expiries (a server frozen past its Lease's duration).
+        #[arg(long, conflicts_with = "upstream")]
+        leases: bool,
     },
 }

@@ -145,6 +145,7 @@ fn main() -> ExitCode {
                 churners,
                 upstream,
                 upstream_agents,
+                leases,
             }) => {
                 // Any seed will do; the report names it for a replay.
                 let seed = seed.unwrap_or_else(|| {
@@ -160,6 +161,7 @@ fn main() -> ExitCode {
                     churners,
                     upstream,
                     upstream_agents,
+                    leases,
                     out: args.out.clone(),
                 };
                 tokio::select! {

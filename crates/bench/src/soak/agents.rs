@@ -42,12 +42,13 @@ pub struct Agent {
 
 impl Agent {
     /// Starts agent `n` (upstream's, if `upstream`) with the credentials of `pki`, its relays
-    /// in front of the servers of `fleet`, and waits until it is ready.
+    /// in front of the servers of `fleet`, and waits until it is ready. A tether agent also
+    /// gets `extra_flags`.
     pub async fn start(
         env: &Env,
         pki: &PkiFiles,
         fleet: &Fleet,
-        (n, upstream): (usize, bool),
+        (n, upstream, extra_flags): (usize, bool, &[OsString]),
         dir: &Path,
     ) -> anyhow::Result<Agent> {
         let servers: Vec<_> = fleet.members.iter().map(|m| m.agents).collect();
@@ -71,13 +72,14 @@ impl Agent {
                 .collect::<Vec<_>>()
                 .join(",");
             let control_plane = free_port()?;
-            let args = vec![
+            let mut args = vec![
                 "agent".into(),
                 "--proxy-server-host=127.0.0.1".into(),
                 flag("proxy-server-addresses", &addresses),
                 flag("drain-timeout", format!("{}s", DRAIN_TIMEOUT.as_secs())),
                 flag("control-plane-listen", format!("127.0.0.1:{control_plane}")),
             ];
+            args.extend(extra_flags.iter().cloned());
             (env.bins.tether.clone(), args, Some(control_plane))
         };
         args.extend(agent_flags(pki, health, admin, &id));

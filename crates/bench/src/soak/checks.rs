@@ -9,9 +9,10 @@ use tokio::time::Instant;
 
 use super::agents::Agent;
 use super::faults::CONFIG_INFO;
+use super::leases::Leases;
 use super::schedule::{Fault, FaultKind};
 use crate::procs;
-use crate::systems::{Fleet, http_get, metric_sum};
+use crate::systems::{Fleet, http_get, metric_sum, server_id};
 
 /// Agent streams and connections a server holds: back to the baseline once healed.
 const AGENT_OPEN: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
@@ -57,7 +58,8 @@ impl Baseline {
 
 /// Waits until every server and agent is back at its baseline (no pending dial, no
 /// connection, every agent held, file descriptors within [`FD_SLACK`], counters that agree,
-/// `routing_sha256` in force); what is not by [`SETTLE`] is a breach. Upstream's servers
+/// `routing_sha256` in force, with `leases` every server's Lease valid); what is not by
+/// [`SETTLE`] is a breach. Upstream's servers
 /// have neither a routing file nor a count of connections opened: for them `routing_sha256`
 /// is `None` and only the rest is checked.
 pub async fn settle(
@@ -65,11 +67,21 @@ pub async fn settle(
     agents: &[Agent],
     baseline: &Baseline,
     routing_sha256: Option<&str>,
+    leases: Option<&Leases>,
     breaches: &mut Vec<String>,
 ) {
     let deadline = Instant::now() + SETTLE;
     loop {
         let mut off = Vec::new();
+        if let Some(leases) = leases {
+            let mut all: Vec<String> = (0..fleet.members.len()).map(server_id).collect();
+            all.sort_unstable();
+            match leases.valid_holders().await {
+                Ok(valid) if valid == all => {}
+                Ok(valid) => off.push(format!("valid Leases {valid:?}, not {all:?}")),
+                Err(e) => off.push(format!("the Leases could not be listed: {e:#}")),
+            }
+        }
         for (n, member) in fleet.members.iter().enumerate() {
             off.extend(server_off(fleet, n, agents.len(), routing_sha256).await);
             let fds = member.pid().and_then(procs::fd_count).unwrap_or(usize::MAX);

@@ -9,8 +9,9 @@ use tokio::time::Instant;
 
 use super::agents::{Agent, DRAIN_TIMEOUT};
 use super::files::{Files, ROUTING_BROKEN, ROUTING_CHANGED, ROUTING_FIRST};
+use super::leases::Leases;
 use super::schedule::{Aim, Fault, FaultKind, Target};
-use crate::systems::{Fleet, http_get, metric_sum};
+use crate::systems::{Fleet, http_get, metric_sum, server_id};
 
 /// The routing file in force, labelled with its SHA-256.
 pub const CONFIG_INFO: &str = "tether_server_config_info";
@@ -27,6 +28,7 @@ pub struct Chaos<'a> {
     pub fleet: &'a mut Fleet,
     pub agents: &'a mut [Agent],
     pub files: &'a mut Files,
+    pub leases: Option<&'a Leases>,
     /// Each server's count of refused reloads, or of certificate reloads, when a broken
     /// file or a rotation was put in place.
     counts_before: Vec<f64>,
@@ -38,12 +40,14 @@ impl<'a> Chaos<'a> {
         fleet: &'a mut Fleet,
         agents: &'a mut [Agent],
         files: &'a mut Files,
+        leases: Option<&'a Leases>,
     ) -> Chaos<'a> {
         Chaos {
             upstream,
             fleet,
             agents,
             files,
+            leases,
             counts_before: Vec::new(),
         }
     }
@@ -70,7 +74,9 @@ impl<'a> Chaos<'a> {
             (FaultKind::Cut, Target::Agent(n)) => self.agents[n].cut(fault.hold),
             (FaultKind::Drain, Target::Agent(n)) => self.agents[n].drain(),
             (FaultKind::ServerKill, Target::Server(n)) => self.fleet.members[n].kill().await,
-            (FaultKind::ServerFreeze, Target::Server(n)) => self.signal_server(n, Signal::STOP),
+            (FaultKind::ServerFreeze | FaultKind::LeaseExpiry, Target::Server(n)) => {
+                self.signal_server(n, Signal::STOP);
+            }
             (FaultKind::Reload, Target::Fleet) => self.put_routing(ROUTING_CHANGED)?,
             (FaultKind::BadReload, Target::Fleet) => {
                 self.counts_before = self.each_server(CONFIG_RELOADS, "refused").await?;
@@ -115,6 +121,25 @@ impl<'a> Chaos<'a> {
                     .map_err(|e| format!("server {} did not come back: {e:#}", n + 1))?;
             }
             (FaultKind::ServerFreeze, Target::Server(n)) => self.signal_server(n, Signal::CONT),
+            (FaultKind::LeaseExpiry, Target::Server(n)) => {
+                let expired = match self.leases {
+                    Some(leases) => {
+                        let id = server_id(n);
+                        leases
+                            .wait_for(FILE_SEEN_WITHIN, |valid| !valid.contains(&id))
+                            .await
+                    }
+                    None => Ok(()),
+                };
+                self.signal_server(n, Signal::CONT);
+                expired.map_err(|valid| {
+                    format!(
+                        "server {}'s Lease was still valid after {:.1} s frozen (valid: {valid:?})",
+                        n + 1,
+                        fault.hold.as_secs_f64()
+                    )
+                })?;
+            }
             (FaultKind::Reload, Target::Fleet) => {
                 let in_force = self.wait_in_force(ROUTING_CHANGED).await;
                 self.put_routing(ROUTING_FIRST)?;

@@ -13,6 +13,7 @@ mod agents;
 mod checks;
 mod faults;
 mod files;
+mod leases;
 mod relay;
 mod schedule;
 mod traffic;
@@ -31,6 +32,7 @@ use agents::Agent;
 use checks::Baseline;
 use faults::Chaos;
 use files::Files;
+use leases::Leases;
 use schedule::{Fault, FaultKind};
 
 /// The average gap between faults.
@@ -50,6 +52,9 @@ pub struct Options {
     pub upstream: bool,
     /// Of tether's servers' agents, how many are upstream's proxy-agent (a mixed fleet).
     pub upstream_agents: usize,
+    /// Servers publish Leases in a real kube-apiserver and tether's agents count them; the
+    /// schedule adds Lease expiries.
+    pub leases: bool,
     pub out: PathBuf,
 }
 
@@ -61,6 +66,13 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     );
     let dir = env.dir.join("soak");
     let mut files = Files::create(&dir.join("files"))?;
+    let leases = match o.leases {
+        true => Some(Leases::start().await?),
+        false => None,
+    };
+    let lease_flags = |pick: fn(&Leases) -> Vec<std::ffi::OsString>| {
+        leases.as_ref().map(pick).unwrap_or_default()
+    };
     let setup = Setup {
         // Every second server serves HTTP CONNECT, the others gRPC. HTTP CONNECT over TCP
         // and mutual TLS: over a Unix socket, a tunnel cut short reads as a clean end (no
@@ -74,22 +86,26 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         extra_flags: if o.upstream {
             Vec::new()
         } else {
-            vec![
+            let mut flags = vec![
                 flag("routing-config", &files.routing_path),
                 "--tls-reload-interval=1s".into(),
                 // The agents' reverse dials reach the echo target as a control-plane endpoint.
                 flag("control-plane-endpoints", env.target.to_string()),
-            ]
+            ];
+            flags.extend(lease_flags(Leases::server_flags));
+            flags
         },
         pki: files.paths.clone(),
         upstream: o.upstream,
     };
     let mut fleet = Fleet::start(env, &setup).await?;
+    let agent_flags = lease_flags(Leases::agent_flags);
     let mut agents = Vec::with_capacity(o.agents);
     for n in 0..o.agents {
         // A mixed fleet's upstream agents are its last ones.
         let upstream = o.upstream || n >= o.agents - o.upstream_agents.min(o.agents);
-        agents.push(Agent::start(env, &files.paths, &fleet, (n, upstream), &dir).await?);
+        let spec = (n, upstream, agent_flags.as_slice());
+        agents.push(Agent::start(env, &files.paths, &fleet, spec, &dir).await?);
     }
     let all = o.agents as f64;
     fleet
@@ -113,12 +129,25 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let control_planes: Vec<u16> = agents.iter().filter_map(|a| a.control_plane).collect();
     let mut clients = traffic::start(&entries, &control_planes, o.churners, &ledger, &stop);
 
-    let faults = schedule::draw(o.seed, o.agents, o.servers, FAULT_GAP, o.duration);
+    let plan = schedule::Plan {
+        agents: o.agents,
+        servers: o.servers,
+        gap: FAULT_GAP,
+        until: o.duration,
+        leases: o.leases,
+    };
+    let faults = schedule::draw(o.seed, plan);
     let mut log = String::new();
     let mut breaches = Vec::new();
     let rss_before = fleet.rss();
     let mut memory = Memory::default();
-    let mut chaos = Chaos::new(o.upstream, &mut fleet, &mut agents, &mut files);
+    let mut chaos = Chaos::new(
+        o.upstream,
+        &mut fleet,
+        &mut agents,
+        &mut files,
+        leases.as_ref(),
+    );
     inject(
         &faults,
         &mut chaos,
@@ -149,6 +178,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         &agents,
         &baseline,
         (!o.upstream).then(|| files.routing_sha256()).as_deref(),
+        leases.as_ref(),
         &mut breaches,
     )
     .await;
@@ -353,8 +383,13 @@ fn report(
     let _ = writeln!(r, "# Soak of {system}: seed {}\n", o.seed);
     let _ = writeln!(
         r,
-        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn), {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}{}{}`.\n",
+        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn){}, {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}{}{}{}`.\n",
         o.servers,
+        if o.leases {
+            " publishing Leases in a real kube-apiserver, which tether's agents count"
+        } else {
+            ""
+        },
         o.agents,
         o.churners,
         elapsed.as_secs_f64(),
@@ -368,7 +403,8 @@ fn report(
             format!(" --upstream-agents {}", o.upstream_agents)
         } else {
             String::new()
-        }
+        },
+        if o.leases { " --leases" } else { "" }
     );
     let _ = writeln!(
         r,

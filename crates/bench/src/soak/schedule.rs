@@ -20,6 +20,10 @@ pub enum FaultKind {
     ServerKill,
     /// A server: SIGSTOP, and SIGCONT after `hold`.
     ServerFreeze,
+    /// A server: SIGSTOP for longer than its Lease's duration, so that the Lease expires and
+    /// the agents counting Leases count one server fewer; SIGCONT after `hold`. Only with
+    /// Leases (`--leases`).
+    LeaseExpiry,
     /// Every server: a changed routing file, and the first one back after `hold`.
     Reload,
     /// Every server: a routing file that does not parse (refused; the one in force stays),
@@ -40,13 +44,14 @@ pub enum Aim {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::Kill,
         FaultKind::Freeze,
         FaultKind::Cut,
         FaultKind::Drain,
         FaultKind::ServerKill,
         FaultKind::ServerFreeze,
+        FaultKind::LeaseExpiry,
         FaultKind::Reload,
         FaultKind::BadReload,
         FaultKind::Rotate,
@@ -60,6 +65,7 @@ impl FaultKind {
             FaultKind::Drain => "agent drained (SIGTERM) and restarted",
             FaultKind::ServerKill => "server kill -9 and restart",
             FaultKind::ServerFreeze => "server SIGSTOP, then SIGCONT",
+            FaultKind::LeaseExpiry => "server frozen until its Lease expired",
             FaultKind::Reload => "routing file changed, then back",
             FaultKind::BadReload => "routing file broken, then back",
             FaultKind::Rotate => "certificates rotated",
@@ -69,7 +75,7 @@ impl FaultKind {
     pub fn aim(self) -> Aim {
         match self {
             FaultKind::Kill | FaultKind::Freeze | FaultKind::Cut | FaultKind::Drain => Aim::Agent,
-            FaultKind::ServerKill | FaultKind::ServerFreeze => Aim::Server,
+            FaultKind::ServerKill | FaultKind::ServerFreeze | FaultKind::LeaseExpiry => Aim::Server,
             FaultKind::Reload | FaultKind::BadReload | FaultKind::Rotate => Aim::Fleet,
         }
     }
@@ -83,6 +89,8 @@ impl FaultKind {
             // Up to twice the default 4 s resume window: some streams resume, some end.
             FaultKind::Cut => (ms(200), ms(8_000)),
             FaultKind::Drain => (ms(200), ms(5_000)),
+            // Past the 4 s Lease duration by at least 2 s, so that it has expired by then.
+            FaultKind::LeaseExpiry => (ms(6_000), ms(9_000)),
             FaultKind::Reload => (ms(1_000), ms(8_000)),
             FaultKind::BadReload => (ms(1_000), ms(4_000)),
             // Servers look at their certificate files every second (`--tls-reload-interval`).
@@ -130,25 +138,43 @@ pub struct Fault {
     pub hold: Duration,
 }
 
+/// What a run's schedule is drawn for.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub agents: usize,
+    pub servers: usize,
+    /// The average gap between faults.
+    pub gap: Duration,
+    /// No fault lasts past this.
+    pub until: Duration,
+    /// Whether the servers hold Leases ([`FaultKind::LeaseExpiry`] is drawn only then).
+    pub leases: bool,
+}
+
 /// Draws the faults of a run: one every `gap` (jittered by half either way) until `until`,
 /// each of a random kind (by [`FaultKind::weight`]) on a random target whose lane has no
 /// fault still unhealed, so every fault heals on its own and no lane takes two at once.
-pub fn draw(
-    seed: u64,
-    agents: usize,
-    servers: usize,
-    gap: Duration,
-    until: Duration,
-) -> Vec<Fault> {
+pub fn draw(seed: u64, plan: Plan) -> Vec<Fault> {
+    let Plan {
+        agents,
+        servers,
+        gap,
+        until,
+        leases,
+    } = plan;
+    let kinds: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| leases || *k != FaultKind::LeaseExpiry)
+        .collect();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut faults: Vec<Fault> = Vec::new();
     let mut at = Duration::ZERO;
     let millis = |d: Duration| d.as_millis() as u64;
-    let total: u32 = FaultKind::ALL.iter().map(|k| k.weight()).sum();
+    let total: u32 = kinds.iter().map(|k| k.weight()).sum();
     loop {
         at += Duration::from_millis(rng.u64(millis(gap) / 2..=millis(gap) * 3 / 2));
         let mut pick = rng.u32(..total);
-        let kind = *FaultKind::ALL
+        let kind = *kinds
             .iter()
             .find(|k| {
                 let hit = pick < k.weight();
@@ -190,19 +216,39 @@ pub fn draw(
 mod tests {
     use super::*;
 
-    const GAP: Duration = Duration::from_secs(2);
     const UNTIL: Duration = Duration::from_secs(600);
+
+    fn plan(agents: usize, leases: bool) -> Plan {
+        Plan {
+            agents,
+            servers: 3,
+            gap: Duration::from_secs(2),
+            until: UNTIL,
+            leases,
+        }
+    }
 
     #[test]
     fn a_seed_draws_the_same_schedule_and_another_seed_another() {
-        assert_eq!(draw(7, 10, 3, GAP, UNTIL), draw(7, 10, 3, GAP, UNTIL));
-        assert_ne!(draw(7, 10, 3, GAP, UNTIL), draw(8, 10, 3, GAP, UNTIL));
+        assert_eq!(draw(7, plan(10, false)), draw(7, plan(10, false)));
+        assert_ne!(draw(7, plan(10, false)), draw(8, plan(10, false)));
+    }
+
+    #[test]
+    fn lease_expiries_are_drawn_only_with_leases() {
+        let has = |leases| {
+            draw(3, plan(4, leases))
+                .iter()
+                .any(|f| f.kind == FaultKind::LeaseExpiry)
+        };
+        assert!(has(true));
+        assert!(!has(false));
     }
 
     #[test]
     fn every_fault_heals_before_the_end_and_no_lane_takes_two_at_once() {
         for seed in 0..50 {
-            let faults = draw(seed, 4, 3, GAP, UNTIL);
+            let faults = draw(seed, plan(4, true));
             assert!(faults.len() > 100, "seed {seed}: {} faults", faults.len());
             for (i, f) in faults.iter().enumerate() {
                 assert!(f.at + f.hold < UNTIL);

@@ -106,6 +106,11 @@ pub struct Fleet {
 /// The system the fleet's figures are filed under.
 pub const FLEET_SYSTEM: System = System::Konn(Impl::TetherPeer, Frontend::GrpcUds);
 
+/// The ID of server `n` (0-based): fleet-1, fleet-2, …
+pub fn server_id(n: usize) -> String {
+    format!("fleet-{}", n + 1)
+}
+
 /// The loopback address of server `n` (0-based): 127.0.0.2, .3, …
 fn address(n: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + n as u8))
@@ -163,7 +168,7 @@ impl Fleet {
             args.extend(server_flags(pki, ip, agent_port, health, admin));
             args.extend([
                 flag("server-count", size.to_string()),
-                flag("server-id", format!("fleet-{}", n + 1)),
+                flag("server-id", server_id(n)),
                 "--proxy-strategies=destHost,default".into(),
                 "-v=0".into(),
             ]);
