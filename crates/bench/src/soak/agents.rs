@@ -16,6 +16,10 @@ use super::relay::Relay;
 use crate::procs::{self, Proc};
 use crate::systems::{Env, Fleet, agent_flags, flag, free_port, wait_http_ok};
 
+/// The agent links tether's agents use, in turn: the native link (`auto`, which tether's
+/// servers answer with it), gRPC and WebSocket, so that every link takes every fault.
+const LINKS: [&str; 3] = ["auto", "grpc", "websocket"];
+
 /// How long an agent may take to be ready (every server held).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a drained agent keeps its proxied connections before it exits
@@ -78,6 +82,7 @@ impl Agent {
                 flag("proxy-server-addresses", &addresses),
                 flag("drain-timeout", format!("{}s", DRAIN_TIMEOUT.as_secs())),
                 flag("control-plane-listen", format!("127.0.0.1:{control_plane}")),
+                flag("transport", LINKS[n % LINKS.len()]),
             ];
             args.extend(extra_flags.iter().cloned());
             (env.bins.tether.clone(), args, Some(control_plane))

@@ -234,6 +234,24 @@ mod tests {
         assert_ne!(draw(7, plan(10, false)), draw(8, plan(10, false)));
     }
 
+    /// CI's quick soak (`scripts/test-all.sh`: seed 108, 60 s, 10 agents, `--leases`) must
+    /// strike with every kind of fault; a change to the drawing that breaks this needs
+    /// another seed there.
+    #[test]
+    fn the_ci_seed_draws_every_kind_of_fault_within_its_minute() {
+        let ci = Plan {
+            agents: 10,
+            servers: 3,
+            gap: crate::soak::FAULT_GAP,
+            until: Duration::from_secs(60),
+            leases: true,
+        };
+        let faults = draw(108, ci);
+        for kind in FaultKind::ALL {
+            assert!(faults.iter().any(|f| f.kind == kind), "{kind:?}");
+        }
+    }
+
     #[test]
     fn lease_expiries_are_drawn_only_with_leases() {
         let has = |leases| {
