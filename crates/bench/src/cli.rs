@@ -209,10 +209,14 @@ pub enum Cmd {
         /// reloads do not apply.
         #[arg(long)]
         upstream: bool,
-        /// A mixed fleet: this many of tether's servers' agents are upstream's proxy-agent,
-        /// each reaching the servers in turn through one address.
+        /// A mixed fleet: this many of the agents are upstream's proxy-agent, each reaching
+        /// the servers in turn through one address.
         #[arg(long, default_value_t = 0, conflicts_with = "upstream")]
         upstream_agents: usize,
+        /// A mixed fleet: this many of the servers (the last) are upstream's proxy-server,
+        /// not peered; tether's agents reach them on gRPC.
+        #[arg(long, default_value_t = 0, conflicts_with_all = ["upstream", "leases"])]
+        upstream_servers: usize,
         /// Start etcd and kube-apiserver ($TETHER_K8S_BIN, or interop/k8s/build.sh); the
         /// servers publish Leases and tether's agents count them, and the schedule adds
         /// Lease expiries (a server frozen past its Lease's duration).

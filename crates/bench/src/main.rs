@@ -145,6 +145,7 @@ fn main() -> ExitCode {
                 churners,
                 upstream,
                 upstream_agents,
+                upstream_servers,
                 leases,
             }) => {
                 // Any seed will do; the report names it for a replay.
@@ -161,6 +162,7 @@ fn main() -> ExitCode {
                     churners,
                     upstream,
                     upstream_agents,
+                    upstream_servers,
                     leases,
                     out: args.out.clone(),
                 };
@@ -233,7 +235,7 @@ async fn soak(args: &Args, options: &soak::Options) -> anyhow::Result<ExitCode> 
     tether_tls::install_default_provider();
     let bins = binaries::binaries(args)?;
     let mut imps = vec![systems::Impl::Tether];
-    if options.upstream || options.upstream_agents > 0 {
+    if options.upstream || options.upstream_agents + options.upstream_servers > 0 {
         imps.push(systems::Impl::Upstream);
     }
     let needed: Vec<_> = imps

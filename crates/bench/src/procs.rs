@@ -169,16 +169,12 @@ impl Proc {
         }
     }
 
-    /// Waits at most `within` for the process to exit by itself (after a SIGTERM, say);
-    /// whether it did. One that did not is killed and reaped.
-    pub async fn exited_within(mut self, within: Duration) -> bool {
-        let exited = tokio::time::timeout(within, self.child.wait())
+    /// Waits at most `within` for the process to exit by itself (after a SIGTERM, say):
+    /// whether it did (and was reaped).
+    pub async fn exited_within(&mut self, within: Duration) -> bool {
+        tokio::time::timeout(within, self.child.wait())
             .await
-            .is_ok_and(|status| status.is_ok());
-        if !exited {
-            self.stop().await;
-        }
-        exited
+            .is_ok_and(|status| status.is_ok())
     }
 
     /// Kills it and its descendants and reaps it. With `TETHER_BENCH_STOP_GRACE_MS` set

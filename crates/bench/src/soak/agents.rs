@@ -6,6 +6,8 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -32,6 +34,8 @@ pub struct Agent {
     pub id: String,
     /// Upstream's proxy-agent, not tether's.
     pub upstream: bool,
+    /// How often it was killed (kill -9), for the clients to tell a kill's effects.
+    pub kills: Arc<AtomicU64>,
     /// `None` between a kill and its restart.
     pub proc: Option<Proc>,
     pub health: u16,
@@ -76,13 +80,18 @@ impl Agent {
                 .collect::<Vec<_>>()
                 .join(",");
             let control_plane = free_port()?;
+            // Upstream's servers take gRPC only: no WebSocket link where one is in the fleet.
+            let links = match fleet.members.iter().any(|m| m.upstream) {
+                true => &LINKS[..2],
+                false => &LINKS[..],
+            };
             let mut args = vec![
                 "agent".into(),
                 "--proxy-server-host=127.0.0.1".into(),
                 flag("proxy-server-addresses", &addresses),
                 flag("drain-timeout", format!("{}s", DRAIN_TIMEOUT.as_secs())),
                 flag("control-plane-listen", format!("127.0.0.1:{control_plane}")),
-                flag("transport", LINKS[n % LINKS.len()]),
+                flag("transport", links[n % links.len()]),
             ];
             args.extend(extra_flags.iter().cloned());
             (env.bins.tether.clone(), args, Some(control_plane))
@@ -92,6 +101,7 @@ impl Agent {
             log: dir.join(format!("{id}.log")),
             id,
             upstream,
+            kills: Arc::default(),
             proc: None,
             health,
             control_plane,
@@ -118,6 +128,7 @@ impl Agent {
     /// kill -9 (the process and anything it started), reaped.
     pub async fn kill(&mut self) {
         if let Some(proc) = self.proc.take() {
+            self.kills.fetch_add(1, Ordering::Relaxed);
             proc.stop().await;
         }
     }
@@ -139,10 +150,15 @@ impl Agent {
     /// Waits for a drained agent to exit by itself: whether it did within `within` (one that
     /// did not is killed).
     pub async fn drained_within(&mut self, within: Duration) -> bool {
-        match self.proc.take() {
-            Some(proc) => proc.exited_within(within).await,
-            None => true,
+        let Some(mut proc) = self.proc.take() else {
+            return true;
+        };
+        let exited = proc.exited_within(within).await;
+        if !exited {
+            self.kills.fetch_add(1, Ordering::Relaxed);
+            proc.stop().await;
         }
+        exited
     }
 
     /// Resets every link to the servers now, and every new one for `hold`.

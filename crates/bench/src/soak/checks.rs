@@ -59,14 +59,13 @@ impl Baseline {
 /// Waits until every server and agent is back at its baseline (no pending dial, no
 /// connection, every agent held, file descriptors within [`FD_SLACK`], counters that agree,
 /// `routing_sha256` in force, with `leases` every server's Lease valid); what is not by
-/// [`SETTLE`] is a breach. Upstream's servers
-/// have neither a routing file nor a count of connections opened: for them `routing_sha256`
-/// is `None` and only the rest is checked.
+/// [`SETTLE`] is a breach. Upstream's servers have neither a routing file nor a count of
+/// connections opened: on them only the rest is checked.
 pub async fn settle(
     fleet: &Fleet,
     agents: &[Agent],
     baseline: &Baseline,
-    routing_sha256: Option<&str>,
+    routing_sha256: &str,
     leases: Option<&Leases>,
     breaches: &mut Vec<String>,
 ) {
@@ -117,13 +116,8 @@ pub async fn settle(
     }
 }
 
-/// What is off on server `n` (tether's own checks only with `routing_sha256`).
-async fn server_off(
-    fleet: &Fleet,
-    n: usize,
-    agents: usize,
-    routing_sha256: Option<&str>,
-) -> Vec<String> {
+/// What is off on server `n` (tether's own checks only on a tether server).
+async fn server_off(fleet: &Fleet, n: usize, agents: usize, routing_sha256: &str) -> Vec<String> {
     let c = match fleet.counts(n).await {
         Ok(c) => c,
         Err(e) => return vec![format!("server {}: no metrics: {e:#}", n + 1)],
@@ -138,9 +132,9 @@ async fn server_off(
             off.push(format!("server {}: {what} {is}, not {want}", n + 1));
         }
     }
-    let Some(routing_sha256) = routing_sha256 else {
+    if fleet.members[n].upstream {
         return off;
-    };
+    }
     let body = http_get(fleet.members[n].health, "/metrics")
         .await
         .map(|r| r.1)

@@ -22,9 +22,6 @@ const FILE_SEEN_WITHIN: Duration = Duration::from_secs(3);
 
 /// What the faults strike.
 pub struct Chaos<'a> {
-    /// Upstream's servers, which have neither a routing file nor certificate reloads: the
-    /// fleet's faults do not apply to them.
-    pub upstream: bool,
     pub fleet: &'a mut Fleet,
     pub agents: &'a mut [Agent],
     pub files: &'a mut Files,
@@ -36,14 +33,12 @@ pub struct Chaos<'a> {
 
 impl<'a> Chaos<'a> {
     pub fn new(
-        upstream: bool,
         fleet: &'a mut Fleet,
         agents: &'a mut [Agent],
         files: &'a mut Files,
         leases: Option<&'a Leases>,
     ) -> Chaos<'a> {
         Chaos {
-            upstream,
             fleet,
             agents,
             files,
@@ -52,9 +47,19 @@ impl<'a> Chaos<'a> {
         }
     }
 
-    /// Whether `kind` applies to this fleet.
+    /// Whether `kind` applies to this fleet: the faults on the files only where a tether
+    /// server reads them (upstream's have neither a routing file nor certificate reloads).
     pub fn applies(&self, kind: FaultKind) -> bool {
-        !(self.upstream && kind.aim() == Aim::Fleet)
+        kind.aim() != Aim::Fleet || self.tether_servers().next().is_some()
+    }
+
+    /// The tether servers of the fleet, with their index.
+    fn tether_servers(&self) -> impl Iterator<Item = (usize, &crate::systems::Member)> {
+        self.fleet
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !m.upstream)
     }
 
     /// What `target` is, for the report.
@@ -100,12 +105,15 @@ impl<'a> Chaos<'a> {
             (FaultKind::Freeze, Target::Agent(n)) => self.agents[n].freeze(false),
             (FaultKind::Cut, Target::Agent(_)) => {}
             (FaultKind::Drain, Target::Agent(n)) => {
-                let within = DRAIN_TIMEOUT + Duration::from_secs(5);
+                // Upstream's agent has no --drain-timeout: a drained one serves on until
+                // killed, by design, so it is not waited for.
+                let within = match self.agents[n].upstream {
+                    true => Duration::ZERO,
+                    false => DRAIN_TIMEOUT + Duration::from_secs(5),
+                };
                 let exited = self.agents[n].drained_within(within).await;
                 // Started again either way, so that one breach does not become many.
                 self.launch_agent(n).await?;
-                // Upstream's agent has no --drain-timeout: a drained one serves on until
-                // killed, by design.
                 if !exited && !self.agents[n].upstream {
                     return Err(format!(
                         "{} did not exit within {within:?} of its drain (--drain-timeout={}s)",
@@ -181,10 +189,11 @@ impl<'a> Chaos<'a> {
             .map_err(|e| format!("writing the routing file: {e:#}"))
     }
 
-    /// Each server's sum of `name` over the series labelled `result` or `outcome` `value`.
+    /// Each tether server's sum of `name` over the series labelled `result` or `outcome`
+    /// `value`, in order.
     async fn each_server(&self, name: &str, value: &str) -> Result<Vec<f64>, String> {
         let mut counts = Vec::with_capacity(self.fleet.members.len());
-        for member in &self.fleet.members {
+        for (_, member) in self.tether_servers() {
             let body = http_get(member.health, "/metrics")
                 .await
                 .map_err(|e| format!("reading {name}: {e:#}"))?
@@ -196,14 +205,16 @@ impl<'a> Chaos<'a> {
         Ok(counts)
     }
 
-    /// Waits until every server counts more of `name` `value` than when the fault began.
+    /// Waits until every tether server counts more of `name` `value` than when the fault
+    /// began.
     async fn wait_counted(&self, name: &str, value: &str) -> Result<(), String> {
         let deadline = Instant::now() + FILE_SEEN_WITHIN;
+        let numbers: Vec<usize> = self.tether_servers().map(|(n, _)| n + 1).collect();
         loop {
             let now = self.each_server(name, value).await?;
             let behind: Vec<usize> = (0..now.len())
-                .filter(|n| now[*n] <= self.counts_before.get(*n).copied().unwrap_or(0.0))
-                .map(|n| n + 1)
+                .filter(|i| now[*i] <= self.counts_before.get(*i).copied().unwrap_or(0.0))
+                .map(|i| numbers[i])
                 .collect();
             if behind.is_empty() {
                 return Ok(());
@@ -217,13 +228,13 @@ impl<'a> Chaos<'a> {
         }
     }
 
-    /// Waits until every server has `text` in force as its routing file.
+    /// Waits until every tether server has `text` in force as its routing file.
     async fn wait_in_force(&self, text: &str) -> Result<(), String> {
         let label = format!("sha256=\"{}\"", tether_reload::sha256_hex(text.as_bytes()));
         let deadline = Instant::now() + FILE_SEEN_WITHIN;
         loop {
             let mut behind = Vec::new();
-            for (n, member) in self.fleet.members.iter().enumerate() {
+            for (n, member) in self.tether_servers() {
                 let body = http_get(member.health, "/metrics")
                     .await
                     .map(|r| r.1)

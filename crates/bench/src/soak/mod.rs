@@ -50,8 +50,9 @@ pub struct Options {
     pub churners: usize,
     /// The same schedule against upstream's proxy-server and proxy-agent, for reference.
     pub upstream: bool,
-    /// Of tether's servers' agents, how many are upstream's proxy-agent (a mixed fleet).
+    /// A mixed fleet: how many of the agents, and of the servers, are upstream's.
     pub upstream_agents: usize,
+    pub upstream_servers: usize,
     /// Servers publish Leases in a real kube-apiserver and tether's agents count them; the
     /// schedule adds Lease expiries.
     pub leases: bool,
@@ -83,9 +84,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
                 _ => Frontend::HttpConnectTls,
             })
             .collect(),
-        extra_flags: if o.upstream {
-            Vec::new()
-        } else {
+        extra_flags: {
             let mut flags = vec![
                 flag("routing-config", &files.routing_path),
                 "--tls-reload-interval=1s".into(),
@@ -96,7 +95,11 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
             flags
         },
         pki: files.paths.clone(),
-        upstream: o.upstream,
+        upstream: if o.upstream {
+            o.servers
+        } else {
+            o.upstream_servers
+        },
     };
     let mut fleet = Fleet::start(env, &setup).await?;
     let agent_flags = lease_flags(Leases::agent_flags);
@@ -121,12 +124,21 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let entries: Vec<Arc<traffic::Entry>> = fleet
         .members
         .iter()
-        .map(|m| Arc::new(traffic::Entry::new(m, &target)))
+        .enumerate()
+        .map(|(n, m)| Arc::new(traffic::Entry::new(m, n, o.upstream, &target)))
         .collect();
     let stop = CancellationToken::new();
     let started = Instant::now();
     let ledger = traffic::Shared::new(started);
-    let control_planes: Vec<u16> = agents.iter().filter_map(|a| a.control_plane).collect();
+    let control_planes: Vec<traffic::ControlPlane> = agents
+        .iter()
+        .filter_map(|a| {
+            a.control_plane.map(|port| traffic::ControlPlane {
+                port,
+                kills: a.kills.clone(),
+            })
+        })
+        .collect();
     let mut clients = traffic::start(&entries, &control_planes, o.churners, &ledger, &stop);
 
     let plan = schedule::Plan {
@@ -141,13 +153,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     let mut breaches = Vec::new();
     let rss_before = fleet.rss();
     let mut memory = Memory::default();
-    let mut chaos = Chaos::new(
-        o.upstream,
-        &mut fleet,
-        &mut agents,
-        &mut files,
-        leases.as_ref(),
-    );
+    let mut chaos = Chaos::new(&mut fleet, &mut agents, &mut files, leases.as_ref());
     inject(
         &faults,
         &mut chaos,
@@ -177,7 +183,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         &fleet,
         &agents,
         &baseline,
-        (!o.upstream).then(|| files.routing_sha256()).as_deref(),
+        &files.routing_sha256(),
         leases.as_ref(),
         &mut breaches,
     )
@@ -187,9 +193,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         .filter(|a| a.upstream)
         .map(Agent::log)
         .collect();
-    if o.upstream {
-        upstream_logs.extend(fleet.members.iter().map(|m| m.log()));
-    }
+    upstream_logs.extend(fleet.members.iter().filter(|m| m.upstream).map(|m| m.log()));
     let upstream_errors =
         checks::scan_logs(&[&dir, &fleet.dir], &faults, &upstream_logs, &mut breaches);
     let rss = (rss_before, fleet.rss(), memory);
@@ -335,6 +339,33 @@ impl Memory {
     }
 }
 
+/// The command that runs `o` again.
+fn replay(o: &Options) -> String {
+    let mut command = format!(
+        "tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}",
+        o.seed,
+        o.duration.as_secs(),
+        o.agents,
+        o.servers,
+        o.churners
+    );
+    if o.upstream {
+        command.push_str(" --upstream");
+    }
+    for (flag, n) in [
+        ("upstream-agents", o.upstream_agents),
+        ("upstream-servers", o.upstream_servers),
+    ] {
+        if n > 0 {
+            let _ = write!(command, " --{flag} {n}");
+        }
+    }
+    if o.leases {
+        command.push_str(" --leases");
+    }
+    command
+}
+
 /// The least-squares slope of `samples` (seconds, MiB), in MiB per minute.
 fn slope(samples: &[(f64, f64)]) -> Option<f64> {
     let n = samples.len() as f64;
@@ -367,10 +398,13 @@ fn report(
             "upstream proxy-servers (not peered",
             "; no reverse dials (upstream has none)",
         )
-    } else if o.upstream_agents > 0 {
+    } else if o.upstream_agents + o.upstream_servers > 0 {
         (
-            format!("tether, {} of its agents upstream's", o.upstream_agents),
-            "tether servers (peered",
+            format!(
+                "a mixed fleet, {} of its servers and {} of its agents upstream's",
+                o.upstream_servers, o.upstream_agents
+            ),
+            "servers (tether's peered",
             ", reverse dials through tether's agents",
         )
     } else {
@@ -383,7 +417,7 @@ fn report(
     let _ = writeln!(r, "# Soak of {system}: seed {}\n", o.seed);
     let _ = writeln!(
         r,
-        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn){}, {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `tether-bench soak --seed {} --duration {} --agents {} --servers {} --churners {}{}{}{}`.\n",
+        "{} {fleet}; gRPC and HTTP CONNECT frontends in turn){}, {} agents (each through relays of its own), {} churn clients, one long-lived stream per server, bulk transfers, stalled readers{reverse}, for {:.0} s. Replay: `{}`.\n",
         o.servers,
         if o.leases {
             " publishing Leases in a real kube-apiserver, which tether's agents count"
@@ -393,18 +427,7 @@ fn report(
         o.agents,
         o.churners,
         elapsed.as_secs_f64(),
-        o.seed,
-        o.duration.as_secs(),
-        o.agents,
-        o.servers,
-        o.churners,
-        if o.upstream { " --upstream" } else { "" },
-        if o.upstream_agents > 0 {
-            format!(" --upstream-agents {}", o.upstream_agents)
-        } else {
-            String::new()
-        },
-        if o.leases { " --leases" } else { "" }
+        replay(o),
     );
     let _ = writeln!(
         r,
@@ -417,6 +440,16 @@ fn report(
     );
     for b in breaches {
         let _ = writeln!(r, "- {b}");
+    }
+    if ledger.upstream_breach_count > 0 {
+        let _ = writeln!(
+            r,
+            "\nThrough upstream's servers, {} breaches: upstream's, not held against this run:\n",
+            ledger.upstream_breach_count
+        );
+        for b in &ledger.upstream_breaches {
+            let _ = writeln!(r, "- {b}");
+        }
     }
     if upstream_errors > 0 {
         let _ = writeln!(

@@ -5,6 +5,7 @@
 //! owed, or a wrong byte is a breach of the invariants, not an error.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +40,10 @@ const REVERSE_CLIENTS: usize = 2;
 /// was killed) is made again by the next dial.
 #[derive(Debug)]
 pub struct Entry {
+    /// Which server, and its frontend: for breaches, which say where they happened.
+    label: String,
+    /// An upstream server in a fleet with tether's: its breaches are upstream's.
+    upstream_in_mix: bool,
     frontend: Frontend,
     transport: Transport,
     target: String,
@@ -46,8 +51,16 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn new(member: &Member, target: &str) -> Entry {
+    /// The entry to server `n`, `member`, of a fleet that is `all_upstream` or not.
+    pub fn new(member: &Member, n: usize, all_upstream: bool, target: &str) -> Entry {
+        let which = if member.upstream {
+            "upstream"
+        } else {
+            "tether"
+        };
         Entry {
+            label: format!("{which} server {}, {}", n + 1, member.frontend.name()),
+            upstream_in_mix: member.upstream && !all_upstream,
             frontend: member.frontend,
             transport: member.transport().clone(),
             target: target.to_owned(),
@@ -91,6 +104,10 @@ pub struct Ledger {
     pub breaches: Vec<String>,
     /// Breaches beyond those listed.
     pub unlisted_breaches: u64,
+    /// In a mixed fleet, breaches through upstream's servers: upstream's, so reported but
+    /// not held against the run; the first [`LISTED_BREACHES`] of them, and how many.
+    pub upstream_breaches: Vec<String>,
+    pub upstream_breach_count: u64,
 }
 
 /// Errors of one kind: how many, and when the first and the last ended, after the run's
@@ -144,10 +161,22 @@ fn record(shared: &Shared, started: Instant, outcome: Result<(), Failure>) {
             errors.last = now;
             ledger.worst_error = ledger.worst_error.max(started.elapsed());
         }
-        Err(Failure::Breach(what)) if ledger.breaches.len() < LISTED_BREACHES => {
-            ledger.breaches.push(what);
+        Err(Failure::Breach(what) | Failure::CleanEnd(what))
+            if ledger.breaches.len() < LISTED_BREACHES =>
+        {
+            let at = shared.run_started.elapsed().as_secs_f64();
+            ledger.breaches.push(format!("at {at:.1} s, {what}"));
         }
-        Err(Failure::Breach(_)) => ledger.unlisted_breaches += 1,
+        Err(Failure::Breach(_) | Failure::CleanEnd(_)) => ledger.unlisted_breaches += 1,
+        Err(Failure::UpstreamBreach(what)) => {
+            if ledger.upstream_breaches.len() < LISTED_BREACHES {
+                let at = shared.run_started.elapsed().as_secs_f64();
+                ledger
+                    .upstream_breaches
+                    .push(format!("at {at:.1} s, {what}"));
+            }
+            ledger.upstream_breach_count += 1;
+        }
     }
 }
 
@@ -158,6 +187,29 @@ enum Failure {
     Error(String),
     /// A breach of the invariants.
     Breach(String),
+    /// A breach of one kind: a clean end of stream before the bytes owed (what a process's
+    /// kernel does to its connections when it is killed, for a peer without TLS to tell).
+    CleanEnd(String),
+    /// A breach through an upstream server of a mixed fleet.
+    UpstreamBreach(String),
+}
+
+impl Failure {
+    /// A breach says which server's frontend it came through (errors are grouped by kind
+    /// across the servers), and is upstream's when that server is an upstream one in a
+    /// fleet that is not all upstream's.
+    fn through(self, entry: &Entry) -> Failure {
+        match self {
+            Failure::Breach(what) | Failure::CleanEnd(what) => {
+                let what = format!("{what} (through {})", entry.label);
+                match entry.upstream_in_mix {
+                    true => Failure::UpstreamBreach(what),
+                    false => Failure::Breach(what),
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 /// An error's kind for the ledger: its text without numbers (IDs, ports, counts), so that
@@ -207,7 +259,7 @@ async fn expect_back(
     while filled < got.len() {
         let n = bounded(what, async { Ok(s.read(&mut got[filled..]).await?) }).await?;
         if n == 0 {
-            return Err(Failure::Breach(format!(
+            return Err(Failure::CleanEnd(format!(
                 "{what}: clean end of stream after {filled} of {} bytes owed",
                 want.len()
             )));
@@ -281,7 +333,7 @@ async fn expect_pattern(
         let room = got.len().min((len - filled) as usize);
         let n = bounded(what, async { Ok(r.read(&mut got[..room]).await?) }).await?;
         if n == 0 {
-            return Err(Failure::Breach(format!(
+            return Err(Failure::CleanEnd(format!(
                 "{what}: clean end of stream after {filled} of {len} bytes owed"
             )));
         }
@@ -328,22 +380,39 @@ pub async fn churn(
         let entry = &entries[(worker + n as usize) % entries.len()];
         let msg = format!("churn {worker} {n}").into_bytes();
         let started = Instant::now();
-        record(&ledger, started, churn_once(entry, &msg).await);
+        let outcome = churn_once(entry, &msg).await;
+        record(&ledger, started, outcome.map_err(|f| f.through(entry)));
         n += 1;
     }
 }
 
+/// An agent's control-plane listener, and how often the soak has killed the agent.
+#[derive(Clone, Debug)]
+pub struct ControlPlane {
+    pub port: u16,
+    pub kills: Arc<AtomicU64>,
+}
+
 /// Reverse dials until `stop`: connections to the agents' control-plane listeners in turn,
 /// which the agents carry through the tunnel to a server and the server to the echo target,
-/// each one round trip of a message and a close.
-async fn reverse(control_planes: Vec<u16>, worker: usize, ledger: Shared, stop: CancellationToken) {
+/// each one round trip of a message and a close. The listener is plain TCP: when the agent is
+/// killed -9 during an operation, its kernel closes the connection with a clean end, which
+/// nothing but the client's own TLS could tell from the endpoint's (kubelet's connections to
+/// kube-apiserver carry TLS end to end); that one is an error, not a breach.
+async fn reverse(
+    control_planes: Vec<ControlPlane>,
+    worker: usize,
+    ledger: Shared,
+    stop: CancellationToken,
+) {
     let mut n = 0u64;
     while !stop.is_cancelled() {
-        let port = control_planes[(worker + n as usize) % control_planes.len()];
+        let agent = &control_planes[(worker + n as usize) % control_planes.len()];
         let msg = format!("reverse {worker} {n}").into_bytes();
         let started = Instant::now();
+        let kills = agent.kills.load(Ordering::Relaxed);
         let outcome = async {
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], agent.port));
             let mut s = bounded("reverse dial", async {
                 Ok(tokio::net::TcpStream::connect(addr).await?)
             })
@@ -354,6 +423,12 @@ async fn reverse(control_planes: Vec<u16>, worker: usize, ledger: Shared, stop: 
             expect_back(&mut s, &msg, "reverse").await
         }
         .await;
+        let outcome = outcome.map_err(|failure| match failure {
+            Failure::CleanEnd(_) if agent.kills.load(Ordering::Relaxed) != kills => {
+                Failure::Error("reverse: clean end from an agent killed -9 meanwhile".to_owned())
+            }
+            other => other,
+        });
         record(&ledger, started, outcome);
         n += 1;
     }
@@ -375,7 +450,9 @@ async fn transfers(
         record(
             &ledger,
             started,
-            transfer_once(entry, seed, len, stall, what).await,
+            transfer_once(entry, seed, len, stall, what)
+                .await
+                .map_err(|f| f.through(entry)),
         );
         n += 1;
     }
@@ -396,7 +473,7 @@ pub async fn long_lived(entry: Arc<Entry>, id: usize, ledger: Shared, stop: Canc
         let mut s = match opened {
             Ok(s) => s,
             Err(failure) => {
-                record(&ledger, started, Err(failure));
+                record(&ledger, started, Err(failure.through(&entry)));
                 tokio::time::sleep(STREAM_PERIOD).await;
                 continue;
             }
@@ -414,7 +491,7 @@ pub async fn long_lived(entry: Arc<Entry>, id: usize, ledger: Shared, stop: Canc
             }
             .await;
             let broken = outcome.is_err();
-            record(&ledger, started, outcome);
+            record(&ledger, started, outcome.map_err(|f| f.through(&entry)));
             round += 1;
             if broken {
                 break;
@@ -431,7 +508,7 @@ pub async fn long_lived(entry: Arc<Entry>, id: usize, ledger: Shared, stop: Canc
 /// bulk and stalled-reader clients, and reverse dials through the agents' `control_planes`.
 pub fn start(
     entries: &[Arc<Entry>],
-    control_planes: &[u16],
+    control_planes: &[ControlPlane],
     churners: usize,
     ledger: &Shared,
     stop: &CancellationToken,

@@ -41,6 +41,8 @@ pub struct Member {
     pub health: u16,
     /// Where agents connect.
     pub agents: SocketAddr,
+    /// Upstream's proxy-server, not tether's.
+    pub upstream: bool,
     /// Its frontend, and how its clients reach it.
     pub frontend: Frontend,
     transport: Transport,
@@ -61,9 +63,10 @@ pub struct Setup {
     pub extra_flags: Vec<OsString>,
     /// The certificates the servers present and trust.
     pub pki: PkiFiles,
-    /// Upstream's proxy-server in place of tether's: no peering (its agents must reach
-    /// every server themselves), and none of tether's own flags.
-    pub upstream: bool,
+    /// How many of the servers, the last ones, are upstream's proxy-server in place of
+    /// tether's: not peered (agents must reach them themselves), without tether's own flags
+    /// (`extra_flags` among them).
+    pub upstream: usize,
 }
 
 impl Setup {
@@ -74,7 +77,7 @@ impl Setup {
             frontends: vec![Frontend::GrpcUds; size],
             extra_flags: Vec::new(),
             pki: env.pki.clone(),
-            upstream: false,
+            upstream: 0,
         }
     }
 }
@@ -117,8 +120,8 @@ fn address(n: usize) -> IpAddr {
 }
 
 impl Fleet {
-    /// Starts the servers of `setup` peered with each other and waits until each has its
-    /// links to every other, both ways (upstream's: not peered). Every server runs the
+    /// Starts the servers of `setup`, tether's peered with each other, and waits until each
+    /// has its links to every other, both ways (upstream's are not peered). Every server runs the
     /// `destHost,default` strategies (so that an agent advertising an address is dialed by
     /// it) and tether's `--agent-identity-binding=off` (the run's one agent certificate
     /// proves no address).
@@ -127,10 +130,11 @@ impl Fleet {
         anyhow::ensure!((1..=250).contains(&size), "a fleet of 1 to 250 servers");
         let dir = env.instance_dir(&FLEET_SYSTEM)?;
         let pki = &setup.pki;
+        let tethers = size - setup.upstream.min(size);
         let peer_ports = (0..size)
             .map(|_| free_port())
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let peers = peer_ports
+        let peers = peer_ports[..tethers]
             .iter()
             .enumerate()
             .map(|(n, port)| SocketAddr::new(address(n), *port).to_string())
@@ -141,7 +145,8 @@ impl Fleet {
             let (agent_port, health, admin) = (free_port()?, free_port()?, free_port()?);
             let ip = address(n);
             let uds = dir.join(format!("server-{}.sock", n + 1));
-            let (program, mut args): (PathBuf, Vec<OsString>) = if setup.upstream {
+            let upstream = n >= tethers;
+            let (program, mut args): (PathBuf, Vec<OsString>) = if upstream {
                 (env.bins.upstream_server.clone(), Vec::new())
             } else {
                 (env.bins.tether.clone(), vec!["server".into()])
@@ -172,7 +177,7 @@ impl Fleet {
                 "--proxy-strategies=destHost,default".into(),
                 "-v=0".into(),
             ]);
-            if !setup.upstream {
+            if !upstream {
                 args.extend([
                     "--agent-identity-binding=off".into(),
                     flag("peer-bind-address", ip.to_string()),
@@ -182,12 +187,13 @@ impl Fleet {
                     flag("peer-ca-cert", &pki.ca_cert),
                     flag("peer-addresses", &peers),
                 ]);
+                args.extend(setup.extra_flags.iter().cloned());
             }
-            args.extend(setup.extra_flags.iter().cloned());
             let mut member = Member {
                 proc: None,
                 health,
                 agents: SocketAddr::new(ip, agent_port),
+                upstream,
                 frontend: *frontend,
                 transport,
                 program,
@@ -199,15 +205,12 @@ impl Fleet {
             members.push(member);
         }
         let fleet = Fleet { members, dir };
-        if setup.upstream {
-            return Ok(fleet);
-        }
-        let others = (size - 1) as f64;
+        let others = tethers.saturating_sub(1) as f64;
         fleet
             .wait_until(
                 Duration::from_secs(30),
                 "every peer link, both ways",
-                |_, c| c.links_in == others && c.links_out == others,
+                |n, c| n >= tethers || (c.links_in == others && c.links_out == others),
             )
             .await?;
         Ok(fleet)

@@ -107,6 +107,27 @@ async fn a_reverse_dial_that_fails_resets_the_tcp_client() {
     .await;
 }
 
+/// An agent that stops with a node's connection open resets it: the client must not take the
+/// cut for the endpoint's own close. (Only a killed agent's connections end cleanly: its
+/// kernel closes them, and only the client's own TLS can tell.)
+#[tokio::test]
+async fn a_control_plane_connection_open_when_the_agent_stops_is_reset() {
+    let pki = Pki::generate().unwrap();
+    let echo = EchoServer::start().await.unwrap();
+    let (_server, agent) = start(&pki, &echo, ControlPlaneProtocol::Tcp, 8).await;
+    let listen = agent.control_plane_addr.clone().unwrap();
+    let mut carried = TcpStream::connect(&listen).await.unwrap();
+    carried.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(10), carried.read_exact(&mut back))
+        .await
+        .expect("echoed within 10 s")
+        .unwrap();
+    assert_eq!(&back, b"ping");
+    agent.stop().await;
+    assert_reset(carried, "the carried connection").await;
+}
+
 #[tokio::test]
 async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
     let pki = Pki::generate().unwrap();
