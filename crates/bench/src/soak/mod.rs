@@ -14,6 +14,7 @@ mod checks;
 mod faults;
 mod files;
 mod leases;
+mod memory;
 mod relay;
 mod schedule;
 mod traffic;
@@ -33,11 +34,12 @@ use checks::Baseline;
 use faults::Chaos;
 use files::Files;
 use leases::Leases;
+use memory::Memory;
 use schedule::{Fault, FaultKind};
 
 /// The average gap between faults.
 const FAULT_GAP: Duration = Duration::from_secs(3);
-/// How often the servers' memory is sampled.
+/// How often the processes' memory is sampled.
 const RSS_EVERY: Duration = Duration::from_secs(5);
 
 /// What a soak run does.
@@ -232,7 +234,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
 }
 
 /// Strikes every fault at its time and heals it `hold` later, in time order, until `until`
-/// after `started`, sampling the servers' memory every [`RSS_EVERY`] meanwhile; each line of
+/// after `started`, sampling the processes' memory every [`RSS_EVERY`] meanwhile; each line of
 /// `log` says when a fault was due and how long it took (a restart: until the process is
 /// ready). What a fault's strike or heal reports is a breach.
 async fn inject(
@@ -257,7 +259,7 @@ async fn inject(
             next_sample < until && events.peek().is_none_or(|(at, _, _)| next_sample < *at);
         if sample_first {
             tokio::time::sleep_until(started + next_sample).await;
-            memory.sample(chaos.fleet, next_sample);
+            memory.sample(chaos.fleet, chaos.agents, next_sample);
             next_sample += RSS_EVERY;
             continue;
         }
@@ -306,39 +308,6 @@ async fn inject(
     tokio::time::sleep_until(started + until).await;
 }
 
-/// The servers' memory over the run: each server process's RSS samples, as (seconds, MiB),
-/// so that a restart starts a series of its own rather than a dip in one.
-#[derive(Debug, Default)]
-struct Memory {
-    /// (server, pid) → samples.
-    series: std::collections::BTreeMap<(usize, u32), Vec<(f64, f64)>>,
-}
-
-impl Memory {
-    fn sample(&mut self, fleet: &Fleet, at: Duration) {
-        for (n, member) in fleet.members.iter().enumerate() {
-            if let Some(proc) = &member.proc {
-                self.series
-                    .entry((n, proc.pid))
-                    .or_default()
-                    .push((at.as_secs_f64(), proc.rss() as f64 / (1 << 20) as f64));
-            }
-        }
-    }
-
-    /// The steepest slope among the series of at least a minute: (server, MiB per minute,
-    /// over how many seconds).
-    fn steepest(&self) -> Option<(usize, f64, f64)> {
-        self.series
-            .iter()
-            .filter_map(|((n, _), samples)| {
-                let span = samples.last()?.0 - samples.first()?.0;
-                (span >= 60.0).then_some((*n, slope(samples)?, span))
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-    }
-}
-
 /// The command that runs `o` again.
 fn replay(o: &Options) -> String {
     let mut command = format!(
@@ -364,22 +333,6 @@ fn replay(o: &Options) -> String {
         command.push_str(" --leases");
     }
     command
-}
-
-/// The least-squares slope of `samples` (seconds, MiB), in MiB per minute.
-fn slope(samples: &[(f64, f64)]) -> Option<f64> {
-    let n = samples.len() as f64;
-    if samples.len() < 3 {
-        return None;
-    }
-    let (sx, sy) = samples
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let (num, den) = samples.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
-        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
-    });
-    (den > 0.0).then(|| num / den * 60.0)
 }
 
 fn report(
@@ -490,37 +443,17 @@ fn report(
     let mib = |b: &u64| *b as f64 / (1 << 20) as f64;
     let _ = writeln!(
         r,
-        "- servers' RSS together: {:.1} MiB at the start, {:.1} MiB after the run; the steepest trend of one server process over a minute or more: {}",
+        "- servers' RSS together: {:.1} MiB at the start, {:.1} MiB after the run",
         mib(rss_before),
         mib(rss_after),
-        memory.steepest().map_or(
-            "– (no process lived a minute)".to_owned(),
-            |(n, slope, span)| {
-                format!("{slope:+.2} MiB/min (server {}, over {span:.0} s)", n + 1)
-            }
-        )
     );
+    for line in memory.report(elapsed) {
+        let _ = writeln!(r, "- {line}");
+    }
     let _ = writeln!(
         r,
         "\n| t (s) | fault | target | hold | done after (s) |\n|---:|---|---|---|---:|"
     );
     r.push_str(log);
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_slope_of_a_line_is_its_rise_per_minute() {
-        let line: Vec<(f64, f64)> = (0..10)
-            .map(|i| (i as f64 * 5.0, 100.0 + i as f64))
-            .collect();
-        let s = slope(&line).unwrap();
-        assert!((s - 12.0).abs() < 1e-9, "{s}");
-        let flat: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 7.0)).collect();
-        assert_eq!(slope(&flat), Some(0.0));
-        assert_eq!(slope(&flat[..2]), None);
-    }
 }

@@ -72,6 +72,14 @@ impl FaultKind {
         }
     }
 
+    /// Whether the fault ends its target's process (a new one takes its place).
+    fn restarts(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Kill | FaultKind::Drain | FaultKind::ServerKill
+        )
+    }
+
     pub fn aim(self) -> Aim {
         match self {
             FaultKind::Kill | FaultKind::Freeze | FaultKind::Cut | FaultKind::Drain => Aim::Agent,
@@ -192,9 +200,12 @@ pub fn draw(seed: u64, plan: Plan) -> Vec<Fault> {
                 .iter()
                 .any(|f| f.target.lane() == lane && f.at + f.hold + Duration::from_secs(1) > at)
         };
+        // The first agent and server are never restarted, so that one process of each
+        // lives the whole run and its memory's trend is measured over all of it.
+        let first = usize::from(kind.restarts() && agents.min(servers) > 1);
         let targets: Vec<Target> = match kind.aim() {
-            Aim::Agent => (0..agents).map(Target::Agent).collect(),
-            Aim::Server => (0..servers).map(Target::Server).collect(),
+            Aim::Agent => (first..agents).map(Target::Agent).collect(),
+            Aim::Server => (first..servers).map(Target::Server).collect(),
             Aim::Fleet => vec![Target::Fleet],
         };
         let free: Vec<Target> = targets.into_iter().filter(|t| !busy(t.lane())).collect();
@@ -277,6 +288,12 @@ mod tests {
                     (Aim::Server, Target::Server(n)) => assert!(n < 3),
                     (Aim::Fleet, Target::Fleet) => {}
                     other => panic!("seed {seed}: {other:?}"),
+                }
+                if f.kind.restarts() {
+                    assert!(
+                        !matches!(f.target, Target::Agent(0) | Target::Server(0)),
+                        "seed {seed}: {f:?} restarts a process kept for the whole run"
+                    );
                 }
                 for g in &faults[..i] {
                     assert!(
