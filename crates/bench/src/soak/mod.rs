@@ -447,7 +447,7 @@ fn report(
         mib(rss_before),
         mib(rss_after),
     );
-    for line in memory.report(elapsed) {
+    for line in memory.report(o.duration) {
         let _ = writeln!(r, "- {line}");
     }
     let _ = writeln!(
