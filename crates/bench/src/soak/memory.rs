@@ -37,6 +37,17 @@ impl Memory {
         }
     }
 
+    /// Every sample, one line each (`process,pid,seconds,mib`), for a closer look at a trend.
+    pub fn csv(&self) -> String {
+        let mut out = String::from("process,pid,seconds,mib\n");
+        for ((name, pid), samples) in &self.series {
+            for (at, mib) in samples {
+                out.push_str(&format!("{name},{pid},{at:.0},{mib:.2}\n"));
+            }
+        }
+        out
+    }
+
     /// The report's lines: each process that lived the whole run `run` long, with its first
     /// and last sample and its trend; and the steepest trend of the others over a minute or
     /// more.
@@ -51,11 +62,15 @@ impl Memory {
             .iter()
             .filter(|(_, samples)| whole(samples))
             .filter_map(|((name, _), samples)| {
+                // Past warm-up: a leak keeps its slope in the second half, growth that
+                // levels off does not.
+                let second_half = &samples[samples.len() / 2..];
                 Some(format!(
-                    "{name}, one process for the whole run: {:.1} → {:.1} MiB, trend {:+.3} MiB/min",
+                    "{name}, one process for the whole run: {:.1} → {:.1} MiB, trend {:+.3} MiB/min, {:+.3} MiB/min over the second half",
                     samples.first()?.1,
                     samples.last()?.1,
-                    slope(samples)?
+                    slope(samples)?,
+                    slope(second_half)?
                 ))
             })
             .collect();

@@ -220,6 +220,7 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&o.out)?;
     let path = o.out.join("soak.md");
     std::fs::write(&path, &report)?;
+    std::fs::write(o.out.join("memory.csv"), rss.2.csv())?;
     eprintln!("{report}");
     eprintln!("tether-bench soak: report {}", path.display());
     for agent in &mut agents {
