@@ -1,6 +1,7 @@
 //! Striking the running fleet with the soak's faults and healing them, and checking that a
-//! fault on the configuration did what it says: a changed routing file in force on every
-//! server, a broken one refused with the one before kept, rotated certificates loaded.
+//! fault did what it says: a changed routing file in force on every tether server, a broken
+//! one refused with the one before kept, rotated certificates loaded, a frozen server's
+//! Lease expired.
 
 use std::time::Duration;
 

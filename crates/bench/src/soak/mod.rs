@@ -1,8 +1,9 @@
 //! `tether-bench soak`: a fleet of tether servers (peered; gRPC and HTTP CONNECT frontends)
-//! and agents under client traffic while a seeded schedule of faults kills, freezes, drains
-//! and cuts the agents, kills and freezes the servers, changes and breaks their routing file
-//! and rotates the certificates; afterwards every fault is healed and the fleet must come
-//! back to where it started. The run fails on any breach: a client operation that hung or
+//! and agents (on the three agent links) under client traffic while a seeded schedule of
+//! faults kills, freezes, drains and cuts the agents, kills and freezes the servers (past
+//! their Leases' duration, with `--leases`), changes and breaks their routing file and
+//! rotates the certificates; afterwards every fault is healed and the fleet must come back to
+//! where it started. Variants run it against upstream's servers and agents, or a mix. The run fails on any breach: a client operation that hung or
 //! lost bytes without an error, a gauge, counter or file descriptor count that does not
 //! return to its baseline, a panic or an unexplained error in any log.
 //!
