@@ -34,7 +34,8 @@ pub struct Agent {
     pub id: String,
     /// Upstream's proxy-agent, not tether's.
     pub upstream: bool,
-    /// How often it was killed (kill -9), for the clients to tell a kill's effects.
+    /// Counts kills (kill -9) twice, before the signal and once reaped: odd while one is
+    /// under way, so that a client can tell a kill's effects.
     pub kills: Arc<AtomicU64>,
     /// `None` between a kill and its restart.
     pub proc: Option<Proc>,
@@ -130,6 +131,7 @@ impl Agent {
         if let Some(proc) = self.proc.take() {
             self.kills.fetch_add(1, Ordering::Relaxed);
             proc.stop().await;
+            self.kills.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -157,6 +159,7 @@ impl Agent {
         if !exited {
             self.kills.fetch_add(1, Ordering::Relaxed);
             proc.stop().await;
+            self.kills.fetch_add(1, Ordering::Relaxed);
         }
         exited
     }

@@ -424,7 +424,10 @@ async fn reverse(
         }
         .await;
         let outcome = outcome.map_err(|failure| match failure {
-            Failure::CleanEnd(_) if agent.kills.load(Ordering::Relaxed) != kills => {
+            // A kill under way when the operation began (odd), or one since.
+            Failure::CleanEnd(_)
+                if kills % 2 == 1 || agent.kills.load(Ordering::Relaxed) != kills =>
+            {
                 Failure::Error("reverse: clean end from an agent killed -9 meanwhile".to_owned())
             }
             other => other,
