@@ -246,9 +246,9 @@ async fn a_server_that_lost_the_stream_ends_its_connections_at_once() {
     s.server.wait_ready().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_control_plane_connection_from_the_node_survives_a_cut() {
-    let _serial = SERIAL.lock().await;
+/// A setup whose server's one control-plane endpoint is an echo server (kept alive by the
+/// caller), and the agent's TCP control-plane listener's address.
+async fn with_control_plane() -> (Setup, EchoServer, String) {
     let endpoint = EchoServer::start().await.unwrap();
     let s = Setup::start_with(
         ServerOptions {
@@ -267,6 +267,13 @@ async fn a_control_plane_connection_from_the_node_survives_a_cut() {
     )
     .await;
     let listen = s.agent.control_plane_addr.clone().unwrap();
+    (s, endpoint, listen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_connection_from_the_node_survives_a_cut() {
+    let _serial = SERIAL.lock().await;
+    let (s, _endpoint, listen) = with_control_plane().await;
     let stream = TcpStream::connect(&listen).await.unwrap();
     // A long-lived stream, as a watch is: 64 MiB echoed, cut twice on the way.
     let progress = Arc::new(AtomicU64::new(0));
@@ -289,33 +296,12 @@ async fn a_control_plane_connection_from_the_node_survives_a_cut() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_plane_connection_made_during_a_cut_waits_for_the_resume() {
     let _serial = SERIAL.lock().await;
-    let endpoint = EchoServer::start().await.unwrap();
-    let s = Setup::start_with(
-        ServerOptions {
-            control_plane: ControlPlaneEndpoints::new(vec![endpoint.addr.to_string()]),
-            ..Default::default()
-        },
-        AgentOptions {
-            control_plane: Some(ControlPlaneConfig {
-                listen: ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
-                endpoint: String::new(),
-                max_connections: 10,
-                protocol: ControlPlaneProtocol::Tcp,
-            }),
-            ..Default::default()
-        },
-    )
-    .await;
-    let listen = s.agent.control_plane_addr.clone().unwrap();
+    let (s, _endpoint, listen) = with_control_plane().await;
     // Cut, and keep the link down for a second: the agent's stream stays suspended.
     s.relay.set_refusing(true);
     s.relay.cut().await;
-    eventually("the server saw the stream break", || async {
-        s.server_metric("konnectivity_network_proxy_server_ready_backend_connections")
-            .await
-            == 0.0
-    })
-    .await;
+    s.wait_ready_backends(0, "the server saw the stream break")
+        .await;
     let stream = TcpStream::connect(&listen).await.unwrap();
     let progress = Arc::new(AtomicU64::new(0));
     let transfer = tokio::spawn(echo_pattern(stream, 64 << 10, progress));

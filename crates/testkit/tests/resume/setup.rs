@@ -123,10 +123,16 @@ impl Setup {
 
     /// Waits until the agent's stream is live again after a cut (no resume in progress).
     pub(crate) async fn cut_settled(&self) {
-        eventually("the agent's stream is live again", || async {
+        self.wait_ready_backends(1, "the agent's stream is live again")
+            .await;
+    }
+
+    /// Waits until the server counts `n` live agent streams.
+    pub(crate) async fn wait_ready_backends(&self, n: u32, what: &str) {
+        eventually(what, || async {
             self.server_metric("konnectivity_network_proxy_server_ready_backend_connections")
                 .await
-                == 1.0
+                == f64::from(n)
         })
         .await;
     }
