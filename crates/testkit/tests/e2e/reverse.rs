@@ -116,14 +116,7 @@ async fn a_control_plane_connection_open_when_the_agent_stops_is_reset() {
     let echo = EchoServer::start().await.unwrap();
     let (_server, agent) = start(&pki, &echo, ControlPlaneProtocol::Tcp, 8).await;
     let listen = agent.control_plane_addr.clone().unwrap();
-    let mut carried = TcpStream::connect(&listen).await.unwrap();
-    carried.write_all(b"ping").await.unwrap();
-    let mut back = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(10), carried.read_exact(&mut back))
-        .await
-        .expect("echoed within 10 s")
-        .unwrap();
-    assert_eq!(&back, b"ping");
+    let carried = echo_exact(TcpStream::connect(&listen).await.unwrap(), 1, 4096).await;
     agent.stop().await;
     assert_reset(carried, "the carried connection").await;
 }
