@@ -12,7 +12,7 @@ use super::faults::CONFIG_INFO;
 use super::leases::Leases;
 use super::schedule::{Fault, FaultKind};
 use crate::procs;
-use crate::systems::{Fleet, http_get, metric_sum, server_id};
+use crate::systems::{Counts, Fleet, http_get, metric_sum, server_id};
 
 /// Agent streams and connections a server holds: back to the baseline once healed.
 const AGENT_OPEN: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
@@ -118,10 +118,11 @@ pub async fn settle(
 
 /// What is off on server `n` (tether's own checks only on a tether server).
 async fn server_off(fleet: &Fleet, n: usize, agents: usize, routing_sha256: &str) -> Vec<String> {
-    let c = match fleet.counts(n).await {
-        Ok(c) => c,
+    let body = match fleet.metrics(n).await {
+        Ok(body) => body,
         Err(e) => return vec![format!("server {}: no metrics: {e:#}", n + 1)],
     };
+    let c = Counts::of(&body);
     let mut off = Vec::new();
     for (what, is, want) in [
         ("pending dials", c.pending_dials, 0.0),
@@ -135,10 +136,6 @@ async fn server_off(fleet: &Fleet, n: usize, agents: usize, routing_sha256: &str
     if fleet.members[n].upstream {
         return off;
     }
-    let body = http_get(fleet.members[n].health, "/metrics")
-        .await
-        .map(|r| r.1)
-        .unwrap_or_default();
     let get = |name| metric_sum(&body, name, "").unwrap_or(-1.0);
     let (opened, closed) = (get(SERVER_OPENED), get(SERVER_CLOSED));
     if opened != closed + c.established {

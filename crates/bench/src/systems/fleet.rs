@@ -98,6 +98,22 @@ pub struct Counts {
     pub established: f64,
 }
 
+impl Counts {
+    /// The counts in a server's metrics text.
+    pub fn of(metrics: &str) -> Counts {
+        let get = |name, label| metric_sum(metrics, name, label).unwrap_or(0.0);
+        Counts {
+            streams: get(GRPC_STREAMS, r#"service_method="Connect""#),
+            agents: get(READY_BACKENDS, ""),
+            remote: get(PEER_AGENTS, ""),
+            links_in: get(PEER_LINKS, r#"direction="in""#),
+            links_out: get(PEER_LINKS, r#"direction="out""#),
+            pending_dials: get(PENDING_DIALS, ""),
+            established: get(ESTABLISHED, ""),
+        }
+    }
+}
+
 /// The servers of a fleet, started and linked.
 #[derive(Debug)]
 pub struct Fleet {
@@ -218,17 +234,12 @@ impl Fleet {
 
     /// What server `n` counts now.
     pub async fn counts(&self, n: usize) -> anyhow::Result<Counts> {
-        let body = http_get(self.members[n].health, "/metrics").await?.1;
-        let get = |name, label| metric_sum(&body, name, label).unwrap_or(0.0);
-        Ok(Counts {
-            streams: get(GRPC_STREAMS, r#"service_method="Connect""#),
-            agents: get(READY_BACKENDS, ""),
-            remote: get(PEER_AGENTS, ""),
-            links_in: get(PEER_LINKS, r#"direction="in""#),
-            links_out: get(PEER_LINKS, r#"direction="out""#),
-            pending_dials: get(PENDING_DIALS, ""),
-            established: get(ESTABLISHED, ""),
-        })
+        Ok(Counts::of(&self.metrics(n).await?))
+    }
+
+    /// Server `n`'s metrics now (the Prometheus text).
+    pub async fn metrics(&self, n: usize) -> anyhow::Result<String> {
+        Ok(http_get(self.members[n].health, "/metrics").await?.1)
     }
 
     /// Every server's counts now, in order.

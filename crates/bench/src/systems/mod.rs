@@ -24,7 +24,7 @@ use anyhow::bail;
 
 pub use dialer::Dialer;
 pub use env::{Binaries, Env};
-pub use fleet::{FLEET_SYSTEM, Fleet, Member, Setup, server_id};
+pub use fleet::{Counts, FLEET_SYSTEM, Fleet, Member, Setup, server_id};
 use konnectivity::AgentLink;
 pub use konnectivity::{agent_flags, flag};
 pub use loopback::{free_port, http_get, wait_http_ok};
