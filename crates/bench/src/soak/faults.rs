@@ -12,7 +12,7 @@ use super::agents::{Agent, DRAIN_TIMEOUT};
 use super::files::{Files, ROUTING_BROKEN, ROUTING_CHANGED, ROUTING_FIRST};
 use super::leases::Leases;
 use super::schedule::{Aim, Fault, FaultKind, Target};
-use crate::systems::{Fleet, http_get, metric_sum, server_id};
+use crate::systems::{Fleet, metric_sum, server_id};
 
 /// The routing file in force, labelled with its SHA-256.
 pub const CONFIG_INFO: &str = "tether_server_config_info";
@@ -27,8 +27,8 @@ pub struct Chaos<'a> {
     pub agents: &'a mut [Agent],
     pub files: &'a mut Files,
     pub leases: Option<&'a Leases>,
-    /// Each server's count of refused reloads, or of certificate reloads, when a broken
-    /// file or a rotation was put in place.
+    /// Each server's count (by index; 0 for upstream's) of refused reloads, or of
+    /// certificate reloads, when a broken file or a rotation was put in place.
     counts_before: Vec<f64>,
 }
 
@@ -85,11 +85,11 @@ impl<'a> Chaos<'a> {
             }
             (FaultKind::Reload, Target::Fleet) => self.put_routing(ROUTING_CHANGED)?,
             (FaultKind::BadReload, Target::Fleet) => {
-                self.counts_before = self.each_server(CONFIG_RELOADS, "refused").await?;
+                self.counts_before = self.each_count(CONFIG_RELOADS, "refused").await?;
                 self.put_routing(ROUTING_BROKEN)?;
             }
             (FaultKind::Rotate, Target::Fleet) => {
-                self.counts_before = self.each_server(TLS_RELOADS, "reloaded").await?;
+                self.counts_before = self.each_count(TLS_RELOADS, "reloaded").await?;
                 self.files
                     .rotate()
                     .map_err(|e| format!("rotating the certificates: {e:#}"))?;
@@ -190,18 +190,13 @@ impl<'a> Chaos<'a> {
             .map_err(|e| format!("writing the routing file: {e:#}"))
     }
 
-    /// Each tether server's sum of `name` over the series labelled `result` or `outcome`
-    /// `value`, in order.
-    async fn each_server(&self, name: &str, value: &str) -> Result<Vec<f64>, String> {
-        let mut counts = Vec::with_capacity(self.fleet.members.len());
-        for (_, member) in self.tether_servers() {
-            let body = http_get(member.health, "/metrics")
-                .await
-                .map_err(|e| format!("reading {name}: {e:#}"))?
-                .1;
-            let result = metric_sum(&body, name, &format!("result=\"{value}\""));
-            let outcome = metric_sum(&body, name, &format!("outcome=\"{value}\""));
-            counts.push(result.or(outcome).unwrap_or(0.0));
+    /// Each server's count of `name` `value` now, by index ([`count_of`]; 0 for upstream's).
+    async fn each_count(&self, name: &str, value: &str) -> Result<Vec<f64>, String> {
+        let mut counts = vec![0.0; self.fleet.members.len()];
+        for (n, _) in self.tether_servers() {
+            let metrics = self.fleet.metrics(n).await;
+            let metrics = metrics.map_err(|e| format!("reading {name}: {e:#}"))?;
+            counts[n] = count_of(&metrics, name, value);
         }
         Ok(counts)
     }
@@ -209,38 +204,33 @@ impl<'a> Chaos<'a> {
     /// Waits until every tether server counts more of `name` `value` than when the fault
     /// began.
     async fn wait_counted(&self, name: &str, value: &str) -> Result<(), String> {
-        let deadline = Instant::now() + FILE_SEEN_WITHIN;
-        let numbers: Vec<usize> = self.tether_servers().map(|(n, _)| n + 1).collect();
-        loop {
-            let now = self.each_server(name, value).await?;
-            let behind: Vec<usize> = (0..now.len())
-                .filter(|i| now[*i] <= self.counts_before.get(*i).copied().unwrap_or(0.0))
-                .map(|i| numbers[i])
-                .collect();
-            if behind.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "servers {behind:?} did not count a {value} {name} within {FILE_SEEN_WITHIN:?} more"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        self.wait_for_each(|n, metrics| count_of(metrics, name, value) > self.counts_before[n])
+            .await
+            .map_err(|behind| {
+                format!("servers {behind:?} did not count a {value} {name} within {FILE_SEEN_WITHIN:?} more")
+            })
     }
 
     /// Waits until every tether server has `text` in force as its routing file.
     async fn wait_in_force(&self, text: &str) -> Result<(), String> {
         let label = format!("sha256=\"{}\"", tether_reload::sha256_hex(text.as_bytes()));
+        self.wait_for_each(|_, metrics| metric_sum(metrics, CONFIG_INFO, &label) == Some(1.0))
+            .await
+            .map_err(|behind| {
+                let first = text.lines().next().unwrap_or_default();
+                format!("servers {behind:?} did not have the routing file `{first}` in force")
+            })
+    }
+
+    /// Polls every tether server's metrics until `done(index, metrics)` holds for each, at
+    /// most [`FILE_SEEN_WITHIN`]; past it, the numbers of the servers still behind.
+    async fn wait_for_each(&self, done: impl Fn(usize, &str) -> bool) -> Result<(), Vec<usize>> {
         let deadline = Instant::now() + FILE_SEEN_WITHIN;
         loop {
             let mut behind = Vec::new();
-            for (n, member) in self.tether_servers() {
-                let body = http_get(member.health, "/metrics")
-                    .await
-                    .map(|r| r.1)
-                    .unwrap_or_default();
-                if metric_sum(&body, CONFIG_INFO, &label) != Some(1.0) {
+            for (n, _) in self.tether_servers() {
+                let metrics = self.fleet.metrics(n).await.unwrap_or_default();
+                if !done(n, &metrics) {
                     behind.push(n + 1);
                 }
             }
@@ -248,12 +238,16 @@ impl<'a> Chaos<'a> {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                let first = text.lines().next().unwrap_or_default();
-                return Err(format!(
-                    "servers {behind:?} did not have the routing file `{first}` in force"
-                ));
+                return Err(behind);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// `name`'s count of `value`, by its `result` or its `outcome` label, in a server's metrics.
+fn count_of(metrics: &str, name: &str, value: &str) -> f64 {
+    let result = metric_sum(metrics, name, &format!("result=\"{value}\""));
+    let outcome = metric_sum(metrics, name, &format!("outcome=\"{value}\""));
+    result.or(outcome).unwrap_or(0.0)
 }
