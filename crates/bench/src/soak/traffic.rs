@@ -282,12 +282,21 @@ async fn send(s: &mut (impl AsyncWrite + Unpin), bytes: &[u8], what: &str) -> Re
 
 /// One churn operation: dial, switch to echo, one round trip of `msg`, close.
 async fn churn_once(entry: &Entry, msg: &[u8]) -> Result<(), Failure> {
-    let mut s = bounded("dial", entry.dial()).await?;
+    let s = bounded("dial", entry.dial()).await?;
+    echo_once(s, msg, "churn").await
+}
+
+/// Switches `s` to echo and makes one round trip of `msg` on it.
+async fn echo_once(
+    mut s: impl AsyncRead + AsyncWrite + Unpin,
+    msg: &[u8],
+    what: &str,
+) -> Result<(), Failure> {
     let mut first = Vec::with_capacity(msg.len() + 1);
     first.push(ECHO);
     first.extend_from_slice(msg);
-    send(&mut s, &first, "churn").await?;
-    expect_back(&mut s, msg, "churn").await
+    send(&mut s, &first, what).await?;
+    expect_back(&mut s, msg, what).await
 }
 
 /// The bytes at `offset..` of the pattern `seed` names: what a bulk transfer or a stalled
@@ -413,14 +422,11 @@ async fn reverse(
         let kills = agent.kills.load(Ordering::Relaxed);
         let outcome = async {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], agent.port));
-            let mut s = bounded("reverse dial", async {
+            let s = bounded("reverse dial", async {
                 Ok(tokio::net::TcpStream::connect(addr).await?)
             })
             .await?;
-            let mut first = vec![ECHO];
-            first.extend_from_slice(&msg);
-            send(&mut s, &first, "reverse").await?;
-            expect_back(&mut s, &msg, "reverse").await
+            echo_once(s, &msg, "reverse").await
         }
         .await;
         let outcome = outcome.map_err(|failure| match failure {
