@@ -149,11 +149,8 @@ impl<T: Send + Sync + 'static> Reloader<T> {
                 .refused_in_place
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let same = in_place.as_ref() == Some(&sha256);
-            if !same {
-                *in_place = None;
-            }
-            same
+            in_place.take_if(|refused| *refused != sha256);
+            in_place.is_some()
         };
         if sha256 == self.current.borrow().sha256 {
             return Outcome::Unchanged;
