@@ -74,38 +74,9 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
         true => Some(Leases::start().await?),
         false => None,
     };
-    let lease_flags = |pick: fn(&Leases) -> Vec<std::ffi::OsString>| {
-        leases.as_ref().map(pick).unwrap_or_default()
-    };
-    let setup = Setup {
-        // Every second server serves HTTP CONNECT, the others gRPC. HTTP CONNECT over TCP
-        // and mutual TLS: over a Unix socket, a tunnel cut short reads as a clean end (no
-        // reset on a Unix socket), so no client could tell lost bytes from a close.
-        frontends: (0..o.servers)
-            .map(|n| match n % 2 {
-                0 => Frontend::GrpcUds,
-                _ => Frontend::HttpConnectTls,
-            })
-            .collect(),
-        extra_flags: {
-            let mut flags = vec![
-                flag("routing-config", &files.routing_path),
-                "--tls-reload-interval=1s".into(),
-                // The agents' reverse dials reach the echo target as a control-plane endpoint.
-                flag("control-plane-endpoints", env.target.to_string()),
-            ];
-            flags.extend(lease_flags(Leases::server_flags));
-            flags
-        },
-        pki: files.paths.clone(),
-        upstream: if o.upstream {
-            o.servers
-        } else {
-            o.upstream_servers
-        },
-    };
+    let setup = fleet_setup(env, o, &files, leases.as_ref());
     let mut fleet = Fleet::start(env, &setup).await?;
-    let agent_flags = lease_flags(Leases::agent_flags);
+    let agent_flags = leases.as_ref().map(Leases::agent_flags).unwrap_or_default();
     let mut agents = Vec::with_capacity(o.agents);
     for n in 0..o.agents {
         // A mixed fleet's upstream agents are its last ones.
@@ -233,6 +204,36 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// How the soak's servers start: every second one serves HTTP CONNECT, the others gRPC, all
+/// on the soak's files, with reverse dials to the echo target and, with `leases`, Leases.
+fn fleet_setup(env: &Env, o: &Options, files: &Files, leases: Option<&Leases>) -> Setup {
+    let mut extra_flags = vec![
+        flag("routing-config", &files.routing_path),
+        "--tls-reload-interval=1s".into(),
+        // The agents' reverse dials reach the echo target as a control-plane endpoint.
+        flag("control-plane-endpoints", env.target.to_string()),
+    ];
+    extra_flags.extend(leases.map(Leases::server_flags).unwrap_or_default());
+    Setup {
+        // HTTP CONNECT over TCP and mutual TLS: over a Unix socket, a tunnel cut short reads
+        // as a clean end (no reset on a Unix socket), so no client could tell lost bytes from
+        // a close.
+        frontends: (0..o.servers)
+            .map(|n| match n % 2 {
+                0 => Frontend::GrpcUds,
+                _ => Frontend::HttpConnectTls,
+            })
+            .collect(),
+        extra_flags,
+        pki: files.paths.clone(),
+        upstream: if o.upstream {
+            o.servers
+        } else {
+            o.upstream_servers
+        },
+    }
 }
 
 /// Strikes every fault at its time and heals it `hold` later, in time order, until `until`
