@@ -13,6 +13,7 @@ pub mod harness;
 pub mod http;
 pub mod native;
 pub mod process;
+pub mod reset;
 pub mod targets;
 
 pub use harness::{

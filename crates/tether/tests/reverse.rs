@@ -21,6 +21,7 @@ use tether_testkit::control_plane::{ControlPlane, ControlPlaneOptions};
 use tether_testkit::cut_relay::CuttingRelay;
 use tether_testkit::http::metric_value;
 use tether_testkit::process::{Frontend, Process, free_port, spawn_agent, spawn_server};
+use tether_testkit::reset::assert_connect_reset;
 use tether_testkit::targets::EchoServer;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -394,11 +395,8 @@ async fn against_upstreams_server_the_listener_is_off_and_forward_traffic_works(
     tokio::time::timeout(STEP, stream.read_exact(&mut back)).await??;
     assert_eq!(&back, b"forward still works");
 
-    // A local client of the listener is closed at once: nothing carries it.
-    let mut client = tokio::net::TcpStream::connect(listener).await?;
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(STEP, client.read_to_end(&mut got)).await?;
-    assert!(got.is_empty());
+    // A local client of the listener is reset at once: nothing carries it.
+    assert_connect_reset(listener, "a client of the agent's listener").await;
     Ok(())
 }
 
@@ -480,12 +478,8 @@ async fn reverse_dials_are_off_by_default_even_with_a_kubernetes_client() -> any
             .contains("does not accept control-plane connections")
     })
     .await?;
-    // A client of the agent's listener is closed at once: nothing reached the API server.
-    let mut client = tokio::net::TcpStream::connect(listener).await?;
-    let _ = client.write_all(b"ping").await;
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(STEP, client.read_to_end(&mut got)).await?;
-    assert!(got.is_empty(), "the API server answered: {got:?}");
+    // A client of the agent's listener is reset at once: nothing reached the API server.
+    assert_connect_reset(listener, "a client of the agent's listener").await;
     assert_eq!(
         metric(
             &server.process,

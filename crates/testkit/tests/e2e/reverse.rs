@@ -6,6 +6,7 @@ use std::time::Duration;
 use tether_agent::{ControlPlaneConfig, ControlPlaneProtocol, ListenAddr};
 use tether_server::ControlPlaneEndpoints;
 use tether_testkit::http::metric_value;
+use tether_testkit::reset::{assert_connect_reset, assert_reset};
 use tether_testkit::targets::EchoServer;
 use tether_testkit::{AgentOptions, Pki, ServerOptions, TestAgent, TestServer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -69,20 +70,6 @@ async fn start_with(
     (server, agent)
 }
 
-/// Reads from `stream` (having sent nothing: the close of a socket with unread bytes is a
-/// reset anyway): the connection must be reset within 10 s, not closed cleanly, which a
-/// client would take for the endpoint's own close.
-async fn assert_reset(mut stream: TcpStream, what: &str) {
-    let mut buf = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
-        .await
-        .unwrap_or_else(|_| panic!("{what} is not closed within 10 s"));
-    assert!(
-        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
-        "{what} got {read:?}, not a reset"
-    );
-}
-
 /// Found by the soak: a reverse dial that could not be made was closed like a connection
 /// the endpoint ended, so a client could not tell it lost the bytes it had sent.
 #[tokio::test]
@@ -91,7 +78,7 @@ async fn a_reverse_dial_that_fails_resets_the_tcp_client() {
     // A server that takes no reverse dial: the agent has no stream to dial through.
     let (_server, agent) = start_with(&pki, None, ControlPlaneProtocol::Tcp, 8).await;
     let listen = agent.control_plane_addr.clone().unwrap();
-    assert_reset(TcpStream::connect(&listen).await.unwrap(), "no server").await;
+    assert_connect_reset(&listen, "no server").await;
 
     // A server whose endpoint refuses the connection: the dial fails.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -100,11 +87,7 @@ async fn a_reverse_dial_that_fails_resets_the_tcp_client() {
     let endpoints = ControlPlaneEndpoints::new(vec![endpoint]);
     let (_server, agent) = start_with(&pki, endpoints, ControlPlaneProtocol::Tcp, 8).await;
     let listen = agent.control_plane_addr.clone().unwrap();
-    assert_reset(
-        TcpStream::connect(&listen).await.unwrap(),
-        "a refused endpoint",
-    )
-    .await;
+    assert_connect_reset(&listen, "a refused endpoint").await;
 }
 
 /// An agent that stops with a node's connection open resets it: the client must not take the
@@ -131,8 +114,7 @@ async fn the_control_plane_listener_carries_at_most_its_limit_of_connections() {
     let first = echo_exact(TcpStream::connect(&listen).await.unwrap(), 1, 4096).await;
     let second = echo_exact(TcpStream::connect(&listen).await.unwrap(), 2, 4096).await;
     // A third is reset at once, before anything is dialed.
-    let third = TcpStream::connect(&listen).await.unwrap();
-    assert_reset(third, "the third connection").await;
+    assert_connect_reset(&listen, "the third connection").await;
     assert_eq!(over_limit(&agent).await, 1.0);
     // Once one ends, its slot is free again.
     drop(first);
