@@ -40,6 +40,8 @@ pub struct Agent {
     /// `None` between a kill and its restart.
     pub proc: Option<Proc>,
     pub health: u16,
+    /// Its admin port on 127.0.0.1 (pprof, with --enable-profiling).
+    pub admin: u16,
     /// Its control-plane listener on 127.0.0.1, whose connections are reverse dials (none on
     /// upstream's agent).
     pub control_plane: Option<u16>,
@@ -105,6 +107,7 @@ impl Agent {
             kills: Arc::default(),
             proc: None,
             health,
+            admin,
             control_plane,
             relays,
             program,

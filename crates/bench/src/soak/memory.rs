@@ -1,93 +1,164 @@
-//! The soak's processes' memory over the run: each process's RSS samples, as (seconds, MiB),
-//! so that a restart starts a series of its own rather than a dip in one. The first server
-//! and agent are never restarted (see the schedule): their series span the whole run.
+//! The soak's processes' memory over the run: each process's samples, so that a restart starts
+//! a series of its own rather than a dip in one. The first server and agent are never
+//! restarted (see the schedule): their series span the whole run.
+//!
+//! A sample holds the process's RSS and, for tether's processes (started with
+//! `--enable-profiling`), the heap its allocator has handed out and not had back
+//! (`/debug/pprof/heap`: bytes in use plus large mmapped blocks). RSS that grows while the heap
+//! in use stays level is memory the allocator keeps, not data tether holds on to.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tokio::task::JoinSet;
+
 use super::agents::Agent;
-use crate::systems::Fleet;
+use crate::systems::{Fleet, http_get};
 
 /// A series is the whole run's when it spans this much of it at least.
 const WHOLE_RUN: f64 = 0.9;
+/// How long a process may take to give its heap figures: a frozen one gives none.
+const HEAP_DEADLINE: Duration = Duration::from_secs(1);
+
+/// One sample: seconds after the start, RSS and heap in use (MiB).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    at: f64,
+    rss: f64,
+    heap: Option<f64>,
+}
 
 #[derive(Debug, Default)]
 pub struct Memory {
     /// (process name, pid) → samples.
-    series: BTreeMap<(String, u32), Vec<(f64, f64)>>,
+    series: BTreeMap<(String, u32), Vec<Sample>>,
 }
 
 impl Memory {
     /// Samples every running server and agent at `at` after the start.
-    pub fn sample(&mut self, fleet: &Fleet, agents: &[Agent], at: Duration) {
-        let servers = fleet
-            .members
-            .iter()
-            .enumerate()
-            .filter_map(|(n, m)| Some((format!("server {}", n + 1), m.proc.as_ref()?)));
-        let agents = agents
-            .iter()
-            .filter_map(|a| Some((a.id.clone(), a.proc.as_ref()?)));
-        for (name, proc) in servers.chain(agents) {
-            let mib = proc.rss() as f64 / (1 << 20) as f64;
-            self.series
-                .entry((name, proc.pid))
-                .or_default()
-                .push((at.as_secs_f64(), mib));
+    pub async fn sample(&mut self, fleet: &Fleet, agents: &[Agent], at: Duration) {
+        let servers = fleet.members.iter().enumerate().filter_map(|(n, m)| {
+            let admin = (!m.upstream).then_some(m.admin);
+            Some((format!("server {}", n + 1), m.proc.as_ref()?, admin))
+        });
+        let agents = agents.iter().filter_map(|a| {
+            let admin = (!a.upstream).then_some(a.admin);
+            Some((a.id.clone(), a.proc.as_ref()?, admin))
+        });
+        let mut heaps = JoinSet::new();
+        for (name, proc, admin) in servers.chain(agents) {
+            let key = (name, proc.pid);
+            if let Some(port) = admin {
+                let key = key.clone();
+                heaps.spawn(async move { (key, heap_in_use(port).await) });
+            }
+            self.series.entry(key).or_default().push(Sample {
+                at: at.as_secs_f64(),
+                rss: mib(proc.rss()),
+                heap: None,
+            });
+        }
+        while let Some(joined) = heaps.join_next().await {
+            let Ok((key, heap)) = joined else { continue };
+            if let Some(last) = self.series.get_mut(&key).and_then(|s| s.last_mut()) {
+                last.heap = heap;
+            }
         }
     }
 
-    /// Every sample, one line each (`process,pid,seconds,mib`), for a closer look at a trend.
+    /// Every sample, one line each (`process,pid,seconds,rss_mib,heap_mib`; no heap figure
+    /// for upstream's processes or a frozen one), for a closer look at a trend.
     pub fn csv(&self) -> String {
-        let mut out = String::from("process,pid,seconds,mib\n");
+        let mut out = String::from("process,pid,seconds,rss_mib,heap_mib\n");
         for ((name, pid), samples) in &self.series {
-            for (at, mib) in samples {
-                out.push_str(&format!("{name},{pid},{at:.0},{mib:.2}\n"));
+            for s in samples {
+                let heap = s.heap.map(|h| format!("{h:.2}")).unwrap_or_default();
+                out.push_str(&format!("{name},{pid},{:.0},{:.2},{heap}\n", s.at, s.rss));
             }
         }
         out
     }
 
-    /// The report's lines: each process that lived the whole run `run` long, with its first
-    /// and last sample and its trend; and the steepest trend of the others over a minute or
-    /// more.
+    /// The report's lines: each process that lived the whole run `run` long, with the first
+    /// and last sample of its RSS and heap in use and their trends; and the steepest RSS trend
+    /// of the others over a minute or more.
     pub fn report(&self, run: Duration) -> Vec<String> {
-        let span = |samples: &[(f64, f64)]| match (samples.first(), samples.last()) {
-            (Some(first), Some(last)) => last.0 - first.0,
+        let span = |samples: &[Sample]| match (samples.first(), samples.last()) {
+            (Some(first), Some(last)) => last.at - first.at,
             _ => 0.0,
         };
-        let whole = |samples: &[(f64, f64)]| span(samples) >= WHOLE_RUN * run.as_secs_f64();
+        let whole = |samples: &[Sample]| span(samples) >= WHOLE_RUN * run.as_secs_f64();
         let mut lines: Vec<String> = self
             .series
             .iter()
             .filter(|(_, samples)| whole(samples))
             .filter_map(|((name, _), samples)| {
-                // Past warm-up: a leak keeps its slope in the second half, growth that
-                // levels off does not.
-                let second_half = &samples[samples.len() / 2..];
-                Some(format!(
-                    "{name}, one process for the whole run: {:.1} → {:.1} MiB, trend {:+.3} MiB/min, {:+.3} MiB/min over the second half",
-                    samples.first()?.1,
-                    samples.last()?.1,
-                    slope(samples)?,
-                    slope(second_half)?
-                ))
+                let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss)).collect();
+                let heap: Vec<(f64, f64)> = samples
+                    .iter()
+                    .filter_map(|s| Some((s.at, s.heap?)))
+                    .collect();
+                let mut line = format!(
+                    "{name}, one process for the whole run: RSS {}",
+                    trend(&rss)?
+                );
+                if let Some(heap) = trend(&heap) {
+                    line.push_str(&format!("; heap in use {heap}"));
+                }
+                Some(line)
             })
             .collect();
         let steepest = self
             .series
             .iter()
             .filter(|(_, samples)| !whole(samples) && span(samples) >= 60.0)
-            .filter_map(|((name, _), samples)| Some((name, slope(samples)?, span(samples))))
+            .filter_map(|((name, _), samples)| {
+                let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss)).collect();
+                Some((name, slope(&rss)?, span(samples)))
+            })
             .max_by(|a, b| a.1.total_cmp(&b.1));
         lines.push(match steepest {
             Some((name, slope, span)) => format!(
-                "the steepest trend of the other processes that lived a minute or more: {slope:+.2} MiB/min ({name}, over {span:.0} s)"
+                "the steepest RSS trend of the other processes that lived a minute or more: {slope:+.2} MiB/min ({name}, over {span:.0} s)"
             ),
             None => "no other process lived a minute".to_owned(),
         });
         lines
     }
+}
+
+/// `first → last MiB, trend ±x MiB/min, ±y MiB/min over the second half` of a series: past
+/// warm-up, a leak keeps its slope in the second half, growth that levels off does not.
+fn trend(points: &[(f64, f64)]) -> Option<String> {
+    let second_half = &points[points.len() / 2..];
+    Some(format!(
+        "{:.1} → {:.1} MiB, trend {:+.3} MiB/min, {:+.3} MiB/min over the second half",
+        points.first()?.1,
+        points.last()?.1,
+        slope(points)?,
+        slope(second_half)?
+    ))
+}
+
+/// The heap a tether process's allocator has handed out, in MiB, from its
+/// `/debug/pprof/heap` on `admin`; `None` if it does not answer within [`HEAP_DEADLINE`].
+async fn heap_in_use(admin: u16) -> Option<f64> {
+    let (status, text) = tokio::time::timeout(HEAP_DEADLINE, http_get(admin, "/debug/pprof/heap"))
+        .await
+        .ok()?
+        .ok()?;
+    let figure = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    (status == 200).then_some(())?;
+    Some(mib(
+        figure("malloc_in_use_bytes")? + figure("malloc_mmap_bytes")?
+    ))
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
 }
 
 /// The least-squares slope of `samples` (seconds, MiB), in MiB per minute.
@@ -125,8 +196,14 @@ mod tests {
     #[test]
     fn a_process_that_lived_the_whole_run_is_reported_apart() {
         let mut memory = Memory::default();
-        let samples = |from: u32, to: u32, mib: f64| -> Vec<(f64, f64)> {
-            (from..=to).map(|t| (f64::from(t), mib)).collect()
+        let samples = |from: u32, to: u32, rss: f64| -> Vec<Sample> {
+            (from..=to)
+                .map(|t| Sample {
+                    at: f64::from(t),
+                    rss,
+                    heap: Some(rss / 2.0 + f64::from(t) / 60.0),
+                })
+                .collect()
         };
         memory
             .series
@@ -139,13 +216,32 @@ mod tests {
             .insert(("server 2".to_owned(), 12), samples(31, 100, 31.0));
         let lines = memory.report(Duration::from_secs(100));
         assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(
-            lines[0].starts_with(
-                "server 1, one process for the whole run: 30.0 → 30.0 MiB, trend +0.000"
-            ),
-            "{}",
-            lines[0]
+        assert_eq!(
+            lines[0],
+            "server 1, one process for the whole run: \
+             RSS 30.0 → 30.0 MiB, trend +0.000 MiB/min, +0.000 MiB/min over the second half; \
+             heap in use 15.0 → 16.7 MiB, trend +1.000 MiB/min, +1.000 MiB/min over the second half"
         );
         assert!(lines[1].contains("(server 2, over 69 s)"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn a_sample_without_heap_figures_leaves_its_column_empty() {
+        let mut memory = Memory::default();
+        let sample = |at, heap| Sample {
+            at,
+            rss: 20.0,
+            heap,
+        };
+        memory.series.insert(
+            ("soak-agent-3".to_owned(), 7),
+            vec![sample(0.0, Some(4.5)), sample(5.0, None)],
+        );
+        assert_eq!(
+            memory.csv(),
+            "process,pid,seconds,rss_mib,heap_mib\n\
+             soak-agent-3,7,0,20.00,4.50\n\
+             soak-agent-3,7,5,20.00,\n"
+        );
     }
 }

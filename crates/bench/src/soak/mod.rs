@@ -20,6 +20,7 @@ mod relay;
 mod schedule;
 mod traffic;
 
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,7 +77,9 @@ pub async fn run(env: &Env, o: &Options) -> anyhow::Result<ExitCode> {
     };
     let setup = fleet_setup(env, o, &files, leases.as_ref());
     let mut fleet = Fleet::start(env, &setup).await?;
-    let agent_flags = leases.as_ref().map(Leases::agent_flags).unwrap_or_default();
+    // Heap figures for the memory samples (memory.rs), and the Lease flags.
+    let mut agent_flags = vec![OsString::from("--enable-profiling")];
+    agent_flags.extend(leases.as_ref().map(Leases::agent_flags).unwrap_or_default());
     let mut agents = Vec::with_capacity(o.agents);
     for n in 0..o.agents {
         // A mixed fleet's upstream agents are its last ones.
@@ -214,6 +217,8 @@ fn fleet_setup(env: &Env, o: &Options, files: &Files, leases: Option<&Leases>) -
         "--tls-reload-interval=1s".into(),
         // The agents' reverse dials reach the echo target as a control-plane endpoint.
         flag("control-plane-endpoints", env.target.to_string()),
+        // Its heap figures for the memory samples (memory.rs).
+        "--enable-profiling".into(),
     ];
     extra_flags.extend(leases.map(Leases::server_flags).unwrap_or_default());
     Setup {
@@ -262,7 +267,7 @@ async fn inject(
             next_sample < until && events.peek().is_none_or(|(at, _, _)| next_sample < *at);
         if sample_first {
             tokio::time::sleep_until(started + next_sample).await;
-            memory.sample(chaos.fleet, chaos.agents, next_sample);
+            memory.sample(chaos.fleet, chaos.agents, next_sample).await;
             next_sample += RSS_EVERY;
             continue;
         }

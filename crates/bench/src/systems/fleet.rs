@@ -39,6 +39,8 @@ pub struct Member {
     pub proc: Option<Proc>,
     /// Its health port on 127.0.0.1 (metrics).
     pub health: u16,
+    /// Its admin port on 127.0.0.1 (pprof, with --enable-profiling).
+    pub admin: u16,
     /// Where agents connect.
     pub agents: SocketAddr,
     /// Upstream's proxy-server, not tether's.
@@ -208,6 +210,7 @@ impl Fleet {
             let mut member = Member {
                 proc: None,
                 health,
+                admin,
                 agents: SocketAddr::new(ip, agent_port),
                 upstream,
                 frontend: *frontend,
