@@ -3,9 +3,11 @@
 //! restarted (see the schedule): their series span the whole run.
 //!
 //! A sample holds the process's RSS and, for tether's processes (started with
-//! `--enable-profiling`), the heap its allocator has handed out and not had back
-//! (`/debug/pprof/heap`: bytes in use plus large mmapped blocks). RSS that grows while the heap
-//! in use stays level is memory the allocator keeps, not data tether holds on to.
+//! `--enable-profiling`), two of its allocator's figures (`/debug/pprof/heap`): the heap in use
+//! (handed out and not had back: small chunks plus large mmapped blocks) and the heap held
+//! (everything the allocator has from the kernel, in use or free). RSS that grows while the
+//! heap in use stays level is memory the allocator keeps, not data tether holds on to; RSS
+//! that grows beyond the heap held is not the heap at all (stacks, code pages).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,12 +22,21 @@ const WHOLE_RUN: f64 = 0.9;
 /// How long a process may take to give its heap figures: a frozen one gives none.
 const HEAP_DEADLINE: Duration = Duration::from_secs(1);
 
-/// One sample: seconds after the start, RSS and heap in use (MiB).
+/// One sample: seconds after the start, RSS and the heap's figures (MiB).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     at: f64,
     rss: f64,
-    heap: Option<f64>,
+    heap: Option<Heap>,
+}
+
+/// A tether process's allocator figures, in MiB.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Heap {
+    /// Handed out and not had back.
+    in_use: f64,
+    /// Had from the kernel, in use or free.
+    held: f64,
 }
 
 #[derive(Debug, Default)]
@@ -50,7 +61,7 @@ impl Memory {
             let key = (name, proc.pid);
             if let Some(port) = admin {
                 let key = key.clone();
-                heaps.spawn(async move { (key, heap_in_use(port).await) });
+                heaps.spawn(async move { (key, heap(port).await) });
             }
             self.series.entry(key).or_default().push(Sample {
                 at: at.as_secs_f64(),
@@ -66,13 +77,17 @@ impl Memory {
         }
     }
 
-    /// Every sample, one line each (`process,pid,seconds,rss_mib,heap_mib`; no heap figure
-    /// for upstream's processes or a frozen one), for a closer look at a trend.
+    /// Every sample, one line each (`process,pid,seconds,rss_mib,heap_in_use_mib,
+    /// heap_held_mib`; no heap figures for upstream's processes or a frozen one), for a closer
+    /// look at a trend.
     pub fn csv(&self) -> String {
-        let mut out = String::from("process,pid,seconds,rss_mib,heap_mib\n");
+        let mut out = String::from("process,pid,seconds,rss_mib,heap_in_use_mib,heap_held_mib\n");
         for ((name, pid), samples) in &self.series {
             for s in samples {
-                let heap = s.heap.map(|h| format!("{h:.2}")).unwrap_or_default();
+                let heap = s
+                    .heap
+                    .map(|h| format!("{:.2},{:.2}", h.in_use, h.held))
+                    .unwrap_or_else(|| ",".to_owned());
                 out.push_str(&format!("{name},{pid},{:.0},{:.2},{heap}\n", s.at, s.rss));
             }
         }
@@ -80,7 +95,7 @@ impl Memory {
     }
 
     /// The report's lines: each process that lived the whole run `run` long, with the first
-    /// and last sample of its RSS and heap in use and their trends; and the steepest RSS trend
+    /// and last sample of its RSS and heap figures and their trends; and the steepest RSS trend
     /// of the others over a minute or more.
     pub fn report(&self, run: Duration) -> Vec<String> {
         let span = |samples: &[Sample]| match (samples.first(), samples.last()) {
@@ -94,16 +109,20 @@ impl Memory {
             .filter(|(_, samples)| whole(samples))
             .filter_map(|((name, _), samples)| {
                 let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss)).collect();
-                let heap: Vec<(f64, f64)> = samples
-                    .iter()
-                    .filter_map(|s| Some((s.at, s.heap?)))
-                    .collect();
+                let heap = |figure: fn(&Heap) -> f64| -> Vec<(f64, f64)> {
+                    samples
+                        .iter()
+                        .filter_map(|s| Some((s.at, figure(s.heap.as_ref()?))))
+                        .collect()
+                };
                 let mut line = format!(
                     "{name}, one process for the whole run: RSS {}",
                     trend(&rss)?
                 );
-                if let Some(heap) = trend(&heap) {
-                    line.push_str(&format!("; heap in use {heap}"));
+                if let (Some(in_use), Some(held)) =
+                    (trend(&heap(|h| h.in_use)), trend(&heap(|h| h.held)))
+                {
+                    line.push_str(&format!("; heap in use {in_use}; heap held {held}"));
                 }
                 Some(line)
             })
@@ -140,9 +159,9 @@ fn trend(points: &[(f64, f64)]) -> Option<String> {
     ))
 }
 
-/// The heap a tether process's allocator has handed out, in MiB, from its
-/// `/debug/pprof/heap` on `admin`; `None` if it does not answer within [`HEAP_DEADLINE`].
-async fn heap_in_use(admin: u16) -> Option<f64> {
+/// A tether process's heap figures, from its `/debug/pprof/heap` on `admin`; `None` if it
+/// does not answer within [`HEAP_DEADLINE`].
+async fn heap(admin: u16) -> Option<Heap> {
     let (status, text) = tokio::time::timeout(HEAP_DEADLINE, http_get(admin, "/debug/pprof/heap"))
         .await
         .ok()?
@@ -152,9 +171,11 @@ async fn heap_in_use(admin: u16) -> Option<f64> {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     };
     (status == 200).then_some(())?;
-    Some(mib(
-        figure("malloc_in_use_bytes")? + figure("malloc_mmap_bytes")?
-    ))
+    let mmapped = figure("malloc_mmap_bytes")?;
+    Some(Heap {
+        in_use: mib(figure("malloc_in_use_bytes")? + mmapped),
+        held: mib(figure("malloc_arena_bytes")? + mmapped),
+    })
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -201,7 +222,10 @@ mod tests {
                 .map(|t| Sample {
                     at: f64::from(t),
                     rss,
-                    heap: Some(rss / 2.0 + f64::from(t) / 60.0),
+                    heap: Some(Heap {
+                        in_use: rss / 2.0 + f64::from(t) / 60.0,
+                        held: rss / 2.0 + 1.0,
+                    }),
                 })
                 .collect()
         };
@@ -220,7 +244,8 @@ mod tests {
             lines[0],
             "server 1, one process for the whole run: \
              RSS 30.0 → 30.0 MiB, trend +0.000 MiB/min, +0.000 MiB/min over the second half; \
-             heap in use 15.0 → 16.7 MiB, trend +1.000 MiB/min, +1.000 MiB/min over the second half"
+             heap in use 15.0 → 16.7 MiB, trend +1.000 MiB/min, +1.000 MiB/min over the second half; \
+             heap held 16.0 → 16.0 MiB, trend +0.000 MiB/min, +0.000 MiB/min over the second half"
         );
         assert!(lines[1].contains("(server 2, over 69 s)"), "{}", lines[1]);
     }
@@ -235,13 +260,22 @@ mod tests {
         };
         memory.series.insert(
             ("soak-agent-3".to_owned(), 7),
-            vec![sample(0.0, Some(4.5)), sample(5.0, None)],
+            vec![
+                sample(
+                    0.0,
+                    Some(Heap {
+                        in_use: 4.5,
+                        held: 9.25,
+                    }),
+                ),
+                sample(5.0, None),
+            ],
         );
         assert_eq!(
             memory.csv(),
-            "process,pid,seconds,rss_mib,heap_mib\n\
-             soak-agent-3,7,0,20.00,4.50\n\
-             soak-agent-3,7,5,20.00,\n"
+            "process,pid,seconds,rss_mib,heap_in_use_mib,heap_held_mib\n\
+             soak-agent-3,7,0,20.00,4.50,9.25\n\
+             soak-agent-3,7,5,20.00,,\n"
         );
     }
 }
