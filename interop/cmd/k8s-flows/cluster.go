@@ -141,21 +141,15 @@ func (e *env) startCluster(ctx context.Context, name, egress string, apiPort int
 		return c, fmt.Errorf("create nodes: %v: %s", r.err, r.stderr)
 	}
 	for _, n := range e.nodes {
-		args := []string{"--kubeconfig=" + c.kubeconfig, "--config=" + e.kwokConfig,
-			"--manage-single-node=" + n.name, "--node-ip=" + n.ip, "--node-port=" + strconv.Itoa(e.kubeletPort),
-			fmt.Sprintf("--server-address=%s:%d", n.ip, e.kubeletPort)}
-		if n.podCIDR != "" {
-			args = append(args, "--cidr="+n.podCIDR)
-		}
-		p, err := e.ps.start(name+"-kwok-"+n.name, e.bin("kwok"), args...)
+		p, err := e.startKwok(c, name, n)
 		if err != nil {
 			return c, err
 		}
 		c.kwok = append(c.kwok, p)
 	}
 	for i, n := range e.nodes {
-		if err := waitStatus(fmt.Sprintf("https://%s:%d/healthz", n.ip, e.kubeletPort), 200, 60*time.Second); err != nil {
-			return c, fmt.Errorf("kwok %s: %v\n%s", n.name, err, c.kwok[i].tail(20))
+		if err := e.waitKwok(c, name, n, i); err != nil {
+			return c, err
 		}
 	}
 	objs.Reset()
@@ -186,6 +180,49 @@ spec:
 }
 
 // waitReady polls kube-apiserver's /readyz through kubectl's credentials, for at most 90 s.
+// kwokStartupRace is how kwok v0.8.0 sometimes dies as it starts, before it serves anything:
+// two of its goroutines register CEL types in one map (easycel's getTrait). Such a kwok is
+// started again, at most kwokStarts times in all; any other failure fails the row.
+const (
+	kwokStartupRace = "fatal error: concurrent map writes"
+	kwokStarts      = 3
+)
+
+// startKwok starts the kwok that plays node n of cluster c.
+func (e *env) startKwok(c *cluster, name string, n node) (*proc, error) {
+	args := []string{"--kubeconfig=" + c.kubeconfig, "--config=" + e.kwokConfig,
+		"--manage-single-node=" + n.name, "--node-ip=" + n.ip, "--node-port=" + strconv.Itoa(e.kubeletPort),
+		fmt.Sprintf("--server-address=%s:%d", n.ip, e.kubeletPort)}
+	if n.podCIDR != "" {
+		args = append(args, "--cidr="+n.podCIDR)
+	}
+	return e.ps.start(name+"-kwok-"+n.name, e.bin("kwok"), args...)
+}
+
+// waitKwok waits until c.kwok[i], node n's kwok, answers on its kubelet port, starting it
+// again if it died of kwokStartupRace.
+func (e *env) waitKwok(c *cluster, name string, n node, i int) error {
+	url := fmt.Sprintf("https://%s:%d/healthz", n.ip, e.kubeletPort)
+	for start := 1; ; start++ {
+		p := c.kwok[i]
+		err := waitStatusWhile(url, 200, 60*time.Second, p)
+		if err == nil {
+			return nil
+		}
+		log, _ := os.ReadFile(p.log)
+		if !p.exited() || start == kwokStarts || !strings.Contains(string(log), kwokStartupRace) {
+			return fmt.Errorf("kwok %s: %v\n%s", n.name, err, p.tail(20))
+		}
+		fmt.Printf("   kwok %s died of its startup race (%q, %s); starting it again (%d of %d)\n",
+			n.name, kwokStartupRace, p.log, start+1, kwokStarts)
+		next, err := e.startKwok(c, name, n)
+		if err != nil {
+			return err
+		}
+		c.kwok[i] = next
+	}
+}
+
 func (e *env) waitReady(ctx context.Context, c *cluster) error {
 	deadline := time.Now().Add(90 * time.Second)
 	var last kubectlResult

@@ -67,12 +67,21 @@ func httpGet(url string) (int, string, error) {
 
 // waitStatus polls url until it answers want, for at most d.
 func waitStatus(url string, want int, d time.Duration) error {
+	return waitStatusWhile(url, want, d, nil)
+}
+
+// waitStatusWhile is waitStatus for the url of a process p that serves it, if p is not nil:
+// it gives up as soon as p has exited.
+func waitStatusWhile(url string, want int, d time.Duration, p *proc) error {
 	deadline := time.Now().Add(d)
 	var last int
 	var err error
 	for time.Now().Before(deadline) {
 		if last, _, err = httpGet(url); last == want {
 			return nil
+		}
+		if p != nil && p.exited() {
+			return fmt.Errorf("%s: %s exited (last status %d, %v)", url, p.name, last, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
