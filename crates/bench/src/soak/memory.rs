@@ -2,12 +2,13 @@
 //! a series of its own rather than a dip in one. The first server and agent are never
 //! restarted (see the schedule): their series span the whole run.
 //!
-//! A sample holds the process's RSS and, for tether's processes (started with
-//! `--enable-profiling`), two of its allocator's figures (`/debug/pprof/heap`): the heap in use
-//! (handed out and not had back: small chunks plus large mmapped blocks) and the heap held
-//! (everything the allocator has from the kernel, in use or free). RSS that grows while the
-//! heap in use stays level is memory the allocator keeps, not data tether holds on to; RSS
-//! that grows beyond the heap held is not the heap at all (stacks, code pages).
+//! A sample holds the process's RSS, its anonymous part (RSS without the pages of the binary
+//! and libraries, which fault in as code runs for the first time and which the kernel can
+//! drop), and, for tether's processes (started with `--enable-profiling`), two of its
+//! allocator's figures (`/debug/pprof/heap`): the heap in use (handed out and not had back:
+//! small chunks plus large mmapped blocks) and the heap held (everything the allocator has
+//! from the kernel, in use or free). Anonymous RSS that grows while the heap in use stays
+//! level is memory the allocator keeps, not data tether holds on to.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,11 +23,12 @@ const WHOLE_RUN: f64 = 0.9;
 /// How long a process may take to give its heap figures: a frozen one gives none.
 const HEAP_DEADLINE: Duration = Duration::from_secs(1);
 
-/// One sample: seconds after the start, RSS and the heap's figures (MiB).
+/// One sample: seconds after the start, RSS, anonymous RSS and the heap's figures (MiB).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     at: f64,
     rss: f64,
+    anon: f64,
     heap: Option<Heap>,
 }
 
@@ -66,6 +68,7 @@ impl Memory {
             self.series.entry(key).or_default().push(Sample {
                 at: at.as_secs_f64(),
                 rss: mib(proc.rss()),
+                anon: mib(proc.rss_anon()),
                 heap: None,
             });
         }
@@ -77,18 +80,23 @@ impl Memory {
         }
     }
 
-    /// Every sample, one line each (`process,pid,seconds,rss_mib,heap_in_use_mib,
+    /// Every sample, one line each (`process,pid,seconds,rss_mib,anon_rss_mib,heap_in_use_mib,
     /// heap_held_mib`; no heap figures for upstream's processes or a frozen one), for a closer
     /// look at a trend.
     pub fn csv(&self) -> String {
-        let mut out = String::from("process,pid,seconds,rss_mib,heap_in_use_mib,heap_held_mib\n");
+        let mut out = String::from(
+            "process,pid,seconds,rss_mib,anon_rss_mib,heap_in_use_mib,heap_held_mib\n",
+        );
         for ((name, pid), samples) in &self.series {
             for s in samples {
                 let heap = s
                     .heap
                     .map(|h| format!("{:.2},{:.2}", h.in_use, h.held))
                     .unwrap_or_else(|| ",".to_owned());
-                out.push_str(&format!("{name},{pid},{:.0},{:.2},{heap}\n", s.at, s.rss));
+                out.push_str(&format!(
+                    "{name},{pid},{:.0},{:.2},{:.2},{heap}\n",
+                    s.at, s.rss, s.anon
+                ));
             }
         }
         out
@@ -109,6 +117,7 @@ impl Memory {
             .filter(|(_, samples)| whole(samples))
             .filter_map(|((name, _), samples)| {
                 let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss)).collect();
+                let anon: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.anon)).collect();
                 let heap = |figure: fn(&Heap) -> f64| -> Vec<(f64, f64)> {
                     samples
                         .iter()
@@ -116,8 +125,9 @@ impl Memory {
                         .collect()
                 };
                 let mut line = format!(
-                    "{name}, one process for the whole run: RSS {}",
-                    trend(&rss)?
+                    "{name}, one process for the whole run: RSS {}; anonymous RSS {}",
+                    trend(&rss)?,
+                    trend(&anon)?
                 );
                 if let (Some(in_use), Some(held)) =
                     (trend(&heap(|h| h.in_use)), trend(&heap(|h| h.held)))
@@ -222,6 +232,7 @@ mod tests {
                 .map(|t| Sample {
                     at: f64::from(t),
                     rss,
+                    anon: rss - 10.0,
                     heap: Some(Heap {
                         in_use: rss / 2.0 + f64::from(t) / 60.0,
                         held: rss / 2.0 + 1.0,
@@ -244,6 +255,7 @@ mod tests {
             lines[0],
             "server 1, one process for the whole run: \
              RSS 30.0 → 30.0 MiB, trend +0.000 MiB/min, +0.000 MiB/min over the second half; \
+             anonymous RSS 20.0 → 20.0 MiB, trend +0.000 MiB/min, +0.000 MiB/min over the second half; \
              heap in use 15.0 → 16.7 MiB, trend +1.000 MiB/min, +1.000 MiB/min over the second half; \
              heap held 16.0 → 16.0 MiB, trend +0.000 MiB/min, +0.000 MiB/min over the second half"
         );
@@ -256,6 +268,7 @@ mod tests {
         let sample = |at, heap| Sample {
             at,
             rss: 20.0,
+            anon: 4.0,
             heap,
         };
         memory.series.insert(
@@ -273,9 +286,9 @@ mod tests {
         );
         assert_eq!(
             memory.csv(),
-            "process,pid,seconds,rss_mib,heap_in_use_mib,heap_held_mib\n\
-             soak-agent-3,7,0,20.00,4.50,9.25\n\
-             soak-agent-3,7,5,20.00,,\n"
+            "process,pid,seconds,rss_mib,anon_rss_mib,heap_in_use_mib,heap_held_mib\n\
+             soak-agent-3,7,0,20.00,4.00,4.50,9.25\n\
+             soak-agent-3,7,5,20.00,4.00,,\n"
         );
     }
 }
