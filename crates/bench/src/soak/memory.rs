@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::agents::Agent;
-use crate::systems::{Fleet, http_get};
+use crate::systems::{Fleet, http_get, metric_sum};
 
 /// A series is the whole run's when it spans this much of it at least.
 const WHOLE_RUN: f64 = 0.9;
@@ -176,20 +176,22 @@ async fn heap(admin: u16) -> Option<Heap> {
         .await
         .ok()?
         .ok()?;
-    let figure = |name: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    };
-    (status == 200).then_some(())?;
+    if status != 200 {
+        return None;
+    }
+    // `name value` lines, as a Prometheus text exposition's.
+    let figure = |name| metric_sum(&text, name, "");
     let mmapped = figure("malloc_mmap_bytes")?;
     Some(Heap {
-        in_use: mib(figure("malloc_in_use_bytes")? + mmapped),
-        held: mib(figure("malloc_arena_bytes")? + mmapped),
+        in_use: (figure("malloc_in_use_bytes")? + mmapped) / MIB,
+        held: (figure("malloc_arena_bytes")? + mmapped) / MIB,
     })
 }
 
+const MIB: f64 = (1 << 20) as f64;
+
 fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
+    bytes as f64 / MIB
 }
 
 /// The least-squares slope of `samples` (seconds, MiB), in MiB per minute.
