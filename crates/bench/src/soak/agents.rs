@@ -132,10 +132,15 @@ impl Agent {
     /// kill -9 (the process and anything it started), reaped.
     pub async fn kill(&mut self) {
         if let Some(proc) = self.proc.take() {
-            self.kills.fetch_add(1, Ordering::Relaxed);
-            proc.stop().await;
-            self.kills.fetch_add(1, Ordering::Relaxed);
+            self.stop_counted(proc).await;
         }
+    }
+
+    /// kill -9 `proc`, reaped, counted in `kills` before the signal and once reaped.
+    async fn stop_counted(&self, proc: Proc) {
+        self.kills.fetch_add(1, Ordering::Relaxed);
+        proc.stop().await;
+        self.kills.fetch_add(1, Ordering::Relaxed);
     }
 
     /// SIGSTOP (`true`) or SIGCONT (`false`).
@@ -160,9 +165,7 @@ impl Agent {
         };
         let exited = proc.exited_within(within).await;
         if !exited {
-            self.kills.fetch_add(1, Ordering::Relaxed);
-            proc.stop().await;
-            self.kills.fetch_add(1, Ordering::Relaxed);
+            self.stop_counted(proc).await;
         }
         exited
     }
