@@ -179,7 +179,6 @@ spec:
 	return c, nil
 }
 
-// waitReady polls kube-apiserver's /readyz through kubectl's credentials, for at most 90 s.
 // kwokStartupRace is how kwok v0.8.0 sometimes dies as it starts, before it serves anything:
 // two of its goroutines register CEL types in one map (easycel's getTrait). Such a kwok is
 // started again, at most kwokStarts times in all; any other failure fails the row.
@@ -223,6 +222,7 @@ func (e *env) waitKwok(c *cluster, name string, n node, i int) error {
 	}
 }
 
+// waitReady polls kube-apiserver's /readyz through kubectl's credentials, for at most 90 s.
 func (e *env) waitReady(ctx context.Context, c *cluster) error {
 	deadline := time.Now().Add(90 * time.Second)
 	var last kubectlResult

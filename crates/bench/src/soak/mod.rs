@@ -3,9 +3,10 @@
 //! faults kills, freezes, drains and cuts the agents, kills and freezes the servers (past
 //! their Leases' duration, with `--leases`), changes and breaks their routing file and
 //! rotates the certificates; afterwards every fault is healed and the fleet must come back to
-//! where it started. Variants run it against upstream's servers and agents, or a mix. The run fails on any breach: a client operation that hung or
-//! lost bytes without an error, a gauge, counter or file descriptor count that does not
-//! return to its baseline, a panic or an unexplained error in any log.
+//! where it started. Variants run it against upstream's servers and agents, or a mix. The
+//! run fails on any breach: a client operation that hung or lost bytes without an error, a
+//! gauge, counter or file descriptor count that does not return to its baseline, a panic or
+//! an unexplained error in any log.
 //!
 //! The seed, the schedule and each fault's time are in the report, so a failure can be
 //! replayed with `--seed`.
