@@ -369,9 +369,10 @@ impl ClientSet {
     }
 
     /// A new stream from a server whose stream is suspended: hands it over when the server
-    /// resumed that stream, and otherwise ends the suspended streams it shows are gone (the
-    /// same server ID without the stream: it restarted; the only server, under another
-    /// ID: it was replaced). Gives the stream back when it is a new one.
+    /// resumed that stream, closes it when the server resumed one the agent no longer
+    /// holds, and otherwise ends the suspended streams it shows are gone (the same server
+    /// ID without the stream: it restarted; the only server, under another ID: it was
+    /// replaced). Gives the stream back when it is a new one.
     fn resume_suspended(
         &self,
         connected: Connected,
@@ -390,6 +391,12 @@ impl ClientSet {
                 if let Some(handover) = handover {
                     let _ = handover.try_send(Resume::Transport(Box::new(connected)));
                 }
+                return None;
+            }
+            Opened::Stale => {
+                drop(servers);
+                tracing::info!(server.id = %connected.answer.server_id, "the proxy server resumed a stream this agent no longer holds (it ended while the resume was under way); closing it and connecting anew");
+                connected.transport.abort();
                 return None;
             }
             Opened::Own(gone) => gone,

@@ -90,6 +90,9 @@ impl Link {
                         match handled {
                             Ok(state) => (parked, next) = state,
                             Err(violation) => {
+                                // Only a bug in one of the two ends does this: the soak
+                                // counts error lines, and an operator should hear of it.
+                                tracing::error!(%violation, "the peer broke the protocol; the stream ends (a bug in the peer or in tether: report this line with the peer's version)");
                                 break TransportEnd::Final(format!("protocol violation: {violation}"));
                             }
                         }

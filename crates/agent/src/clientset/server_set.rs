@@ -80,6 +80,10 @@ pub(crate) enum Opened {
     /// A stream of its own, to [`ServerSet::add`]; the suspended streams it shows are gone,
     /// for their tasks to end.
     Own(Vec<Gone>),
+    /// The server continued a stream this agent no longer holds (asked for before its task
+    /// ended it, answered after): to close. Held as a new stream, it would start counting
+    /// packets from zero where the server goes on from the old stream's count.
+    Stale,
 }
 
 /// A suspended stream that will not be resumed.
@@ -240,23 +244,31 @@ impl ServerSet {
     }
 
     /// A new stream, opened to `endpoint`, from a server whose stream may be suspended:
-    /// resumes that stream when the server resumed it (the same token), and otherwise
-    /// tells which suspended streams it shows are gone (the same server ID without the
-    /// stream: it restarted; another ID where a suspended stream's server was: it was
-    /// replaced).
+    /// resumes that stream when the server resumed it (the same token), is stale when the
+    /// server resumed any other, and otherwise tells which suspended streams it shows are
+    /// gone (the same server ID without the stream: it restarted; another ID where a
+    /// suspended stream's server was: it was replaced).
     pub(crate) fn opened(&mut self, answer: &Answer, endpoint: Option<SocketAddr>) -> Opened {
-        if let Some(stream) = self
+        let awaiting = self
             .streams
             .get_mut(&answer.server_id)
-            .filter(|s| s.awaits_resume())
-        {
-            let same = answer.resume_token.is_some() && answer.resume_token == stream.resume_token;
-            if answer.resumed.is_some() && same {
-                // The next sync must not ask for it again before its task has taken this
-                // transport: that request would carry a count the stream is about to pass.
-                stream.resuming = true;
-                return Opened::Resumes;
-            }
+            .filter(|s| s.awaits_resume());
+        if answer.resumed.is_some() {
+            return match awaiting {
+                Some(stream)
+                    if answer.resume_token.is_some()
+                        && answer.resume_token == stream.resume_token =>
+                {
+                    // The next sync must not ask for it again before its task has taken
+                    // this transport: that request would carry a count the stream is
+                    // about to pass.
+                    stream.resuming = true;
+                    Opened::Resumes
+                }
+                _ => Opened::Stale,
+            };
+        }
+        if awaiting.is_some() {
             self.streams.remove(&answer.server_id);
             return Opened::Own(vec![Gone::Restarted(answer.server_id.clone())]);
         }
@@ -562,7 +574,7 @@ mod tests {
     fn open(set: &mut ServerSet, answer: &Answer, endpoint: Option<SocketAddr>) -> Option<Added> {
         set.announced(answer.server_count);
         match set.opened(answer, endpoint) {
-            Opened::Resumes => None,
+            Opened::Resumes | Opened::Stale => None,
             Opened::Own(_) => Some(set.add(answer, endpoint, true)),
         }
     }
@@ -655,14 +667,7 @@ mod tests {
 
     #[test]
     fn a_server_that_restarted_ends_the_suspended_stream_and_the_new_one_takes_its_place() {
-        let answers = [
-            resumed("a", "t2"),
-            Answer {
-                resumed: Some(0),
-                ..answer("a")
-            },
-            resumable("a", "t1"),
-        ];
+        let answers = [resumable("a", "t2"), answer("a")];
         for new in answers {
             let mut set = ServerSet::new(balancer(None, None));
             let old = hold_suspended(&mut set, "a", "t1", None);
@@ -681,6 +686,46 @@ mod tests {
             assert!(!set.streams["a"].suspended);
             assert!(set.ended("a", serial).is_some());
         }
+    }
+
+    /// Soak seed 13 at 1,586 s: the agent asked to resume a stream, its task ended it (its
+    /// server's Lease expired while the server was frozen), then the server thawed and
+    /// continued the stream. Held as new, the stream counted the server's packets from zero
+    /// and the server ended it: "peer acknowledged N packets, which is not what this end
+    /// wrote".
+    #[test]
+    fn a_resume_answered_for_a_stream_no_longer_awaiting_it_is_stale_and_changes_nothing() {
+        // The stream's task ended it before the answer came.
+        let mut set = ServerSet::new(balancer(None, None));
+        let serial = hold_suspended(&mut set, "a", "t1", None);
+        assert!(set.ended("a", serial).is_some());
+        assert_eq!(set.opened(&resumed("a", "t1"), None), Opened::Stale);
+        assert!(set.streams.is_empty());
+        assert!(!set.satisfied(None, monotonic_now()), "to connect again");
+
+        // A newer stream of that server is suspended: the answer resumed an older one, or
+        // one without a token, and the newer one still waits.
+        for stale in [
+            resumed("a", "t1"),
+            Answer {
+                resumed: Some(0),
+                ..answer("a")
+            },
+        ] {
+            let mut set = ServerSet::new(balancer(None, None));
+            hold_suspended(&mut set, "a", "t2", None);
+            assert_eq!(set.opened(&stale, None), Opened::Stale, "{stale:?}");
+            assert!(set.streams["a"].awaits_resume() && !set.streams["a"].resuming);
+            assert_eq!(set.resumable_at(None).collect::<Vec<_>>(), [("a", "t2")]);
+        }
+
+        // The stream was resumed through another connection meanwhile and works.
+        let mut set = ServerSet::new(balancer(None, None));
+        let serial = hold_suspended(&mut set, "a", "t1", None);
+        assert_eq!(set.opened(&resumed("a", "t1"), None), Opened::Resumes);
+        set.set_suspended("a", serial, false);
+        assert_eq!(set.opened(&resumed("a", "t1"), None), Opened::Stale);
+        assert_eq!(set.connected(), 1);
     }
 
     #[test]
@@ -976,12 +1021,14 @@ mod tests {
     fn a_stream_without_credit_is_not_resumable() {
         let mut set = ServerSet::new(balancer(None, None));
         set.opened(&resumable("a", "t"), None);
-        set.add(&resumable("a", "t"), None, false);
+        let Added::Held(serial) = set.add(&resumable("a", "t"), None, false) else {
+            panic!("not held");
+        };
         assert_eq!(set.streams["a"].resume_token, None);
-        assert_eq!(
-            set.opened(&resumed("a", "t"), None),
-            Opened::Own(Vec::new())
-        );
+        set.set_suspended("a", serial, true);
+        assert!(!set.streams["a"].awaits_resume());
+        assert_eq!(set.resumable_at(None).count(), 0);
+        assert_eq!(set.opened(&resumed("a", "t"), None), Opened::Stale);
     }
 
     #[test]
@@ -1137,10 +1184,19 @@ mod tests {
                 }
                 set.announced(server_count);
                 let id = &answer.server_id;
+                let before = format!("{set:?}");
                 match set.opened(&answer, endpoint) {
                     Opened::Resumes => {
                         let stream = &set.streams[id];
                         prop_assert!(stream.suspended && stream.resuming);
+                    }
+                    Opened::Stale => {
+                        prop_assert!(answer.resumed.is_some());
+                        prop_assert_eq!(
+                            before,
+                            format!("{set:?}"),
+                            "a stale answer changed the set"
+                        );
                     }
                     Opened::Own(gone) => {
                         prop_assert!(

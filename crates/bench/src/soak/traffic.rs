@@ -2,7 +2,7 @@
 //! checked byte for byte, bulk transfers and stalled readers run through every server's
 //! frontend (gRPC or HTTP CONNECT) while the faults land. Every operation ends with success
 //! or an explicit error within its deadline; a hang, a clean end of stream before the bytes
-//! owed, or a wrong byte is a breach of the invariants, not an error.
+//! owed, a wrong byte, or an error that only a bug explains is a breach of the invariants.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,9 @@ pub const OP_DEADLINE: Duration = Duration::from_secs(30);
 /// Breaches the ledger lists; beyond them it only counts (a server that ends every stream
 /// early would otherwise add one line per operation).
 const LISTED_BREACHES: usize = 100;
+/// Errors that are explicit but still breaches: a peer broke the protocol, which no fault
+/// explains and only a bug does.
+const BUG_ERRORS: [&str; 1] = ["protocol violation"];
 /// A long-lived stream's pause between rounds.
 const STREAM_PERIOD: Duration = Duration::from_millis(100);
 /// A bulk transfer's bytes, each way.
@@ -240,7 +243,13 @@ async fn bounded<T>(
 ) -> Result<T, Failure> {
     match tokio::time::timeout(OP_DEADLINE, fut).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(Failure::Error(format!("{what}: {}", kind(&e)))),
+        Ok(Err(e)) => {
+            let error = format!("{what}: {}", kind(&e));
+            match BUG_ERRORS.iter().any(|bug| error.contains(bug)) {
+                true => Err(Failure::Breach(error)),
+                false => Err(Failure::Error(error)),
+            }
+        }
         Err(_) => Err(Failure::Breach(format!(
             "{what}: no end within {OP_DEADLINE:?}"
         ))),
@@ -593,5 +602,21 @@ mod tests {
         assert_eq!(kind(&e), "dial #.#.#.#:# failed after # tries");
         let long = anyhow::anyhow!("{}", "é".repeat(200));
         assert_eq!(kind(&long).chars().count(), 160);
+    }
+
+    #[tokio::test]
+    async fn an_explicit_error_is_an_error_unless_only_a_bug_explains_it() {
+        let ended = bounded::<()>("dial", async {
+            anyhow::bail!("agent disconnected: not resumed within --resume-window 5s")
+        })
+        .await;
+        assert!(
+            matches!(ended, Err(Failure::Error(e)) if e.starts_with("dial: agent disconnected"))
+        );
+        let violated = bounded::<()>("dial", async {
+            anyhow::bail!("agent disconnected: protocol violation: peer acknowledged 3 packets")
+        })
+        .await;
+        assert!(matches!(violated, Err(Failure::Breach(e)) if e.contains("protocol violation")));
     }
 }
