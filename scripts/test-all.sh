@@ -6,8 +6,30 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step's time, printed at the end (and on a failure, up to it), so a slow CI run says
+# where its time went.
 started=$SECONDS
+step_name=
+step_started=$SECONDS
+timings=()
+finish_step() {
+	if [ -n "$step_name" ]; then
+		timings+=("$(printf '%6d s  %s' $((SECONDS - step_started)) "${step_name%%:*}")")
+	fi
+	step_name=
+}
+print_timings() {
+	finish_step
+	printf '\n== time by step\n'
+	printf '%s\n' "${timings[@]}"
+}
+trap print_timings EXIT
+step() {
+	finish_step
+	step_name=$*
+	step_started=$SECONDS
+	printf '\n== %s\n' "$*"
+}
 
 step "toolchain"
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup" >&2; exit 1; }
