@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tether_session::Role;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::link::{Direction, Link, Waiter};
-use crate::transport::{Transport, TransportError, Writer};
+use crate::transport::{Reader, Transport, TransportError, Writer};
 
 /// Largest batch the writer encodes before flushing.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -44,20 +45,25 @@ impl Link {
         transport: Transport,
         stop: F,
     ) -> impl Future<Output = TransportEnd> {
-        // Boxed before the async body takes it: an async fn keeps room for its argument for
-        // its whole life beside the copy it pins and awaits, and a caller's `stop` is often
-        // the largest part (1.5 KiB of the server's 4.4 KiB per agent stream).
-        self.run_transport_until(transport, Box::pin(stop))
+        // The writing half goes to its task, and `stop` to the heap, before the async body
+        // takes them: an async fn keeps room for its arguments for its whole life beside
+        // what its body moved out of them, and a caller's `stop` is often the largest part
+        // (1.5 KiB of the server's 4.4 KiB per agent stream). Dropped early, the returned
+        // future still ends the writer.
+        let (receiver, sender) = transport.into_split();
+        let (finish, finish_requested) = tokio::sync::oneshot::channel();
+        let writer =
+            AbortOnDropHandle::new(tokio::spawn(write(self.clone(), sender, finish_requested)));
+        self.run_transport_until(receiver, writer, finish, Box::pin(stop))
     }
 
     async fn run_transport_until<F: Future<Output = TransportEnd>>(
         self: &Arc<Self>,
-        transport: Transport,
+        mut receiver: Reader,
+        mut writer: AbortOnDropHandle<Result<(), TransportError>>,
+        finish: tokio::sync::oneshot::Sender<()>,
         mut stop: Pin<Box<F>>,
     ) -> TransportEnd {
-        let (mut receiver, sender) = transport.into_split();
-        let (finish, finish_requested) = tokio::sync::oneshot::channel();
-        let mut writer = tokio::spawn(write(self.clone(), sender, finish_requested));
         let sleep = tokio::time::sleep(Duration::ZERO);
         let mut sleep = pin!(sleep);
         let peer = match self.role() {

@@ -21,9 +21,14 @@ use tether_grpc::{GrpcError, PacketReceiver, PacketSender, Status};
 use tether_link::{LinkError, LinkReader, LinkWriter};
 use tether_proto::Packet;
 
-/// One transport of an agent stream: packets in, packets out.
+/// One transport of an agent stream: packets in, packets out. Boxed: it is moved through
+/// hand-overs and held in futures until the driver splits it, and each of those would
+/// otherwise keep room for its 320 bytes for the stream's life.
 #[derive(Debug)]
-pub struct Transport {
+pub struct Transport(Box<Halves>);
+
+#[derive(Debug)]
+struct Halves {
     reader: Reader,
     writer: Writer,
 }
@@ -31,28 +36,29 @@ pub struct Transport {
 impl Transport {
     /// A gRPC `Connect` call's two halves.
     pub fn grpc(sender: PacketSender, receiver: PacketReceiver) -> Self {
-        Self {
+        Self(Box::new(Halves {
             reader: Reader::Grpc(receiver),
             writer: Writer::Grpc(sender),
-        }
+        }))
     }
 
     /// A native link's two halves.
     pub fn native(reader: LinkReader, writer: LinkWriter) -> Self {
-        Self {
+        Self(Box::new(Halves {
             reader: Reader::Native(reader),
             writer: Writer::Native(writer),
-        }
+        }))
     }
 
     pub fn into_split(self) -> (Reader, Writer) {
-        (self.reader, self.writer)
+        let Halves { reader, writer } = *self.0;
+        (reader, writer)
     }
 
     /// Gives the stream up: the peer sees it broken (gRPC: RST_STREAM CANCEL; native: the
     /// connection closed without a CLOSE), never a clean end.
     pub fn abort(self) {
-        match self.writer {
+        match self.0.writer {
             Writer::Grpc(sender) => sender.abort(),
             Writer::Native(writer) => drop(writer),
         }

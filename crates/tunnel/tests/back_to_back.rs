@@ -229,6 +229,9 @@ enum GiveUp {
     Abort,
     /// The transport dropped, never run.
     Drop,
+    /// `run_transport`'s future dropped while it runs (its owner's task aborted): its
+    /// writer task ends with it, rather than holding the stream open.
+    DropRunning,
 }
 
 /// A transport given up rather than ended, from either end and in each way, is a broken
@@ -236,7 +239,12 @@ enum GiveUp {
 /// the stream, and the cancellation is the one stream error it records.
 async fn an_abort_is_a_cancelled_stream_at_the_peer(kind: Kind) {
     for aborting in [Role::Server, Role::Agent] {
-        for how in [GiveUp::Stop, GiveUp::Abort, GiveUp::Drop] {
+        for how in [
+            GiveUp::Stop,
+            GiveUp::Abort,
+            GiveUp::Drop,
+            GiveUp::DropRunning,
+        ] {
             let t = transports(kind).await;
             let (aborted, kept) = match aborting {
                 Role::Server => (t.server, t.agent),
@@ -253,6 +261,11 @@ async fn an_abort_is_a_cancelled_stream_at_the_peer(kind: Kind) {
                 }
                 GiveUp::Abort => aborted.abort(),
                 GiveUp::Drop => drop(aborted),
+                GiveUp::DropRunning => {
+                    let mut side = Side::new(aborting, default_flow());
+                    side.run(aborted);
+                    side.abort_run().await;
+                }
             }
             let end = peer.ended().await;
             assert_eq!(

@@ -295,12 +295,14 @@ const EVICTED: &str = "the agent ID was taken over by an agent whose credential 
     does not";
 
 impl StreamOwner {
-    async fn run(mut self, transport: Transport) {
+    /// The stream's task. Not an `async fn`: that would keep a second copy of `self` for the
+    /// stream's life, as its argument beside the body's own.
+    fn run(mut self, transport: Transport) -> impl Future<Output = ()> + Send + 'static {
         let span = tracing::info_span!("agent", agent.id = %self.session.agent_id, stream = self.session.stream_id);
         let hub = self.service.hub.clone();
         let stream_gauge = hub.metrics.grpc_stream("Connect");
         stream_gauge.inc();
-        async {
+        async move {
             let joined = self.join();
             if joined.is_ok() {
                 self.tenant.registry().add(
@@ -333,10 +335,9 @@ impl StreamOwner {
             if gone {
                 hub.metrics.forget_agent(&self.session.agent_id);
             }
+            stream_gauge.dec();
         }
         .instrument(span)
-        .await;
-        stream_gauge.dec();
     }
 
     /// Counts the stream among its tenant's, where every later reload finds it, and checks it

@@ -322,6 +322,14 @@ impl Side {
             .expect("run_transport still waits for its stop");
     }
 
+    /// Drops `run_transport`'s future while it runs, as an aborted owner task does.
+    pub async fn abort_run(&mut self) {
+        let run = self.run.take().expect("a transport was run");
+        run.abort();
+        let aborted = within("the aborted run_transport's task to end", run).await;
+        assert!(aborted.is_err_and(|e| e.is_cancelled()), "it was running");
+    }
+
     /// Whether `run_transport` has not returned yet.
     pub fn is_running(&self) -> bool {
         self.run.as_ref().is_some_and(|run| !run.is_finished())
