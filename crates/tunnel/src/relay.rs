@@ -9,6 +9,7 @@
 //! a TLS stream keeps no record back while the connection idles.
 
 use std::io;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -236,10 +237,13 @@ pub async fn relay_client<R: ChunkRead, W: AsyncWrite + Unpin>(
 /// resolves (the agent cuts a connection that a reloaded destination policy denies). Returns
 /// the error to report in CLOSE_RSP, `None` for a normal close; after an error the
 /// destination is reset, so it sees a failure rather than a clean end.
-pub async fn relay_tcp(
+///
+/// `cut` comes boxed: each async fn it passes through would otherwise keep room for it for
+/// the connection's life (the agent's policy watch is ~400 bytes, held three times).
+pub async fn relay_tcp<F: Future<Output = CloseError>>(
     tunnel: &mut Tunnel,
     stream: TcpStream,
-    cut: impl Future<Output = CloseError>,
+    cut: Pin<Box<F>>,
 ) -> Option<CloseError> {
     let (mut rd, mut wr) = stream.into_split();
     let relayed = relay(
