@@ -124,7 +124,9 @@ async fn handle(
                 }
             }
         };
-        let dialed = hub.dial(&request, frontend_gone).await;
+        // Boxed: the dial's state is the largest this connection ever holds, and only for
+        // the dial; inline, the connection would keep room for it for its whole life.
+        let dialed = Box::pin(hub.dial(&request, frontend_gone)).await;
         // Nothing came early: give the head's buffer back rather than hold it idle.
         let early = if early.is_empty() {
             Bytes::new()
