@@ -125,20 +125,54 @@ pub(crate) async fn ready(
 
 /// Serves one agent connection: TLS by the setup deadline, then its agent streams, which
 /// never end by themselves: `stop` cuts them (see [`accept_loop`]).
-pub(crate) async fn agent_connection(
+///
+/// Not an `async fn`: the setup (TLS, the link's opening, admission's state) is boxed and
+/// freed once done, and for the rest of its life the connection's task holds only what
+/// serves it. An async fn would keep its arguments and the setup's locals beside that for
+/// as long as the agent stays connected (2.5 KB of a native link's 3.2).
+pub(crate) fn agent_connection(
     service: Arc<AgentService>,
     settings: H2Settings,
     metrics: LimitMetrics,
     handshake_failures: Arc<HandshakeFailures>,
     (conn, deadline, admission): (net::Accepted, tokio::time::Instant, SlotAdmission),
-) -> std::io::Result<()> {
+) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+    let setup = Box::pin(open_agent_connection(
+        service,
+        settings,
+        metrics,
+        handshake_failures,
+        (conn, deadline, admission),
+    ));
+    async move {
+        // The setup's box is dropped as soon as it is done.
+        let serving = { setup }.await?;
+        match serving {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// What an agent connection runs once set up, until it ends.
+type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+
+/// An agent connection's setup: `None` when it ended there (a failed handshake is counted
+/// and logged, not an error of the listener).
+async fn open_agent_connection(
+    service: Arc<AgentService>,
+    settings: H2Settings,
+    metrics: LimitMetrics,
+    handshake_failures: Arc<HandshakeFailures>,
+    (conn, deadline, admission): (net::Accepted, tokio::time::Instant, SlotAdmission),
+) -> std::io::Result<Option<Serving>> {
     let peer_label = conn.peer_label();
-    // Boxed: the TLS handshake's state is not held for the stream's life.
+    // Boxed: the TLS handshake's state is freed before the link's opening is read.
     let net::Ready { io, peer, alpn } = match Box::pin(ready(conn, deadline, &metrics)).await {
         Ok(ready) => ready,
         Err(e) => {
             handshake_failures.record(&handshake_failures::Listener::Agent, &peer_label, &e);
-            return Ok(());
+            return Ok(None);
         }
     };
     let (opening, io) = match alpn.as_deref() {
@@ -163,36 +197,36 @@ pub(crate) async fn agent_connection(
             budget: settings.partial_message_budget.clone(),
             opening,
         };
-        // Boxed: a gRPC connection's task would otherwise hold the native link's state too.
-        let served = Box::pin(native::serve(
-            service, io, peer, deadline, admission, native,
-        ))
-        .await;
-        if let Err(tether_link::LinkError::HandshakeTimeout) = &served {
-            metrics.hit(Limit::SetupTimeout);
-        }
-        return served.map_err(|e| std::io::Error::other(e.to_string()));
+        return match native::open(service, io, peer, deadline, admission, native).await {
+            Ok(link) => Ok(Some(Box::pin(link))),
+            Err(e) => {
+                if let tether_link::LinkError::HandshakeTimeout = &e {
+                    metrics.hit(Limit::SetupTimeout);
+                }
+                Err(std::io::Error::other(e.to_string()))
+            }
+        };
     }
     let connection = Connection {
         peer: Arc::new(peer),
         setup_deadline: Some(deadline),
     };
-    // Boxed: a native link's task would otherwise hold HTTP/2's connection state too (2.5 of
-    // this future's 3.3 KiB).
-    let served = Box::pin(tether_grpc::server::serve_connection(
-        io,
-        &settings,
-        connection,
-        move |call| {
-            service
-                .clone()
-                .serve(AgentCall::grpc(call), admission.clone())
-        },
-        std::future::pending(),
-    ))
-    .await;
-    count_connection_end(&metrics, &served);
-    served.map_err(|e| std::io::Error::other(e.to_string()))
+    Ok(Some(Box::pin(async move {
+        let served = tether_grpc::server::serve_connection(
+            io,
+            &settings,
+            connection,
+            move |call| {
+                service
+                    .clone()
+                    .serve(AgentCall::grpc(call), admission.clone())
+            },
+            std::future::pending(),
+        )
+        .await;
+        count_connection_end(&metrics, &served);
+        served.map_err(|e| std::io::Error::other(e.to_string()))
+    })))
 }
 
 /// Counts connections that ended because setup missed its deadline.

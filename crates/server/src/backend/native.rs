@@ -31,25 +31,24 @@ pub(crate) enum Opening {
     WebSocket,
 }
 
-/// Serves one native link until it ends; errors only before its HELLO was read.
-pub(crate) async fn serve(
+/// Opens one native link: its HELLO (or upgrade) by the setup deadline, then the agent's
+/// call built. Returns what the link runs for the rest of its life: the stream's admission
+/// (which hands the stream to its own task) beside the connection's keepalive. Only that is
+/// held while the link lasts; the opening's state is gone once this returns.
+pub(crate) async fn open(
     service: Arc<AgentService>,
     io: Box<dyn Io>,
     peer: PeerIdentity,
     deadline: tokio::time::Instant,
     admission: SlotAdmission,
     settings: NativeSettings,
-) -> Result<(), LinkError> {
+) -> Result<impl Future<Output = std::io::Result<()>> + Send + 'static, LinkError> {
     // Every byte read is a sign of the agent's life (see `LastPong::heard`).
     let liveness = Arc::new(LastPong::default());
     let io = Heard::new(io, liveness.clone());
-    // Boxed: the opening's read state (most of this future's 5.2 KiB) is freed once the
-    // HELLO is in, not held for the link's life.
     let (hello, pending) = match settings.opening {
-        Opening::Hello => Box::pin(tether_link::read_hello(io, deadline, liveness.clone())).await?,
-        Opening::WebSocket => {
-            Box::pin(tether_link::read_upgrade(io, deadline, liveness.clone())).await?
-        }
+        Opening::Hello => tether_link::read_hello(io, deadline, liveness.clone()).await?,
+        Opening::WebSocket => tether_link::read_upgrade(io, deadline, liveness.clone()).await?,
     };
     let handle = pending.handle();
     let call = AgentCall::Native(NativeCall {
@@ -60,17 +59,19 @@ pub(crate) async fn serve(
         liveness,
         budget: settings.budget,
     });
-    // The stream runs on the service's own task; this one keeps the connection alive.
     // Boxed, so admission's state is freed once it is done, not held for the link's life.
     let served = Box::pin(service.serve(call, admission));
-    match settings.keepalive {
-        Some(keepalive) => {
-            tokio::join!(served, handle.keep_alive(keepalive));
+    let keepalive = settings.keepalive;
+    Ok(async move {
+        match keepalive {
+            Some(keepalive) => {
+                tokio::join!(served, handle.keep_alive(keepalive));
+            }
+            None => {
+                served.await;
+                handle.ended().await;
+            }
         }
-        None => {
-            served.await;
-            handle.ended().await;
-        }
-    }
-    Ok(())
+        Ok(())
+    })
 }
