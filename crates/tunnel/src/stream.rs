@@ -2,7 +2,7 @@
 //! outbox into the stream's [`Transport`], and deadlines fire on the reader's timer.
 
 use std::future::poll_fn;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use tether_session::Role;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::link::{Direction, Link, Waiter};
-use crate::transport::{Reader, Transport, TransportError, Writer};
+use crate::transport::{Transport, TransportError, Writer};
 
 /// Largest batch the writer encodes before flushing.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -45,123 +45,116 @@ impl Link {
         transport: Transport,
         stop: F,
     ) -> impl Future<Output = TransportEnd> {
-        // The writing half goes to its task, and `stop` to the heap, before the async body
-        // takes them: an async fn keeps room for its arguments for its whole life beside
-        // what its body moved out of them, and a caller's `stop` is often the largest part
-        // (1.5 KiB of the server's 4.4 KiB per agent stream). Dropped early, the returned
-        // future still ends the writer.
-        let (receiver, sender) = transport.into_split();
+        // Not an async fn, so that what the returned future holds for the transport's life
+        // is held once: an async fn keeps room for each argument beside the copy its body
+        // takes. The writing half goes to its task now and `stop` to the heap (a caller's is
+        // often the largest part: 1.5 KiB of the server's 4.4 KiB per agent stream). Dropped
+        // early, the returned future still ends the writer.
+        let (mut receiver, sender) = transport.into_split();
         let (finish, finish_requested) = tokio::sync::oneshot::channel();
-        let writer =
+        let mut writer =
             AbortOnDropHandle::new(tokio::spawn(write(self.clone(), sender, finish_requested)));
-        self.run_transport_until(receiver, writer, finish, Box::pin(stop))
-    }
-
-    async fn run_transport_until<F: Future<Output = TransportEnd>>(
-        self: &Arc<Self>,
-        mut receiver: Reader,
-        mut writer: AbortOnDropHandle<Result<(), TransportError>>,
-        finish: tokio::sync::oneshot::Sender<()>,
-        mut stop: Pin<Box<F>>,
-    ) -> TransportEnd {
-        let sleep = tokio::time::sleep(Duration::ZERO);
-        let mut sleep = pin!(sleep);
-        let peer = match self.role() {
-            Role::Server => "agent",
-            Role::Agent => "server",
-        };
-        let (mut parked, mut next) = self.reader_state();
-        let mut armed = None;
-        let mut writer_done = false;
-        let end = loop {
-            if next != armed {
-                armed = next;
-                if let Some(at) = next {
-                    sleep.as_mut().reset(at.into());
+        let mut stop = Box::pin(stop);
+        async move {
+            let sleep = tokio::time::sleep(Duration::ZERO);
+            let mut sleep = pin!(sleep);
+            let peer = match self.role() {
+                Role::Server => "agent",
+                Role::Agent => "server",
+            };
+            let (mut parked, mut next) = self.reader_state();
+            let mut armed = None;
+            let mut writer_done = false;
+            let end = loop {
+                if next != armed {
+                    armed = next;
+                    if let Some(at) = next {
+                        sleep.as_mut().reset(at.into());
+                    }
                 }
-            }
-            tokio::select! {
-                () = &mut sleep, if armed.is_some() => {
-                    self.update(|s, now| s.handle_timeout(now));
-                    armed = None;
-                    (parked, next) = self.reader_state();
-                }
-                () = self.reader.notified() => (parked, next) = self.reader_state(),
-                packet = receiver.next(), if !parked => match packet {
-                    Some(Ok(packet)) => {
-                        self.hooks().on_packet(Direction::In, &packet);
-                        let handled = self.update(|s, now| {
-                            s.handle_packet(now, packet).map(|()| (s.is_parked(), s.next_timeout()))
-                        });
-                        match handled {
-                            Ok(state) => (parked, next) = state,
-                            Err(violation) => {
-                                // Only a bug in one of the two ends does this: the soak
-                                // counts error lines, and an operator should hear of it.
-                                tracing::error!(%violation, "the peer broke the protocol; the stream ends (a bug in the peer or in tether: report this line with the peer's version)");
-                                break TransportEnd::Final(format!("protocol violation: {violation}"));
+                tokio::select! {
+                    () = &mut sleep, if armed.is_some() => {
+                        self.update(|s, now| s.handle_timeout(now));
+                        armed = None;
+                        (parked, next) = self.reader_state();
+                    }
+                    () = self.reader.notified() => (parked, next) = self.reader_state(),
+                    packet = receiver.next(), if !parked => match packet {
+                        Some(Ok(packet)) => {
+                            self.hooks().on_packet(Direction::In, &packet);
+                            let handled = self.update(|s, now| {
+                                s.handle_packet(now, packet).map(|()| (s.is_parked(), s.next_timeout()))
+                            });
+                            match handled {
+                                Ok(state) => (parked, next) = state,
+                                Err(violation) => {
+                                    // Only a bug in one of the two ends does this: the soak
+                                    // counts error lines, and an operator should hear of it.
+                                    tracing::error!(%violation, "the peer broke the protocol; the stream ends (a bug in the peer or in tether: report this line with the peer's version)");
+                                    break TransportEnd::Final(format!("protocol violation: {violation}"));
+                                }
                             }
                         }
-                    }
-                    Some(Err(e)) if e.is_bad_packet() => {
-                        self.hooks().on_bad_packet(&e);
-                        self.update(|s, _| s.count_undecodable());
-                    }
-                    // A peer that stops or restarts resets its streams with CANCEL: no
-                    // failure, though its connections wait for a resume all the same.
-                    Some(Err(e)) if e.is_cancelled() => {
-                        self.hooks().on_stream_error(Direction::In, &e);
-                        break TransportEnd::Broken(format!(
-                            "{peer} cancelled the stream (it stopped, restarted or gave it up)"
-                        ));
-                    }
-                    Some(Err(e)) => {
-                        self.hooks().on_stream_error(Direction::In, &e);
-                        break TransportEnd::Broken(format!("{peer} stream failed: {e}"));
-                    }
-                    None => break TransportEnd::Final(format!("{peer} closed the stream")),
-                },
-                result = &mut writer => {
-                    writer_done = true;
-                    break match result {
-                        Ok(Err(e)) => {
-                            self.hooks().on_stream_error(Direction::Out, &e);
-                            TransportEnd::Broken(format!("writing to {peer} failed: {e}"))
+                        Some(Err(e)) if e.is_bad_packet() => {
+                            self.hooks().on_bad_packet(&e);
+                            self.update(|s, _| s.count_undecodable());
                         }
-                        _ => TransportEnd::Final("stream writer ended".to_owned()),
-                    };
-                }
-                end = &mut stop => {
-                    if matches!(end, TransportEnd::Final(_)) {
-                        // Ended on purpose: the peer hears a clean end of the stream, not a
-                        // reset it would take for a broken transport to resume.
-                        let _ = finish.send(());
-                        let deadline = tokio::time::Instant::now() + FINISH_TIMEOUT;
-                        let finished = tokio::time::timeout_at(deadline, &mut writer).await;
-                        writer_done = finished.is_ok();
-                        if matches!(finished, Ok(Ok(Ok(())))) {
-                            // The end may still wait in the transport's own buffers, and an
-                            // h2 stream whose every handle is gone is reset with CANCEL,
-                            // which discards the END_STREAM not yet written: the agent's
-                            // clean end would reach the server as a cancel. The receiving
-                            // half is held until the peer ends its side, within the bound.
-                            let _ = tokio::time::timeout_at(deadline, async {
-                                while let Some(Ok(_)) = receiver.next().await {}
-                            })
-                            .await;
+                        // A peer that stops or restarts resets its streams with CANCEL: no
+                        // failure, though its connections wait for a resume all the same.
+                        Some(Err(e)) if e.is_cancelled() => {
+                            self.hooks().on_stream_error(Direction::In, &e);
+                            break TransportEnd::Broken(format!(
+                                "{peer} cancelled the stream (it stopped, restarted or gave it up)"
+                            ));
                         }
+                        Some(Err(e)) => {
+                            self.hooks().on_stream_error(Direction::In, &e);
+                            break TransportEnd::Broken(format!("{peer} stream failed: {e}"));
+                        }
+                        None => break TransportEnd::Final(format!("{peer} closed the stream")),
+                    },
+                    result = &mut writer => {
+                        writer_done = true;
+                        break match result {
+                            Ok(Err(e)) => {
+                                self.hooks().on_stream_error(Direction::Out, &e);
+                                TransportEnd::Broken(format!("writing to {peer} failed: {e}"))
+                            }
+                            _ => TransportEnd::Final("stream writer ended".to_owned()),
+                        };
                     }
-                    break end;
+                    end = &mut stop => {
+                        if matches!(end, TransportEnd::Final(_)) {
+                            // Ended on purpose: the peer hears a clean end of the stream, not a
+                            // reset it would take for a broken transport to resume.
+                            let _ = finish.send(());
+                            let deadline = tokio::time::Instant::now() + FINISH_TIMEOUT;
+                            let finished = tokio::time::timeout_at(deadline, &mut writer).await;
+                            writer_done = finished.is_ok();
+                            if matches!(finished, Ok(Ok(Ok(())))) {
+                                // The end may still wait in the transport's own buffers, and an
+                                // h2 stream whose every handle is gone is reset with CANCEL,
+                                // which discards the END_STREAM not yet written: the agent's
+                                // clean end would reach the server as a cancel. The receiving
+                                // half is held until the peer ends its side, within the bound.
+                                let _ = tokio::time::timeout_at(deadline, async {
+                                    while let Some(Ok(_)) = receiver.next().await {}
+                                })
+                                .await;
+                            }
+                        }
+                        break end;
+                    }
                 }
+            };
+            // A join handle that returned its output must not be polled again.
+            if !writer_done {
+                writer.abort();
+                let _ = writer.await;
             }
-        };
-        // A join handle that returned its output must not be polled again.
-        if !writer_done {
-            writer.abort();
-            let _ = writer.await;
+            self.forget(Waiter::Writer);
+            end
         }
-        self.forget(Waiter::Writer);
-        end
     }
 
     /// Ends every dial and connection of the stream with `reason`, and wakes their owners.

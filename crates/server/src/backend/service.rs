@@ -379,7 +379,8 @@ impl StreamOwner {
         let dead_after = self.service.dead_agent_timeout;
         let session = self.session.clone();
         loop {
-            let mut taken_over = None;
+            // Boxed: it is rare, and inline it would cost every stream its 232 bytes.
+            let mut taken_over: Option<Box<Resumption>> = None;
             let mut silent = false;
             let resumptions = self.registration.as_mut().map(|r| &mut r.resumptions);
             let end = link
@@ -389,7 +390,7 @@ impl StreamOwner {
                         () = evicted.cancelled() => TransportEnd::Final(EVICTED.into()),
                         why = session.retired() => TransportEnd::Final(why),
                         Some(r) = next_resumption(resumptions, &link) => {
-                            taken_over = Some(r);
+                            taken_over = Some(Box::new(r));
                             TransportEnd::Broken("the agent resumed the stream on a new connection".into())
                         }
                         quiet = super::liveness::silent_agent(&self.session, dead_after) => {
@@ -434,7 +435,7 @@ impl StreamOwner {
             registration.set_suspended(true);
             let abandoned = registration.abandoned.clone();
             let next = match taken_over {
-                Some(r) => Some(r),
+                Some(r) => Some(*r),
                 None => link
                     .wait_resumed(async {
                         tokio::select! {
