@@ -166,47 +166,55 @@ impl Link {
 }
 
 /// The stream's one writer: coalesces whatever is queued into one transport write. Ends the
-/// stream cleanly when `finish` fires.
-async fn write(
+/// stream cleanly when `finish` fires. Not an async fn, and its clean end boxed: it is a task
+/// of its own for every stream, and would otherwise keep room for its arguments twice and for
+/// the end's state (most of it) for the stream's life.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold its arguments twice for the stream's life"
+)]
+fn write(
     link: Arc<Link>,
     mut sender: Writer,
     mut finish: tokio::sync::oneshot::Receiver<()>,
-) -> Result<(), TransportError> {
-    let mut batch = Vec::new();
-    let mut releases = Vec::new();
-    let mut may_finish = true;
-    loop {
-        let more = tokio::select! {
-            biased;
-            asked = &mut finish, if may_finish => {
-                if asked.is_ok() {
-                    return sender.finish().await;
+) -> impl Future<Output = Result<(), TransportError>> + Send + 'static {
+    async move {
+        let mut batch = Vec::new();
+        let mut releases = Vec::new();
+        let mut may_finish = true;
+        loop {
+            let more = tokio::select! {
+                biased;
+                asked = &mut finish, if may_finish => {
+                    if asked.is_ok() {
+                        return Box::pin(sender.finish()).await;
+                    }
+                    may_finish = false;
+                    continue;
                 }
-                may_finish = false;
-                continue;
-            }
-            more = poll_fn(|cx| link.poll_transmit(cx, &mut batch, BATCH_BYTES)) => more,
-            () = sender.wants_flush() => {
-                sender.flush().await?;
-                continue;
-            }
-        };
-        if !more {
-            break;
-        }
-        for item in batch.drain(..) {
-            sender.buffer(&item.packet);
-            link.hooks().on_packet(Direction::Out, &item.packet);
-            releases.extend(item.release);
-        }
-        sender.flush().await?;
-        if !releases.is_empty() {
-            link.update(|s, _| {
-                for (id, cost) in releases.drain(..) {
-                    s.transmitted(id, cost);
+                more = poll_fn(|cx| link.poll_transmit(cx, &mut batch, BATCH_BYTES)) => more,
+                () = sender.wants_flush() => {
+                    sender.flush().await?;
+                    continue;
                 }
-            });
+            };
+            if !more {
+                break;
+            }
+            for item in batch.drain(..) {
+                sender.buffer(&item.packet);
+                link.hooks().on_packet(Direction::Out, &item.packet);
+                releases.extend(item.release);
+            }
+            sender.flush().await?;
+            if !releases.is_empty() {
+                link.update(|s, _| {
+                    for (id, cost) in releases.drain(..) {
+                        s.transmitted(id, cost);
+                    }
+                });
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
