@@ -48,8 +48,8 @@ impl Link {
         // Not an async fn, so that what the returned future holds for the transport's life
         // is held once: an async fn keeps room for each argument beside the copy its body
         // takes. The writing half goes to its task now and `stop` to the heap (a caller's is
-        // often the largest part: 1.5 KiB of the server's 4.4 KiB per agent stream). Dropped
-        // early, the returned future still ends the writer.
+        // often the largest part: the server's is 1.5 KiB). Dropped early, the returned
+        // future still ends the writer.
         let (mut receiver, sender) = transport.into_split();
         let (finish, finish_requested) = tokio::sync::oneshot::channel();
         let mut writer =
