@@ -58,6 +58,8 @@ SERVICE_CIDR=198.18.16.0/24
 SERVICE_IP=198.18.16.1
 APISERVER_URL=https://$NODE_IP:6443
 UP_SECONDS=${TETHER_NODE_UP_SECONDS:-120}
+# `up` refuses a disk this full: kubelet evicts pods and removes images near a full disk.
+MAX_DISK_USED_PERCENT=95
 [[ $UP_SECONDS =~ ^[1-9][0-9]*$ ]] || { echo "node.sh: TETHER_NODE_UP_SECONDS must be a whole number of seconds, not $UP_SECONDS" >&2; exit 2; }
 STOP_SECONDS=15
 # The paths the kubelet and containerd hard-code, covered by a tmpfs inside the node, plus
@@ -203,6 +205,15 @@ cmd_up() {
 		command -v "$tool" >/dev/null || die "$tool not found (iproute2, util-linux, openssl, curl, nftables)"
 	done
 	is_up && die "already up (work dir $W): node.sh down first"
+	# The node keeps its images and containers under $W: on a nearly full disk kubelet evicts
+	# pods and removes images (imagefs.available 1 %), and the flows fail far from the cause.
+	local parent used
+	parent=$W
+	while [ ! -d "$parent" ]; do parent=$(dirname "$parent"); done
+	used=$(df --output=pcent "$parent" | tail -1 | tr -dc 0-9)
+	if [ "${used:-0}" -ge "$MAX_DISK_USED_PERCENT" ]; then
+		die "the disk holding $W is ${used}% full (at most $MAX_DISK_USED_PERCENT%): kubelet would evict the pods and remove the test images; free space, or set TETHER_NODE_DIR to a roomier disk"
+	fi
 	# One node per machine: the netns name, the host mount points and /kubepods are shared.
 	local users
 	if [ -e "/run/netns/$NETNS" ] && users=$(ip netns pids "$NETNS") && [ -n "$users" ]; then
