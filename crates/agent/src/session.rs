@@ -304,6 +304,6 @@ async fn serve_connection(
         );
         CloseError::Local(revoked.close_text())
     };
-    let outcome = tether_tunnel::relay_tcp(&mut tunnel, stream, Box::pin(cut)).await;
+    let outcome = tether_tunnel::relay_tcp(&mut tunnel, stream, cut).await;
     tunnel.finish(outcome);
 }

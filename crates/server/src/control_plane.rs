@@ -277,8 +277,7 @@ pub(crate) async fn serve(
     if let Some(audit) = &dials.audit {
         audit.connected(tunnel.connect_id(), facts);
     }
-    let outcome =
-        tether_tunnel::relay_tcp(&mut tunnel, stream, Box::pin(std::future::pending())).await;
+    let outcome = tether_tunnel::relay_tcp(&mut tunnel, stream, std::future::pending()).await;
     tunnel.finish(outcome);
 }
 

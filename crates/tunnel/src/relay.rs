@@ -9,7 +9,6 @@
 //! a TLS stream keeps no record back while the connection idles.
 
 use std::io;
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -238,27 +237,31 @@ pub async fn relay_client<R: ChunkRead, W: AsyncWrite + Unpin>(
 /// the error to report in CLOSE_RSP, `None` for a normal close; after an error the
 /// destination is reset, so it sees a failure rather than a clean end.
 ///
-/// `cut` comes boxed: each async fn it passes through would otherwise keep room for it for
-/// the connection's life (the agent's policy watch is ~400 bytes, held three times).
-pub async fn relay_tcp<F: Future<Output = CloseError>>(
-    tunnel: &mut Tunnel,
+/// Not an async fn, and `cut` boxed before the relay takes it: each async fn it passed
+/// through kept room for it for the connection's life (the agent's policy watch is ~400
+/// bytes, which it held three times).
+pub fn relay_tcp<'a>(
+    tunnel: &'a mut Tunnel,
     stream: TcpStream,
-    cut: Pin<Box<F>>,
-) -> Option<CloseError> {
-    let (mut rd, mut wr) = stream.into_split();
-    let relayed = relay(
-        tunnel,
-        &mut rd,
-        &mut wr,
-        Local::Destination,
-        RelayOptions::default(),
-        cut,
-    )
-    .await;
-    if relayed.error.is_some()
-        && let Ok(stream) = rd.reunite(wr)
-    {
-        reset_on_close(&stream);
+    cut: impl Future<Output = CloseError> + 'a,
+) -> impl Future<Output = Option<CloseError>> + 'a {
+    let cut = Box::pin(cut);
+    async move {
+        let (mut rd, mut wr) = stream.into_split();
+        let relayed = relay(
+            tunnel,
+            &mut rd,
+            &mut wr,
+            Local::Destination,
+            RelayOptions::default(),
+            cut,
+        )
+        .await;
+        if relayed.error.is_some()
+            && let Ok(stream) = rd.reunite(wr)
+        {
+            reset_on_close(&stream);
+        }
+        relayed.error
     }
-    relayed.error
 }

@@ -720,7 +720,7 @@ pub fn answer_tcp(
             .await
             .expect("the destination listens");
         let mut tunnel = requested.dial.accept().expect("the dial is still wanted");
-        let outcome = relay_tcp(&mut tunnel, stream, Box::pin(cut)).await;
+        let outcome = relay_tcp(&mut tunnel, stream, cut).await;
         tunnel.finish(outcome.clone());
         outcome
     })
