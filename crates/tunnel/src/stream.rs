@@ -6,11 +6,11 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether_session::Role;
+use tether_session::{Role, Violation};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::link::{Direction, Link, Waiter};
-use crate::transport::{Transport, TransportError, Writer};
+use crate::transport::{Reader, Transport, TransportError, Writer};
 
 /// Largest batch the writer encodes before flushing.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -87,12 +87,7 @@ impl Link {
                             });
                             match handled {
                                 Ok(state) => (parked, next) = state,
-                                Err(violation) => {
-                                    // Only a bug in one of the two ends does this: the soak
-                                    // counts error lines, and an operator should hear of it.
-                                    tracing::error!(%violation, "the peer broke the protocol; the stream ends (a bug in the peer or in tether: report this line with the peer's version)");
-                                    break TransportEnd::Final(format!("protocol violation: {violation}"));
-                                }
+                                Err(violation) => break violated(&violation),
                             }
                         }
                         Some(Err(e)) if e.is_bad_packet() => {
@@ -125,23 +120,7 @@ impl Link {
                     }
                     end = &mut stop => {
                         if matches!(end, TransportEnd::Final(_)) {
-                            // Ended on purpose: the peer hears a clean end of the stream, not a
-                            // reset it would take for a broken transport to resume.
-                            let _ = finish.send(());
-                            let deadline = tokio::time::Instant::now() + FINISH_TIMEOUT;
-                            let finished = tokio::time::timeout_at(deadline, &mut writer).await;
-                            writer_done = finished.is_ok();
-                            if matches!(finished, Ok(Ok(Ok(())))) {
-                                // The end may still wait in the transport's own buffers, and an
-                                // h2 stream whose every handle is gone is reset with CANCEL,
-                                // which discards the END_STREAM not yet written: the agent's
-                                // clean end would reach the server as a cancel. The receiving
-                                // half is held until the peer ends its side, within the bound.
-                                let _ = tokio::time::timeout_at(deadline, async {
-                                    while let Some(Ok(_)) = receiver.next().await {}
-                                })
-                                .await;
-                            }
+                            writer_done = finish_cleanly(&mut writer, finish, &mut receiver).await;
                         }
                         break end;
                     }
@@ -163,6 +142,38 @@ impl Link {
         self.forget(Waiter::Writer);
         self.wake_all();
     }
+}
+
+/// The end of a stream whose peer broke the protocol. Only a bug in one of the two ends does
+/// this: it is logged at error level, for an operator (and the soak, which counts error
+/// lines) to hear of it.
+fn violated(violation: &Violation) -> TransportEnd {
+    tracing::error!(%violation, "the peer broke the protocol; the stream ends (a bug in the peer or in tether: report this line with the peer's version)");
+    TransportEnd::Final(format!("protocol violation: {violation}"))
+}
+
+/// Ends a transport on purpose: the peer hears a clean end of the stream, not a reset it
+/// would take for a broken transport to resume. Returns whether the writer task ended (its
+/// handle must not be polled again then).
+async fn finish_cleanly(
+    writer: &mut AbortOnDropHandle<Result<(), TransportError>>,
+    finish: tokio::sync::oneshot::Sender<()>,
+    receiver: &mut Reader,
+) -> bool {
+    let _ = finish.send(());
+    let deadline = tokio::time::Instant::now() + FINISH_TIMEOUT;
+    let finished = tokio::time::timeout_at(deadline, &mut *writer).await;
+    if matches!(finished, Ok(Ok(Ok(())))) {
+        // The end may still wait in the transport's own buffers, and an h2 stream whose
+        // every handle is gone is reset with CANCEL, which discards the END_STREAM not yet
+        // written: the agent's clean end would reach the server as a cancel. The receiving
+        // half is held until the peer ends its side, within the bound.
+        let _ = tokio::time::timeout_at(deadline, async {
+            while let Some(Ok(_)) = receiver.next().await {}
+        })
+        .await;
+    }
+    finished.is_ok()
 }
 
 /// The stream's one writer: coalesces whatever is queued into one transport write. Ends the
