@@ -116,18 +116,12 @@ impl Memory {
             .iter()
             .filter(|(_, samples)| whole(samples))
             .filter_map(|((name, _), samples)| {
-                let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss)).collect();
-                let anon: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.anon)).collect();
-                let heap = |figure: fn(&Heap) -> f64| -> Vec<(f64, f64)> {
-                    samples
-                        .iter()
-                        .filter_map(|s| Some((s.at, figure(s.heap.as_ref()?))))
-                        .collect()
-                };
+                let heap =
+                    |figure: fn(&Heap) -> f64| points(samples, |s| Some(figure(s.heap.as_ref()?)));
                 let mut line = format!(
                     "{name}, one process for the whole run: RSS {}; anonymous RSS {}",
-                    trend(&rss)?,
-                    trend(&anon)?
+                    trend(&points(samples, |s| Some(s.rss)))?,
+                    trend(&points(samples, |s| Some(s.anon)))?
                 );
                 if let (Some(in_use), Some(held)) =
                     (trend(&heap(|h| h.in_use)), trend(&heap(|h| h.held)))
@@ -142,7 +136,7 @@ impl Memory {
             .iter()
             .filter(|(_, samples)| !whole(samples) && span(samples) >= 60.0)
             .filter_map(|((name, _), samples)| {
-                let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss)).collect();
+                let rss = points(samples, |s| Some(s.rss));
                 Some((name, slope(&rss)?, span(samples)))
             })
             .max_by(|a, b| a.1.total_cmp(&b.1));
@@ -192,6 +186,14 @@ const MIB: f64 = (1 << 20) as f64;
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB
+}
+
+/// One figure of each sample that has it, as (seconds, MiB) points.
+fn points(samples: &[Sample], figure: impl Fn(&Sample) -> Option<f64>) -> Vec<(f64, f64)> {
+    samples
+        .iter()
+        .filter_map(|s| Some((s.at, figure(s)?)))
+        .collect()
 }
 
 /// The least-squares slope of `samples` (seconds, MiB), in MiB per minute.

@@ -245,9 +245,10 @@ async fn bounded<T>(
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
             let error = format!("{what}: {}", kind(&e));
-            match BUG_ERRORS.iter().any(|bug| error.contains(bug)) {
-                true => Err(Failure::Breach(error)),
-                false => Err(Failure::Error(error)),
+            if BUG_ERRORS.iter().any(|bug| error.contains(bug)) {
+                Err(Failure::Breach(error))
+            } else {
+                Err(Failure::Error(error))
             }
         }
         Err(_) => Err(Failure::Breach(format!(
