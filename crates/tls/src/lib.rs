@@ -13,6 +13,8 @@
 //!   error at start-up and is not loaded on reload ([`TlsError::OutsideValidity`]).
 //! - tether's own certificates may be X.509 v1, as the kubernetes.io task's openssl recipe
 //!   makes them and Go accepts them; rustls alone refuses those ([`x509_version`]).
+//! - [`accept`] runs a server's TLS on a TCP socket as a [`ServerTlsStream`], which holds no
+//!   buffer while the connection idles.
 //! - [`HandshakeFailure`] reads what went wrong from a failed handshake's rustls error, for
 //!   messages that say what to check; [`Watched`] keeps that error when h2 would reduce it
 //!   to text.
@@ -38,6 +40,7 @@ mod key_exchange;
 mod options;
 pub mod pki;
 mod reload;
+mod stream;
 mod validity;
 mod watched;
 mod x509_version;
@@ -48,6 +51,7 @@ pub use error::{PemOrigin, PemProblem, TlsError};
 pub use handshake_failure::{HandshakeFailure, rustls_error};
 pub use options::{TlsOptions, TlsVersion, provider};
 pub use reload::{ReloadOutcome, Reloading};
+pub use stream::{ServerTlsStream, accept};
 pub use validity::{CertTime, OutsideValidity};
 pub use watched::Watched;
 pub use x509_version::x509_version;
