@@ -3,13 +3,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tether_grpc::{CertificateNames, PeerIdentity, PeerTransport, UnixCredentials};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Instant;
-use tokio_rustls::TlsAcceptor;
 
 use crate::tls_source::TlsSource;
 use crate::unix_socket::SocketFile;
@@ -39,9 +39,9 @@ impl Io for UnixStream {
     }
 }
 
-impl Io for tokio_rustls::server::TlsStream<TcpStream> {
+impl Io for tether_tls::ServerTlsStream {
     fn abort_on_close(&self) {
-        tether_tunnel::reset_on_close(self.get_ref().0);
+        tether_tunnel::reset_on_close(self.tcp());
     }
 
     fn into_unix(self: Box<Self>) -> Result<UnixStream, Box<dyn Io>> {
@@ -76,7 +76,7 @@ pub(crate) struct Accepted {
 
 enum Pending {
     Unix(UnixStream),
-    Tls(TcpStream, TlsAcceptor),
+    Tls(TcpStream, Arc<rustls::ServerConfig>),
 }
 
 impl Listener {
@@ -135,7 +135,7 @@ impl Listener {
                 let (stream, addr) = listener.accept().await?;
                 stream.set_nodelay(true)?;
                 Ok(Accepted {
-                    pending: Pending::Tls(stream, TlsAcceptor::from(tls.config())),
+                    pending: Pending::Tls(stream, tls.config()),
                     peer: PeerIdentity {
                         transport: PeerTransport::Tls,
                         addr: Some(addr),
@@ -196,8 +196,8 @@ impl Accepted {
                 peer,
                 alpn: None,
             }),
-            Pending::Tls(stream, acceptor) => {
-                let accept = acceptor.accept(stream).into_fallible();
+            Pending::Tls(stream, config) => {
+                let accept = tether_tls::accept(stream, config);
                 let tls = match tokio::time::timeout_at(deadline, accept).await {
                     Ok(Ok(tls)) => tls,
                     Ok(Err((error, stream))) => {
@@ -210,8 +210,7 @@ impl Accepted {
                     }
                 };
                 peer.certificate = tls
-                    .get_ref()
-                    .1
+                    .connection()
                     .peer_certificates()
                     .and_then(|chain| chain.first())
                     .and_then(|leaf| match CertificateNames::from_der(leaf) {
@@ -221,7 +220,7 @@ impl Accepted {
                             None
                         }
                     });
-                let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                let alpn = tls.connection().alpn_protocol().map(<[u8]>::to_vec);
                 Ok(Ready {
                     io: Box::new(tls),
                     peer,
