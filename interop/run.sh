@@ -27,8 +27,8 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
-echo "run.sh: building tether (cargo build -p tether)"
-cargo build -p tether --locked
+echo "run.sh: building tether (scripts/build-debug.sh)"
+"$root/scripts/build-debug.sh"
 tether_bin=${CARGO_TARGET_DIR:-$root/target}/debug/tether
 case $tether_bin in /*) ;; *) tether_bin=$root/$tether_bin ;; esac
 test -x "$tether_bin" || { echo "run.sh: $tether_bin missing after cargo build" >&2; exit 1; }

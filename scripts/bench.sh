@@ -51,7 +51,9 @@ if [ -z "$quick" ] && ! [ -x "$rathole_root/bin/rathole" ]; then
 		"rathole@$rathole_version"
 fi
 
-flags=(--locked -p tether -p tether-bench)
-[ "$profile" = release ] && flags+=(--release)
-cargo build "${flags[@]}"
+if [ "$profile" = release ]; then
+	cargo build --locked --release -p tether -p tether-bench
+else
+	scripts/build-debug.sh
+fi
 exec "$target_dir/$profile/tether-bench" "$@"

@@ -20,7 +20,7 @@ cd "$repo"
 say() { echo "dashboard-snapshot: $*" >&2; }
 
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-cargo build -q -p tether -p tether-bench
+scripts/build-debug.sh -q
 tether="$repo/target/debug/tether"
 bench="$repo/target/debug/tether-bench"
 prometheus="$(interop/build-promtool.sh prometheus)"

@@ -88,13 +88,14 @@ cargo test --workspace --locked --no-fail-fast
 
 step "the end-to-end suites again, their agents on the gRPC link (tether's default is the native link)"
 # Every feature is tested over both agent links: the run above uses the native one.
-TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether-testkit \
-	--test e2e --test resume --test resume_window --test churn
-TETHER_TEST_AGENT_LINK=grpc cargo test --locked --no-fail-fast -p tether --test token_auth
+# --workspace, as above, so that cargo reuses that build (a `-p` selection resolves other
+# features and compiles much of the tree again); `--test resume` also names tether-session's
+# sans-IO resume tests, which no link touches (3 s).
+TETHER_TEST_AGENT_LINK=grpc cargo test --workspace --locked --no-fail-fast \
+	--test e2e --test resume --test resume_window --test churn --test token_auth
 
 step "the end-to-end suites again, their agents on the WebSocket link (the native link in WebSocket messages)"
-TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether-testkit --test e2e --test resume
-TETHER_TEST_AGENT_LINK=websocket cargo test --locked --no-fail-fast -p tether --test token_auth
+TETHER_TEST_AGENT_LINK=websocket cargo test --workspace --locked --no-fail-fast --test e2e --test resume --test token_auth
 
 step "fuzz campaign: each of the 9 targets for 20 s on nightly (cargo-fuzz, installed if missing); a crash fails the build and is saved under fuzz/regressions"
 # The stable tests above only replay the saved inputs; this explores. The corpus and the

@@ -31,8 +31,8 @@ while [ $# -gt 0 ]; do
 done
 command -v setsid >/dev/null && command -v pkill >/dev/null || { echo "k8s/run.sh: needs setsid and pkill (util-linux, procps)" >&2; exit 1; }
 
-echo "k8s/run.sh: building tether (cargo build -p tether)"
-cargo build -p tether --locked
+echo "k8s/run.sh: building tether (scripts/build-debug.sh)"
+"$root/scripts/build-debug.sh"
 tether_bin=${CARGO_TARGET_DIR:-$root/target}/debug/tether
 case $tether_bin in /*) ;; *) tether_bin=$root/$tether_bin ;; esac
 test -x "$tether_bin" || { echo "k8s/run.sh: $tether_bin missing after cargo build" >&2; exit 1; }
