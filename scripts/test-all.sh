@@ -69,7 +69,7 @@ fi
 step "Go peers for interop tests (upstream Konnectivity v0.36.0 from the Go module proxy)"
 interop/build.sh
 
-step "pinned tools: Kubernetes binaries, the real node's, promtool and helm (cached under ~/.cache/tether; cold ~40 min)"
+step "pinned tools: Kubernetes binaries, the real node's, promtool and helm (cached under ~/.cache/tether; cold 22 min on 2 cores, 2026-12-06)"
 interop/k8s/build.sh
 interop/k8s/build.sh --sample-apiserver
 interop/node/build.sh
@@ -128,7 +128,8 @@ step "a real node (kubelet, containerd, runc, CNI): the chart and images install
 interop/node/flows.sh
 
 step "benchmark smoke: scripts/bench.sh --quick (every system and workload runs; timings are not checked)"
-# Debug builds (already compiled above) and ~40 s of running: about 1.5 min in all.
+# The debug builds of the tests above (scripts/build-debug.sh compiles nothing more): about
+# 3 min of running.
 BENCH_PROFILE=debug scripts/bench.sh --quick --out target/bench-quick
 
 step "soak, quick: 3 peered tether servers (Leases in a real kube-apiserver) and 10 agents on all three links under churn, long-lived streams, bulk, stalled readers and reverse dials for 60 s, while every kind of fault strikes: agents killed, frozen, drained and cut, servers killed and frozen, a Lease expired, the routing file changed and broken, certificates rotated (seed 108); fails on a hang, lost bytes, a leak, a panic or an unexplained error (RELIABILITY.md)"
